@@ -1,0 +1,1 @@
+"""Client side of each method: a NumPyClient subclass doing the method's local update."""

@@ -1,0 +1,171 @@
+"""``DriftClient``: local SGD on one client's partition, with small hooks for each method.
+
+A method overrides the smallest hook that expresses its local update:
+
+- ``loss(x, y)``: the training objective on a batch (FedNTD, MOON, ...);
+- ``train_step(x, y)``: fills ``.grad`` itself (SAM-style, FedGAM, FedSOL, FedPGVC);
+- ``adjust_gradients()``: edits ``.grad`` after backward (FedProx, RI-FedAvg, control
+  variates);
+- ``begin_round`` / ``end_round``: per-round work and extra fit metrics;
+- ``receive`` / ``reply``: extra arrays travelling with the weights (control variates).
+
+Per-client state that must survive rounds lives in ``context.state`` (``load_state`` /
+``save_state``), which Flower persists per node in simulation and deployment alike.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from flwr.app import ArrayRecord
+from flwr.client import NumPyClient
+from flwr.common import Context
+
+from tasks.data import PartitionSpec, input_shape, load_partition
+from tasks.models import Classifier, build_model, default_device, get_weights, set_weights
+from tasks.train import batches, evaluate
+
+_MODEL_CACHE: dict[tuple, Classifier] = {}
+
+
+def cached_model(name: str, dataset: str, device: torch.device, slot: str = "local") -> Classifier:
+    """One model object per process and slot, reused across clients and rounds.
+
+    Every fit loads the full state from the server first, so reuse never leaks weights
+    between clients; it only saves rebuilding modules.
+    """
+    key = (name, dataset, str(device), slot)
+    if key not in _MODEL_CACHE:
+        _MODEL_CACHE[key] = build_model(name, input_shape(dataset)).to(device)
+    return _MODEL_CACHE[key]
+
+
+class DriftClient(NumPyClient):
+    """Plain local SGD (FedAvg). Subclasses override the hooks listed in the module docstring."""
+
+    def __init__(self, cfg: dict, context: Context, partition_id: int, num_partitions: int):
+        self.cfg = cfg
+        self.context = context
+        self.partition_id = partition_id
+        self.num_partitions = num_partitions
+        self.device = default_device()
+        self.model = cached_model(cfg["model"], cfg["dataset"], self.device)
+        self._data: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    # ----------------------------------------------------------------- data and state
+    @property
+    def data(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This client's partition on the device, loaded on first use (not at construction)."""
+        if self._data is None:
+            spec = PartitionSpec.from_config(self.cfg, self.num_partitions)
+            x, y = load_partition(spec, self.partition_id)
+            self._data = (x.to(self.device), y.to(self.device))
+        return self._data
+
+    def load_state(self, name: str) -> list[np.ndarray] | None:
+        """Arrays saved under ``name`` in an earlier round on this node, or None."""
+        if name not in self.context.state:
+            return None
+        return self.context.state[name].to_numpy_ndarrays()
+
+    def save_state(self, name: str, arrays: list[np.ndarray]) -> None:
+        self.context.state[name] = ArrayRecord(numpy_ndarrays=[np.asarray(a) for a in arrays])
+
+    def params(self) -> list[torch.nn.Parameter]:
+        return list(self.model.parameters())
+
+    def frozen_copy(self) -> Classifier:
+        """An eval-mode copy of the model as received (the global model w_t)."""
+        frozen = cached_model(self.cfg["model"], self.cfg["dataset"], self.device, slot="global")
+        frozen.load_state_dict(self.model.state_dict())
+        frozen.eval()
+        for p in frozen.parameters():
+            p.requires_grad_(False)
+        return frozen
+
+    # --------------------------------------------------------------- NumPyClient API
+    def get_properties(self, config: dict) -> dict:
+        """Lets the server map node ids to partitions, for reproducible client sampling."""
+        return {"partition-id": self.partition_id, "num-partitions": self.num_partitions}
+
+    def get_parameters(self, config: dict) -> list[np.ndarray]:
+        return get_weights(self.model)
+
+    def fit(self, parameters: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
+        server_round = int(config.get("server-round", 1))
+        self.config = config
+        set_weights(self.model, self.receive(parameters))
+        self.round_start = [p.detach().clone() for p in self.params()]  # w_t
+        self.lr = self.cfg["learning-rate"] * self.cfg["lr-decay"] ** (server_round - 1)
+        self.optimizer = torch.optim.SGD(
+            self.params(), lr=self.lr, momentum=self.cfg["momentum"],
+            weight_decay=self.cfg["weight-decay"],
+        )
+        x, y = self.data
+        generator = torch.Generator().manual_seed(
+            hash((self.cfg["seed"], self.partition_id, server_round)) & 0x7FFFFFFF
+        )
+        extra_metrics = self.begin_round(server_round) or {}
+        self.model.train()
+        loss_sum, steps = torch.zeros((), device=self.device), 0
+        for _ in range(self.cfg["local-epochs"]):
+            for xb, yb in batches(x, y, self.cfg["batch-size"], generator):
+                self.optimizer.zero_grad(set_to_none=True)
+                loss_sum += self.train_step(xb, yb)
+                self.adjust_gradients()
+                self.optimizer.step()
+                steps += 1
+        metrics = {"train_loss": loss_sum.item() / max(steps, 1), "num_steps": steps}
+        metrics.update(extra_metrics)
+        metrics.update(self.end_round(steps) or {})
+        return self.reply(), len(x), metrics
+
+    def evaluate(self, parameters: list[np.ndarray], config: dict) -> tuple[float, int, dict]:
+        """Loss and accuracy of the received model on this client's own data."""
+        set_weights(self.model, self.receive(parameters))
+        x, y = self.data
+        loss, acc = evaluate(self.model, x, y)
+        return loss, len(x), {"accuracy": acc}
+
+    # ------------------------------------------------------------------------ hooks
+    def receive(self, parameters: list[np.ndarray]) -> list[np.ndarray]:
+        """Split what the server sent into model weights (returned) and method extras."""
+        return parameters
+
+    def reply(self) -> list[np.ndarray]:
+        """What goes back to the server: the local weights (plus method extras)."""
+        return get_weights(self.model)
+
+    def begin_round(self, server_round: int) -> dict[str, Any] | None:
+        """Work before the first local step; may return fit metrics."""
+        return None
+
+    def end_round(self, steps: int) -> dict[str, Any] | None:
+        """Work after the last local step (``steps`` = K, the total local steps)."""
+        return None
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.model(x), y)
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Fill ``.grad`` of every parameter; return the batch loss at the current weights."""
+        loss = self.loss(x, y)
+        loss.backward()
+        return loss.detach()
+
+    def adjust_gradients(self) -> None:
+        """Edit ``.grad`` after ``train_step`` (default: nothing)."""
+
+    # ---------------------------------------------------------------------- helpers
+    @torch.no_grad()
+    def add_proximal_gradient(self, coefficient: float) -> None:
+        """grad += coefficient * (w - w_t): the gradient of (coefficient/2) * ||w - w_t||^2."""
+        if coefficient == 0:
+            return
+        for p, p0 in zip(self.params(), self.round_start):
+            if p.grad is not None:
+                p.grad.add_(p.detach() - p0, alpha=coefficient)

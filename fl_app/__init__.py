@@ -1,0 +1,1 @@
+"""fl-drift Flower app: ServerApp, ClientApp, run config and the method registry."""

@@ -1,0 +1,187 @@
+"""``RecordingStrategy``: wraps any method's strategy and writes the run's results.
+
+Per round it writes one row to ``<results-dir>/<run-name>/metrics.csv``: round,
+test_accuracy, test_loss, train_loss, num_clients, num_failures, num_rejected,
+round_seconds, then the method's metrics (client metrics as ``<name>_mean/_min/_max``,
+server metrics as reported). At the last round it writes ``summary.json``.
+
+It is also the one place that keeps bad client updates out of aggregation: a result
+whose arrays contain NaN/Inf, or whose count or shapes differ from what was sent, is
+rejected before the wrapped strategy sees it.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+from flwr.common import FitRes, Parameters, Scalar, parameters_to_ndarrays
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.strategy import Strategy
+
+log = logging.getLogger("flwr.fl_drift")
+
+BASE_COLUMNS = [
+    "round", "test_accuracy", "test_loss", "train_loss",
+    "num_clients", "num_failures", "num_rejected", "round_seconds",
+]
+# Client metrics that are bookkeeping, not method metrics.
+_SKIP_CLIENT_METRICS = {"train_loss", "num_steps"}
+
+
+def _finite(arrays: list[np.ndarray]) -> bool:
+    return all(np.isfinite(a).all() for a in arrays if np.issubdtype(a.dtype, np.number))
+
+
+def summarise_client_metrics(results: list[tuple[int, dict]]) -> dict[str, float]:
+    """train_loss as the n_k-weighted mean; every other numeric metric as mean/min/max."""
+    out: dict[str, float] = {}
+    total = sum(n for n, _ in results)
+    if total > 0:
+        out["train_loss"] = sum(n * float(m.get("train_loss", 0.0)) for n, m in results) / total
+    names = sorted({k for _, m in results for k in m} - _SKIP_CLIENT_METRICS)
+    for name in names:
+        values = [float(m[name]) for _, m in results if isinstance(m.get(name), (int, float))]
+        if values:
+            out[f"{name}_mean"] = float(np.mean(values))
+            out[f"{name}_min"] = float(np.min(values))
+            out[f"{name}_max"] = float(np.max(values))
+    return out
+
+
+class RecordingStrategy(Strategy):
+    """Delegates every call to ``inner``; records metrics and filters bad updates."""
+
+    def __init__(self, inner: Strategy, cfg: dict, run_dir: Path, num_rounds: int):
+        super().__init__()
+        self.inner = inner
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.num_rounds = num_rounds
+        self.sent_shapes: list[tuple] | None = None
+        self.rows: list[dict] = []
+        self.columns = list(BASE_COLUMNS)
+        self.current: dict = {}
+        self.round_started = 0.0
+        self.run_started = time.monotonic()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+
+    def __repr__(self) -> str:
+        return f"RecordingStrategy({self.inner!r})"
+
+    # ----------------------------------------------------------------- delegation
+    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
+        return self.inner.initialize_parameters(client_manager)
+
+    def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager):
+        self.round_started = time.monotonic()
+        self.current = {"round": server_round}
+        instructions = self.inner.configure_fit(server_round, parameters, client_manager)
+        if instructions:
+            self.sent_shapes = [a.shape for a in parameters_to_ndarrays(instructions[0][1].parameters)]
+        return instructions
+
+    def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures):
+        accepted = []
+        for client, res in results:
+            problem = self._problem(res)
+            if problem:
+                log.warning("round %d: rejected the update of node %s: %s", server_round, client.cid, problem)
+            else:
+                accepted.append((client, res))
+        self.current.update(
+            num_clients=len(accepted),
+            num_failures=len(failures),
+            num_rejected=len(results) - len(accepted),
+        )
+        for failure in failures:
+            log.warning("round %d: a client failed: %r", server_round, failure)
+        self.current.update(summarise_client_metrics([(r.num_examples, r.metrics) for _, r in accepted]))
+        if not accepted:
+            return None, {}
+        parameters, metrics = self.inner.aggregate_fit(server_round, accepted, failures)
+        if parameters is not None and not _finite(parameters_to_ndarrays(parameters)):
+            log.error("round %d: the aggregate is not finite; keeping the previous global model", server_round)
+            return None, {}
+        self.current.update({k: v for k, v in (metrics or {}).items() if isinstance(v, (int, float))})
+        return parameters, metrics
+
+    def _problem(self, res: FitRes) -> str:
+        arrays = parameters_to_ndarrays(res.parameters)
+        if self.sent_shapes is not None and len(arrays) != len(self.sent_shapes):
+            return f"{len(arrays)} arrays, expected {len(self.sent_shapes)}"
+        if self.sent_shapes is not None:
+            for i, (a, shape) in enumerate(zip(arrays, self.sent_shapes)):
+                if a.shape != shape:
+                    return f"array {i} has shape {a.shape}, expected {shape}"
+        if not _finite(arrays):
+            return "non-finite values (NaN or Inf)"
+        return ""
+
+    def configure_evaluate(self, server_round: int, parameters: Parameters, client_manager: ClientManager):
+        return self.inner.configure_evaluate(server_round, parameters, client_manager)
+
+    def aggregate_evaluate(self, server_round: int, results, failures):
+        return self.inner.aggregate_evaluate(server_round, results, failures)
+
+    def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
+        result = self.inner.evaluate(server_round, parameters)
+        if result is None:
+            return None
+        loss, metrics = result
+        if server_round == 0:
+            log.info("initial model: test accuracy %.4f, loss %.4f", metrics.get("accuracy", float("nan")), loss)
+            return result
+        self.current.update(
+            test_loss=float(loss),
+            test_accuracy=float(metrics.get("accuracy", float("nan"))),
+            round_seconds=time.monotonic() - self.round_started,
+        )
+        self._write_row(self.current)
+        log.info(
+            "round %d/%d: test accuracy %.4f, test loss %.4f, clients %d, failures %d, %.1fs",
+            server_round, self.num_rounds, self.current["test_accuracy"], loss,
+            self.current.get("num_clients", 0), self.current.get("num_failures", 0),
+            self.current["round_seconds"],
+        )
+        if server_round >= self.num_rounds:
+            self.write_summary()
+        return result
+
+    # -------------------------------------------------------------------- files
+    def _write_row(self, row: dict) -> None:
+        row = {k: row.get(k, "") for k in BASE_COLUMNS} | {
+            k: v for k, v in row.items() if k not in BASE_COLUMNS
+        }
+        self.rows.append(row)
+        new_columns = [k for k in row if k not in self.columns]
+        self.columns += new_columns
+        path = self.run_dir / "metrics.csv"
+        tmp = path.with_suffix(".csv.tmp")
+        with tmp.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=self.columns, restval="")
+            writer.writeheader()
+            writer.writerows(self.rows)
+        os.replace(tmp, path)
+
+    def write_summary(self) -> None:
+        accs = [r["test_accuracy"] for r in self.rows if isinstance(r.get("test_accuracy"), float)]
+        finite = [a for a in accs if math.isfinite(a)]
+        summary = {
+            "config": self.cfg,
+            "rounds": len(self.rows),
+            "final_accuracy": accs[-1] if accs else None,
+            "best_accuracy": max(finite) if finite else None,
+            "final_loss": self.rows[-1]["test_loss"] if self.rows else None,
+            "total_seconds": time.monotonic() - self.run_started,
+        }
+        tmp = self.run_dir / "summary.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=2))
+        os.replace(tmp, self.run_dir / "summary.json")

@@ -1,0 +1,72 @@
+"""Reproducible client sampling: same seed and config -> same partitions sampled each round.
+
+Flower's SimpleClientManager samples with the global ``random`` module over node ids, and
+node ids are random per run, so neither the draw nor the node->partition mapping repeats.
+This manager asks each node once for its ``partition-id`` (a cheap ``get_properties`` that
+loads no data), orders nodes by it, and draws with a generator seeded by (seed, draw index).
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from flwr.common import GetPropertiesIns
+from flwr.server.client_manager import SimpleClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.criterion import Criterion
+
+log = logging.getLogger("flwr.fl_drift")
+
+
+class SeededClientManager(SimpleClientManager):
+    def __init__(self, seed: int):
+        super().__init__()
+        self.seed = seed
+        self.draws = 0
+        self.partition_of: dict[str, int] = {}
+        self.num_partitions: int | None = None
+
+    def _ask_partition(self, client: ClientProxy) -> tuple[str, int | None, int | None]:
+        try:
+            res = client.get_properties(GetPropertiesIns(config={}), timeout=60, group_id=0)
+            props = res.properties
+            return client.cid, int(props["partition-id"]), int(props["num-partitions"])
+        except Exception as exc:  # an unreachable node is ordered last, by node id
+            log.warning("node %s did not report its partition-id: %s", client.cid, exc)
+            return client.cid, None, None
+
+    def learn_partitions(self) -> None:
+        """Ask every node not yet known for its partition id (in parallel)."""
+        unknown = [c for cid, c in self.clients.items() if cid not in self.partition_of]
+        if not unknown:
+            return
+        with ThreadPoolExecutor(max_workers=min(32, len(unknown))) as pool:
+            for cid, pid, n in pool.map(self._ask_partition, unknown):
+                if pid is not None:
+                    self.partition_of[cid] = pid
+                    self.num_partitions = n
+
+    def ordered(self, cids: list[str]) -> list[str]:
+        big = 1 << 62
+        return sorted(cids, key=lambda cid: (self.partition_of.get(cid, big), cid))
+
+    def sample(
+        self, num_clients: int, min_num_clients: int | None = None, criterion: Criterion | None = None
+    ) -> list[ClientProxy]:
+        if min_num_clients is None:
+            min_num_clients = num_clients
+        self.wait_for(min_num_clients)
+        self.learn_partitions()
+        cids = [
+            cid for cid in self.ordered(list(self.clients))
+            if criterion is None or criterion.select(self.clients[cid])
+        ]
+        if num_clients > len(cids):
+            log.info("sampling failed: %d clients wanted, %d available", num_clients, len(cids))
+            return []
+        rng = np.random.default_rng([self.seed, self.draws])
+        self.draws += 1
+        chosen = sorted(rng.choice(len(cids), size=num_clients, replace=False))
+        return [self.clients[cids[i]] for i in chosen]

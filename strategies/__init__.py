@@ -1,0 +1,1 @@
+"""Server side of each method: a Flower ``Strategy`` (legacy API) per module."""

@@ -1,0 +1,48 @@
+"""What every method's strategy shares: construction from the run config and the fit config."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from flwr.common import Parameters
+from flwr.server.strategy import FedAvg
+
+from fl_app.config import Key
+
+
+def fit_config(server_round: int) -> dict:
+    """Sent to every client with its fit instruction."""
+    return {"server-round": server_round}
+
+
+def fedavg_kwargs(cfg: dict, initial_parameters: Parameters, evaluate_fn: Callable) -> dict:
+    """Keyword arguments of Flower's FedAvg shared by every method.
+
+    Evaluation is centralized (``evaluate_fn`` on the server's test split), so no client
+    is asked to evaluate.
+    """
+    return dict(
+        fraction_fit=cfg["fraction-fit"],
+        fraction_evaluate=0.0,
+        min_fit_clients=cfg["min-fit-clients"],
+        min_evaluate_clients=1,
+        min_available_clients=cfg["min-available-clients"],
+        evaluate_fn=evaluate_fn,
+        on_fit_config_fn=fit_config,
+        accept_failures=True,
+        initial_parameters=initial_parameters,
+    )
+
+
+class FromConfig:
+    """Mixin: the run-config keys a method adds, and how to build it from a run config."""
+
+    CONFIG_KEYS: dict[str, Key] = {}
+
+    @classmethod
+    def from_config(cls, cfg: dict, **kwargs):
+        return cls(**kwargs)
+
+
+class DriftFedAvg(FromConfig, FedAvg):
+    """Flower's FedAvg (n_k-weighted mean), buildable from the run config."""

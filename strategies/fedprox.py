@@ -1,0 +1,16 @@
+"""FedProx (Li et al. 2020): Flower's FedProx strategy, which sends mu to the clients."""
+
+from flwr.server.strategy import FedProx
+
+from fl_app.config import Key, non_negative
+from strategies.base import FromConfig
+
+
+class FedProxStrategy(FromConfig, FedProx):
+    """Weighted mean like FedAvg; adds ``proximal_mu`` to every fit config."""
+
+    CONFIG_KEYS = {"proximal-mu": Key(0.01, non_negative, ">= 0")}
+
+    @classmethod
+    def from_config(cls, cfg: dict, **kwargs):
+        return cls(proximal_mu=cfg["proximal-mu"], **kwargs)

@@ -1,0 +1,1 @@
+"""Models, data loading and partitioning, and the train/eval loops."""

@@ -1,0 +1,40 @@
+"""Loops shared by every method: mini-batches and evaluation."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def batches(
+    x: torch.Tensor, y: torch.Tensor, batch_size: int, generator: torch.Generator
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """One shuffled epoch of mini-batches; the order is fixed by ``generator``."""
+    order = torch.randperm(len(x), generator=generator)
+    for start in range(0, len(x), batch_size):
+        idx = order[start : start + batch_size]
+        yield x[idx], y[idx]
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024
+) -> tuple[float, float]:
+    """Mean cross-entropy and accuracy of ``model`` on (x, y), on the model's device."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    loss_sum = torch.zeros((), device=device)
+    correct = torch.zeros((), device=device, dtype=torch.long)
+    for start in range(0, len(x), batch_size):
+        xb = x[start : start + batch_size].to(device, non_blocking=True)
+        yb = y[start : start + batch_size].to(device, non_blocking=True)
+        logits = model(xb)
+        loss_sum += F.cross_entropy(logits, yb, reduction="sum")
+        correct += (logits.argmax(1) == yb).sum()
+    model.train(was_training)
+    n = max(len(x), 1)
+    return loss_sum.item() / n, correct.item() / n
