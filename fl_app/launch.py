@@ -100,8 +100,8 @@ class LocalSimulation:
         config_file = self.home / f"run-config-{time.monotonic_ns()}.toml"
         config_file.write_text(tomli_w.dumps(run_config))
         federation = (
-            f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus_per_client}"
-            f" client-resources-num-gpus={gpus_per_client}"
+            f"num-supernodes={num_supernodes} client-resources-num-cpus={_toml_number(cpus_per_client)}"
+            f" client-resources-num-gpus={float(gpus_per_client)}"
         )
         flwr = Path(sys.executable).parent / "flwr"
         command = [
@@ -126,6 +126,11 @@ class LocalSimulation:
         if self.process is not None:
             _kill_group(self.process)
             self.process = None
+
+
+def _toml_number(value: float) -> str:
+    """Flower wants an int where the value is integral (``1``, not ``1.0``)."""
+    return str(int(value)) if float(value).is_integer() else str(value)
 
 
 def _kill_group(proc: subprocess.Popen, grace: float = 10) -> None:

@@ -132,8 +132,11 @@ def default_device() -> torch.device:
 
 
 def get_weights(model: nn.Module) -> list:
-    """Model state (parameters and buffers, in state_dict order) as numpy arrays."""
-    return [t.detach().cpu().numpy() for t in model.state_dict().values()]
+    """Model state (parameters and buffers, in state_dict order) as numpy arrays.
+
+    Copies: the arrays must not alias a model that is trained again later in this process.
+    """
+    return [t.detach().to("cpu", copy=True).numpy() for t in model.state_dict().values()]
 
 
 def set_weights(model: nn.Module, arrays: list) -> None:

@@ -1,0 +1,122 @@
+#!/usr/bin/env python
+"""Compare methods on the same split, model and budget with Flower's simulation (`flwr run`).
+
+Example:
+    FL_DATA_DIR=../shared/data python run_simulation.py --strategy fedavg,fedprox \
+        --dataset mnist --rounds 3 --clients 20 --fraction 0.25 --seeds 0 1
+
+Every (strategy, seed) is one `flwr run` on a private local SuperLink (started here, stopped
+at exit). Results: <out>/runs/<strategy>-seed<seed>/{metrics.csv,summary.json}, and in <out>:
+comparison.csv, comparison.md, accuracy.png (and roughness.png when ri-fedavg ran).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from fl_app.config import ConfigError, parse_override, validate_config
+from fl_app.launch import LocalSimulation
+from fl_app.report import compare, plot, read_summary, write_comparison
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--strategy", default="fedavg", help="method name or comma list (see README)")
+    p.add_argument("--dataset", help="mnist, fashion_mnist, cifar10, cifar100 or synthetic")
+    p.add_argument("--rounds", type=int, help="num-server-rounds")
+    p.add_argument("--clients", type=int, default=10, help="number of simulated SuperNodes (partitions)")
+    p.add_argument("--fraction", type=float, help="fraction-fit: share of clients sampled per round")
+    p.add_argument("--alpha", type=float, help="Dirichlet concentration")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0], help="one or more seeds")
+    p.add_argument("--data-dir", help="folder with <dataset>/{train,test}.parquet (else $FL_DATA_DIR, else the hub)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="any run-config key (repeatable)")
+    p.add_argument("--out", help="output folder (default results/compare-<time>)")
+    p.add_argument("--cpus-per-client", type=float, default=1.0, help="Ray CPUs per simulated client")
+    p.add_argument("--gpus-per-client", type=float, default=None,
+                   help="Ray GPUs per client (default 0, or 1/clients-in-parallel when CUDA is present)")
+    p.add_argument("--quiet", action="store_true", help="print only the per-round progress lines")
+    return p.parse_args(argv)
+
+
+def build_configs(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str, int, dict]]:
+    """Validate every (strategy, seed) config up front; raises ConfigError before any launch."""
+    base: dict = {}
+    for flag, key in (("dataset", "dataset"), ("rounds", "num-server-rounds"),
+                      ("fraction", "fraction-fit"), ("alpha", "alpha"), ("data_dir", "data-dir")):
+        if getattr(args, flag) is not None:
+            base[key] = getattr(args, flag)
+    if args.data_dir:
+        base["data-dir"] = str(Path(args.data_dir).resolve())
+    for text in args.overrides:
+        key, value = parse_override(text)
+        base[key] = value
+    if args.clients < 1:
+        raise ConfigError(f"--clients = {args.clients} is invalid: must be >= 1")
+    base.setdefault("min-available-clients", args.clients)
+    strategies = [s.strip() for s in base.pop("strategy", args.strategy).split(",") if s.strip()]
+    configs = []
+    for strategy in strategies:
+        for seed in args.seeds:
+            raw = {**base, "strategy": strategy, "seed": seed,
+                   "results-dir": str(runs_dir), "run-name": f"{strategy}-seed{seed}"}
+            validate_config(raw)
+            configs.append((strategy, seed, raw))
+    return configs
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = Path(args.out or f"results/compare-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    runs_dir = out / "runs"
+    try:
+        configs = build_configs(args, runs_dir)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    gpus = args.gpus_per_client
+    if gpus is None:
+        import torch
+
+        gpus = min(1.0, args.cpus_per_client / 2) if torch.cuda.is_available() else 0.0
+    runs: dict[str, list[Path]] = {}
+    failed = []
+    with LocalSimulation() as sim:
+        for i, (strategy, seed, cfg) in enumerate(configs, 1):
+            run_dir = runs_dir / cfg["run-name"]
+            print(f"[{i}/{len(configs)}] {strategy} seed {seed} -> {run_dir}", flush=True)
+            tail: list[str] = []
+
+            def on_line(line: str) -> None:
+                tail.append(line)
+                del tail[:-40]
+                if not args.quiet or "test accuracy" in line:
+                    print("   ", line, flush=True)
+
+            sim.run(cfg, num_supernodes=args.clients, cpus_per_client=args.cpus_per_client,
+                    gpus_per_client=gpus, on_line=on_line)
+            summary = read_summary(run_dir)
+            if summary is None:
+                failed.append(cfg["run-name"])
+                print(f"    run failed; last lines:\n    " + "\n    ".join(tail[-15:]), file=sys.stderr)
+                continue
+            print(f"    final accuracy {summary['final_accuracy']:.4f}, best {summary['best_accuracy']:.4f},"
+                  f" {summary['total_seconds']:.0f}s", flush=True)
+            runs.setdefault(strategy, []).append(run_dir)
+    table = compare(runs)
+    write_comparison(table, out)
+    plot(runs, "test_accuracy", "test accuracy", out / "accuracy.png")
+    plot(runs, "ri_mean", "roughness index (mean over clients)", out / "roughness.png")
+    print((out / "comparison.md").read_text())
+    print(f"results in {out}")
+    if failed:
+        print(f"error: {len(failed)} run(s) failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""Shared test fixtures: the offline data folder and tiny client builders."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from flwr.app import RecordDict
+from flwr.common import Context
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from fl_app.config import validate_config  # noqa: E402
+
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    """../shared/data (MNIST and CIFAR-10 parquet); CI always has it beside the checkout."""
+    if not (SHARED_DATA / "mnist" / "train.parquet").exists():
+        pytest.skip(f"offline data not found at {SHARED_DATA}")
+    return SHARED_DATA
+
+
+def fake_context(run_config: dict | None = None) -> Context:
+    return Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config=run_config or {})
+
+
+def make_client(client_cls, overrides: dict, x: torch.Tensor, y: torch.Tensor, context: Context | None = None):
+    """A client on in-memory data (no dataset is loaded)."""
+    cfg = validate_config({"dataset": "synthetic", "model": "logreg", **overrides})
+    client = client_cls(cfg, context or fake_context(), partition_id=0, num_partitions=1)
+    client._data = (x, y)
+    return client

@@ -1,0 +1,81 @@
+"""Run-config schema: pyproject defaults, validation messages, overrides."""
+
+import tomllib
+
+import pytest
+
+from fl_app.config import ConfigError, parse_override, spec, toml_table, validate_config
+from fl_app.registry import method_names
+from tests.conftest import ROOT
+
+
+def test_pyproject_table_matches_spec():
+    """Flower reads defaults from pyproject; they must equal the schema's defaults."""
+    table = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    expected = tomllib.loads(toml_table())
+    assert table == expected
+    assert set(table) == set(spec())
+
+
+def test_defaults_validate():
+    cfg = validate_config({})
+    assert cfg["strategy"] == "fedavg" and cfg["num-server-rounds"] >= 1
+
+
+def test_unknown_strategy_lists_every_valid_name():
+    with pytest.raises(ConfigError) as err:
+        validate_config({"strategy": "nosuch"})
+    msg = str(err.value)
+    assert "'nosuch'" in msg and "strategy" in msg
+    for name in method_names():
+        assert name in msg
+
+
+@pytest.mark.parametrize(
+    "key,value,fragment",
+    [
+        ("learning-rate", -0.1, "> 0"),
+        ("learning-rate", 0, "> 0"),
+        ("fraction-fit", 1.5, "(0, 1]"),
+        ("alpha", 0.0, "> 0"),
+        ("num-server-rounds", 0, ">= 1"),
+        ("batch-size", "big", "expected a int"),
+        ("momentum", 1.0, "[0, 1)"),
+        ("partitioner", "random", "dirichlet, shard, iid"),
+        ("dataset", "imagenet", "mnist"),
+        ("learning-rate", float("nan"), "expected a float"),
+    ],
+)
+def test_bad_value_names_key_value_and_rule(key, value, fragment):
+    with pytest.raises(ConfigError) as err:
+        validate_config({key: value})
+    msg = str(err.value)
+    assert f"'{key}'" in msg and repr(value) in msg and fragment in msg
+
+
+def test_unknown_key_rejected():
+    with pytest.raises(ConfigError, match="unknown run-config key"):
+        validate_config({"learning_rate": 0.1})
+
+
+def test_model_must_fit_dataset():
+    with pytest.raises(ConfigError, match="logreg"):
+        validate_config({"dataset": "synthetic", "model": "cnn"})
+    with pytest.raises(ConfigError, match="image dataset"):
+        validate_config({"dataset": "mnist", "model": "logreg"})
+
+
+def test_int_accepted_for_float_and_types_coerced():
+    cfg = validate_config({"learning-rate": 1, "num-server-rounds": 4.0})
+    assert cfg["learning-rate"] == 1.0 and isinstance(cfg["learning-rate"], float)
+    assert cfg["num-server-rounds"] == 4 and isinstance(cfg["num-server-rounds"], int)
+
+
+def test_parse_override():
+    assert parse_override("learning-rate=0.05") == ("learning-rate", 0.05)
+    assert parse_override("dataset='cifar10'") == ("dataset", "cifar10")
+    assert parse_override("num-server-rounds=7") == ("num-server-rounds", 7)
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        parse_override("learning-rate")
+    with pytest.raises(ConfigError, match="unknown run-config key 'nope'"):
+        parse_override("nope=1")

@@ -1,0 +1,114 @@
+"""RecordingStrategy: metrics.csv / summary.json contents and rejection of bad updates."""
+
+import csv
+import json
+
+import numpy as np
+from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+
+from fl_app.config import validate_config
+from fl_app.recording import RecordingStrategy, summarise_client_metrics
+from fl_app.report import compare, read_metrics, write_comparison
+from strategies.base import fedavg_kwargs
+from strategies.fedavg import FedAvgStrategy
+
+
+class FakeProxy:
+    def __init__(self, cid):
+        self.cid = cid
+
+
+class FakeManager:
+    """Just enough of a ClientManager for FedAvg.configure_fit."""
+
+    def __init__(self, n):
+        self.proxies = [FakeProxy(str(i)) for i in range(n)]
+
+    def num_available(self):
+        return len(self.proxies)
+
+    def sample(self, num_clients, min_num_clients=None, criterion=None):
+        return self.proxies[:num_clients]
+
+
+def fit_res(arrays, n, metrics):
+    return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), n, metrics)
+
+
+def make_strategy(tmp_path, rounds=2):
+    cfg = validate_config({"fraction-fit": 1.0, "num-server-rounds": rounds})
+    w0 = [np.zeros((2, 2), np.float32), np.zeros(2, np.float32)]
+
+    def evaluate_fn(rnd, arrays, config):
+        return float(np.abs(arrays[0]).sum()), {"accuracy": 0.5 + 0.1 * rnd}
+
+    inner = FedAvgStrategy.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w0), evaluate_fn))
+    return RecordingStrategy(inner, cfg, tmp_path / "run", rounds), w0
+
+
+def test_rows_summary_and_rejections(tmp_path):
+    strategy, w0 = make_strategy(tmp_path)
+    manager = FakeManager(4)
+    params = strategy.initialize_parameters(manager)
+    strategy.evaluate(0, params)
+    for rnd in (1, 2):
+        ins = strategy.configure_fit(rnd, params, manager)
+        assert len(ins) == 4
+        good = [np.ones((2, 2), np.float32) * rnd, np.ones(2, np.float32)]
+        nan = [np.full((2, 2), np.nan, np.float32), np.ones(2, np.float32)]
+        wrong_shape = [np.ones((3, 2), np.float32), np.ones(2, np.float32)]
+        results = [
+            (FakeProxy("0"), fit_res(good, 10, {"train_loss": 1.0, "ri": 0.2, "num_steps": 3})),
+            (FakeProxy("1"), fit_res(good, 30, {"train_loss": 2.0, "ri": 0.6, "num_steps": 5})),
+            (FakeProxy("2"), fit_res(nan, 10, {"train_loss": 0.0})),
+            (FakeProxy("3"), fit_res(wrong_shape, 10, {"train_loss": 0.0})),
+        ]
+        params, _ = strategy.aggregate_fit(rnd, results, failures=[RuntimeError("boom")])
+        np.testing.assert_allclose(parameters_to_ndarrays(params)[0], good[0])
+        strategy.evaluate(rnd, params)
+
+    with (tmp_path / "run" / "metrics.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [r["round"] for r in rows] == ["1", "2"]
+    r = rows[1]
+    assert float(r["test_accuracy"]) == 0.7 and float(r["test_loss"]) == 8.0
+    assert r["num_clients"] == "2" and r["num_failures"] == "1" and r["num_rejected"] == "2"
+    assert float(r["train_loss"]) == (10 * 1.0 + 30 * 2.0) / 40
+    assert float(r["ri_mean"]) == 0.4 and float(r["ri_min"]) == 0.2 and float(r["ri_max"]) == 0.6
+    assert "num_steps_mean" not in r
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["rounds"] == 2 and summary["final_accuracy"] == 0.7
+    assert summary["best_accuracy"] == 0.7 and summary["config"]["num-server-rounds"] == 2
+
+
+def test_all_bad_updates_keep_global_model(tmp_path):
+    strategy, w0 = make_strategy(tmp_path)
+    manager = FakeManager(2)
+    params = strategy.initialize_parameters(manager)
+    strategy.configure_fit(1, params, manager)
+    inf = [np.full((2, 2), np.inf, np.float32), np.ones(2, np.float32)]
+    new, metrics = strategy.aggregate_fit(1, [(FakeProxy("0"), fit_res(inf, 5, {}))], [])
+    assert new is None  # Flower keeps the previous global parameters
+
+
+def test_summarise_client_metrics_weights_train_loss():
+    out = summarise_client_metrics([(1, {"train_loss": 1.0, "x": 2}), (3, {"train_loss": 3.0, "x": 4})])
+    assert out["train_loss"] == 2.5 and out["x_mean"] == 3 and out["x_min"] == 2 and out["x_max"] == 4
+
+
+def test_comparison_mean_std_over_seeds(tmp_path):
+    dirs = []
+    for seed, (final, best) in enumerate([(0.5, 0.6), (0.7, 0.8)]):
+        d = tmp_path / f"m-seed{seed}"
+        d.mkdir()
+        (d / "summary.json").write_text(json.dumps(
+            {"final_accuracy": final, "best_accuracy": best, "total_seconds": 1.0, "rounds": 3}))
+        (d / "metrics.csv").write_text("round,test_accuracy\n1,0.4\n2,0.5\n")
+        dirs.append(d)
+    table = compare({"m": dirs})
+    assert table[0]["seeds"] == 2
+    assert abs(table[0]["final_accuracy_mean"] - 0.6) < 1e-12
+    assert abs(table[0]["final_accuracy_std"] - np.std([0.5, 0.7], ddof=1)) < 1e-12
+    write_comparison(table, tmp_path / "out")
+    assert "0.6000 ± 0.1414" in (tmp_path / "out" / "comparison.md").read_text()
+    assert read_metrics(dirs[0])[1] == {"round": 2, "test_accuracy": 0.5}

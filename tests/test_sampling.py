@@ -1,0 +1,29 @@
+"""SeededClientManager: the same seed samples the same partitions, whatever the node ids."""
+
+from flwr.common import GetPropertiesRes, Status, Code
+
+from fl_app.sampling import SeededClientManager
+
+
+class Proxy:
+    def __init__(self, cid, pid):
+        self.cid, self.pid = cid, pid
+
+    def get_properties(self, ins, timeout, group_id):
+        return GetPropertiesRes(Status(Code.OK, ""), {"partition-id": self.pid, "num-partitions": 10})
+
+
+def sampled_partitions(seed, node_ids, rounds=3):
+    manager = SeededClientManager(seed)
+    for pid, cid in enumerate(node_ids):
+        manager.register(Proxy(cid, pid))
+    return [sorted(c.pid for c in manager.sample(3)) for _ in range(rounds)]
+
+
+def test_same_seed_same_partitions_despite_random_node_ids():
+    ids_a = [str(1000 + 7 * i) for i in range(10)]
+    ids_b = [str(99999 - 13 * i) for i in range(10)]  # different ids, different sort order
+    assert sampled_partitions(0, ids_a) == sampled_partitions(0, ids_b)
+    draws = sampled_partitions(0, ids_a)
+    assert len({tuple(d) for d in draws}) > 1  # rounds differ
+    assert sampled_partitions(1, ids_a) != draws  # seeds differ
