@@ -8,11 +8,16 @@ Example:
 Every (strategy, seed) is one `flwr run` on a private local SuperLink (started here, stopped
 at exit). Results: <out>/runs/<strategy>-seed<seed>/{metrics.csv,summary.json}, and in <out>:
 comparison.csv, comparison.md, accuracy.png (and roughness.png when ri-fedavg ran).
+
+`--resume DIR` continues an interrupted comparison in DIR with the arguments it was started
+with (saved in DIR/runner.json): finished runs are kept, unfinished ones continue from their
+last checkpoint (run-config `resume = true`), missing ones start.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -20,6 +25,7 @@ from pathlib import Path
 from fl_app.config import ConfigError, parse_override, validate_config
 from fl_app.launch import LocalSimulation
 from fl_app.report import compare, plot, read_summary, write_comparison
+from tasks.data import DataUnavailableError, PartitionError, PartitionSpec, check_data
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -39,7 +45,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gpus-per-client", type=float, default=None,
                    help="Ray GPUs per client (default 0, or 1/clients-in-parallel when CUDA is present)")
     p.add_argument("--quiet", action="store_true", help="print only the per-round progress lines")
-    return p.parse_args(argv)
+    p.add_argument("--resume", metavar="DIR", help="continue the interrupted comparison in DIR")
+    args = p.parse_args(argv)
+    if args.resume:
+        saved = Path(args.resume) / "runner.json"
+        if not saved.exists():
+            p.error(f"--resume {args.resume}: no runner.json there (not a run_simulation.py output folder)")
+        args = argparse.Namespace(**{**json.loads(saved.read_text()), "resume": args.resume,
+                                     "out": args.resume, "quiet": args.quiet})
+    return args
 
 
 def build_configs(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str, int, dict]]:
@@ -74,9 +88,13 @@ def main(argv: list[str] | None = None) -> int:
     runs_dir = out / "runs"
     try:
         configs = build_configs(args, runs_dir)
-    except ConfigError as exc:
+        for spec in {PartitionSpec.from_config(validate_config(c), args.clients) for _, _, c in configs}:
+            check_data(spec)
+    except (ConfigError, DataUnavailableError, PartitionError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "runner.json").write_text(json.dumps({k: v for k, v in vars(args).items() if k != "resume"}, indent=1))
     gpus = args.gpus_per_client
     if gpus is None:
         import torch
@@ -87,7 +105,14 @@ def main(argv: list[str] | None = None) -> int:
     with LocalSimulation() as sim:
         for i, (strategy, seed, cfg) in enumerate(configs, 1):
             run_dir = runs_dir / cfg["run-name"]
-            print(f"[{i}/{len(configs)}] {strategy} seed {seed} -> {run_dir}", flush=True)
+            if read_summary(run_dir) is not None:
+                print(f"[{i}/{len(configs)}] {strategy} seed {seed}: finished earlier, kept", flush=True)
+                runs.setdefault(strategy, []).append(run_dir)
+                continue
+            if (run_dir / "checkpoint.npz").exists():
+                cfg = {**cfg, "resume": True}
+            print(f"[{i}/{len(configs)}] {strategy} seed {seed} -> {run_dir}"
+                  + (" (resuming)" if cfg.get("resume") else ""), flush=True)
             tail: list[str] = []
 
             def on_line(line: str) -> None:

@@ -10,7 +10,9 @@ A method overrides the smallest hook that expresses its local update:
 - ``receive`` / ``reply``: extra arrays travelling with the weights (control variates).
 
 Per-client state that must survive rounds lives in ``context.state`` (``load_state`` /
-``save_state``), which Flower persists per node in simulation and deployment alike.
+``save_state``), which Flower persists per node in simulation and deployment alike. Clients
+with such state report the fit metric ``state_arrays_in``: how many arrays the node carried
+into the round (0 in its first round), so a run shows that the SuperNodes kept it.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from flwr.app import ArrayRecord
 from flwr.client import NumPyClient
 from flwr.common import Context
 
-from tasks.data import PartitionSpec, input_shape, load_partition
+from fl_app.checkpoint import ClientStateMirror
+from fl_app.config import parse_faults
+from tasks.data import PartitionSpec, input_shape, load_local_file, load_partition
 from tasks.models import Classifier, build_model, default_device, get_weights, set_weights
 from tasks.train import batches, evaluate
 
@@ -52,6 +56,8 @@ class DriftClient(NumPyClient):
         self.context = context
         self.partition_id = partition_id
         self.num_partitions = num_partitions
+        # A deployed SuperNode may bring its own data instead of a partition (node_config).
+        self.data_path = str(context.node_config.get("data-path", "") or "")
         self.device = default_device()
         self.model = cached_model(cfg["model"], cfg["dataset"], self.device)
         self._data: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -59,10 +65,13 @@ class DriftClient(NumPyClient):
     # ----------------------------------------------------------------- data and state
     @property
     def data(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """This client's partition on the device, loaded on first use (not at construction)."""
+        """This client's partition (or its node's ``data-path``) on the device, loaded lazily."""
         if self._data is None:
-            spec = PartitionSpec.from_config(self.cfg, self.num_partitions)
-            x, y = load_partition(spec, self.partition_id)
+            if self.data_path:
+                x, y = load_local_file(self.data_path, self.cfg["dataset"])
+            else:
+                spec = PartitionSpec.from_config(self.cfg, self.num_partitions)
+                x, y = load_partition(spec, self.partition_id)
             self._data = (x.to(self.device), y.to(self.device))
         return self._data
 
@@ -90,6 +99,8 @@ class DriftClient(NumPyClient):
     # --------------------------------------------------------------- NumPyClient API
     def get_properties(self, config: dict) -> dict:
         """Lets the server map node ids to partitions, for reproducible client sampling."""
+        if self.data_path:
+            return {"data-path": self.data_path}
         return {"partition-id": self.partition_id, "num-partitions": self.num_partitions}
 
     def get_parameters(self, config: dict) -> list[np.ndarray]:
@@ -98,6 +109,16 @@ class DriftClient(NumPyClient):
     def fit(self, parameters: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
         server_round = int(config.get("server-round", 1))
         self.config = config
+        # arrays this node's context.state carried into the round (deployment check)
+        carried = sum(len(record) for record in self.context.state.array_records.values())
+        fault = parse_faults(self.cfg["inject-faults"]).get(self.partition_id)
+        if fault == "raise":
+            raise RuntimeError(f"injected fault: client of partition {self.partition_id} raises")
+        mirror = self._state_mirror()
+        if mirror is not None and not self.context.state.array_records:
+            restored = mirror.load(int(config.get("checkpoint-round", 0)))
+            for name, arrays in (restored or {}).items():
+                self.save_state(name, arrays)
         set_weights(self.model, self.receive(parameters))
         self.round_start = [p.detach().clone() for p in self.params()]  # w_t
         self.lr = self.cfg["learning-rate"] * self.cfg["lr-decay"] ** (server_round - 1)
@@ -122,7 +143,21 @@ class DriftClient(NumPyClient):
         metrics = {"train_loss": loss_sum.item() / max(steps, 1), "num_steps": steps}
         metrics.update(extra_metrics)
         metrics.update(self.end_round(steps) or {})
-        return self.reply(), len(x), metrics
+        if self.context.state.array_records:  # stateful methods only: 0 in a node's first round
+            metrics["state_arrays_in"] = carried
+        reply = self.reply()
+        if fault == "nan":
+            reply = [np.full_like(a, np.nan) if np.issubdtype(a.dtype, np.floating) else a for a in reply]
+        if mirror is not None and self.context.state.array_records:
+            mirror.save(server_round, {n: r.to_numpy_ndarrays() for n, r in self.context.state.array_records.items()},
+                        keep_from=int(config.get("checkpoint-round", 0)))
+        return reply, len(x), metrics
+
+    def _state_mirror(self) -> ClientStateMirror | None:
+        """This client's on-disk copy of its state, when the server checkpoints the run."""
+        if not self.config.get("checkpoint-every") or not self.config.get("run-dir"):
+            return None
+        return ClientStateMirror(str(self.config["run-dir"]), f"partition-{self.partition_id}")
 
     def evaluate(self, parameters: list[np.ndarray], config: dict) -> tuple[float, int, dict]:
         """Loss and accuracy of the received model on this client's own data."""

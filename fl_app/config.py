@@ -79,7 +79,40 @@ GENERAL_KEYS: dict[str, Key] = {
     "run-name": Key(""),
     "synthetic-alpha": Key(1.0, non_negative, ">= 0"),
     "synthetic-beta": Key(1.0, non_negative, ">= 0"),
+    # Reliability
+    "min-fit-fraction": Key(0.5, lambda v: 0 <= v <= 1, "in [0, 1] (share of sampled clients that must succeed)"),
+    "drop-rate": Key(0.0, lambda v: 0 <= v < 1, "in [0, 1) (probability a sampled client drops)"),
+    "round-timeout": Key(0.0, non_negative, ">= 0 (seconds; 0 = no timeout)"),
+    "checkpoint-every": Key(1, non_negative, ">= 0 (rounds; 0 = no checkpoints)"),
+    "resume": Key(False),
+    # Fault injection for studying (and testing) failures: "raise:0,nan:3" makes the client of
+    # partition 0 raise and the one of partition 3 return NaN weights, every round;
+    # "crash-after:3" makes the server die right after round 3 (its checkpoint written).
+    "inject-faults": Key("", lambda v: _valid_faults(v),
+                         "a comma list of raise:<partition>, nan:<partition>, crash-after:<round>"),
 }
+
+
+def _valid_faults(text: str) -> bool:
+    try:
+        parse_faults(text)
+        return True
+    except ValueError:
+        return False
+
+
+def parse_faults(text: str) -> dict[int | str, str | int]:
+    """'raise:0,nan:3,crash-after:2' -> {0: 'raise', 3: 'nan', 'crash-after': 2}."""
+    faults: dict = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        kind, _, number = item.partition(":")
+        if kind not in ("raise", "nan", "crash-after") or not number.strip().isdigit():
+            raise ValueError(item)
+        if kind == "crash-after":
+            faults[kind] = int(number)
+        else:
+            faults[int(number)] = kind
+    return faults
 
 
 def spec() -> dict[str, Key]:
@@ -175,6 +208,11 @@ def _check_combinations(cfg: dict) -> None:
         raise ConfigError(
             f"run-config key 'model' = {cfg['model']!r} does not fit image dataset"
             f" {cfg['dataset']!r}; valid choices: {', '.join(IMAGE_MODELS)}"
+        )
+    if cfg["resume"] and not cfg["run-name"]:
+        raise ConfigError(
+            "run-config key 'resume' = true needs 'run-name' set: the run to resume is "
+            "<results-dir>/<run-name>"
         )
     if cfg["min-fit-clients"] > cfg["min-available-clients"]:
         raise ConfigError(

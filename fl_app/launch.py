@@ -10,7 +10,6 @@ Used by ``run_simulation.py`` and by the end-to-end tests.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -23,6 +22,13 @@ from typing import Callable
 import tomli_w
 
 APP_DIR = Path(__file__).resolve().parent.parent
+
+
+def _process_tools():
+    """Process-tree tracking shared with the deployment launcher (imported late: it imports us)."""
+    from fl_app.deploy import Managed, stop_processes
+
+    return Managed, stop_processes
 
 
 def free_port() -> int:
@@ -73,8 +79,10 @@ class LocalSimulation:
         with open(self.log_file, "ab") as log:
             self.process = subprocess.Popen(
                 command, env=self.env, cwd=self.app_dir, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group: close() stops all of it
+                start_new_session=True,
             )
+        Managed, _ = _process_tools()
+        self.managed = Managed("superlink", self.process, self.log_file)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -117,50 +125,25 @@ class LocalSimulation:
         for line in proc.stdout:
             if on_line is not None:
                 on_line(line.rstrip("\n"))
+            self.managed.refresh()  # remember the SuperExec/simulation/Ray tree while it is intact
             if deadline is not None and time.monotonic() > deadline:
-                _kill_group(proc)
+                Managed, stop_processes = _process_tools()
+                stop_processes([Managed("flwr run", proc, self.log_file)])
                 return 124
         return proc.wait()
 
-    def close(self) -> None:
-        if self.process is not None:
-            _kill_group(self.process)
-            self.process = None
+    def close(self) -> list[int]:
+        """Stop the SuperLink and every process it started (SuperExec, simulation, Ray: they
+        run in sessions of their own, so the whole tree is tracked, not just one group).
+        Returns the PIDs that survived (empty on success)."""
+        if self.process is None:
+            return []
+        _, stop_processes = _process_tools()
+        left = stop_processes([self.managed])
+        self.process = None
+        return left
 
 
 def _toml_number(value: float) -> str:
     """Flower wants an int where the value is integral (``1``, not ``1.0``)."""
     return str(int(value)) if float(value).is_integer() else str(value)
-
-
-def _kill_group(proc: subprocess.Popen, grace: float = 10) -> None:
-    """SIGTERM the process group, then SIGKILL whatever is left after ``grace`` seconds."""
-    try:
-        pgid = os.getpgid(proc.pid)
-    except ProcessLookupError:
-        return
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            continue
-        # the leader is gone; make sure no member of the group survives it
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and _group_alive(pgid):
-            time.sleep(0.2)
-        if not _group_alive(pgid):
-            return
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True

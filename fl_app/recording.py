@@ -5,9 +5,16 @@ test_accuracy, test_loss, train_loss, num_clients, num_failures, num_rejected,
 round_seconds, then the method's metrics (client metrics as ``<name>_mean/_min/_max``,
 server metrics as reported). At the last round it writes ``summary.json``.
 
-It is also the one place that keeps bad client updates out of aggregation: a result
-whose arrays contain NaN/Inf, or whose count or shapes differ from what was sent, is
-rejected before the wrapped strategy sees it.
+It is also the one place for the run's reliability rules, whatever the method:
+- a result whose arrays contain NaN/Inf, or whose count or shapes differ from what was sent,
+  is rejected before the wrapped strategy sees it (``num_rejected``); an aggregate that is
+  not finite is discarded and the previous global model kept;
+- failed clients (raised, timed out) are counted (``num_failures``); the run stops with a
+  clear error only when fewer than ``min-fit-fraction`` of the sampled clients succeed;
+- ``drop-rate`` drops each sampled client with that probability, reproducibly from the seed
+  (``num_dropped``);
+- every ``checkpoint-every`` rounds it writes a checkpoint (``fl_app/checkpoint.py``); a
+  resumed run continues at the checkpoint's round (``offset``).
 """
 
 from __future__ import annotations
@@ -20,18 +27,27 @@ import os
 import time
 from pathlib import Path
 
+import shutil
+
 import numpy as np
-from flwr.common import FitRes, Parameters, Scalar, parameters_to_ndarrays
+from flwr.common import FitIns, FitRes, Parameters, Scalar, parameters_to_ndarrays
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
+
+from fl_app.checkpoint import Checkpoint, save_checkpoint
+from fl_app.config import parse_faults
 
 log = logging.getLogger("flwr.fl_drift")
 
 BASE_COLUMNS = [
     "round", "test_accuracy", "test_loss", "train_loss",
-    "num_clients", "num_failures", "num_rejected", "round_seconds",
+    "num_clients", "num_failures", "num_rejected", "num_dropped", "round_seconds",
 ]
+
+
+class RunAborted(RuntimeError):
+    """Too few sampled clients succeeded in a round to go on."""
 # Client metrics that are bookkeeping, not method metrics.
 _SKIP_CLIENT_METRICS = {"train_loss", "num_steps"}
 
@@ -59,19 +75,32 @@ def summarise_client_metrics(results: list[tuple[int, dict]]) -> dict[str, float
 class RecordingStrategy(Strategy):
     """Delegates every call to ``inner``; records metrics and filters bad updates."""
 
-    def __init__(self, inner: Strategy, cfg: dict, run_dir: Path, num_rounds: int):
+    def __init__(self, inner: Strategy, cfg: dict, run_dir: Path, num_rounds: int,
+                 resume_from: Checkpoint | None = None, previous_rows: list[dict] | None = None):
         super().__init__()
         self.inner = inner
         self.cfg = cfg
         self.run_dir = Path(run_dir)
-        self.num_rounds = num_rounds
+        self.num_rounds = num_rounds  # total rounds of the run, resumed or not
         self.sent_shapes: list[tuple] | None = None
         self.rows: list[dict] = []
         self.columns = list(BASE_COLUMNS)
         self.current: dict = {}
         self.round_started = 0.0
         self.run_started = time.monotonic()
+        self.client_manager: ClientManager | None = None
+        self.offset = 0  # rounds done before this process started (resume)
+        self.elapsed_before = 0.0
+        self.last_checkpoint = 0
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if resume_from is not None:
+            self.offset = self.last_checkpoint = resume_from.round
+            self.elapsed_before = resume_from.elapsed_seconds
+            if hasattr(inner, "set_state"):
+                inner.set_state(resume_from.strategy_state)
+            for row in previous_rows or []:
+                if row["round"] <= resume_from.round:
+                    self._write_row(dict(row))
 
     def __repr__(self) -> str:
         return f"RecordingStrategy({self.inner!r})"
@@ -81,14 +110,32 @@ class RecordingStrategy(Strategy):
         return self.inner.initialize_parameters(client_manager)
 
     def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager):
+        server_round += self.offset
+        self.client_manager = client_manager
         self.round_started = time.monotonic()
-        self.current = {"round": server_round}
+        self.current = {"round": server_round, "num_clients": 0, "num_failures": 0,
+                        "num_rejected": 0, "num_dropped": 0}
         instructions = self.inner.configure_fit(server_round, parameters, client_manager)
+        instructions = self._drop(server_round, instructions)
+        self.sampled = len(instructions)
         if instructions:
             self.sent_shapes = [a.shape for a in parameters_to_ndarrays(instructions[0][1].parameters)]
-        return instructions
+        extra = {"run-dir": str(self.run_dir.resolve()), "checkpoint-round": self.last_checkpoint,
+                 "checkpoint-every": self.cfg["checkpoint-every"]}
+        return [(c, FitIns(ins.parameters, {**ins.config, **extra})) for c, ins in instructions]
+
+    def _drop(self, server_round: int, instructions: list) -> list:
+        """Drop each sampled client with probability drop-rate (seeded by seed and round)."""
+        rate = self.cfg["drop-rate"]
+        if rate <= 0 or not instructions:
+            return instructions
+        rng = np.random.default_rng([self.cfg["seed"], server_round, 0xD809])
+        keep = rng.random(len(instructions)) >= rate
+        self.current["num_dropped"] = int((~keep).sum())
+        return [ins for ins, k in zip(instructions, keep) if k]
 
     def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures):
+        server_round += self.offset
         accepted = []
         for client, res in results:
             problem = self._problem(res)
@@ -104,6 +151,14 @@ class RecordingStrategy(Strategy):
         for failure in failures:
             log.warning("round %d: a client failed: %r", server_round, failure)
         self.current.update(summarise_client_metrics([(r.num_examples, r.metrics) for _, r in accepted]))
+        needed = self.cfg["min-fit-fraction"] * self.sampled
+        if len(accepted) < needed:
+            raise RunAborted(
+                f"round {server_round}: only {len(accepted)} of {self.sampled} sampled clients returned "
+                f"a usable update ({len(failures)} failed, {len(results) - len(accepted)} rejected); "
+                f"min-fit-fraction = {self.cfg['min-fit-fraction']} needs {math.ceil(needed)}. "
+                "Stopping the run; the last checkpoint is kept."
+            )
         if not accepted:
             return None, {}
         parameters, metrics = self.inner.aggregate_fit(server_round, accepted, failures)
@@ -126,12 +181,17 @@ class RecordingStrategy(Strategy):
         return ""
 
     def configure_evaluate(self, server_round: int, parameters: Parameters, client_manager: ClientManager):
-        return self.inner.configure_evaluate(server_round, parameters, client_manager)
+        return self.inner.configure_evaluate(server_round + self.offset, parameters, client_manager)
 
     def aggregate_evaluate(self, server_round: int, results, failures):
-        return self.inner.aggregate_evaluate(server_round, results, failures)
+        return self.inner.aggregate_evaluate(server_round + self.offset, results, failures)
 
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
+        if server_round == 0 and self.offset:  # resumed: the checkpoint's model, already recorded
+            if self.offset >= self.num_rounds:
+                self.finish()
+            return None
+        server_round += self.offset
         result = self.inner.evaluate(server_round, parameters)
         if result is None:
             return None
@@ -151,9 +211,29 @@ class RecordingStrategy(Strategy):
             self.current.get("num_clients", 0), self.current.get("num_failures", 0),
             self.current["round_seconds"],
         )
+        every = self.cfg["checkpoint-every"]
+        if every and (server_round % every == 0 or server_round >= self.num_rounds):
+            self.checkpoint(server_round, parameters)
         if server_round >= self.num_rounds:
-            self.write_summary()
+            self.finish()
+        if parse_faults(self.cfg["inject-faults"]).get("crash-after") == server_round:
+            raise RuntimeError(f"injected crash after round {server_round} (inject-faults)")
         return result
+
+    def checkpoint(self, server_round: int, parameters: Parameters) -> None:
+        state = self.inner.get_state() if hasattr(self.inner, "get_state") else {}
+        draws = getattr(self.client_manager, "draws", 0)
+        save_checkpoint(self.run_dir, Checkpoint(
+            server_round, parameters_to_ndarrays(parameters), state, draws, self.elapsed()))
+        self.last_checkpoint = server_round
+
+    def elapsed(self) -> float:
+        return self.elapsed_before + time.monotonic() - self.run_started
+
+    def finish(self) -> None:
+        """Summary file; client-state mirrors are only needed to resume, so remove them."""
+        self.write_summary()
+        shutil.rmtree(self.run_dir / "client-state", ignore_errors=True)
 
     # -------------------------------------------------------------------- files
     def _write_row(self, row: dict) -> None:
@@ -180,7 +260,7 @@ class RecordingStrategy(Strategy):
             "final_accuracy": accs[-1] if accs else None,
             "best_accuracy": max(finite) if finite else None,
             "final_loss": self.rows[-1]["test_loss"] if self.rows else None,
-            "total_seconds": time.monotonic() - self.run_started,
+            "total_seconds": self.elapsed(),
         }
         tmp = self.run_dir / "summary.json.tmp"
         tmp.write_text(json.dumps(summary, indent=2))

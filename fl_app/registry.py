@@ -6,8 +6,38 @@ from typing import NamedTuple
 
 from clients.fedavg import FedAvgClient
 from clients.fedprox import FedProxClient
+from clients.fedpgvc import FedPGVCClient
+from clients.ri_fedavg import RIFedAvgClient
+from clients.dp_fedavg import DPFedAvgClient
+from clients.fedbn import FedBNClient
+from clients.feddyn import FedDynClient
+from clients.fedntd import FedNTDClient
+from clients.fednova import FedNovaClient
+from clients.moon import MoonClient
+from clients.fedsol import FedSOLClient
+from clients.fedgam import FedGAMClient
+from clients.fedgam_cv import FedGAMCVClient
+from clients.scaffold import ScaffoldClient
+from clients.fedpvr import FedPVRClient
+from clients.fedsam import FedSAMClient
+from clients.fedasam import FedASAMClient
 from strategies.fedavg import FedAvgStrategy
 from strategies.fedprox import FedProxStrategy
+from strategies.fedpgvc import FedPGVCStrategy
+from strategies.ri_fedavg import RIFedAvgStrategy
+from strategies.dp_fedavg import DPFedAvgStrategy
+from strategies.fedbn import FedBNStrategy
+from strategies.feddyn import FedDynStrategy
+from strategies.fedntd import FedNTDStrategy
+from strategies.fednova import FedNovaStrategy
+from strategies.moon import MoonStrategy
+from strategies.fedsol import FedSOLStrategy
+from strategies.fedgam import FedGAMStrategy
+from strategies.fedgam_cv import FedGAMCVStrategy
+from strategies.scaffold import ScaffoldStrategy
+from strategies.fedpvr import FedPVRStrategy
+from strategies.fedsam import FedSAMStrategy
+from strategies.fedasam import FedASAMStrategy
 
 
 class Method(NamedTuple):
@@ -18,6 +48,21 @@ class Method(NamedTuple):
 METHODS: dict[str, Method] = {
     "fedavg": Method(FedAvgStrategy, FedAvgClient),
     "fedprox": Method(FedProxStrategy, FedProxClient),
+    "ri-fedavg": Method(RIFedAvgStrategy, RIFedAvgClient),
+    "fedpgvc": Method(FedPGVCStrategy, FedPGVCClient),
+    "feddyn": Method(FedDynStrategy, FedDynClient),
+    "fednova": Method(FedNovaStrategy, FedNovaClient),
+    "fedbn": Method(FedBNStrategy, FedBNClient),
+    "fedntd": Method(FedNTDStrategy, FedNTDClient),
+    "moon": Method(MoonStrategy, MoonClient),
+    "dp-fedavg": Method(DPFedAvgStrategy, DPFedAvgClient),
+    "fedsol": Method(FedSOLStrategy, FedSOLClient),
+    "fedgam": Method(FedGAMStrategy, FedGAMClient),
+    "fedgam-cv": Method(FedGAMCVStrategy, FedGAMCVClient),
+    "scaffold": Method(ScaffoldStrategy, ScaffoldClient),
+    "fedpvr": Method(FedPVRStrategy, FedPVRClient),
+    "fedsam": Method(FedSAMStrategy, FedSAMClient),
+    "fedasam": Method(FedASAMStrategy, FedASAMClient),
 }
 
 

@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
 from flwr.common import Context, ndarrays_to_parameters
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 
+from fl_app.checkpoint import load_checkpoint
 from fl_app.config import validate_config
 from fl_app.recording import RecordingStrategy
+from fl_app.report import read_metrics
 from fl_app.registry import get_method
 from fl_app.sampling import SeededClientManager
 from strategies.base import fedavg_kwargs
-from tasks.data import PartitionSpec, input_shape, load_test
+from tasks.data import PartitionSpec, check_data, input_shape, load_test
 from tasks.models import build_model, default_device, get_weights, set_weights
 from tasks.train import evaluate
+
+log = logging.getLogger("flwr.fl_drift")
 
 
 def run_name(cfg: dict) -> str:
@@ -34,12 +39,13 @@ def make_evaluate_fn(cfg: dict, client_manager: SeededClientManager):
 
     def evaluate_fn(server_round: int, arrays: list, config: dict):
         if not test_data:
-            num_partitions = 1
-            if cfg["dataset"] == "synthetic":  # its test split pools every device's share
-                client_manager.wait_for(cfg["min-available-clients"])
-                client_manager.learn_partitions()
-                num_partitions = client_manager.num_partitions or client_manager.num_available()
+            # Learn the federation's partition count first: the synthetic test split pools
+            # every device's share, and the partitioning is checked before round 1.
+            client_manager.wait_for(cfg["min-available-clients"])
+            client_manager.learn_partitions()
+            num_partitions = client_manager.num_partitions or client_manager.num_available()
             spec = PartitionSpec.from_config(cfg, num_partitions)
+            check_data(spec)
             x, y = load_test(spec)
             test_data.extend([x.to(device), y.to(device)])
         set_weights(model, arrays[: len(model.state_dict())])
@@ -52,17 +58,30 @@ def make_evaluate_fn(cfg: dict, client_manager: SeededClientManager):
 def server_fn(context: Context) -> ServerAppComponents:
     cfg = validate_config(context.run_config)
     method = get_method(cfg["strategy"])
-    model = build_model(cfg["model"], input_shape(cfg["dataset"]), seed=cfg["seed"])
-    initial = ndarrays_to_parameters(get_weights(model))
-    client_manager = SeededClientManager(cfg["seed"])
-    inner = method.strategy.from_config(
-        cfg, **fedavg_kwargs(cfg, initial, make_evaluate_fn(cfg, client_manager))
-    )
     run_dir = Path(cfg["results-dir"]).expanduser() / run_name(cfg)
-    strategy = RecordingStrategy(inner, cfg, run_dir, cfg["num-server-rounds"])
+    checkpoint = load_checkpoint(run_dir) if cfg["resume"] else None
+    if checkpoint is not None:
+        log.info("resuming %s from its checkpoint after round %d", run_dir, checkpoint.round)
+        weights = checkpoint.weights
+    else:
+        weights = get_weights(build_model(cfg["model"], input_shape(cfg["dataset"]), seed=cfg["seed"]))
+    client_manager = SeededClientManager(cfg["seed"])
+    if checkpoint is not None:
+        client_manager.draws = checkpoint.sampler_draws
+    inner = method.strategy.from_config(
+        cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(weights), make_evaluate_fn(cfg, client_manager))
+    )
+    strategy = RecordingStrategy(
+        inner, cfg, run_dir, cfg["num-server-rounds"], resume_from=checkpoint,
+        previous_rows=read_metrics(run_dir) if checkpoint is not None else None,
+    )
+    done = checkpoint.round if checkpoint is not None else 0
     return ServerAppComponents(
         strategy=strategy,
-        config=ServerConfig(num_rounds=cfg["num-server-rounds"]),
+        config=ServerConfig(
+            num_rounds=max(cfg["num-server-rounds"] - done, 0),
+            round_timeout=cfg["round-timeout"] or None,
+        ),
         client_manager=client_manager,
     )
 

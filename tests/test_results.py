@@ -35,8 +35,8 @@ def fit_res(arrays, n, metrics):
     return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), n, metrics)
 
 
-def make_strategy(tmp_path, rounds=2):
-    cfg = validate_config({"fraction-fit": 1.0, "num-server-rounds": rounds})
+def make_strategy(tmp_path, rounds=2, **overrides):
+    cfg = validate_config({"fraction-fit": 1.0, "num-server-rounds": rounds, **overrides})
     w0 = [np.zeros((2, 2), np.float32), np.zeros(2, np.float32)]
 
     def evaluate_fn(rnd, arrays, config):
@@ -82,7 +82,7 @@ def test_rows_summary_and_rejections(tmp_path):
 
 
 def test_all_bad_updates_keep_global_model(tmp_path):
-    strategy, w0 = make_strategy(tmp_path)
+    strategy, w0 = make_strategy(tmp_path, **{"min-fit-fraction": 0.0})
     manager = FakeManager(2)
     params = strategy.initialize_parameters(manager)
     strategy.configure_fit(1, params, manager)
@@ -112,3 +112,30 @@ def test_comparison_mean_std_over_seeds(tmp_path):
     write_comparison(table, tmp_path / "out")
     assert "0.6000 ± 0.1414" in (tmp_path / "out" / "comparison.md").read_text()
     assert read_metrics(dirs[0])[1] == {"round": 2, "test_accuracy": 0.5}
+
+
+def test_too_few_successes_stop_the_run_with_a_clear_error(tmp_path):
+    import pytest
+
+    from fl_app.recording import RunAborted
+
+    strategy, w0 = make_strategy(tmp_path, **{"min-fit-fraction": 0.75})
+    manager = FakeManager(4)
+    params = strategy.initialize_parameters(manager)
+    strategy.configure_fit(1, params, manager)
+    good = [np.ones((2, 2), np.float32), np.ones(2, np.float32)]
+    ok = [(FakeProxy(str(i)), fit_res(good, 5, {})) for i in range(2)]
+    with pytest.raises(RunAborted, match=r"only 2 of 4 sampled clients .*2 failed.*min-fit-fraction = 0.75"):
+        strategy.aggregate_fit(1, ok, [RuntimeError("a"), RuntimeError("b")])
+
+
+def test_drop_rate_is_reproducible(tmp_path):
+    dropped = []
+    for name in ("a", "b"):
+        strategy, _ = make_strategy(tmp_path / name, **{"drop-rate": 0.5})
+        manager = FakeManager(20)
+        params = strategy.initialize_parameters(manager)
+        kept = [c.cid for c, _ in strategy.configure_fit(1, params, manager)]
+        dropped.append((kept, strategy.current["num_dropped"]))
+    assert dropped[0] == dropped[1]
+    assert 0 < dropped[0][1] < 20 and len(dropped[0][0]) == 20 - dropped[0][1]

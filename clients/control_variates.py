@@ -1,0 +1,115 @@
+"""Client side of SCAFFOLD-style control variates, written once (SCAFFOLD, FedPVR, FedGAM-CV).
+
+Protocol (``strategies/control_variates.py`` is the server side):
+
+- the server sends the model state (state_dict order) followed by c, one array per
+  parameter that carries a control variate, in state_dict order;
+- every local step uses g - c_i + c (``adjust_gradients``), on top of whatever gradient the
+  method's ``train_step`` produced (plain CE for SCAFFOLD, the GAM gradient for FedGAM-CV);
+- after the K local steps of the round (K = total local steps over all epochs, not batches
+  per epoch) the client sets c_i+ = c_i - c + (w_t - w) / (eta * K) (SCAFFOLD option II,
+  FedGAM Eq. 21) with eta the round's learning rate, keeps c_i+ in ``context.state``, and
+  replies the weights followed by delta c_i = c_i+ - c_i, same count and shapes as sent.
+
+c and c_i start at zero and cover trainable parameters only; ``cv_param_names`` selects
+which ones (all of them by default; FedPVR: the last Linear layers). The client reports
+||c_i+|| as the fit metric ``ci_norm``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from clients.base import DriftClient
+
+CI_STATE = "cv-ci"
+
+
+def trainable_param_names(model: nn.Module, cfg: dict) -> list[str]:
+    """Default control-variate scope: every trainable parameter."""
+    return [n for n, p in model.named_parameters() if p.requires_grad]
+
+
+def cv_names_in_state_order(model: nn.Module, names: list[str]) -> list[str]:
+    """``names`` in the model's state_dict order: the order c travels in."""
+    wanted = set(names)
+    params = {n for n, p in model.named_parameters() if p.requires_grad}
+    unknown = wanted - params
+    if unknown:
+        raise ValueError(f"control variates asked for non-trainable or unknown {sorted(unknown)}")
+    return [n for n in model.state_dict() if n in wanted]
+
+
+class ControlVariateClient(DriftClient):
+    """Mixin/base: put it before the method's client in the bases (``class X(ControlVariateClient,
+    FedGAMClient)``) so its hooks wrap the method's and call ``super()``."""
+
+    # Which parameters carry control variates; the strategy uses the same function.
+    cv_param_names = staticmethod(trainable_param_names)
+
+    def _cv_setup(self) -> None:
+        self.cv_names = cv_names_in_state_order(self.model, self.cv_param_names(self.model, self.cfg))
+        named = dict(self.model.named_parameters())
+        self.cv_params = [named[n] for n in self.cv_names]
+
+    def _zeros(self) -> list[torch.Tensor]:
+        return [torch.zeros_like(p, memory_format=torch.contiguous_format).detach() for p in self.cv_params]
+
+    def _tensors(self, arrays: list[np.ndarray], what: str) -> list[torch.Tensor]:
+        if len(arrays) != len(self.cv_params):
+            raise ValueError(f"{what}: {len(arrays)} arrays for {len(self.cv_params)} control variates")
+        out = []
+        for name, p, a in zip(self.cv_names, self.cv_params, arrays):
+            if tuple(a.shape) != tuple(p.shape):
+                raise ValueError(f"{what} for {name!r} has shape {a.shape}, expected {tuple(p.shape)}")
+            out.append(torch.as_tensor(np.asarray(a), dtype=p.dtype, device=p.device).clone())
+        return out
+
+    # ------------------------------------------------------------------ hooks
+    def receive(self, parameters: list[np.ndarray]) -> list[np.ndarray]:
+        parameters = super().receive(parameters)
+        n_state = len(self.model.state_dict())
+        weights, extra = parameters[:n_state], parameters[n_state:]
+        self._cv_setup()
+        self.c = self._tensors(extra, "c") if extra else self._zeros()
+        stored = self.load_state(CI_STATE)
+        self.ci = self._tensors(stored, "stored c_i") if stored is not None else self._zeros()
+        self.cv_correction = [c - ci for c, ci in zip(self.c, self.ci)]  # constant over the round
+        self.delta_c: list[torch.Tensor] | None = None
+        return weights
+
+    @torch.no_grad()
+    def adjust_gradients(self) -> None:
+        super().adjust_gradients()
+        for p, corr in zip(self.cv_params, self.cv_correction):
+            if p.grad is None:
+                p.grad = corr.clone()
+            else:
+                p.grad.add_(corr)
+
+    @torch.no_grad()
+    def end_round(self, steps: int) -> dict[str, Any] | None:
+        metrics = dict(super().end_round(steps) or {})
+        names = [n for n, _ in self.model.named_parameters()]
+        w_t = dict(zip(names, self.round_start))
+        if steps > 0:
+            scale = 1.0 / (self.lr * steps)
+            ci_new = [
+                ci - c + (w_t[n] - p.detach()) * scale
+                for n, p, c, ci in zip(self.cv_names, self.cv_params, self.c, self.ci)
+            ]
+        else:  # no local step: nothing was learned about this client's direction
+            ci_new = [ci.clone() for ci in self.ci]
+        self.delta_c = [new - old for new, old in zip(ci_new, self.ci)]
+        self.save_state(CI_STATE, [t.cpu().numpy() for t in ci_new])
+        metrics["ci_norm"] = float(np.sqrt(sum(float((t.double() ** 2).sum()) for t in ci_new)))
+        return metrics
+
+    def reply(self) -> list[np.ndarray]:
+        if self.delta_c is None:
+            raise RuntimeError("reply() before end_round(): delta c_i is not computed")
+        return super().reply() + [d.cpu().numpy() for d in self.delta_c]

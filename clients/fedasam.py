@@ -1,0 +1,17 @@
+"""FedASAM (Caldarola et al. 2022): adaptive SAM (Kwon et al. 2021) as the local optimiser.
+
+eps = rho T^2 g / ||T g|| with T = |w| + eta elementwise for weight tensors and T = 1 for
+biases (as the official ASAM code does: it normalises parameters whose name contains
+"weight" only); otherwise as FedSAM.
+"""
+
+from __future__ import annotations
+
+from clients.fedsam import FedSAMClient
+from clients.perturbation import asam_eps
+
+
+class FedASAMClient(FedSAMClient):
+    def perturbation(self, params: list, grads: list) -> list:
+        scaled = [name.rsplit(".", 1)[-1] == "weight" for name, _ in self.model.named_parameters()]
+        return asam_eps(params, grads, float(self.cfg["asam-rho"]), float(self.cfg["asam-eta"]), scaled)

@@ -1,0 +1,41 @@
+"""FedDyn client (Acar et al. 2021, Algorithm 1).
+
+Local objective  L_k(w) - <g_k, w> + (alpha/2) ||w - w_t||^2, so every step uses
+grad CE(w) - g_k + alpha (w - w_t). After local training (w_k = final local weights)
+    g_k <- g_k - alpha (w_k - w_t)
+which is the first-order condition of the local objective at w_k. g_k starts at zero and
+lives in ``context.state`` (over the trainable parameters, in ``model.parameters()`` order).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from clients.base import DriftClient
+
+STATE = "feddyn-grad"
+
+
+class FedDynClient(DriftClient):
+    def begin_round(self, server_round: int):
+        self.alpha = float(self.cfg["feddyn-alpha"])
+        saved = self.load_state(STATE)
+        if saved is None:
+            self.prev_grad = [torch.zeros_like(p) for p in self.params()]
+        else:
+            self.prev_grad = [torch.as_tensor(a, device=self.device) for a in saved]
+        return None
+
+    @torch.no_grad()
+    def adjust_gradients(self) -> None:
+        for p, g in zip(self.params(), self.prev_grad):
+            if p.grad is not None:
+                p.grad.sub_(g)  # the linear term -<g_k, w>
+        self.add_proximal_gradient(self.alpha)  # (alpha/2)||w - w_t||^2
+
+    @torch.no_grad()
+    def end_round(self, steps: int):
+        new = [g - self.alpha * (p.detach() - p0)
+               for g, p, p0 in zip(self.prev_grad, self.params(), self.round_start)]
+        self.save_state(STATE, [g.cpu().numpy() for g in new])
+        return {"feddyn_grad_norm": float(torch.sqrt(sum((g**2).sum() for g in new)))}

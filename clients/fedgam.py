@@ -1,0 +1,80 @@
+"""FedGAM (paper 004): local steps along the Gradient-norm-Aware Minimisation gradient.
+
+``gam-variant = "paper"`` (default) is the paper's Eq. 19, two forward/backward passes on the
+same batch:  G = grad f(w) + alpha * rho * grad f(w + rho * g/||g||),  g = grad f(w).
+Note that at the paper's defaults (rho 0.02, alpha 0.2) the second term is scaled by
+alpha * rho = 0.004, so the step is very close to plain SGD; this is what Eq. 19 says.
+
+``gam-variant = "reference"`` is the GAM optimiser step of Zhang et al. (CVPR 2023), which the
+paper's public code calls (non-adaptive form; four passes on the same batch; gam-rho plays
+grad_rho, ``alpha`` is not used). Our reading of that step, with r1 = gam-rho,
+r2 = gam-norm-rho, b1..b3 = gam-beta1..3, gamma = gam-gamma:
+
+1. g0 = grad f(w);  g1 = grad f(w + r1 g0/||g0||)
+2. d = g1 - g0 (the gradient of the gradient norm, up to scale);
+   w2 = w + r2 d/||d||;  g2 = grad f(w2)
+3. g3 = grad f(w2 + r1 g2/||g2||)
+4. u = b1 g1 + b3 g3 (the update direction), m = g0 + |b2| g2;
+   G = u - gamma * (m - <m,u>/||u||^2 u)  (minus gamma times the part of m orthogonal to u)
+5. the base optimiser (our SGD) steps with G at w.
+
+BatchNorm running statistics are updated by the first (unperturbed) pass only.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from clients.base import DriftClient
+from clients.perturbation import NORM_EPS, global_norm, perturbed, sam_eps
+
+
+class FedGAMClient(DriftClient):
+    def gam_alpha(self) -> float:
+        return float(self.cfg["gam-alpha"])
+
+    def _grad(self, x: torch.Tensor, y: torch.Tensor, params: list) -> tuple[torch.Tensor, list]:
+        loss = self.loss(x, y)
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        grads = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+        return loss.detach(), grads
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        params = self.params()
+        if self.cfg["gam-variant"] == "reference":
+            loss, grad = self.reference_gradient(x, y, params)
+        else:
+            loss, grad = self.paper_gradient(x, y, params)
+        for p, g in zip(params, grad):
+            p.grad = g
+        return loss
+
+    def paper_gradient(self, x, y, params) -> tuple[torch.Tensor, list]:
+        """Eq. 19: grad f(w) + alpha * rho * grad f(w + rho g/||g||)."""
+        rho, alpha = float(self.cfg["gam-rho"]), self.gam_alpha()
+        loss, g = self._grad(x, y, params)
+        with perturbed(params, sam_eps(g, rho), self.model):
+            _, g_adv = self._grad(x, y, params)
+        return loss, [a + (alpha * rho) * b for a, b in zip(g, g_adv)]
+
+    def reference_gradient(self, x, y, params) -> tuple[torch.Tensor, list]:
+        """The GAM optimiser step (Zhang et al. 2023); see the module docstring."""
+        cfg = self.cfg
+        r1, r2 = float(cfg["gam-rho"]), float(cfg["gam-norm-rho"])
+        b1, b2, b3 = float(cfg["gam-beta1"]), float(cfg["gam-beta2"]), float(cfg["gam-beta3"])
+        gamma = float(cfg["gam-gamma"])
+        loss, g0 = self._grad(x, y, params)
+        with perturbed(params, sam_eps(g0, r1), self.model):
+            _, g1 = self._grad(x, y, params)
+        e2 = sam_eps([a - b for a, b in zip(g1, g0)], r2)
+        with perturbed(params, e2, self.model):
+            _, g2 = self._grad(x, y, params)
+        e3 = [a + b for a, b in zip(e2, sam_eps(g2, r1))]  # w2 + r1 g2/||g2||, taken from w
+        with perturbed(params, e3, self.model):
+            _, g3 = self._grad(x, y, params)
+        u = [b1 * a + b3 * b for a, b in zip(g1, g3)]
+        m = [a + abs(b2) * b for a, b in zip(g0, g2)]
+        u_norm, m_norm = global_norm(u), global_norm(m)
+        cosine = sum((a * b).sum() for a, b in zip(m, u)) / (u_norm * m_norm + NORM_EPS)
+        along = cosine * m_norm / (u_norm + NORM_EPS)
+        return loss, [a - gamma * (mm - along * a) for a, mm in zip(u, m)]

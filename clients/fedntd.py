@@ -1,0 +1,40 @@
+"""FedNTD client (Lee et al. 2022): not-true distillation from the global model.
+
+loss = CE(z, y) + beta * tau^2 * KL(q_g || q_l), where q = softmax(logits_nt / tau) over the
+not-true classes (the true-class column removed per sample), KL with reduction batchmean,
+and the global logits come from a frozen eval-mode copy of w_t.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from clients.base import DriftClient
+
+
+def not_true(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The logits without each sample's true-class column: shape (B, C - 1)."""
+    keep = torch.ones_like(logits, dtype=torch.bool)
+    keep[torch.arange(len(y), device=y.device), y] = False
+    return logits[keep].view(len(y), logits.shape[1] - 1)
+
+
+def ntd_loss(local_logits: torch.Tensor, global_logits: torch.Tensor, y: torch.Tensor, tau: float) -> torch.Tensor:
+    """tau^2 * KL(softmax(global_nt / tau) || softmax(local_nt / tau)), batch mean."""
+    log_q_local = F.log_softmax(not_true(local_logits, y) / tau, dim=1)
+    q_global = F.softmax(not_true(global_logits, y) / tau, dim=1)
+    return F.kl_div(log_q_local, q_global, reduction="batchmean") * tau**2
+
+
+class FedNTDClient(DriftClient):
+    def begin_round(self, server_round: int):
+        self.global_model = self.frozen_copy()
+        return None
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        logits = self.model(x)
+        with torch.no_grad():
+            global_logits = self.global_model(x)
+        ce = F.cross_entropy(logits, y)
+        return ce + self.cfg["ntd-beta"] * ntd_loss(logits, global_logits, y, self.cfg["ntd-tau"])

@@ -1,0 +1,29 @@
+"""FedSAM (Qu et al. 2022; Caldarola et al. 2022): SAM as the local optimiser.
+
+Per batch: g = grad f(w); eps = rho g/||g|| (norm over all trainable parameters); the
+optimiser steps at w with grad f(w + eps). The weights go back to w by copy
+(``clients.perturbation.perturbed``); BN statistics count the unperturbed pass only.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from clients.base import DriftClient
+from clients.perturbation import grads_of, perturbed, sam_eps
+
+
+class FedSAMClient(DriftClient):
+    def perturbation(self, params: list, grads: list) -> list:
+        return sam_eps(grads, float(self.cfg["sam-rho"]))
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        params = self.params()
+        loss = self.loss(x, y)
+        loss.backward()
+        eps = self.perturbation(params, grads_of(params))
+        with perturbed(params, eps, self.model):
+            for p in params:
+                p.grad = None
+            self.loss(x, y).backward()
+        return loss.detach()

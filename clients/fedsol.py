@@ -1,0 +1,110 @@
+"""FedSOL (paper 003): local CE gradient taken at weights perturbed along the proximal gradient.
+
+Per batch (METHODS.md):
+1. L_p = KL(p_global || p_local), p = softmax(logits / T), reduction batchmean; the global
+   logits come from a frozen eval-mode copy of w_g. g_p = grad of L_p w.r.t. the perturbed
+   parameters: the classifier head (``fedsol-perturb = "head"``, the paper's default) or all.
+   It is back-propagated from d L_p/d logits = (p_local - p_global) / (T B), which is exactly
+   zero when both models give the same logits (autograd through kl_div leaves ~1e-9 noise
+   there, which the normalisation in 3. would blow up to a rho-sized random perturbation).
+2. Lambda_m = |w_m - w_g,m| / (||w_m - w_g,m||_2 + 1e-12) per parameter tensor m (Eq. 7), or 1
+   with ``fedsol-adaptive = false``. Lambda = 0 while w == w_g, so the round's first step is
+   plain SGD.
+3. eps = rho * Lambda (.) g_p / (||g_p||_2 + 1e-12), the norm over the perturbed set (Eq. 8).
+4. w <- w + eps; g = grad CE(w + eps; batch) for every parameter; w restored by copy; the
+   optimiser steps with g (Eq. 6).
+With head perturbation the body's forward is shared between the passes (the body does not
+depend on the head, so this is the same gradient at lower cost). Reports the mean L_p over
+the round's batches as ``prox_loss``; ``train_loss`` is CE at the unperturbed weights.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from clients.base import DriftClient
+from clients.perturbation import NORM_EPS, global_norm, perturbed
+
+
+def fedsol_eps(
+    weights: list[torch.Tensor],
+    global_weights: list[torch.Tensor],
+    prox_grads: list[torch.Tensor],
+    rho: float,
+    adaptive: bool = True,
+) -> list[torch.Tensor]:
+    """eps = rho * Lambda (.) g_p / ||g_p||, Lambda per tensor as in Eq. 7 (or 1)."""
+    scale = rho / (global_norm(prox_grads) + NORM_EPS)
+    out = []
+    for w, wg, g in zip(weights, global_weights, prox_grads):
+        e = g.detach() * scale
+        if adaptive:
+            diff = (w.detach() - wg).abs()
+            e = e * (diff / (torch.linalg.vector_norm(diff) + NORM_EPS))
+        out.append(e)
+    return out
+
+
+def proximal_kl(local_logits: torch.Tensor, global_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """KL(p_global || p_local) with softened probabilities, averaged over the batch."""
+    return F.kl_div(
+        F.log_softmax(local_logits / temperature, dim=1),
+        F.softmax(global_logits / temperature, dim=1),
+        reduction="batchmean",
+    )
+
+
+class FedSOLClient(DriftClient):
+    def begin_round(self, server_round: int) -> dict[str, Any] | None:
+        self.global_model = self.frozen_copy()
+        self.head_only = self.cfg["fedsol-perturb"] == "head"
+        named = [n for n, _ in self.model.named_parameters()]
+        head = {f"head.{n}" for n, _ in self.model.head.named_parameters()}
+        self.perturb_index = [i for i, n in enumerate(named) if not self.head_only or n in head]
+        self.prox_sum = torch.zeros((), device=self.device)
+        return None
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        params = self.params()
+        targets = [params[i] for i in self.perturb_index]
+        if self.head_only:
+            features = self.model.body(x)
+            logits = self.model.head(features)
+        else:
+            logits = self.model(x)
+        ce = F.cross_entropy(logits, y)
+        temperature = float(self.cfg["fedsol-temperature"])
+        with torch.no_grad():
+            global_logits = self.global_model(x)
+            prox = proximal_kl(logits, global_logits, temperature)
+            # d L_p / d logits in closed form, (p_local - p_global) / (T B): exactly zero when
+            # the two models' logits agree, so no rounding noise gets normalised into a
+            # rho-sized perturbation (which autograd through kl_div would give at w == w_g)
+            d_logits = (F.softmax(logits / temperature, dim=1) - F.softmax(global_logits / temperature, dim=1))
+            d_logits /= temperature * len(x)
+        grads = torch.autograd.grad(logits, targets, grad_outputs=d_logits, retain_graph=self.head_only,
+                                    allow_unused=True)
+        grads = [torch.zeros_like(p) if g is None else g for p, g in zip(targets, grads)]
+        eps_targets = fedsol_eps(
+            targets, [self.round_start[i] for i in self.perturb_index], grads,
+            float(self.cfg["fedsol-rho"]), bool(self.cfg["fedsol-adaptive"]),
+        )
+        eps: list = [None] * len(params)
+        for i, e in zip(self.perturb_index, eps_targets):
+            eps[i] = e
+        with perturbed(params, eps, self.model):
+            if self.head_only:
+                loss = F.cross_entropy(self.model.head(features), y)
+            else:
+                loss = F.cross_entropy(self.model(x), y)
+            loss.backward()
+        self.prox_sum += prox.detach()
+        return ce.detach()
+
+    def end_round(self, steps: int) -> dict[str, Any] | None:
+        metrics = dict(super().end_round(steps) or {})
+        metrics["prox_loss"] = self.prox_sum.item() / max(steps, 1)
+        return metrics

@@ -1,0 +1,57 @@
+"""MOON client (Li et al. 2021): model-contrastive learning on representations.
+
+loss = CE + mu * l_con, l_con = -log( e^{sim(z, z_g)/T} / (e^{sim(z, z_g)/T} + e^{sim(z, z_p)/T}) ),
+sim = cosine, z = model.body(x) of the local model, z_g of the frozen global model w_t
+(positive), z_p of this client's model from the end of its previous round (negative),
+kept in ``context.state``. First round of a client: no previous model, so CE only. (The
+official code uses the initial global model as "previous", which makes z_g = z_p and the
+term the constant log 2 with zero gradient: the same updates.)
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from clients.base import DriftClient, cached_model
+from tasks.models import get_weights, set_weights
+
+STATE = "moon-prev"
+
+
+def moon_contrastive(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Batch mean of -log softmax([sim(z, z_g), sim(z, z_p)] / T)[0]."""
+    pos = F.cosine_similarity(z, z_glob, dim=1)
+    neg = F.cosine_similarity(z, z_prev, dim=1)
+    logits = torch.stack([pos, neg], dim=1) / temperature
+    return F.cross_entropy(logits, torch.zeros(len(z), dtype=torch.long, device=z.device))
+
+
+class MoonClient(DriftClient):
+    def begin_round(self, server_round: int):
+        self.global_model = self.frozen_copy()
+        saved = self.load_state(STATE)
+        self.prev_model = None
+        if saved is not None:
+            prev = cached_model(self.cfg["model"], self.cfg["dataset"], self.device, slot="moon-prev")
+            set_weights(prev, saved)
+            prev.eval()
+            for p in prev.parameters():
+                p.requires_grad_(False)
+            self.prev_model = prev
+        return None
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        z = self.model.body(x)
+        ce = F.cross_entropy(self.model.head(z), y)
+        if self.prev_model is None:
+            return ce
+        with torch.no_grad():
+            z_glob = self.global_model.body(x)
+            z_prev = self.prev_model.body(x)
+        con = moon_contrastive(z, z_glob, z_prev, self.cfg["moon-temperature"])
+        return ce + self.cfg["moon-mu"] * con
+
+    def end_round(self, steps: int):
+        self.save_state(STATE, get_weights(self.model))
+        return None

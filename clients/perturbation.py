@@ -1,0 +1,91 @@
+"""SAM-style weight perturbation, written once for FedSOL, FedGAM, FedSAM, FedASAM (and FedSMOO).
+
+Every such method does: compute a perturbation eps, move the weights to w + eps, take a
+gradient there, and go back to w. Going back is done by copying the saved w, never by
+subtracting eps: (w + eps) - eps is not w in floating point, and the drift would accumulate
+over thousands of local steps. ``perturbed`` also restores the model's buffers (BatchNorm
+running statistics) when given a model, so an extra forward pass at perturbed weights does
+not count twice in the running statistics (as SAM/GAM reference code does by disabling them).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator, Sequence
+
+import torch
+from torch import nn
+
+# Added to every norm in a denominator (METHODS.md: FedSOL uses 1e-12; GAM's perturb_eps).
+NORM_EPS = 1e-12
+
+
+def global_norm(tensors: Sequence[torch.Tensor | None]) -> torch.Tensor:
+    """Euclidean norm of the concatenation of ``tensors`` (None entries are skipped)."""
+    parts = [t.detach().reshape(-1) for t in tensors if t is not None]
+    if not parts:
+        return torch.zeros(())
+    return torch.linalg.vector_norm(torch.cat(parts))
+
+
+def sam_eps(grads: Sequence[torch.Tensor | None], rho: float) -> list[torch.Tensor | None]:
+    """SAM's ascent step: eps = rho * g / ||g||, the norm taken over all of ``grads``."""
+    scale = rho / (global_norm(grads) + NORM_EPS)
+    return [None if g is None else g.detach() * scale for g in grads]
+
+
+def asam_eps(
+    params: Sequence[torch.Tensor],
+    grads: Sequence[torch.Tensor | None],
+    rho: float,
+    eta: float,
+    scaled: Sequence[bool] | None = None,
+) -> list[torch.Tensor | None]:
+    """Adaptive SAM (Kwon et al. 2021): eps = rho * T^2 g / ||T g||, T = |w| + eta elementwise.
+
+    ``scaled[i] = False`` uses T = 1 for that tensor (the official ASAM code normalises only
+    weight tensors, not biases); by default every tensor is scaled.
+    """
+    if scaled is None:
+        scaled = [True] * len(params)
+    ts = [
+        (p.detach().abs() + eta) if s else torch.ones_like(p)
+        for p, s in zip(params, scaled)
+    ]
+    tg = [None if g is None else t * g.detach() for t, g in zip(ts, grads)]
+    scale = rho / (global_norm(tg) + NORM_EPS)
+    return [None if x is None else t * x * scale for t, x in zip(ts, tg)]
+
+
+@contextmanager
+def perturbed(
+    params: Sequence[torch.Tensor],
+    eps: Sequence[torch.Tensor | None],
+    model: nn.Module | None = None,
+) -> Iterator[None]:
+    """Inside the block the weights are w + eps; on exit they are exactly w again (by copy).
+
+    ``eps[i] = None`` leaves ``params[i]`` untouched. With ``model``, its buffers (BN running
+    statistics) are saved too and restored on exit.
+    """
+    if len(params) != len(eps):
+        raise ValueError(f"{len(params)} parameters but {len(eps)} perturbations")
+    saved = [(p, p.detach().clone()) for p, e in zip(params, eps) if e is not None]
+    buffers = [(b, b.detach().clone()) for b in model.buffers()] if model is not None else []
+    try:
+        with torch.no_grad():
+            for p, e in zip(params, eps):
+                if e is not None:
+                    p.add_(e)
+        yield
+    finally:
+        with torch.no_grad():
+            for p, w in saved:
+                p.copy_(w)
+            for b, v in buffers:
+                b.copy_(v)
+
+
+def grads_of(params: Sequence[torch.Tensor]) -> list[torch.Tensor | None]:
+    """Detached copies of the ``.grad`` of ``params`` (None where a parameter has none)."""
+    return [None if p.grad is None else p.grad.detach().clone() for p in params]

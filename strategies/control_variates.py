@@ -1,0 +1,107 @@
+"""Server side of SCAFFOLD-style control variates, written once (SCAFFOLD, FedPVR, FedGAM-CV).
+
+The server holds c (zeros at the start, one array per parameter that carries a control
+variate, state_dict order). ``configure_fit`` sends weights + c; each reply is weights +
+delta c_i with the same count and shapes (so ``RecordingStrategy``'s check holds).
+``aggregate_fit`` takes the n_k-weighted mean of the weights (Flower's FedAvg) and updates
+
+    c <- c + (1/D) * sum_{i in S_t} delta c_i,
+
+with D = |S_t|, the clients whose update arrived this round (FedGAM-CV, paper Eq. 22), or
+D = N, all clients of the federation (SCAFFOLD option II and FedPVR; METHODS.md). N is the
+partition count the client manager learned (``SeededClientManager.num_partitions``), else the
+number of connected nodes. It reports ``cv_norm`` = ||c|| (after the update) as a round metric.
+The model weights the server evaluates and stores never include c.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.common import FitIns, FitRes, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.server.client_manager import ClientManager
+
+from clients.control_variates import cv_names_in_state_order, trainable_param_names
+from strategies.base import DriftFedAvg
+from tasks.data import input_shape
+from tasks.models import build_model
+
+DIVISORS = ("participants", "total")
+
+
+class ControlVariateStrategy(DriftFedAvg):
+    """FedAvg of the weights plus the server control variate c."""
+
+    # Which parameters carry control variates: must be the client class's function.
+    cv_param_names = staticmethod(trainable_param_names)
+    # "participants": D = |S_t| (FedGAM-CV Eq. 22); "total": D = N (SCAFFOLD, FedPVR).
+    CV_DIVISOR = "total"
+
+    def __init__(self, *, cv_shapes: list[tuple], num_state: int, cv_divisor: str = "total", **kwargs):
+        super().__init__(**kwargs)
+        if cv_divisor not in DIVISORS:
+            raise ValueError(f"cv_divisor {cv_divisor!r} is not one of {DIVISORS}")
+        self.num_state = num_state
+        self.cv_divisor = cv_divisor
+        self.c = [np.zeros(s, dtype=np.float32) for s in cv_shapes]
+        self.num_total: int | None = None
+
+    @classmethod
+    def from_config(cls, cfg: dict, **kwargs):
+        model = build_model(cfg["model"], input_shape(cfg["dataset"]))
+        state = model.state_dict()
+        names = cv_names_in_state_order(model, cls.cv_param_names(model, cfg))
+        return cls(
+            cv_shapes=[tuple(state[n].shape) for n in names],
+            num_state=len(state),
+            cv_divisor=cls.CV_DIVISOR,
+            **kwargs,
+        )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(cv_divisor={self.cv_divisor!r})"
+
+    def get_state(self) -> dict[str, list[np.ndarray]]:
+        """Server state for checkpoints (``fl_app/checkpoint.py``): c."""
+        return {"cv-c": [a.copy() for a in self.c]}
+
+    def set_state(self, state: dict[str, list[np.ndarray]]) -> None:
+        if "cv-c" in state:
+            c = [np.asarray(a, dtype=np.float32) for a in state["cv-c"]]
+            if [a.shape for a in c] != [a.shape for a in self.c]:
+                raise ValueError("checkpointed c does not match this model's control variates")
+            self.c = c
+
+    def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager):
+        instructions = super().configure_fit(server_round, parameters, client_manager)
+        # after sampling, so a SeededClientManager has learned the partition count
+        self.num_total = getattr(client_manager, "num_partitions", None) or client_manager.num_available()
+        if not instructions:
+            return instructions
+        weights = parameters_to_ndarrays(parameters)
+        if len(weights) != self.num_state:
+            raise ValueError(f"global model has {len(weights)} arrays, expected {self.num_state}")
+        sent = ndarrays_to_parameters(weights + self.c)
+        return [(client, FitIns(sent, dict(ins.config))) for client, ins in instructions]
+
+    def aggregate_fit(self, server_round: int, results, failures):
+        weight_results, deltas = [], []
+        for client, res in results:
+            arrays = parameters_to_ndarrays(res.parameters)
+            weights, delta = arrays[: self.num_state], arrays[self.num_state :]
+            if len(delta) != len(self.c):
+                raise ValueError(f"reply carries {len(delta)} delta c_i arrays, expected {len(self.c)}")
+            weight_results.append(
+                (client, FitRes(res.status, ndarrays_to_parameters(weights), res.num_examples, res.metrics))
+            )
+            deltas.append(delta)
+        parameters, metrics = super().aggregate_fit(server_round, weight_results, failures)
+        if parameters is None:
+            return parameters, metrics
+        divisor = len(deltas) if self.cv_divisor == "participants" else (self.num_total or len(deltas))
+        self.c = [
+            (c.astype(np.float64) + sum(d[i].astype(np.float64) for d in deltas) / divisor).astype(np.float32)
+            for i, c in enumerate(self.c)
+        ]
+        metrics = dict(metrics or {})
+        metrics["cv_norm"] = float(np.sqrt(sum(float((c.astype(np.float64) ** 2).sum()) for c in self.c)))
+        return parameters, metrics

@@ -1,0 +1,77 @@
+"""FedBN (Li et al. 2021): everything but batch norm is averaged (n_k-weighted mean).
+
+BN entries (parameters and running statistics) are client-local (see clients/fedbn.py).
+The server never averages them into what it sends: the BN entries of the global model
+stay at their initial values, so no client's BN state reaches another client (a client
+joining late starts from the initial BN). Centralized test evaluation needs some BN
+state; it uses the n_k-weighted mean of the round's client BN entries, for evaluation
+only (never sent). Requires a model with BN layers (``cnn-bn``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
+
+from clients.fedbn import bn_indices
+from fl_app.config import ConfigError
+from strategies.base import DriftFedAvg
+from strategies.feddyn import cast_like
+from tasks.data import input_shape
+from tasks.models import build_model
+
+BN_MODELS = "cnn-bn"
+
+
+class FedBNStrategy(DriftFedAvg):
+    """FedAvg on non-BN entries; BN entries of the sent model never change."""
+
+    def __init__(self, *, bn: list[int], **kwargs):
+        super().__init__(**kwargs)
+        self.bn = bn
+        self.current: list[np.ndarray] | None = None
+        self.eval_bn: dict[int, np.ndarray] = {}
+
+    @classmethod
+    def from_config(cls, cfg: dict, **kwargs):
+        bn = bn_indices(build_model(cfg["model"], input_shape(cfg["dataset"])))
+        if not bn:
+            raise ConfigError(
+                f"run-config key 'model' = {cfg['model']!r} is invalid for strategy 'fedbn':"
+                f" FedBN needs a model with batch-norm layers; valid choices: {BN_MODELS}"
+                " (with an image dataset)"
+            )
+        return cls(bn=bn, **kwargs)
+
+    def get_state(self) -> dict[str, list[np.ndarray]]:
+        """For checkpoints: the evaluation-only mean of the last round's client BN entries."""
+        return {"fedbn-eval-bn": [self.eval_bn[i] for i in self.bn]} if self.eval_bn else {}
+
+    def set_state(self, state: dict[str, list[np.ndarray]]) -> None:
+        if "fedbn-eval-bn" in state:
+            self.eval_bn = dict(zip(self.bn, state["fedbn-eval-bn"]))
+
+    def configure_fit(self, server_round, parameters, client_manager):
+        self.current = parameters_to_ndarrays(parameters)
+        return super().configure_fit(server_round, parameters, client_manager)
+
+    def aggregate_fit(self, server_round, results, failures):
+        parameters, metrics = super().aggregate_fit(server_round, results, failures)
+        if parameters is None:
+            return parameters, metrics
+        averaged = parameters_to_ndarrays(parameters)
+        new = list(averaged)
+        self.eval_bn = {}
+        for i in self.bn:
+            ref = self.current[i]
+            self.eval_bn[i] = cast_like(averaged[i], ref)
+            new[i] = ref  # BN stays local: the sent BN entries never change
+        return ndarrays_to_parameters(new), metrics
+
+    def evaluate(self, server_round, parameters):
+        if self.eval_bn:
+            arrays = parameters_to_ndarrays(parameters)
+            for i, value in self.eval_bn.items():
+                arrays[i] = value
+            parameters = ndarrays_to_parameters(arrays)
+        return super().evaluate(server_round, parameters)

@@ -1,0 +1,95 @@
+"""FedDyn (Acar et al. 2021, Algorithm 1): dynamic regularisation with a server state h.
+
+Server, with S_t the clients of round t and N the total number of clients:
+    h <- h - alpha * (1/N) * sum_{k in S_t} (w_k - w_t)
+    w_{t+1} = (1/|S_t|) sum_{k in S_t} w_k - (1/alpha) * h
+The mean is the paper's unweighted one (Algorithm 1), not the n_k-weighted mean. h covers
+the trainable parameters only; buffers (BN running statistics) get the same plain mean
+without correction, since no client gradient state exists for them.
+N is the number of partitions the client manager learnt (else the number of connected
+nodes), read when the round's clients are sampled.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
+
+from fl_app.config import Key, positive
+from strategies.base import DriftFedAvg
+from tasks.data import input_shape
+from tasks.models import build_model
+
+
+def trainable_mask(cfg: dict) -> list[bool]:
+    """For each state_dict entry of the configured model: is it a trainable parameter?"""
+    model = build_model(cfg["model"], input_shape(cfg["dataset"]))
+    params = {name for name, _ in model.named_parameters()}
+    return [name in params for name in model.state_dict()]
+
+
+def total_clients(client_manager) -> int:
+    """N: the partition count the (seeded) client manager learnt, else the connected nodes."""
+    return int(getattr(client_manager, "num_partitions", None) or client_manager.num_available())
+
+
+def cast_like(value: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """Back to the dtype of ``ref`` (integer buffers such as BN's num_batches_tracked round)."""
+    if np.issubdtype(ref.dtype, np.integer):
+        return np.rint(value).astype(ref.dtype)
+    return np.asarray(value, dtype=ref.dtype)
+
+
+class FedDynStrategy(DriftFedAvg):
+    """Unweighted mean of the client weights minus h / alpha; h accumulates client drift."""
+
+    CONFIG_KEYS = {"feddyn-alpha": Key(0.01, positive, "> 0")}
+
+    def __init__(self, *, alpha: float, trainable: list[bool], **kwargs):
+        super().__init__(**kwargs)
+        self.alpha = alpha
+        self.trainable = trainable
+        self.h: list[np.ndarray] | None = None
+        self.current: list[np.ndarray] | None = None
+        self.num_clients: int | None = None
+
+    @classmethod
+    def from_config(cls, cfg: dict, **kwargs):
+        return cls(alpha=cfg["feddyn-alpha"], trainable=trainable_mask(cfg), **kwargs)
+
+    def get_state(self) -> dict[str, list[np.ndarray]]:
+        """Server state for checkpoints: h (absent before the first aggregation)."""
+        return {"feddyn-h": list(self.h)} if self.h is not None else {}
+
+    def set_state(self, state: dict[str, list[np.ndarray]]) -> None:
+        if "feddyn-h" in state:
+            self.h = [np.asarray(a, dtype=np.float64) for a in state["feddyn-h"]]
+
+    def configure_fit(self, server_round, parameters, client_manager):
+        self.current = parameters_to_ndarrays(parameters)
+        instructions = super().configure_fit(server_round, parameters, client_manager)
+        self.num_clients = total_clients(client_manager)
+        return instructions
+
+    def aggregate_fit(self, server_round, results, failures):
+        if not results:
+            return None, {}
+        if not self.accept_failures and failures:
+            return None, {}
+        w_t = self.current
+        clients = [parameters_to_ndarrays(res.parameters) for _, res in results]
+        n_total = max(self.num_clients or len(clients), len(clients))
+        if self.h is None:
+            self.h = [np.zeros(a.shape, dtype=np.float64) for a in w_t]
+        new = []
+        for i, ref in enumerate(w_t):
+            stacked = np.stack([c[i].astype(np.float64) for c in clients])
+            mean = stacked.mean(axis=0)
+            if self.trainable[i]:
+                drift = (stacked - ref.astype(np.float64)).sum(axis=0)
+                self.h[i] = self.h[i] - self.alpha / n_total * drift
+                new.append(cast_like(mean - self.h[i] / self.alpha, ref))
+            else:
+                new.append(cast_like(mean, ref))
+        h_norm = float(np.sqrt(sum(float((h**2).sum()) for h, m in zip(self.h, self.trainable) if m)))
+        return ndarrays_to_parameters(new), {"feddyn_h_norm": h_norm}

@@ -1,0 +1,17 @@
+"""FedGAM-CV (paper 004, Algorithm 2): FedGAM plus SCAFFOLD control variates.
+
+Server: n_k-weighted mean of the weights and c <- c + (1/|S_t|) sum_{i in S_t} delta c_i
+(paper Eq. 22; the paper's code and SCAFFOLD divide by N instead, which is the same under
+the paper's full participation). Its trade-off alpha has its own key, ``gam-cv-alpha``
+(default 0.4, paper Sec. 5.3.3), since the run config is one flat namespace and FedGAM's
+``gam-alpha`` defaults to 0.2; every other gam-* key is shared with FedGAM.
+"""
+
+from fl_app.config import Key, non_negative
+from strategies.control_variates import ControlVariateStrategy
+from strategies.fedgam import GAM_KEYS
+
+
+class FedGAMCVStrategy(ControlVariateStrategy):
+    CONFIG_KEYS = {**GAM_KEYS, "gam-cv-alpha": Key(0.4, non_negative, ">= 0 (FedGAM-CV trade-off alpha)")}
+    CV_DIVISOR = "participants"

@@ -1,0 +1,13 @@
+"""FedPVR (Li et al. 2023, partial variance reduction): SCAFFOLD control variates on the last
+``pvr-layers`` Linear layers only (default 1: the classifier head); the other layers take
+plain SGD steps. Server as SCAFFOLD: weighted mean, c <- c + (1/N) sum delta c_i."""
+
+from clients.fedpvr import pvr_param_names
+from fl_app.config import Key, at_least
+from strategies.control_variates import ControlVariateStrategy
+
+
+class FedPVRStrategy(ControlVariateStrategy):
+    CONFIG_KEYS = {"pvr-layers": Key(1, at_least(1), ">= 1 (last Linear layers with control variates)")}
+    CV_DIVISOR = "total"
+    cv_param_names = staticmethod(pvr_param_names)

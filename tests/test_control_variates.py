@@ -1,0 +1,225 @@
+"""Control variates (SCAFFOLD option II, FedGAM-CV Algorithm 2, FedPVR) over two rounds with
+partial participation: the real strategies and clients, driven through configure_fit ->
+client.fit -> aggregate_fit, against an independent numpy re-implementation."""
+
+import numpy as np
+import pytest
+import torch
+from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.server.client_manager import SimpleClientManager
+from flwr.server.client_proxy import ClientProxy
+
+from clients.control_variates import CI_STATE
+from clients.fedavg import FedAvgClient
+from clients.fedgam_cv import FedGAMCVClient
+from clients.fedpvr import FedPVRClient
+from clients.scaffold import ScaffoldClient
+from fl_app.config import validate_config
+from fl_app.recording import RecordingStrategy
+from strategies.base import fedavg_kwargs
+from strategies.fedgam_cv import FedGAMCVStrategy
+from strategies.fedpvr import FedPVRStrategy
+from strategies.scaffold import ScaffoldStrategy
+from tasks.data import input_shape
+from tasks.models import build_model, get_weights
+from tests.conftest import fake_context, make_client
+from tests.helpers_baselines import softmax_regression_grad
+
+LR, DECAY, EPOCHS = 0.4, 0.8, 2
+SIZES = [5, 8, 6, 9]
+ROUNDS = {1: [0, 1], 2: [1, 2]}  # client 1 twice, 2 joins late, 0 keeps its c_i, 3 never
+GAM_RHO, GAM_CV_ALPHA = 0.3, 0.6
+
+
+class Proxy(ClientProxy):
+    """Hands the FitIns to a real NumPyClient, as Flower's transport would."""
+
+    def __init__(self, cid: str, client):
+        super().__init__(cid)
+        self.client = client
+
+    def fit(self, ins, timeout, group_id):
+        arrays, n, metrics = self.client.fit(parameters_to_ndarrays(ins.parameters), ins.config)
+        return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), n, metrics)
+
+    def get_properties(self, ins, timeout, group_id):
+        raise NotImplementedError
+
+    def get_parameters(self, ins, timeout, group_id):
+        raise NotImplementedError
+
+    def evaluate(self, ins, timeout, group_id):
+        raise NotImplementedError
+
+    def reconnect(self, ins, timeout, group_id):
+        raise NotImplementedError
+
+
+class FixedSampling(SimpleClientManager):
+    """Samples the clients listed for the round (partial participation, known in advance)."""
+
+    def __init__(self):
+        super().__init__()
+        self.round = 0
+
+    def sample(self, num_clients, min_num_clients=None, criterion=None):
+        self.round += 1
+        return [self.clients[str(k)] for k in ROUNDS[self.round]]
+
+
+def _data(k):
+    g = torch.Generator().manual_seed(100 + k)
+    return torch.randn(SIZES[k], 60, generator=g), torch.randint(0, 10, (SIZES[k],), generator=g)
+
+
+def _cfg(strategy, **kw):
+    return validate_config({
+        "strategy": strategy, "dataset": "synthetic", "model": "logreg",
+        "fraction-fit": 0.5, "min-fit-clients": 2, "min-available-clients": 4,
+        "learning-rate": LR, "lr-decay": DECAY, "batch-size": 64, "local-epochs": EPOCHS,
+        "gam-rho": GAM_RHO, "gam-cv-alpha": GAM_CV_ALPHA, "gam-alpha": 0.05, **kw,
+    })
+
+
+def _reference(method, w0):
+    """Algorithm 2 / SCAFFOLD option II in numpy float64, full-batch local steps."""
+    data = [(x.numpy().astype(np.float64), y.numpy()) for x, y in map(_data, range(4))]
+
+    def G(k, w):
+        x, y = data[k]
+        g = list(softmax_regression_grad(x, y, *w))
+        if method == "fedgam-cv":
+            n = np.sqrt(sum((a**2).sum() for a in g))
+            g_adv = softmax_regression_grad(x, y, *[a + GAM_RHO * b / n for a, b in zip(w, g)])
+            g = [a + GAM_CV_ALPHA * GAM_RHO * b for a, b in zip(g, g_adv)]
+        return g
+
+    w = [a.astype(np.float64) for a in w0]
+    c = [np.zeros_like(a) for a in w]
+    ci = {k: [np.zeros_like(a) for a in w] for k in range(4)}
+    history = []
+    for t, chosen in ROUNDS.items():
+        lr = LR * DECAY ** (t - 1)
+        c_sent = [a.copy() for a in c]
+        locals_, deltas = [], []
+        for k in chosen:
+            wk = [a.copy() for a in w]
+            for _ in range(EPOCHS):  # full batch: one step per epoch, K = EPOCHS
+                wk = [a - lr * (g - b + cc) for a, g, b, cc in zip(wk, G(k, wk), ci[k], c)]
+            new = [b - cc + (a0 - a) / (lr * EPOCHS) for b, cc, a0, a in zip(ci[k], c, w, wk)]
+            deltas.append([a - b for a, b in zip(new, ci[k])])
+            ci[k] = new
+            locals_.append((wk, SIZES[k]))
+        total = sum(n for _, n in locals_)
+        w = [sum(wk[i] * n for wk, n in locals_) / total for i in range(len(w))]
+        divisor = len(chosen) if method == "fedgam-cv" else 4
+        c = [cc + sum(d[i] for d in deltas) / divisor for i, cc in enumerate(c)]
+        history.append(dict(w=w, c=c, c_sent=c_sent, ci={k: [a.copy() for a in v] for k, v in ci.items()}))
+    return history
+
+
+@pytest.mark.parametrize("method", ["scaffold", "fedgam-cv"])
+def test_two_rounds_partial_participation_follow_algorithm_2(method, tmp_path):
+    strategy_cls, client_cls = {
+        "scaffold": (ScaffoldStrategy, ScaffoldClient), "fedgam-cv": (FedGAMCVStrategy, FedGAMCVClient),
+    }[method]
+    cfg = _cfg(method)
+    w0 = get_weights(build_model("logreg", input_shape("synthetic"), seed=3))
+    inner = strategy_cls.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w0), None))
+    strategy = RecordingStrategy(inner, cfg, tmp_path, num_rounds=2)
+    manager = FixedSampling()
+    clients = []
+    for k in range(4):
+        x, y = _data(k)
+        client = make_client(client_cls, dict(cfg), x, y, context=fake_context())
+        clients.append(client)
+        manager.register(Proxy(str(k), client))
+
+    expected = _reference(method, w0)
+    parameters = ndarrays_to_parameters(w0)
+    for t in (1, 2):
+        instructions = strategy.configure_fit(t, parameters, manager)
+        assert [p.cid for p, _ in instructions] == [str(k) for k in ROUNDS[t]]
+        sent = parameters_to_ndarrays(instructions[0][1].parameters)
+        assert len(sent) == 4  # weight, bias, c_weight, c_bias
+        for got, want in zip(sent[2:], expected[t - 1]["c_sent"]):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+        results = [(p, p.fit(ins, None, None)) for p, ins in instructions]
+        for _, res in results:
+            assert res.metrics["num_steps"] == EPOCHS
+        parameters, metrics = strategy.aggregate_fit(t, results, [])
+        assert strategy.current["num_rejected"] == 0  # reply count/shapes equal what was sent
+        want = expected[t - 1]
+        agg = parameters_to_ndarrays(parameters)
+        assert len(agg) == 2  # the global model never carries c
+        for got, w in zip(agg, want["w"]):
+            np.testing.assert_allclose(got, w, rtol=1e-4, atol=1e-6)
+        for got, w in zip(inner.c, want["c"]):
+            np.testing.assert_allclose(got, w, rtol=1e-4, atol=1e-6)
+        c_norm = np.sqrt(sum((a**2).sum() for a in want["c"]))
+        assert metrics["cv_norm"] == pytest.approx(c_norm, rel=1e-4)
+        for k in range(4):
+            stored = clients[k].load_state(CI_STATE)
+            if all(not np.any(a) for a in want["ci"][k]):
+                assert stored is None  # never trained: c_i still the implicit zero
+                continue
+            for got, w in zip(stored, want["ci"][k]):
+                np.testing.assert_allclose(got, w, rtol=1e-4, atol=1e-6)
+        assert "ci_norm_mean" in strategy.current and "cv_norm" in strategy.current
+    assert np.any(expected[1]["c_sent"][0])  # round 2 really ran with c != 0
+
+
+def test_divisors_differ_between_scaffold_and_fedgam_cv():
+    assert ScaffoldStrategy.CV_DIVISOR == "total" and FedPVRStrategy.CV_DIVISOR == "total"
+    assert FedGAMCVStrategy.CV_DIVISOR == "participants"
+
+
+def test_k_is_total_local_steps_not_batches_per_epoch():
+    x, y = torch.randn(10, 60), torch.randint(0, 10, (10,))
+    lr = 0.2
+    client = make_client(ScaffoldClient, {"learning-rate": lr, "batch-size": 4, "local-epochs": 2}, x, y)
+    w0 = client.get_parameters({})
+    c = [np.full(a.shape, 0.01, np.float32) for a in w0]
+    out, _, metrics = client.fit([a.copy() for a in w0] + c, {"server-round": 1})
+    K = 2 * 3  # two epochs of ceil(10 / 4) batches
+    assert metrics["num_steps"] == K
+    w, delta = out[:2], out[2:]
+    for d, a0, a, cc in zip(delta, w0, w, c):
+        np.testing.assert_allclose(d, -cc + (a0 - a) / (lr * K), rtol=1e-4, atol=1e-6)
+    ci = client.load_state(CI_STATE)
+    assert metrics["ci_norm"] == pytest.approx(np.sqrt(sum((a.astype(np.float64) ** 2).sum() for a in ci)), rel=1e-5)
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_fedpvr_carries_only_the_last_linear_layers(layers):
+    cfg = validate_config({"strategy": "fedpvr", "dataset": "synthetic", "model": "mlp", "pvr-layers": layers})
+    model = build_model("mlp", input_shape("synthetic"), seed=0)
+    w0 = get_weights(model)  # body.1.weight, body.1.bias, head.weight, head.bias
+    strategy = FedPVRStrategy.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w0), None))
+    masked = w0[-2 * layers:]
+    assert [c.shape for c in strategy.c] == [a.shape for a in masked]
+
+    x, y = torch.randn(6, 60), torch.randint(0, 10, (6,))
+    lr = 0.3
+    over = {"model": "mlp", "pvr-layers": layers, "learning-rate": lr, "batch-size": 64, "local-epochs": 1}
+    c = [np.random.default_rng(i).normal(size=a.shape).astype(np.float32) for i, a in enumerate(masked)]
+    pvr = make_client(FedPVRClient, over, x, y)
+    out, _, _ = pvr.fit([a.copy() for a in w0] + c, {"server-round": 1})
+    assert len(out) == 4 + 2 * layers and [a.shape for a in out[4:]] == [a.shape for a in masked]
+    assert [a.shape for a in pvr.load_state(CI_STATE)] == [a.shape for a in masked]
+    plain, _, _ = make_client(FedAvgClient, over, x, y).fit([a.copy() for a in w0], {"server-round": 1})
+    n_free = 4 - 2 * layers
+    for i in range(n_free):  # unmasked layers: plain SGD, no correction
+        np.testing.assert_allclose(out[i], plain[i], rtol=0, atol=1e-7)
+    for i in range(n_free, 4):  # masked: one step with g - c_i + c, c_i = 0
+        np.testing.assert_allclose(out[i], plain[i] - lr * c[i - n_free], rtol=1e-5, atol=1e-6)
+
+
+def test_server_c_survives_a_checkpoint_round_trip():
+    cfg = _cfg("scaffold")
+    w0 = get_weights(build_model("logreg", input_shape("synthetic"), seed=3))
+    a = ScaffoldStrategy.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w0), None))
+    a.c = [np.full(x.shape, 0.5, np.float32) for x in a.c]
+    b = ScaffoldStrategy.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w0), None))
+    b.set_state(a.get_state())
+    assert all(np.array_equal(x, y) for x, y in zip(a.c, b.c))

@@ -1,0 +1,65 @@
+"""FedBN: the client's BN state is its own across rounds; non-BN entries are averaged."""
+
+import numpy as np
+import pytest
+import torch
+from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
+
+from clients.fedbn import FedBNClient, bn_indices
+from fl_app.config import ConfigError, validate_config
+from strategies.fedbn import FedBNStrategy
+from tests.conftest import make_client
+from tests.helpers_baselines import fit_res
+
+
+def test_fedbn_requires_a_bn_model():
+    with pytest.raises(ConfigError, match="batch-norm"):
+        FedBNStrategy.from_config(validate_config({"strategy": "fedbn", "dataset": "mnist", "model": "cnn"}))
+    strategy = FedBNStrategy.from_config(validate_config({"strategy": "fedbn", "dataset": "mnist", "model": "cnn-bn"}))
+    assert len(strategy.bn) == 10  # 2 BN layers x (weight, bias, mean, var, count)
+
+
+def test_fedbn_client_keeps_its_bn_state():
+    torch.manual_seed(0)
+    x, y = torch.randn(6, 1, 28, 28), torch.arange(6)
+    client = make_client(
+        FedBNClient, {"strategy": "fedbn", "dataset": "mnist", "model": "cnn-bn", "batch-size": 6}, x, y
+    )
+    bn = bn_indices(client.model)
+    w1 = client.get_parameters({})
+    out1, _, _ = client.fit([a.copy() for a in w1], {"server-round": 1})
+    assert [a.shape for a in out1] == [a.shape for a in w1]  # same count and shapes as sent
+    # the server sends different values for every entry, BN included
+    bn0 = bn_indices(client.model)
+    w2 = [
+        (a + 100 if i in bn0 else a + 0.01) if np.issubdtype(a.dtype, np.floating) else a + 1000
+        for i, a in enumerate(out1)
+    ]
+    received = client.receive(w2)
+    for i in range(len(w2)):
+        np.testing.assert_array_equal(received[i], out1[i] if i in bn else w2[i])
+    out2, _, _ = client.fit([a.copy() for a in w2], {"server-round": 2})
+    assert [a.shape for a in out2] == [a.shape for a in w1]
+    names = list(client.model.state_dict())
+    for i in bn:
+        if names[i].endswith("num_batches_tracked"):
+            assert int(out2[i]) == 2  # one local step per round, counted locally; not 1001
+        else:
+            assert np.abs(out2[i] - out1[i]).max() < 1.0  # continued from the local BN, not +100
+    non_bn = [i for i in range(len(w2)) if i not in bn]
+    assert all(np.abs(out2[i] - w2[i]).max() < 1.0 for i in non_bn)  # started from the received
+
+
+def test_fedbn_server_averages_non_bn_and_never_sends_client_bn():
+    evaluated = []
+    strategy = FedBNStrategy(bn=[1], evaluate_fn=lambda r, arrays, cfg: evaluated.append(arrays) or (0.0, {}))
+    w_t = [np.zeros(3, np.float32), np.ones(2, np.float32)]
+    a = [np.array([1, 2, 3], np.float32), np.array([5, 5], np.float32)]
+    b = [np.array([4, 5, 6], np.float32), np.array([9, 9], np.float32)]
+    strategy.current = w_t
+    params, _ = strategy.aggregate_fit(1, [(None, fit_res(a, 1)), (None, fit_res(b, 3))], [])
+    new = parameters_to_ndarrays(params)
+    np.testing.assert_allclose(new[0], (a[0] + 3 * b[0]) / 4)  # n_k-weighted mean
+    np.testing.assert_array_equal(new[1], w_t[1])  # BN entries as sent, no client's values
+    strategy.evaluate(1, ndarrays_to_parameters(new))
+    np.testing.assert_allclose(evaluated[-1][1], (a[1] + 3 * b[1]) / 4)  # evaluation only

@@ -1,0 +1,145 @@
+"""Failures, poisoned updates, bad input and resume: none corrupts or loses a run."""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from fl_app.config import ConfigError, validate_config
+from fl_app.launch import LocalSimulation
+from fl_app.report import read_metrics, read_summary
+from tasks.data import DataUnavailableError, PartitionError, PartitionSpec, check_data
+from tests.conftest import ROOT
+
+
+def _tiny_parquet(folder, columns=("image", "label"), rows=20):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.zeros((28, 28), np.uint8)).save(buf, format="PNG")
+    data = {columns[0]: [{"bytes": buf.getvalue(), "path": None}] * rows, columns[1]: [i % 10 for i in range(rows)]}
+    (folder / "mnist").mkdir(parents=True)
+    for split in ("train", "test"):
+        pq.write_table(pa.table(data), folder / "mnist" / f"{split}.parquet")
+    return folder
+
+
+# ------------------------------------------------------------------------------ bad input
+def test_wrong_columns_named(tmp_path):
+    _tiny_parquet(tmp_path, columns=("picture", "target"))
+    with pytest.raises(DataUnavailableError) as err:
+        check_data(PartitionSpec(dataset="mnist", num_partitions=2, data_dir=str(tmp_path)))
+    assert "missing column(s) ['image', 'label']" in str(err.value) and "picture" in str(err.value)
+
+
+def test_more_partitions_than_samples(tmp_path):
+    _tiny_parquet(tmp_path)
+    with pytest.raises(PartitionError, match="30 partitions requested but 'mnist' has only 20 training samples"):
+        check_data(PartitionSpec(dataset="mnist", num_partitions=30, partitioner="iid", data_dir=str(tmp_path)))
+
+
+def test_empty_partition(tmp_path):
+    _tiny_parquet(tmp_path)
+    spec = PartitionSpec(dataset="mnist", num_partitions=10, alpha=0.1, min_partition_size=0, data_dir=str(tmp_path))
+    with pytest.raises(PartitionError, match="partitions are empty"):
+        check_data(spec)
+
+
+def test_unreachable_min_partition_size(tmp_path):
+    _tiny_parquet(tmp_path)
+    spec = PartitionSpec(dataset="mnist", num_partitions=5, alpha=0.5, min_partition_size=3, data_dir=str(tmp_path))
+    with pytest.raises(PartitionError, match="min-partition-size=3"):
+        check_data(spec)
+
+
+def test_alpha_must_be_positive():
+    for alpha in (0.0, -1.0):
+        with pytest.raises(ConfigError, match="'alpha'.*> 0"):
+            validate_config({"alpha": alpha})
+
+
+def test_runner_reports_missing_data_before_training(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "run_simulation.py", "--dataset", "mnist", "--data-dir", str(tmp_path / "none"),
+         "--out", str(tmp_path / "out")],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert proc.returncode == 2
+    assert "mnist/train.parquet" in proc.stderr and "ylecun/mnist" in proc.stderr
+    assert not (tmp_path / "out" / "runs").exists()
+
+
+def test_bad_fault_spec_rejected():
+    with pytest.raises(ConfigError, match="inject-faults"):
+        validate_config({"inject-faults": "explode:1"})
+
+
+# ------------------------------------------------------------------- end-to-end behaviour
+@pytest.fixture(scope="module")
+def sim():
+    simulation = LocalSimulation()
+    simulation.start()
+    yield simulation
+    simulation.close()
+
+
+def test_raising_and_nan_clients_do_not_corrupt_the_run(sim, shared_data, tmp_path):
+    """Partition 0 raises every round, partition 1 returns NaN weights every round."""
+    cfg = {"strategy": "fedavg", "dataset": "mnist", "model": "lenet", "num-server-rounds": 2,
+           "fraction-fit": 1.0, "learning-rate": 0.05, "data-dir": str(shared_data),
+           "inject-faults": "raise:0,nan:1", "results-dir": str(tmp_path), "run-name": "faults"}
+    assert sim.run(cfg, num_supernodes=5) == 0
+    rows = read_metrics(tmp_path / "faults")
+    assert len(rows) == 2
+    for r in rows:
+        assert r["num_failures"] == 1 and r["num_rejected"] == 1 and r["num_clients"] == 3
+        assert math.isfinite(r["test_loss"])
+    assert rows[-1]["test_accuracy"] > 0.2  # 10 classes: well above chance
+
+
+def test_too_many_failures_stop_the_run(sim, tmp_path):
+    cfg = {"strategy": "fedavg", "dataset": "synthetic", "model": "logreg", "num-server-rounds": 3,
+           "fraction-fit": 1.0, "min-fit-fraction": 0.9, "inject-faults": "raise:0",
+           "results-dir": str(tmp_path), "run-name": "abort"}
+    lines: list[str] = []
+    sim.run(cfg, num_supernodes=4, on_line=lines.append)
+    assert read_summary(tmp_path / "abort") is None
+    assert any("min-fit-fraction = 0.9" in line for line in lines)
+
+
+@pytest.mark.parametrize("method", ["fedavg", "scaffold"])
+def test_resume_matches_uninterrupted(method, tmp_path):
+    """Crash a 6-round run after round 3 (injected server crash: synthetic rounds are too fast
+    to interrupt from outside at a known point), resume it, and compare rounds 4-6 with an
+    uninterrupted run."""
+    cfg = {"strategy": method, "dataset": "synthetic", "model": "logreg", "num-server-rounds": 6,
+           "fraction-fit": 0.5, "learning-rate": 0.05, "results-dir": str(tmp_path)}
+    with LocalSimulation() as sim:
+        assert sim.run({**cfg, "run-name": "full"}, num_supernodes=6) == 0
+    full = read_metrics(tmp_path / "full")
+
+    with LocalSimulation() as sim:
+        sim.run({**cfg, "run-name": "cut", "inject-faults": "crash-after:3"}, num_supernodes=6)
+    assert read_summary(tmp_path / "cut") is None
+    assert len(read_metrics(tmp_path / "cut")) == 3
+    if method == "scaffold":  # client state was mirrored for the resume
+        assert any((tmp_path / "cut" / "client-state").rglob("round-*.npz"))
+
+    with LocalSimulation() as sim:  # a fresh SuperLink: nothing survives in memory
+        assert sim.run({**cfg, "run-name": "cut", "resume": True}, num_supernodes=6) == 0
+    resumed = read_metrics(tmp_path / "cut")
+    assert [r["round"] for r in resumed] == [1, 2, 3, 4, 5, 6]
+    for a, b in zip(full[3:], resumed[3:]):
+        assert a["test_accuracy"] == pytest.approx(b["test_accuracy"], abs=1e-6)
+        assert a["test_loss"] == pytest.approx(b["test_loss"], rel=1e-5)
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
+    assert not (tmp_path / "cut" / "client-state").exists()  # removed once the run finished
