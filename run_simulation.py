@@ -9,6 +9,11 @@ Every (strategy, seed) is one `flwr run` on a private local SuperLink (started h
 at exit). Results: <out>/runs/<strategy>-seed<seed>/{metrics.csv,summary.json}, and in <out>:
 comparison.csv, comparison.md, accuracy.png (and roughness.png when ri-fedavg ran).
 
+`--config FILE` reads an experiment file (TOML, see experiments/): its `strategies`, `seeds`,
+`clients`, `[run-config]` (keys for every run) and `[methods.<name>]` (keys for one method);
+flags given on the command line override it. Output defaults to results/experiments/<name>.
+An output folder's finished runs are never re-run: re-running the same command continues.
+
 `--resume DIR` continues an interrupted comparison in DIR with the arguments it was started
 with (saved in DIR/runner.json): finished runs are kept, unfinished ones continue from their
 last checkpoint (run-config `resume = true`), missing ones start.
@@ -24,19 +29,22 @@ from pathlib import Path
 
 from fl_app.config import ConfigError, parse_override, validate_config
 from fl_app.launch import LocalSimulation
+from fl_app.registry import get_method
+from strategies.base import fedavg_kwargs
 from fl_app.report import compare, plot, read_summary, write_comparison
 from tasks.data import DataUnavailableError, PartitionError, PartitionSpec, check_data
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--strategy", default="fedavg", help="method name or comma list (see README)")
+    p.add_argument("--config", help="experiment file (TOML): strategies, seeds, clients, run-config, per-method keys")
+    p.add_argument("--strategy", help="method name or comma list (see README); default fedavg")
     p.add_argument("--dataset", help="mnist, fashion_mnist, cifar10, cifar100 or synthetic")
     p.add_argument("--rounds", type=int, help="num-server-rounds")
-    p.add_argument("--clients", type=int, default=10, help="number of simulated SuperNodes (partitions)")
+    p.add_argument("--clients", type=int, help="number of simulated SuperNodes (partitions); default 10")
     p.add_argument("--fraction", type=float, help="fraction-fit: share of clients sampled per round")
     p.add_argument("--alpha", type=float, help="Dirichlet concentration")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0], help="one or more seeds")
+    p.add_argument("--seeds", type=int, nargs="+", help="one or more seeds; default 0")
     p.add_argument("--data-dir", help="folder with <dataset>/{train,test}.parquet (else $FL_DATA_DIR, else the hub)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="any run-config key (repeatable)")
@@ -53,12 +61,48 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--resume {args.resume}: no runner.json there (not a run_simulation.py output folder)")
         args = argparse.Namespace(**{**json.loads(saved.read_text()), "resume": args.resume,
                                      "out": args.resume, "quiet": args.quiet})
+    return resolve_experiment(args, p)
+
+
+EXPERIMENT_KEYS = {"name", "paper", "description", "reduction", "strategies", "seeds", "clients",
+                   "run-config", "methods", "paper-results", "target-accuracy"}
+
+
+def resolve_experiment(args: argparse.Namespace, parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """Fill strategy/seeds/clients from --config (flags win) and the plain defaults."""
+    args.experiment = {}
+    if getattr(args, "config", None):
+        import tomllib
+
+        path = Path(args.config)
+        if not path.is_file():
+            parser.error(f"--config {args.config}: no such file")
+        exp = tomllib.loads(path.read_text())
+        unknown = sorted(set(exp) - EXPERIMENT_KEYS)
+        if unknown:
+            parser.error(f"--config {args.config}: unknown entries {unknown}; valid: {sorted(EXPERIMENT_KEYS)}")
+        args.experiment = exp
+        args.strategy = args.strategy or ",".join(exp.get("strategies", []))
+        args.seeds = args.seeds or exp.get("seeds")
+        args.clients = args.clients or exp.get("clients")
+        args.out = args.out or f"results/experiments/{exp.get('name', path.stem)}"
+    args.strategy = args.strategy or "fedavg"
+    args.seeds = args.seeds or [0]
+    args.clients = args.clients or 10
     return args
+
+
+def check_method(cfg: dict) -> None:
+    """Build the method's strategy once, as the ServerApp will: method-specific checks (a BN
+    model for FedBN, enough Linear layers for FedPGVC, ...) then fail here, before any launch."""
+    get_method(cfg["strategy"]).strategy.from_config(cfg, **fedavg_kwargs(cfg, None, None))
 
 
 def build_configs(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str, int, dict]]:
     """Validate every (strategy, seed) config up front; raises ConfigError before any launch."""
-    base: dict = {}
+    experiment = getattr(args, "experiment", {}) or {}
+    base: dict = dict(experiment.get("run-config", {}))
+    per_method: dict = experiment.get("methods", {})
     for flag, key in (("dataset", "dataset"), ("rounds", "num-server-rounds"),
                       ("fraction", "fraction-fit"), ("alpha", "alpha"), ("data_dir", "data-dir")):
         if getattr(args, flag) is not None:
@@ -75,9 +119,9 @@ def build_configs(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str, i
     configs = []
     for strategy in strategies:
         for seed in args.seeds:
-            raw = {**base, "strategy": strategy, "seed": seed,
+            raw = {**base, **per_method.get(strategy, {}), "strategy": strategy, "seed": seed,
                    "results-dir": str(runs_dir), "run-name": f"{strategy}-seed{seed}"}
-            validate_config(raw)
+            check_method(validate_config(raw))
             configs.append((strategy, seed, raw))
     return configs
 
@@ -94,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     out.mkdir(parents=True, exist_ok=True)
-    (out / "runner.json").write_text(json.dumps({k: v for k, v in vars(args).items() if k != "resume"}, indent=1))
+    saved = {k: v for k, v in vars(args).items() if k not in ("resume", "experiment")}
+    (out / "runner.json").write_text(json.dumps(saved, indent=1))
     gpus = args.gpus_per_client
     if gpus is None:
         import torch

@@ -20,6 +20,7 @@ from tests.procs import processes_with_env
 NEEDS = {
     "fedbn": {"dataset": "mnist", "model": "cnn-bn", "batch-size": 64},
     "moon": {"model": "mlp"},
+    "fedpgvc": {"model": "mlp"},  # masks the last two Linear layers
 }
 
 
