@@ -27,7 +27,6 @@ from flwr.server.strategy import (
     DifferentialPrivacyServerSideFixedClipping,
 )
 from flwr.supercore.differential_privacy import compute_stdv
-from scipy.special import gammaln, logsumexp
 
 from fl_app.config import ConfigError, Key, non_negative, positive
 from strategies.base import DriftFedAvg
@@ -36,6 +35,16 @@ from tasks.data import input_shape
 from tasks.models import build_model
 
 DP_MODES = ("client", "server")
+
+
+def _log_binomial(a: int, k: np.ndarray) -> np.ndarray:
+    lg = np.vectorize(math.lgamma)
+    return math.lgamma(a + 1) - lg(k + 1) - lg(a - k + 1)
+
+
+def _logsumexp(values: np.ndarray) -> float:
+    top = float(np.max(values))
+    return top + math.log(float(np.sum(np.exp(values - top))))
 
 
 def rdp_epsilon(q: float, noise_multiplier: float, rounds: int, delta: float) -> float:
@@ -51,11 +60,11 @@ def rdp_epsilon(q: float, noise_multiplier: float, rounds: int, delta: float) ->
         else:
             k = np.arange(a + 1)
             log_terms = (
-                gammaln(a + 1) - gammaln(k + 1) - gammaln(a - k + 1)
+                _log_binomial(a, k)
                 + k * math.log(q) + (a - k) * math.log1p(-q)
                 + (k * k - k) / (2 * noise_multiplier**2)
             )
-            rdp = float(logsumexp(log_terms)) / (a - 1)
+            rdp = _logsumexp(log_terms) / (a - 1)
         best = min(best, rounds * rdp + math.log(1 / delta) / (a - 1))
     return best
 
