@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             summary = read_summary(run_dir)
             if summary is None:
                 failed.append(cfg["run-name"])
-                print(f"    run failed; last lines:\n    " + "\n    ".join(tail[-15:]), file=sys.stderr)
+                print("    run failed; last lines:\n    " + "\n    ".join(tail[-15:]), file=sys.stderr)
                 continue
             print(f"    final accuracy {summary['final_accuracy']:.4f}, best {summary['best_accuracy']:.4f},"
                   f" {summary['total_seconds']:.0f}s", flush=True)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from flwr.common import Parameters
+import numpy as np
+from flwr.common import Parameters, parameters_to_ndarrays
 from flwr.server.strategy import FedAvg
 
 from fl_app.config import Key
@@ -45,4 +46,14 @@ class FromConfig:
 
 
 class DriftFedAvg(FromConfig, FedAvg):
-    """Flower's FedAvg (n_k-weighted mean), buildable from the run config."""
+    """Flower's FedAvg (n_k-weighted mean), buildable from the run config.
+
+    Keeps the round's global weights w_t (``self.current``), which several methods'
+    aggregation needs (FedDyn, FedNova, FedBN, FedPGVC).
+    """
+
+    current: list[np.ndarray] | None = None
+
+    def configure_fit(self, server_round, parameters, client_manager):
+        self.current = parameters_to_ndarrays(parameters)
+        return super().configure_fit(server_round, parameters, client_manager)

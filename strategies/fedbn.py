@@ -29,7 +29,6 @@ class FedBNStrategy(DriftFedAvg):
     def __init__(self, *, bn: list[int], **kwargs):
         super().__init__(**kwargs)
         self.bn = bn
-        self.current: list[np.ndarray] | None = None
         self.eval_bn: dict[int, np.ndarray] = {}
 
     @classmethod
@@ -50,10 +49,6 @@ class FedBNStrategy(DriftFedAvg):
     def set_state(self, state: dict[str, list[np.ndarray]]) -> None:
         if "fedbn-eval-bn" in state:
             self.eval_bn = dict(zip(self.bn, state["fedbn-eval-bn"]))
-
-    def configure_fit(self, server_round, parameters, client_manager):
-        self.current = parameters_to_ndarrays(parameters)
-        return super().configure_fit(server_round, parameters, client_manager)
 
     def aggregate_fit(self, server_round, results, failures):
         parameters, metrics = super().aggregate_fit(server_round, results, failures)

@@ -50,7 +50,6 @@ class FedDynStrategy(DriftFedAvg):
         self.alpha = alpha
         self.trainable = trainable
         self.h: list[np.ndarray] | None = None
-        self.current: list[np.ndarray] | None = None
         self.num_clients: int | None = None
 
     @classmethod
@@ -66,7 +65,6 @@ class FedDynStrategy(DriftFedAvg):
             self.h = [np.asarray(a, dtype=np.float64) for a in state["feddyn-h"]]
 
     def configure_fit(self, server_round, parameters, client_manager):
-        self.current = parameters_to_ndarrays(parameters)
         instructions = super().configure_fit(server_round, parameters, client_manager)
         self.num_clients = total_clients(client_manager)
         return instructions

@@ -33,15 +33,10 @@ class FedNovaStrategy(DriftFedAvg):
         super().__init__(**kwargs)
         self.momentum = momentum
         self.trainable = trainable
-        self.current: list[np.ndarray] | None = None
 
     @classmethod
     def from_config(cls, cfg: dict, **kwargs):
         return cls(momentum=cfg["momentum"], trainable=trainable_mask(cfg), **kwargs)
-
-    def configure_fit(self, server_round, parameters, client_manager):
-        self.current = parameters_to_ndarrays(parameters)
-        return super().configure_fit(server_round, parameters, client_manager)
 
     def aggregate_fit(self, server_round, results, failures):
         if not results:

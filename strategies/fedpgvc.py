@@ -28,7 +28,6 @@ class FedPGVCStrategy(DriftFedAvg):
     def __init__(self, *, server_lr: float = 1.0, **kwargs):
         super().__init__(**kwargs)
         self.server_lr = server_lr
-        self.global_weights: list[np.ndarray] | None = None
 
     @classmethod
     def from_config(cls, cfg: dict, **kwargs):
@@ -42,16 +41,12 @@ class FedPGVCStrategy(DriftFedAvg):
             ) from e
         return cls(server_lr=cfg["server-lr"], **kwargs)
 
-    def configure_fit(self, server_round, parameters, client_manager):
-        self.global_weights = parameters_to_ndarrays(parameters)  # w_t, to mix with
-        return super().configure_fit(server_round, parameters, client_manager)
-
     def aggregate_fit(self, server_round, results, failures):
         parameters, metrics = super().aggregate_fit(server_round, results, failures)
-        if parameters is None or self.server_lr == 1.0 or self.global_weights is None:
+        if parameters is None or self.server_lr == 1.0 or self.current is None:
             return parameters, metrics
         mean = parameters_to_ndarrays(parameters)
-        return ndarrays_to_parameters(mix(self.global_weights, mean, self.server_lr)), metrics
+        return ndarrays_to_parameters(mix(self.current, mean, self.server_lr)), metrics
 
 
 def mix(global_weights: list[np.ndarray], mean: list[np.ndarray], eta_g: float) -> list[np.ndarray]:

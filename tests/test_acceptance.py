@@ -16,7 +16,7 @@ from fl_app.report import read_metrics
 
 pytestmark = pytest.mark.slow
 
-# Per-method keys the default (cnn) setting needs.
+# LeNet keeps the 17 runs affordable on 2 CPU cores; FedBN needs its BN model.
 NEEDS = {
     "fedbn": {"model": "cnn-bn"},
     "dp-fedavg": {"dp-noise-multiplier": 0.001},  # "a small noise multiplier" (issue)
@@ -31,7 +31,7 @@ def sim():
 
 @pytest.mark.parametrize("method", method_names())
 def test_three_rounds_on_mnist(sim, shared_data, method, tmp_path):
-    cfg = {"strategy": method, "dataset": "mnist", "data-dir": str(shared_data), "partitioner": "dirichlet",
+    cfg = {"strategy": method, "dataset": "mnist", "model": "lenet", "learning-rate": 0.05, "data-dir": str(shared_data), "partitioner": "dirichlet",
            "alpha": 0.3, "num-server-rounds": 3, "fraction-fit": 0.5, "local-epochs": 1,
            "results-dir": str(tmp_path), "run-name": method, **NEEDS.get(method, {})}
     lines: list[str] = []

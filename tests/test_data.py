@@ -1,6 +1,5 @@
 """Data: partition determinism, source fallback and its error, synthetic data."""
 
-import os
 
 import numpy as np
 import pytest
