@@ -17,7 +17,9 @@ into the round (0 in its first round), so a run shows that the SuperNodes kept i
 
 from __future__ import annotations
 
-import copy
+import hashlib
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,6 +36,30 @@ from tasks.models import Classifier, build_model, default_device, get_weights, s
 from tasks.train import batches, evaluate
 
 _MODEL_CACHE: dict[tuple, Classifier] = {}
+_THREADS_MATCHED = False
+
+
+def match_threads_to_cpu_share() -> None:
+    """In a Ray actor (Flower's simulation), use as many torch threads as CPUs it was given.
+
+    Ray exports OMP_NUM_THREADS for its workers, but torch may size its pool before that
+    (or from the machine's core count); with several actors per machine, more threads than
+    the actor's share only oversubscribe the cores. Outside Ray (deployment, tests) nothing
+    changes. Once per process.
+    """
+    global _THREADS_MATCHED
+    if _THREADS_MATCHED:
+        return
+    _THREADS_MATCHED = True
+    ray = sys.modules.get("ray")  # only inside a process that already runs Ray
+    if ray is None or not ray.is_initialized():
+        return
+    try:
+        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
+    except Exception:  # not a worker, or an older Ray without the call
+        return
+    if cpus:
+        torch.set_num_threads(max(1, int(cpus)))
 
 
 def cached_model(name: str, dataset: str, device: torch.device, slot: str = "local") -> Classifier:
@@ -59,6 +85,7 @@ class DriftClient(NumPyClient):
         # A deployed SuperNode may bring its own data instead of a partition (node_config).
         self.data_path = str(context.node_config.get("data-path", "") or "")
         self.device = default_device()
+        match_threads_to_cpu_share()
         self.model = cached_model(cfg["model"], cfg["dataset"], self.device)
         self._data: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -154,10 +181,19 @@ class DriftClient(NumPyClient):
         return reply, len(x), metrics
 
     def _state_mirror(self) -> ClientStateMirror | None:
-        """This client's on-disk copy of its state, when the server checkpoints the run."""
-        if not self.config.get("checkpoint-every") or not self.config.get("run-dir"):
+        """This client's on-disk copy of its state, when the server checkpoints the run.
+
+        Only where the server's run folder is visible to the client (simulation, or a
+        deployment on a shared filesystem); a device elsewhere never creates the server's path.
+        """
+        run_dir = str(self.config.get("run-dir", ""))
+        if not self.config.get("checkpoint-every") or not run_dir or not Path(run_dir).is_dir():
             return None
-        return ClientStateMirror(str(self.config["run-dir"]), f"partition-{self.partition_id}")
+        if self.data_path:  # nodes with their own data have no partition id
+            name = "data-" + hashlib.sha1(self.data_path.encode()).hexdigest()[:12]
+        else:
+            name = f"partition-{self.partition_id}"
+        return ClientStateMirror(run_dir, name)
 
     def evaluate(self, parameters: list[np.ndarray], config: dict) -> tuple[float, int, dict]:
         """Loss and accuracy of the received model on this client's own data."""

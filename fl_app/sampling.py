@@ -4,6 +4,8 @@ Flower's SimpleClientManager samples with the global ``random`` module over node
 node ids are random per run, so neither the draw nor the node->partition mapping repeats.
 This manager asks each node once for its ``partition-id`` (a cheap ``get_properties`` that
 loads no data), orders nodes by it, and draws with a generator seeded by (seed, draw index).
+A deployed node with its own ``data-path`` reports that path instead; such nodes are ordered
+after the partition nodes, by path (node ids alone would change from run to run).
 """
 
 from __future__ import annotations
@@ -26,31 +28,44 @@ class SeededClientManager(SimpleClientManager):
         self.seed = seed
         self.draws = 0
         self.partition_of: dict[str, int] = {}
+        self.data_path_of: dict[str, str] = {}
         self.num_partitions: int | None = None
 
-    def _ask_partition(self, client: ClientProxy) -> tuple[str, int | None, int | None]:
+    def _ask_partition(self, client: ClientProxy) -> tuple[str, int | str | None, int | None]:
+        """(node id, partition id or data-path, num-partitions); None when the node did not say."""
         try:
             res = client.get_properties(GetPropertiesIns(config={}), timeout=60, group_id=0)
             props = res.properties
+            if props.get("data-path"):
+                return client.cid, str(props["data-path"]), None
             return client.cid, int(props["partition-id"]), int(props["num-partitions"])
         except Exception as exc:  # an unreachable node is ordered last, by node id
-            log.warning("node %s did not report its partition-id: %s", client.cid, exc)
+            log.warning("node %s did not report its partition-id or data-path: %s", client.cid, exc)
             return client.cid, None, None
 
     def learn_partitions(self) -> None:
         """Ask every node not yet known for its partition id (in parallel)."""
-        unknown = [c for cid, c in self.clients.items() if cid not in self.partition_of]
+        known = self.partition_of.keys() | self.data_path_of.keys()
+        unknown = [c for cid, c in self.clients.items() if cid not in known]
         if not unknown:
             return
         with ThreadPoolExecutor(max_workers=min(32, len(unknown))) as pool:
             for cid, pid, n in pool.map(self._ask_partition, unknown):
-                if pid is not None:
+                if isinstance(pid, str):
+                    self.data_path_of[cid] = pid
+                elif pid is not None:
                     self.partition_of[cid] = pid
                     self.num_partitions = n
 
     def ordered(self, cids: list[str]) -> list[str]:
-        big = 1 << 62
-        return sorted(cids, key=lambda cid: (self.partition_of.get(cid, big), cid))
+        def key(cid: str) -> tuple:
+            if cid in self.partition_of:
+                return (0, self.partition_of[cid], "", cid)
+            if cid in self.data_path_of:
+                return (1, 0, self.data_path_of[cid], cid)
+            return (2, 0, "", cid)
+
+        return sorted(cids, key=key)
 
     def sample(
         self, num_clients: int, min_num_clients: int | None = None, criterion: Criterion | None = None

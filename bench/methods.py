@@ -1,0 +1,191 @@
+#!/usr/bin/env python
+"""Client-side cost of every registered method relative to FedAvg, beside its cost model.
+
+Not a test; run by hand:  FL_DATA_DIR=../shared/data python bench/methods.py
+
+Each method's client ``fit()`` is driven directly (no Flower, no Ray) on the same MNIST
+partitions, same model, same batch order, same received weights; so the ratio isolates the
+method's local computation. Stateful methods are timed in their second round (MOON's
+contrastive term, control variates and FedDyn's state exist only from then on): every client
+first does one untimed round-1 fit on its own context, then round 2 is timed. Methods are
+interleaved (rep 1: every method, rep 2: every method, ...) and the median over reps is
+taken, so load drifting on a shared machine hits all methods alike.
+
+Prediction: F = forward multiply-accumulates of one sample (Conv2d and Linear layers, counted
+with hooks), a training step = 3F (forward + backward, which costs about twice the forward);
+each method's extra passes in units of F give its predicted ratio (table in ``PREDICTIONS``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from flwr.app import RecordDict  # noqa: E402
+from flwr.common import Context  # noqa: E402
+from torch import nn  # noqa: E402
+
+from fl_app.config import validate_config  # noqa: E402
+from fl_app.registry import METHODS, get_method  # noqa: E402
+from tasks.data import PartitionSpec, input_shape, load_partition  # noqa: E402
+from tasks.models import build_model, get_weights, last_layers_param_names  # noqa: E402
+
+NEEDS_MODEL = {"fedbn": "cnn-bn"}  # timed against a FedAvg on that model
+
+
+def layer_macs(model: nn.Module, shape) -> dict[str, int]:
+    """Forward multiply-accumulates of one sample per Conv2d/Linear layer (by module name)."""
+    macs: dict[str, int] = {}
+    hooks = []
+    for name, m in model.named_modules():
+        if isinstance(m, nn.Conv2d):
+            def hook(mod, inp, out, name=name):
+                k = mod.in_channels // mod.groups * mod.kernel_size[0] * mod.kernel_size[1]
+                macs[name] = out[0].numel() * k
+        elif isinstance(m, nn.Linear):
+            def hook(mod, inp, out, name=name):
+                macs[name] = mod.in_features * mod.out_features
+        else:
+            continue
+        hooks.append(m.register_forward_hook(hook))
+    x = torch.zeros(1, shape.channels, shape.size, shape.size) if shape.channels else torch.zeros(1, shape.size)
+    with torch.no_grad():
+        model.eval()(x)
+    for h in hooks:
+        h.remove()
+    return macs
+
+
+def predictions(cfg: dict, model_name: str, n_k: float) -> dict[str, tuple[float, str]]:
+    """Predicted fit-time ratio to FedAvg and its one-line justification, per method."""
+    shape = input_shape(cfg["dataset"])
+    model = build_model(model_name, shape)
+    macs = layer_macs(model, shape)
+    f = sum(macs.values())
+    head = sum(v for k, v in macs.items() if k.startswith("head"))
+    body = f - head
+    pgvc_names = {n.rsplit(".", 1)[0] for n in last_layers_param_names(model, cfg["pgvc-layers"])}
+    pgvc = sum(v for k, v in macs.items() if k in pgvc_names)
+    # rho's backward: weight grads of the masked layers (1x each) + input grads of all but the
+    # first masked layer (1x each); the full backward then runs as in FedAvg.
+    pgvc_extra = 2 * pgvc - macs[min(pgvc_names, key=lambda k: list(macs).index(k))]
+    ri_evals = cfg["ri-directions"] * (cfg["ri-points"] + 1) * min(cfg["ri-samples"], n_k)
+    e = cfg["local-epochs"]
+    same = (1.0, "gradient edits that are O(#params) per step, no extra pass")
+    return {
+        "fedavg": (1.0, "reference: one forward + backward (3F) per batch"),
+        "fedprox": (1.0, "adds mu (w - w_t) to each gradient: O(#params)"),
+        "scaffold": (1.0, "adds c - c_i to each gradient: O(#params); c_i update once per round"),
+        "fedpvr": (1.0, "SCAFFOLD correction on the last Linear layer only"),
+        "feddyn": (1.0, "adds -g_k + alpha (w - w_t): O(#params)"),
+        "fednova": (1.0, "plain local SGD (normalisation is server-side)"),
+        "dp-fedavg": (1.0, "plain local SGD (clipping is in Flower's mod, outside fit)"),
+        "fedbn": (1.0, "plain local SGD on cnn-bn; BN entries swapped in/out once per round"),
+        "fedntd": ((3 * f + f) / (3 * f), "+1 forward of the frozen global model: 1 + F/3F"),
+        "moon": ((3 * f + 2 * body) / (3 * f), "+ body forwards of the frozen global and previous models: 1 + 2F_body/3F"),
+        "fedsol": ((3 * f + f + 4 * head) / (3 * f),
+                   "+1 global forward (F) + head-only prox gradient and perturbed head forward (~4F_head); body pass shared (paper Table 5: ~1.33)"),
+        "fedgam": ((6 * f) / (3 * f) if cfg["gam-variant"] == "paper" else 4.0,
+                   f"gam-variant {cfg['gam-variant']}: 2 forward+backward passes per batch (reference variant: 4)"),
+        "fedgam-cv": (2.0, "FedGAM (2 passes) + SCAFFOLD correction (O(#params))"),
+        "fedsam": (2.0, "SAM: gradient at w, then at w + eps: 2 passes"),
+        "fedasam": (2.0, "ASAM: as SAM, eps rescaled elementwise"),
+        "fedpgvc": ((3 * f + pgvc_extra) / (3 * f),
+                    f"+ backward of 0.5 mean(loss^2) into the last {cfg['pgvc-layers']} Linear layers only"),
+        "ri-fedavg": (1 + ri_evals / (3 * e * n_k),
+                      "+ M(m+1) forwards on ri-samples examples once per round: 1 + M(m+1)S/(3 E n_k)"),
+    } | {"_f": (f, ""), "_same": same}
+
+
+def make_client(method: str, base: dict, pid: int, num_partitions: int):
+    cfg = validate_config({**base, "strategy": method})
+    context = Context(run_id=0, node_id=pid, node_config={}, state=RecordDict(), run_config={})
+    client = get_method(method).client(cfg, context, pid, num_partitions)
+    return cfg, client
+
+
+def fit_config(method: str, cfg: dict, rnd: int) -> dict:
+    config = {"server-round": rnd}
+    if method == "fedprox":
+        config["proximal_mu"] = cfg["proximal-mu"]
+    return config
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--model", default="cnn-small")
+    p.add_argument("--clients", type=int, default=100, help="partitions of the split")
+    p.add_argument("--partitions", type=int, nargs="+", default=[1, 3, 7], help="which partitions to train on")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1 = one Ray actor's share with cpus-per-client=1)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--data-dir", default=os.environ.get("FL_DATA_DIR", str(ROOT.parent / "shared" / "data")))
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    from fl_app.config import parse_override
+
+    base = {"dataset": "mnist", "model": args.model, "data-dir": str(Path(args.data_dir).resolve()),
+            "checkpoint-every": 0, "local-epochs": 1, "batch-size": 32}
+    for text in args.set:
+        k, v = parse_override(text)
+        base[k] = v
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    spec = PartitionSpec.from_config(validate_config(base), args.clients)
+    sizes = [len(load_partition(spec, pid)[1]) for pid in args.partitions]
+    n_k = float(np.mean(sizes))
+    print(f"load {Path('/proc/loadavg').read_text().split()[0]}, torch {torch.__version__}, {args.threads} thread(s); "
+          f"mnist {args.model}, partitions {args.partitions} of {args.clients} (n_k = {sizes}), E=1, B=32", flush=True)
+
+    # one client object per (method, partition), after an untimed round-1 fit (state, warm-up)
+    entries = []  # (label, method, model, clients)
+    models = sorted({NEEDS_MODEL.get(m, args.model) for m in methods})
+    for model in models:
+        if model != args.model or "fedavg" in methods:
+            entries.append((f"fedavg[{model}]" if model != args.model else "fedavg", "fedavg", model))
+    for m in methods:
+        if m != "fedavg":
+            entries.append((m, m, NEEDS_MODEL.get(m, args.model)))
+    weights = {model: get_weights(build_model(model, input_shape("mnist"), seed=0)) for model in models}
+    clients = {}
+    for label, method, model in entries:
+        clients[label] = []
+        for pid in args.partitions:
+            cfg, client = make_client(method, {**base, "model": model}, pid, args.clients)
+            client.fit([w.copy() for w in weights[model]], fit_config(method, cfg, 1))
+            clients[label].append((cfg, client))
+    times: dict[str, list[float]] = {label: [] for label, _, _ in entries}
+    for rep in range(args.reps):
+        for label, method, model in entries:
+            t0 = time.perf_counter()
+            for cfg, client in clients[label]:
+                client.fit([w.copy() for w in weights[model]], fit_config(method, cfg, 2))
+            times[label].append(time.perf_counter() - t0)
+        print(f"rep {rep + 1}/{args.reps} done, load {Path('/proc/loadavg').read_text().split()[0]}", flush=True)
+
+    cfg0 = validate_config({**base, "strategy": "fedavg"})
+    pred = predictions(cfg0, args.model, n_k)
+    print(f"\nF = {pred['_f'][0]:,} forward MACs per sample ({args.model})")
+    print(f"\n| method | s per round ({len(args.partitions)} clients) | measured / FedAvg | predicted | within 10% | why predicted |")
+    print("|---|---|---|---|---|---|")
+    for label, method, model in entries:
+        ref = "fedavg" if model == args.model else f"fedavg[{model}]"
+        med, ref_med = statistics.median(times[label]), statistics.median(times[ref])
+        ratio = med / ref_med
+        predicted, why = pred.get(method, pred["_same"])
+        ok = abs(ratio / predicted - 1) <= 0.10
+        print(f"| {label} | {med:.2f} | {ratio:.2f} | {predicted:.2f} | {'yes' if ok else 'NO'} | {why} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

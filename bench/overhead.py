@@ -1,0 +1,299 @@
+#!/usr/bin/env python
+"""Flower overhead: the same FedAvg work as (a) a plain in-process PyTorch loop and (b) an
+fl-drift simulation (``LocalSimulation`` -> ``flwr run`` on Ray). Not a test; run by hand:
+
+    FL_DATA_DIR=../shared/data python bench/overhead.py                 # a and b, 100 clients
+    FL_DATA_DIR=../shared/data python bench/overhead.py --mode sim --clients 200 --rounds 3
+
+(a) reproduces the simulation's work exactly: the same partitions (``load_partition``), the
+same clients each round (``SeededClientManager``'s draw: ``default_rng([seed, draw])`` over the
+nodes ordered by partition id), the same initial model (``build_model(seed=seed)``), the same
+batch order (the client's generator seed), plain SGD, the n_k-weighted mean, and the server's
+evaluation on the full test split before round 1 and after every round. Its final accuracy
+must equal the simulation's (printed side by side).
+
+Peak memory: every 0.25 s the script sums RSS (and PSS, which counts shared pages once) over
+its whole process tree (SuperLink, SuperExec, simulation, Ray daemons and actors), read from
+/proc. (a) runs in a child process so that it is measured the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+# ------------------------------------------------------------------ process-tree memory
+def _children_map() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        kids.setdefault(ppid, []).append(int(entry))
+    return kids
+
+
+def _tree(root: int) -> list[int]:
+    kids, out, todo = _children_map(), [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(kids.get(pid, []))
+    return out
+
+
+def _mem_kib(pid: int) -> tuple[int, int]:
+    """(RSS, PSS) of one process in KiB; (0, 0) if it is gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            rss = pss = 0
+            for line in f:
+                if line.startswith("Rss:"):
+                    rss = int(line.split()[1])
+                elif line.startswith("Pss:"):
+                    pss = int(line.split()[1])
+            return rss, pss
+    except OSError:
+        return 0, 0
+
+
+class TreeMemory(threading.Thread):
+    """Samples the summed RSS/PSS of the process tree under ``root`` until stopped."""
+
+    def __init__(self, root: int, every: float = 0.25, include_root: bool = False):
+        super().__init__(daemon=True)
+        self.root, self.every, self.include_root = root, every, include_root
+        self.peak_rss = self.peak_pss = 0
+        self.peak_procs = 0
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            pids = _tree(self.root)
+            if not self.include_root:
+                pids = [p for p in pids if p != self.root]
+            rss = pss = 0
+            for pid in pids:
+                r, p = _mem_kib(pid)
+                rss, pss = rss + r, pss + p
+            if rss > self.peak_rss:
+                self.peak_rss, self.peak_procs = rss, len(pids)
+            self.peak_pss = max(self.peak_pss, pss)
+            self._halt.wait(self.every)
+
+    def stop(self) -> dict:
+        self._halt.set()
+        self.join()
+        return {"peak_rss_mib": self.peak_rss / 1024, "peak_pss_mib": self.peak_pss / 1024,
+                "procs_at_peak": self.peak_procs}
+
+
+def loadavg() -> float:
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
+# ------------------------------------------------------------------ configuration
+def run_config(args: argparse.Namespace, results_dir: str) -> dict:
+    return {
+        "strategy": "fedavg", "num-server-rounds": args.rounds, "fraction-fit": args.fraction,
+        "min-fit-clients": 1, "min-available-clients": args.clients, "local-epochs": args.epochs,
+        "batch-size": args.batch_size, "model": args.model, "dataset": args.dataset,
+        "data-dir": str(Path(args.data_dir).resolve()), "seed": args.seed,
+        "results-dir": results_dir, "run-name": "bench",
+    }
+
+
+def sampled_partitions(seed: int, draw: int, num_partitions: int, fraction: float, min_fit: int = 1) -> list[int]:
+    """The partitions ``SeededClientManager.sample`` picks in its ``draw``-th call: Flower's
+    FedAvg asks for max(int(N * fraction), min-fit-clients) of the N nodes, which the manager
+    orders by partition id and draws from ``default_rng([seed, draw])``."""
+    import numpy as np
+
+    k = max(int(num_partitions * fraction), min_fit)
+    rng = np.random.default_rng([seed, draw])
+    return [int(i) for i in sorted(rng.choice(num_partitions, size=k, replace=False))]
+
+
+# ------------------------------------------------------------------ (a) plain PyTorch
+def plain(args: argparse.Namespace) -> dict:
+    """The simulation's FedAvg work with no Flower: one process, weights stay tensors."""
+    import torch
+    import torch.nn.functional as F
+
+    from fl_app.config import validate_config
+    from tasks.data import PartitionSpec, check_data, input_shape, load_partition, load_test
+    from tasks.models import build_model, default_device
+    from tasks.train import batches, evaluate
+
+    if args.plain_threads:
+        torch.set_num_threads(args.plain_threads)
+    started = time.perf_counter()
+    cfg = validate_config(run_config(args, tempfile.gettempdir()))
+    device = default_device()
+    spec = PartitionSpec.from_config(cfg, args.clients)
+    check_data(spec)  # the server does this too before round 1
+    x_test, y_test = (t.to(device) for t in load_test(spec))
+    model = build_model(cfg["model"], input_shape(cfg["dataset"]), seed=cfg["seed"]).to(device)
+    global_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    setup = time.perf_counter() - started
+    rounds, accuracy = [], []
+    model.load_state_dict(global_state)
+    accuracy.append(evaluate(model, x_test, y_test)[1])  # round 0, as Flower does
+    for rnd in range(1, cfg["num-server-rounds"] + 1):
+        t0 = time.perf_counter()
+        chosen = sampled_partitions(cfg["seed"], rnd - 1, args.clients, cfg["fraction-fit"], cfg["min-fit-clients"])
+        total = 0
+        summed = {k: torch.zeros_like(v) for k, v in global_state.items()}
+        for pid in chosen:
+            x, y = (t.to(device) for t in load_partition(spec, pid))
+            model.load_state_dict(global_state)
+            lr = cfg["learning-rate"] * cfg["lr-decay"] ** (rnd - 1)
+            opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=cfg["momentum"],
+                                  weight_decay=cfg["weight-decay"])
+            gen = torch.Generator().manual_seed(hash((cfg["seed"], pid, rnd)) & 0x7FFFFFFF)
+            model.train()
+            for _ in range(cfg["local-epochs"]):
+                for xb, yb in batches(x, y, cfg["batch-size"], gen):
+                    opt.zero_grad(set_to_none=True)
+                    F.cross_entropy(model(xb), yb).backward()
+                    opt.step()
+            with torch.no_grad():
+                for k, v in model.state_dict().items():
+                    summed[k] += v * len(x)
+            total += len(x)
+        global_state = {k: v / total for k, v in summed.items()}
+        t_fit = time.perf_counter() - t0
+        model.load_state_dict(global_state)
+        accuracy.append(evaluate(model, x_test, y_test)[1])
+        rounds.append({"round": rnd, "fit_s": t_fit, "round_s": time.perf_counter() - t0, "clients": chosen})
+    return {"total_s": time.perf_counter() - started, "setup_s": setup, "rounds": rounds,
+            "final_accuracy": accuracy[-1], "accuracy": accuracy, "torch_threads": torch.get_num_threads()}
+
+
+def run_plain_child(args: argparse.Namespace) -> dict:
+    """(a) in a child process, its memory sampled like (b)'s."""
+    out = Path(tempfile.mkdtemp(prefix="bench-plain-")) / "plain.json"
+    cmd = [sys.executable, __file__, "--mode", "plain-child", "--json", str(out), *child_flags(args)]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd)
+    mem = TreeMemory(proc.pid, include_root=True)
+    mem.start()
+    rc = proc.wait()
+    wall = time.perf_counter() - t0
+    if rc != 0:
+        raise SystemExit(f"plain loop failed (exit {rc})")
+    result = json.loads(out.read_text())
+    return {**result, "wall_s": wall, **mem.stop()}
+
+
+def child_flags(args: argparse.Namespace) -> list[str]:
+    return ["--clients", str(args.clients), "--fraction", str(args.fraction), "--epochs", str(args.epochs),
+            "--batch-size", str(args.batch_size), "--rounds", str(args.rounds), "--model", args.model,
+            "--dataset", args.dataset, "--data-dir", args.data_dir, "--seed", str(args.seed),
+            "--plain-threads", str(args.plain_threads)]
+
+
+# ------------------------------------------------------------------ (b) simulation
+def simulation(args: argparse.Namespace) -> dict:
+    from fl_app.launch import LocalSimulation
+
+    results = tempfile.mkdtemp(prefix="bench-sim-")
+    t0 = time.perf_counter()
+    with LocalSimulation() as sim:
+        started = time.perf_counter()
+        mem = TreeMemory(os.getpid())
+        mem.start()
+        rc = sim.run(run_config(args, results), num_supernodes=args.clients,
+                     cpus_per_client=args.cpus_per_client, gpus_per_client=args.gpus_per_client,
+                     on_line=(print if args.verbose else None))
+        run_s = time.perf_counter() - started
+        memory = mem.stop()
+    total = time.perf_counter() - t0
+    run_dir = Path(results) / "bench"
+    if rc != 0 or not (run_dir / "summary.json").exists():
+        raise SystemExit(f"simulation failed (exit {rc}); see {sim.log_file}")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    with open(run_dir / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    return {"wall_s": run_s, "with_superlink_s": total, "server_total_s": summary["total_seconds"],
+            "round_s": [float(r["round_seconds"]) for r in rows],
+            "final_accuracy": float(rows[-1]["test_accuracy"]), **memory}
+
+
+# ------------------------------------------------------------------ main
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mode", choices=["both", "plain", "sim", "plain-child"], default="both")
+    p.add_argument("--clients", type=int, default=100)
+    p.add_argument("--fraction", type=float, default=0.1)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--model", default="cnn")
+    p.add_argument("--dataset", default="mnist")
+    p.add_argument("--data-dir", default=os.environ.get("FL_DATA_DIR", str(ROOT.parent / "shared" / "data")))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cpus-per-client", type=float, default=1.0,
+                   help="Ray CPUs per client (2 cores: 1 -> two 1-thread actors in parallel)")
+    p.add_argument("--plain-threads", type=int, default=0,
+                   help="torch threads of the plain loop (0 = torch's default, one per core)")
+    p.add_argument("--gpus-per-client", type=float, default=0.0)
+    p.add_argument("--json", help="write the result here")
+    p.add_argument("--verbose", action="store_true", help="echo the flwr run output")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.mode == "plain-child":
+        Path(args.json).write_text(json.dumps(plain(args)))
+        return 0
+    desc = (f"{args.dataset} {args.model}, {args.clients} clients, C={args.fraction}, E={args.epochs},"
+            f" B={args.batch_size}, {args.rounds} rounds, cpus-per-client={args.cpus_per_client}")
+    print(desc, flush=True)
+    report: dict = {"config": desc}
+    if args.mode in ("both", "plain"):
+        report["load_before_a"] = loadavg()
+        a = report["plain"] = run_plain_child(args)
+        rounds_a = sum(r["round_s"] for r in a["rounds"])
+        print(f"(a) plain PyTorch: {a['wall_s']:.1f} s wall (setup {a['setup_s']:.1f} s, rounds {rounds_a:.1f} s),"
+              f" {a['torch_threads']} torch threads, final accuracy {a['final_accuracy']:.4f}, peak RSS {a['peak_rss_mib']:.0f} MiB"
+              f" (PSS {a['peak_pss_mib']:.0f}), load {report['load_before_a']:.2f}", flush=True)
+    if args.mode in ("both", "sim"):
+        report["load_before_b"] = loadavg()
+        b = report["sim"] = simulation(args)
+        print(f"(b) simulation: {b['wall_s']:.1f} s wall for flwr run ({b['with_superlink_s']:.1f} s with SuperLink"
+              f" start/stop; server-side {b['server_total_s']:.1f} s; rounds {sum(b['round_s']):.1f} s),"
+              f" final accuracy {b['final_accuracy']:.4f}, peak RSS {b['peak_rss_mib']:.0f} MiB"
+              f" (PSS {b['peak_pss_mib']:.0f}, {b['procs_at_peak']} processes), load {report['load_before_b']:.2f}",
+              flush=True)
+    if args.mode == "both":
+        a, b = report["plain"], report["sim"]
+        rounds_a = sum(r["round_s"] for r in a["rounds"])
+        report["ratio_wall"] = b["wall_s"] / a["wall_s"]
+        report["ratio_rounds"] = sum(b["round_s"]) / rounds_a
+        print(f"ratio b/a: {report['ratio_wall']:.2f} end to end (flwr run vs plain process),"
+              f" {report['ratio_rounds']:.2f} over the rounds only; load now {loadavg():.2f}", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,244 @@
+"""A real Flower deployment on this machine: one SuperLink, N SuperNodes, ``flwr run``.
+
+``LocalDeployment`` starts ``flower-superlink`` (TLS when given certificates) and
+``flower-supernode`` processes on loopback with free ports, in a private ``FLWR_HOME``, with
+runtime dependency installation disabled, and submits runs with ``flwr run . <connection>``
+exactly as on real devices. Every process it starts gets its own process group; ``close()``
+stops those groups and then, by PID, every descendant it saw (Flower starts SuperExec in a
+new session, so a group kill alone would miss it). Used by ``tests/test_deployment.py`` and
+``scripts/deploy_timing.py``; the README's "Deploy on real devices" gives the same commands.
+
+Isolation: ``subprocess`` (Flower's default) lets each SuperLink/SuperNode start its own
+``flower-superexec``; ``process`` starts SuperLink/SuperNode with ``--isolation process`` and a
+separate, long-running ``flower-superexec`` next to each of them.
+"""
+
+from __future__ import annotations
+
+import shlex
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import tomli_w
+
+from fl_app.launch import APP_DIR
+from fl_app.processes import (
+    Managed, alive, exe, free_port, private_env, stop_processes, stream_flwr_run,
+)
+
+
+@dataclass(frozen=True)
+class TLS:
+    """PEM paths from ``scripts/make_certs.py``: CA certificate, server certificate and key."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+    @classmethod
+    def in_dir(cls, folder: Path) -> "TLS":
+        folder = Path(folder)
+        return cls(folder / "ca.crt", folder / "server.pem", folder / "server.key")
+
+
+def node_config_arg(node_config: dict) -> str:
+    """``--node-config`` text: space-separated ``key=value``, strings quoted as TOML."""
+    parts = []
+    for key, value in node_config.items():
+        if isinstance(value, str):
+            value = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        elif isinstance(value, bool):
+            value = "true" if value else "false"
+        parts.append(f"{key}={value}")
+    return " ".join(parts)
+
+
+# -------------------------------------------------------------------------- deployment
+class LocalDeployment:
+    """``with LocalDeployment(tls=TLS.in_dir(certs)) as d: d.add_supernode({...}); d.run({...})``."""
+
+    def __init__(
+        self,
+        tls: TLS | None = None,
+        isolation: str = "subprocess",
+        app_dir: Path = APP_DIR,
+        home: Path | None = None,
+        host: str = "127.0.0.1",
+        extra_env: dict[str, str] | None = None,
+        supernode_auth: bool = False,
+    ):
+        if isolation not in ("subprocess", "process"):
+            raise ValueError(f"isolation must be 'subprocess' or 'process', not {isolation!r}")
+        if supernode_auth and tls is None:
+            raise ValueError("SuperNode authentication needs TLS")
+        self.tls = tls
+        self.supernode_auth = supernode_auth
+        self.isolation = isolation
+        self.app_dir = Path(app_dir)
+        self.home = Path(home) if home else Path(tempfile.mkdtemp(prefix="fl-drift-deploy-"))
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.host = host
+        self.port = free_port()
+        self.address = f"{host}:{self.port}"
+        self.env = private_env(self.home, **(extra_env or {}))
+        self.processes: list[Managed] = []
+        self.seen: dict[int, tuple[str, str]] = {}  # every process ever seen: pid -> (start, name)
+        self.supernodes: list[Managed] = []
+        self.connection = "fl-drift-deploy"
+        self.survivors: list[int] = []
+
+    # ---------------------------------------------------------------- lifecycle
+    def __enter__(self) -> "LocalDeployment":
+        try:
+            self.start_superlink()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _spawn(self, name: str, command: list[str], cwd: Path | None = None) -> Managed:
+        log = self.home / f"{name}.log"
+        with open(log, "ab") as out:
+            out.write(("$ " + shlex.join(command) + "\n").encode())
+            out.flush()
+            proc = subprocess.Popen(
+                command, env=self.env, cwd=cwd or self.home, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group, stopped by close()
+            )
+        managed = Managed(name, proc, log)
+        self.processes.append(managed)
+        return managed
+
+    def _tls_client_args(self) -> list[str]:
+        return ["--root-certificates", str(self.tls.ca)] if self.tls else ["--insecure"]
+
+    def _superexec(self, name: str, runtime_address: str, insecure: bool, parent: int) -> Managed:
+        command = [exe("flower-superexec"), "--runtime-api-address", runtime_address,
+                   "--parent-pid", str(parent)]
+        command += ["--insecure"] if insecure else ["--root-certificates", str(self.tls.ca)]
+        return self._spawn(name, command)
+
+    def start_superlink(self, timeout: float = 60) -> None:
+        command = [
+            exe("flower-superlink"), "--host", self.host, "--port", str(self.port),
+            "--isolation", self.isolation, "--database", str(self.home / "state.db"),
+            "--disable-runtime-dependency-installation",
+        ]
+        if self.tls:
+            command += ["--ssl-ca-certfile", str(self.tls.ca), "--ssl-certfile", str(self.tls.cert),
+                        "--ssl-keyfile", str(self.tls.key)]
+        else:
+            command += ["--insecure"]
+        if self.supernode_auth:
+            command += ["--enable-supernode-auth"]
+        link = self._spawn("superlink", command)
+        self._wait_healthy(link, self.port, timeout)
+        if self.isolation == "process":
+            self._superexec("superexec-superlink", self.address, self.tls is None, link.proc.pid)
+        self._write_connection()
+
+    def _wait_healthy(self, managed: Managed, port: int, timeout: float, tls: bool = True) -> None:
+        scheme = "https" if (self.tls and tls) else "http"
+        context = ssl.create_default_context(cafile=str(self.tls.ca)) if scheme == "https" else None
+        url = f"{scheme}://{self.host}:{port}/health"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if managed.proc.poll() is not None:
+                raise RuntimeError(f"{managed.name} exited early; see {managed.log}")
+            try:
+                with urllib.request.urlopen(url, timeout=1, context=context):
+                    managed.refresh()
+                    return
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError(f"{managed.name} did not become healthy in {timeout}s; see {managed.log}")
+
+    def _write_connection(self) -> None:
+        entry: dict = {"address": self.address}
+        if self.tls:
+            entry["root-certificates"] = str(self.tls.ca)
+        else:
+            entry["insecure"] = True
+        config = {"superlink": {"default": self.connection, self.connection: entry}}
+        (self.home / "config.toml").write_text(tomli_w.dumps(config))
+
+    def register_supernode(self, public_key: Path) -> str:
+        """``flwr supernode register <public key> <connection>`` (SuperNode authentication)."""
+        result = subprocess.run(
+            [exe("flwr"), "supernode", "register", str(public_key), self.connection],
+            env=self.env, cwd=self.home, capture_output=True, text=True, timeout=60,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"flwr supernode register failed: {result.stdout}{result.stderr}")
+        return result.stdout
+
+    def add_supernode(
+        self, node_config: dict, timeout: float = 60, auth_key: Path | None = None, wait: bool = True
+    ) -> Managed:
+        """Start one SuperNode with ``--node-config`` (partition-id/num-partitions or data-path).
+
+        ``auth_key``: its private key (``make_certs.py --node-key``) when the SuperLink
+        authenticates SuperNodes. ``wait``: wait until its Runtime API answers."""
+        index = len(self.supernodes)
+        port = free_port()
+        command = [
+            exe("flower-supernode"), "--superlink", self.address, *self._tls_client_args(),
+            "--node-config", node_config_arg(node_config), "--isolation", self.isolation,
+            "--host", self.host, "--port", str(port),
+        ]
+        if auth_key is not None:
+            command += ["--auth-supernode-private-key", str(auth_key)]
+        node = self._spawn(f"supernode-{index}", command)
+        self.supernodes.append(node)
+        if not wait:
+            return node
+        self._wait_healthy(node, port, timeout, tls=False)  # its Runtime API is plain HTTP
+        if self.isolation == "process":
+            self._superexec(f"superexec-supernode-{index}", f"{self.host}:{port}", True, node.proc.pid)
+        return node
+
+    # ---------------------------------------------------------------------- runs
+    def run(
+        self,
+        run_config: dict,
+        on_line: Callable[[str], None] | None = None,
+        timeout: float | None = None,
+    ) -> int:
+        """``flwr run <app> <connection> --run-config <file> --stream``; returns its exit code.
+
+        A relative ``results-dir`` is made absolute here: the ServerApp runs in the
+        SuperLink's process tree, whose working directory is not the caller's."""
+        run_config = dict(run_config)
+        if "results-dir" in run_config:
+            run_config["results-dir"] = str(Path(run_config["results-dir"]).expanduser().resolve())
+        return stream_flwr_run(
+            self.app_dir, self.connection, run_config, self.env, self.home, [],
+            on_line=on_line, timeout=timeout, tracked=self.processes, on_tick=self.refresh,
+        )
+
+    def refresh(self) -> None:
+        """Record the current descendants of every started process (for ``close()``)."""
+        for m in self.processes:
+            m.refresh()
+            self.seen.update(m.seen)
+
+    def logs(self) -> str:
+        return "\n".join(f"===== {m.name}\n{m.log.read_text(errors='replace')}"
+                         for m in self.processes if m.log.suffix == ".log" and m.log.exists())
+
+    def close(self) -> list[int]:
+        """Stop everything started here; returns PIDs that survived (should be empty)."""
+        self.refresh()
+        stop_processes(self.processes)
+        self.survivors = alive(self.seen)
+        self.processes = [m for m in self.processes if m.proc.poll() is None]
+        return self.survivors

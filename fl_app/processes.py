@@ -1,0 +1,180 @@
+"""Starting and stopping Flower's processes: free ports, private environments, process trees.
+
+Flower starts SuperExec (and through it the simulation, Ray and ClientApp processes) in new
+sessions, so stopping one process group misses them. ``Managed`` remembers every descendant
+it has seen while the tree was intact, and ``stop_processes`` ends the groups and then each
+remembered PID. Used by the simulation launcher (``fl_app/launch.py``) and the deployment
+launcher (``fl_app/deploy.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import tomli_w
+
+BIN_DIR = Path(sys.executable).parent
+
+
+def exe(name: str) -> str:
+    """A console script of this Python environment (flwr, flower-superlink, ...)."""
+    path = BIN_DIR / name
+    return str(path) if path.exists() else name
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def private_env(home: Path, **extra: str) -> dict[str, str]:
+    """The environment for processes of one launcher: its own FLWR_HOME, no runtime
+    dependency installation, no update check, unbuffered output, absolute FL_DATA_DIR."""
+    env = {
+        **os.environ,
+        "FLWR_HOME": str(home),
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+        "PYTHONUNBUFFERED": "1",
+        **extra,
+    }
+    if env.get("FL_DATA_DIR"):
+        env["FL_DATA_DIR"] = str(Path(env["FL_DATA_DIR"]).resolve())
+    return env
+
+
+def _proc_table() -> dict[int, tuple[int, str, str]]:
+    """pid -> (parent pid, start time, command name) for every process readable in /proc."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        comm = stat[stat.find("(") + 1 : stat.rfind(")")]
+        fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) "
+        table[int(entry)] = (int(fields[1]), fields[19], comm)  # ppid, starttime, name
+    return table
+
+
+def descendants(pids: list[int]) -> dict[int, tuple[str, str]]:
+    """Every live descendant of ``pids`` (and the pids themselves): pid -> (start time, name)."""
+    table = _proc_table()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found: dict[int, tuple[str, str]] = {}
+    stack = [p for p in pids if p in table]
+    while stack:
+        pid = stack.pop()
+        if pid in found:
+            continue
+        found[pid] = table[pid][1:]
+        stack.extend(children.get(pid, []))
+    return found
+
+
+def _same_process_alive(pid: int, start: str) -> bool:
+    """True if ``pid`` still runs (not a zombie) and is the process first seen (no reused pid)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[19] == start and fields[0] != "Z"
+
+
+def alive(seen: dict[int, tuple[str, str]]) -> list[int]:
+    """The PIDs of ``seen`` (pid -> (start time, name)) that still run."""
+    return [pid for pid, (start, _) in seen.items() if _same_process_alive(pid, start)]
+
+
+@dataclass
+class Managed:
+    name: str
+    proc: subprocess.Popen
+    log: Path
+    seen: dict[int, tuple[str, str]] = field(default_factory=dict)  # pid -> (start, name)
+
+    def refresh(self) -> None:
+        if self.proc.poll() is None:
+            self.seen.update(descendants([self.proc.pid]))
+
+
+def stop_processes(managed: list[Managed], grace: float = 5.0) -> list[int]:
+    """SIGTERM every group, wait, SIGKILL what is left (groups, then each PID seen).
+
+    Returns the PIDs still alive afterwards (empty on success)."""
+    for m in managed:
+        m.refresh()
+    seen = {pid: info for m in managed for pid, info in m.seen.items()}
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for m in managed:
+            if m.proc.poll() is None:
+                try:
+                    os.killpg(m.proc.pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        if sig == signal.SIGKILL:
+            for pid in alive(seen):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            for m in managed:
+                if m.proc.poll() is None:
+                    try:
+                        m.proc.wait(timeout=0.1)
+                    except subprocess.TimeoutExpired:
+                        pass
+            if not alive(seen):
+                return []
+            time.sleep(0.1)
+    return alive(seen)
+
+
+def stream_flwr_run(
+    app_dir: Path, connection: str, run_config: dict, env: dict, home: Path, extra_args: list[str],
+    on_line: Callable[[str], None] | None = None, timeout: float | None = None,
+    tracked: list[Managed] | None = None, on_tick: Callable[[], None] | None = None,
+) -> int:
+    """``flwr run <app> <connection> --run-config <file> --stream [extra]``; returns its exit code.
+
+    ``on_tick`` runs on every output line (launchers refresh their process trees there);
+    past ``timeout`` seconds the run is stopped and 124 returned."""
+    config_file = Path(home) / f"run-config-{time.monotonic_ns()}.toml"
+    config_file.write_text(tomli_w.dumps(run_config))
+    command = [exe("flwr"), "run", str(app_dir), connection, "--run-config", str(config_file),
+               "--stream", *extra_args]
+    proc = subprocess.Popen(
+        command, env=env, cwd=app_dir, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    managed = Managed("flwr-run", proc, config_file)
+    if tracked is not None:
+        tracked.append(managed)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if on_tick is not None:
+            on_tick()
+        if on_line is not None:
+            on_line(line.rstrip("\n"))
+        if deadline is not None and time.monotonic() > deadline:
+            stop_processes([managed])
+            return 124
+    return proc.wait()

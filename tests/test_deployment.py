@@ -1,0 +1,139 @@
+"""Real deployment on loopback: a TLS SuperLink, SuperNodes with node-local data, `flwr run`.
+
+The same ServerApp/ClientApp as in simulation. Each test starts its own SuperLink and
+SuperNodes (``fl_app/deploy.py``: private FLWR_HOME, free ports, no runtime dependency
+installation) and checks that no process it started outlives it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from fl_app.deploy import TLS, LocalDeployment
+from fl_app.registry import METHODS
+from fl_app.report import read_metrics
+from tests.conftest import ROOT
+from tests.procs import processes_with_env
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("flower-superlink") is None and not (Path(sys.executable).parent / "flower-superlink").exists(),
+    reason="flower-superlink is not installed",
+)
+
+# SCAFFOLD keeps c_i in context.state; FedGAM-CV is the fallback with the same mechanism.
+STATEFUL = "scaffold" if "scaffold" in METHODS else "fedgam-cv"
+SMALL = {"dataset": "mnist", "model": "cnn-small", "batch-size": 32, "local-epochs": 1,
+         "learning-rate": 0.05, "fraction-fit": 1.0, "checkpoint-every": 0}
+TIMEOUT = 420
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory) -> TLS:
+    """scripts/make_certs.py, as a user runs it: a CA and a SuperLink certificate for 127.0.0.1."""
+    out = tmp_path_factory.mktemp("certs")
+    keys = [arg for name in ("own", "part", "bad", "stranger") for arg in ("--node-key", name)]
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_certs.py"), "--out", str(out),
+                    "--host", "127.0.0.1", *keys], check=True, capture_output=True)
+    return TLS.in_dir(out)
+
+
+@dataclass
+class Node:
+    config: dict
+    key: str | None = None  # supernode-<key>.key from make_certs.py --node-key
+    registered: bool = True
+
+
+def _leftovers(home: Path) -> list[int]:
+    deadline = time.monotonic() + 15
+    while (left := processes_with_env("FLWR_HOME", str(home))) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
+
+
+def deploy_and_run(tmp_path: Path, tls: TLS, nodes: list[Node], run_config: dict, auth: bool = False):
+    """Start SuperLink + SuperNodes, run, stop everything; returns (rc, output, deployment)."""
+    deployment = LocalDeployment(tls=tls, home=tmp_path / "flwr-home", supernode_auth=auth,
+                                 extra_env={"FL_DATA_DIR": str(ROOT.parent / "shared" / "data")})
+    lines: list[str] = []
+    try:
+        deployment.start_superlink()
+        for node in nodes:
+            key = None
+            if node.key is not None:
+                key = tls.ca.parent / f"supernode-{node.key}.key"
+                if node.registered:
+                    deployment.register_supernode(key.with_suffix(".pub"))
+            deployment.add_supernode(node.config, auth_key=key, wait=node.registered)
+        rc = deployment.run({**SMALL, "results-dir": str(tmp_path / "results"), **run_config},
+                            on_line=lines.append, timeout=TIMEOUT)
+    finally:
+        survivors = deployment.close()
+    output = "\n".join(lines)
+    if rc != 0:
+        print(output[-6000:], deployment.logs()[-6000:])
+    assert survivors == [], f"processes survived close(): {survivors}"
+    assert _leftovers(deployment.home) == [], "a process with this test's FLWR_HOME survived"
+    return rc, output, deployment
+
+
+def test_tls_deployment_keeps_client_state(shared_data, tmp_path, certs):
+    """Two rounds of a stateful method on two TLS SuperNodes with MNIST partitions."""
+    nodes = [Node({"partition-id": 0, "num-partitions": 20}), Node({"partition-id": 1, "num-partitions": 20})]
+    rc, output, deployment = deploy_and_run(
+        tmp_path, certs, nodes,
+        {"strategy": STATEFUL, "num-server-rounds": 2, "min-available-clients": 2, "run-name": "state"},
+    )
+    assert rc == 0, output[-3000:]
+    # TLS end to end: the SuperLink served HTTPS with our certificate, nodes verified it
+    link_log = (deployment.home / "superlink.log").read_text()
+    assert "--ssl-certfile" in link_log and "--insecure" not in link_log
+    assert all("--root-certificates" in (deployment.home / f"supernode-{i}.log").read_text() for i in range(2))
+    rows = read_metrics(tmp_path / "results" / "state")
+    assert [r["round"] for r in rows] == [1, 2]
+    assert all(r["num_clients"] == 2 and r["num_failures"] == 0 for r in rows)
+    # context.state on the SuperNodes: nothing carried into round 1, c_i carried into round 2
+    assert rows[0]["state_arrays_in_max"] == 0
+    assert rows[1]["state_arrays_in_min"] > 0
+    assert rows[1]["ci_norm_min"] > 0
+    # the check above is only meaningful if we saw (and stopped) the whole process tree
+    names = {name for _, name in deployment.seen.values()}
+    assert any(n.startswith("flower-superex") for n in names), names  # comm: 15 chars
+
+
+def test_node_local_file_and_partition_and_bad_path(shared_data, tmp_path, certs):
+    """One node reads its own parquet file, one a partition; a node with a bad data-path fails
+    its round with an error naming the path, and the run goes on without it. The SuperLink
+    authenticates SuperNodes: the three registered ones join, an unregistered one is refused."""
+    table = pq.read_table(shared_data / "mnist" / "train.parquet")
+    rows = np.random.default_rng(0).choice(table.num_rows, size=256, replace=False)
+    own = tmp_path / "node-data" / "mnist-own.parquet"
+    own.parent.mkdir()
+    pq.write_table(table.take(rows), own)
+    missing = tmp_path / "node-data" / "does-not-exist.parquet"
+    nodes = [Node({"data-path": str(own)}, "own"), Node({"partition-id": 3, "num-partitions": 20}, "part"),
+             Node({"data-path": str(missing)}, "bad"),
+             Node({"partition-id": 4, "num-partitions": 20}, "stranger", registered=False)]
+    rc, output, deployment = deploy_and_run(
+        tmp_path, certs, nodes,
+        {"strategy": "fedavg", "num-server-rounds": 1, "min-available-clients": 3,
+         "min-fit-clients": 3, "run-name": "mixed"},
+        auth=True,
+    )
+    assert rc == 0, output[-3000:]
+    rows = read_metrics(tmp_path / "results" / "mixed")
+    assert [r["round"] for r in rows] == [1]
+    assert rows[0]["num_clients"] == 2 and rows[0]["num_failures"] == 1  # 3 sampled, not 4
+    stranger = deployment.home / "supernode-3.log"
+    assert "Failed to activate SuperNode" in stranger.read_text()
+    # the ServerApp's log (streamed by `flwr run`) names the error and the path
+    assert any("LocalDataError" in line and str(missing) in line for line in output.splitlines()), output
