@@ -193,6 +193,10 @@ def validate_config(raw: Mapping[str, Any], strategies: tuple[str, ...] | None =
                 f"run-config key '{name}' = {value!r} is invalid: must be {key.allowed}"
             )
         cfg[name] = value
+    from fl_app.registry import METHODS
+
+    if cfg["strategy"] in METHODS:
+        cfg = METHODS[cfg["strategy"]].strategy.resolve_config(cfg)
     _check_combinations(cfg)
     return cfg
 

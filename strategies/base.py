@@ -41,6 +41,12 @@ class FromConfig:
     CONFIG_KEYS: dict[str, Key] = {}
 
     @classmethod
+    def resolve_config(cls, cfg: dict) -> dict:
+        """Adjust a validated config for this method (runs wherever the config is validated:
+        runner, ServerApp and ClientApp alike, so all sides agree). Default: unchanged."""
+        return cfg
+
+    @classmethod
     def from_config(cls, cfg: dict, **kwargs):
         return cls(**kwargs)
 

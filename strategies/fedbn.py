@@ -5,7 +5,9 @@ The server never averages them into what it sends: the BN entries of the global 
 stay at their initial values, so no client's BN state reaches another client (a client
 joining late starts from the initial BN). Centralized test evaluation needs some BN
 state; it uses the n_k-weighted mean of the round's client BN entries, for evaluation
-only (never sent). Requires a model with BN layers (``cnn-bn``).
+only (never sent). Requires a model with BN layers: ``model = "cnn"`` is run as its BN
+variant ``cnn-bn`` (so FedBN can be compared on the same command line as the others);
+other models without BN are refused.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from tasks.data import input_shape
 from tasks.models import build_model
 
 BN_MODELS = "cnn-bn"
+BN_VARIANT = {"cnn": "cnn-bn"}  # models whose BN variant FedBN runs instead
 
 
 class FedBNStrategy(DriftFedAvg):
@@ -30,6 +33,12 @@ class FedBNStrategy(DriftFedAvg):
         super().__init__(**kwargs)
         self.bn = bn
         self.eval_bn: dict[int, np.ndarray] = {}
+
+    @classmethod
+    def resolve_config(cls, cfg: dict) -> dict:
+        if cfg["model"] in BN_VARIANT:
+            return {**cfg, "model": BN_VARIANT[cfg["model"]]}
+        return cfg
 
     @classmethod
     def from_config(cls, cfg: dict, **kwargs):
