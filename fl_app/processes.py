@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -155,7 +156,8 @@ def stream_flwr_run(
     """``flwr run <app> <connection> --run-config <file> --stream [extra]``; returns its exit code.
 
     ``on_tick`` runs on every output line (launchers refresh their process trees there);
-    past ``timeout`` seconds the run is stopped and 124 returned."""
+    past ``timeout`` seconds the run is stopped and 124 returned, also when it has gone
+    silent (a server waiting for nodes prints nothing)."""
     config_file = Path(home) / f"run-config-{time.monotonic_ns()}.toml"
     config_file.write_text(tomli_w.dumps(run_config))
     command = [exe("flwr"), "run", str(app_dir), connection, "--run-config", str(config_file),
@@ -167,14 +169,31 @@ def stream_flwr_run(
     managed = Managed("flwr-run", proc, config_file)
     if tracked is not None:
         tracked.append(managed)
-    deadline = None if timeout is None else time.monotonic() + timeout
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        stop_processes([managed])  # closes its output, which ends the loop below
+
+    timer = None
+    if timeout is not None:
+        timer = threading.Timer(timeout, expire)
+        timer.daemon = True
+        timer.start()
     assert proc.stdout is not None
-    for line in proc.stdout:
-        if on_tick is not None:
-            on_tick()
-        if on_line is not None:
-            on_line(line.rstrip("\n"))
-        if deadline is not None and time.monotonic() > deadline:
-            stop_processes([managed])
-            return 124
-    return proc.wait()
+    try:
+        for line in proc.stdout:
+            if on_tick is not None:
+                on_tick()
+            if on_line is not None:
+                on_line(line.rstrip("\n"))
+            if expired.is_set():
+                break
+        rc = proc.wait()
+    finally:
+        if timer is not None:
+            timer.cancel()
+    if expired.is_set():
+        stop_processes([managed])
+        return 124
+    return rc

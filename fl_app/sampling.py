@@ -6,6 +6,11 @@ This manager asks each node once for its ``partition-id`` (a cheap ``get_propert
 loads no data), orders nodes by it, and draws with a generator seeded by (seed, draw index).
 A deployed node with its own ``data-path`` reports that path instead; such nodes are ordered
 after the partition nodes, by path (node ids alone would change from run to run).
+
+``min-available-clients`` is waited for until the federation first reaches it. After that a
+node that dies is dropped by Flower once it misses its heartbeats (about 30-60 s), and a later
+round samples among the nodes still connected instead of waiting (up to a day, Flower's
+default) for the lost one to come back.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ class SeededClientManager(SimpleClientManager):
         self.partition_of: dict[str, int] = {}
         self.data_path_of: dict[str, str] = {}
         self.num_partitions: int | None = None
+        self.assembled = False  # min-available-clients were connected once in this process
 
     def _ask_partition(self, client: ClientProxy) -> tuple[str, int | str | None, int | None]:
         """(node id, partition id or data-path, num-partitions); None when the node did not say."""
@@ -72,7 +78,13 @@ class SeededClientManager(SimpleClientManager):
     ) -> list[ClientProxy]:
         if min_num_clients is None:
             min_num_clients = num_clients
-        self.wait_for(min_num_clients)
+        if self.assembled and len(self.clients) < min_num_clients:
+            log.warning(
+                "%d nodes connected, fewer than min-available-clients=%d (nodes left during the "
+                "run); sampling among those connected", len(self.clients), min_num_clients,
+            )
+        else:
+            self.assembled = self.wait_for(min_num_clients)
         self.learn_partitions()
         cids = [
             cid for cid in self.ordered(list(self.clients))

@@ -29,7 +29,7 @@ from flwr.server.strategy import (
 from flwr.supercore.differential_privacy import compute_stdv
 
 from fl_app.config import ConfigError, Key, non_negative, positive
-from strategies.base import DriftFedAvg
+from strategies.base import DriftFedAvg, FromConfig
 from strategies.feddyn import total_clients
 from tasks.data import input_shape
 from tasks.models import build_model
@@ -133,7 +133,7 @@ class DPClientSideClipping(_Accounting, DifferentialPrivacyClientSideFixedClippi
     pass
 
 
-class DPFedAvgStrategy:
+class DPFedAvgStrategy(FromConfig):
     """Builds the Flower DP wrapper around a uniform-mean FedAvg (``from_config``)."""
 
     CONFIG_KEYS = {

@@ -79,3 +79,10 @@ def test_parse_override():
         parse_override("learning-rate")
     with pytest.raises(ConfigError, match="unknown run-config key 'nope'"):
         parse_override("nope=1")
+
+
+@pytest.mark.parametrize("name", method_names())
+def test_every_method_validates_with_defaults(name):
+    """Each registered method's own hooks run inside validation (resolve_config)."""
+    cfg = validate_config({"strategy": name})
+    assert cfg["strategy"] == name

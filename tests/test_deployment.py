@@ -7,9 +7,13 @@ installation) and checks that no process it started outlives it.
 
 from __future__ import annotations
 
+import math
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from fl_app.deploy import TLS, LocalDeployment
+from fl_app.processes import alive, descendants
 from fl_app.registry import METHODS
 from fl_app.report import read_metrics
 from tests.conftest import ROOT
@@ -60,8 +65,11 @@ def _leftovers(home: Path) -> list[int]:
     return left
 
 
-def deploy_and_run(tmp_path: Path, tls: TLS, nodes: list[Node], run_config: dict, auth: bool = False):
-    """Start SuperLink + SuperNodes, run, stop everything; returns (rc, output, deployment)."""
+def deploy_and_run(tmp_path: Path, tls: TLS, nodes: list[Node], run_config: dict, auth: bool = False,
+                   watch=None, timeout: float = TIMEOUT):
+    """Start SuperLink + SuperNodes, run, stop everything; returns (rc, output, deployment).
+
+    ``watch(deployment, line)`` sees every streamed line of the run (e.g. to kill a node)."""
     deployment = LocalDeployment(tls=tls, home=tmp_path / "flwr-home", supernode_auth=auth,
                                  extra_env={"FL_DATA_DIR": str(ROOT.parent / "shared" / "data")})
     lines: list[str] = []
@@ -74,8 +82,14 @@ def deploy_and_run(tmp_path: Path, tls: TLS, nodes: list[Node], run_config: dict
                 if node.registered:
                     deployment.register_supernode(key.with_suffix(".pub"))
             deployment.add_supernode(node.config, auth_key=key, wait=node.registered)
+
+        def on_line(line: str) -> None:
+            lines.append(line)
+            if watch is not None:
+                watch(deployment, line)
+
         rc = deployment.run({**SMALL, "results-dir": str(tmp_path / "results"), **run_config},
-                            on_line=lines.append, timeout=TIMEOUT)
+                            on_line=on_line, timeout=timeout)
     finally:
         survivors = deployment.close()
     output = "\n".join(lines)
@@ -137,3 +151,67 @@ def test_node_local_file_and_partition_and_bad_path(shared_data, tmp_path, certs
     assert "Failed to activate SuperNode" in stranger.read_text()
     # the ServerApp's log (streamed by `flwr run`) names the error and the path
     assert any("LocalDataError" in line and str(missing) in line for line in output.splitlines()), output
+
+
+class NodeKiller:
+    """Once the server logs round 1's result, SIGKILLs SuperNode ``index`` and everything under
+    it (SuperExec, ClientApp) as soon as its round-2 ClientApp runs: a device that dies
+    mid-training without telling the SuperLink."""
+
+    def __init__(self, index: int):
+        self.index = index
+        self.thread: threading.Thread | None = None
+        self.killed: dict[int, tuple[str, str]] = {}
+
+    def __call__(self, deployment: LocalDeployment, line: str) -> None:
+        if self.thread is None and "round 1/3:" in line:
+            node = deployment.supernodes[self.index]
+            self.thread = threading.Thread(target=self._kill, args=(node.proc.pid,), daemon=True)
+            self.thread.start()
+
+    def _kill(self, pid: int) -> None:
+        before = set(descendants([pid]))
+        deadline = time.monotonic() + 60  # else kill it anyway, between tasks
+        while time.monotonic() < deadline:
+            tree = descendants([pid])
+            if any(name.startswith("flwr-clientapp") and p not in before for p, (_, name) in tree.items()):
+                time.sleep(0.5)
+                break
+            time.sleep(0.1)
+        self.killed = descendants([pid])
+        for child in self.killed:
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_supernode_killed_mid_round(shared_data, tmp_path, certs):
+    """One of three SuperNodes dies (SIGKILL of its whole tree) while training in round 2.
+
+    Flower's SuperLink marks it offline after two missed heartbeats (30 s apart) and answers
+    its pending train message with a "Node Unavailable" error: round 2 aggregates the other
+    two and counts one failure. Round 3 samples only the two nodes left (the sampler does not
+    wait for min-available-clients again once the run has started), and the run finishes."""
+    nodes = [Node({"partition-id": i, "num-partitions": 60}) for i in range(3)]
+    killer = NodeKiller(2)
+    rc, output, _ = deploy_and_run(
+        tmp_path, certs, nodes,
+        {"strategy": "fedavg", "num-server-rounds": 3, "min-available-clients": 3, "run-name": "kill"},
+        watch=killer, timeout=300,
+    )
+    assert rc == 0, output[-3000:]
+    assert killer.thread is not None and not killer.thread.is_alive()
+    names = {name for _, name in killer.killed.values()}
+    assert "flower-supernod" in names and any(n.startswith("flower-superex") for n in names), names
+    assert alive(killer.killed) == []
+    run_dir = tmp_path / "results" / "kill"
+    rows = read_metrics(run_dir)
+    assert [r["round"] for r in rows] == [1, 2, 3]
+    assert rows[0]["num_clients"] == 3 and rows[0]["num_failures"] == 0
+    # The dead node fails once (in round 2; in round 3 had it finished round 2 before dying),
+    # and is not sampled after that: round 3 trains on the two nodes left.
+    assert rows[1]["num_failures"] + rows[2]["num_failures"] == 1
+    assert rows[2]["num_clients"] == 2
+    assert all(math.isfinite(r["test_accuracy"]) for r in rows)
+    assert (run_dir / "summary.json").exists()

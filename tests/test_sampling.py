@@ -27,3 +27,22 @@ def test_same_seed_same_partitions_despite_random_node_ids():
     draws = sampled_partitions(0, ids_a)
     assert len({tuple(d) for d in draws}) > 1  # rounds differ
     assert sampled_partitions(1, ids_a) != draws  # seeds differ
+
+
+def test_waits_for_min_available_only_until_reached():
+    """Before the federation first reaches min-available-clients, sample() waits for it; after
+    that a node that left (Flower unregisters dead nodes) must not stall later rounds."""
+    manager = SeededClientManager(0)
+    waited = []
+    manager.wait_for = lambda n, timeout=86400: waited.append(n) or len(manager.clients) >= n
+    proxies = [Proxy(str(100 + i), i) for i in range(3)]
+    for proxy in proxies[:2]:
+        manager.register(proxy)
+    manager.sample(2, 3)  # only 2 of 3 nodes so far: waits (here: returns at once, not reached)
+    assert waited == [3]
+    manager.register(proxies[2])
+    assert len(manager.sample(3, 3)) == 3 and waited == [3, 3]
+    manager.unregister(proxies[2])  # the node died
+    chosen = manager.sample(2, 3)
+    assert waited == [3, 3]  # no wait for the lost node
+    assert sorted(c.pid for c in chosen) == [0, 1]
