@@ -110,6 +110,9 @@ def plot(runs: dict[str, list[Path]], column: str, ylabel: str, path: Path, titl
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for method, (rounds, values) in data.items():
         ax.plot(rounds, values, marker="o", markersize=3, label=method)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
     ax.set_ylabel(ylabel)
     if title:
