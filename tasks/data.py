@@ -141,7 +141,14 @@ def federated_dataset(spec: PartitionSpec):
     common = dict(partitioners=partitioners, shuffle=True, seed=spec.seed)
     files = _local_files(spec.dataset, spec.data_dir)
     if files is not None:
-        fds = FederatedDataset(dataset="parquet", data_files=files, **common)
+        try:
+            fds = FederatedDataset(dataset="parquet", data_files=files, **common)
+            fds.load_split("test")  # reads the files now, so an unreadable one is reported here
+        except Exception as exc:  # arrow/datasets raise many types for corrupt files
+            raise DataUnavailableError(
+                f"cannot read {files['train']} / {files['test']} as parquet for dataset "
+                f"{spec.dataset!r}: {type(exc).__name__}: {exc}"
+            ) from exc
         _check_columns(fds, info, files["train"])
         return fds
     tried_local = (

@@ -40,6 +40,14 @@ def test_wrong_columns_named(tmp_path):
     assert "missing column(s) ['image', 'label']" in str(err.value) and "picture" in str(err.value)
 
 
+def test_unreadable_data_file_named(tmp_path):
+    _tiny_parquet(tmp_path)
+    (tmp_path / "mnist" / "train.parquet").write_bytes(b"this is not parquet")
+    with pytest.raises(DataUnavailableError) as err:
+        check_data(PartitionSpec(dataset="mnist", num_partitions=2, data_dir=str(tmp_path)))
+    assert "cannot read" in str(err.value) and "train.parquet" in str(err.value)
+
+
 def test_more_partitions_than_samples(tmp_path):
     _tiny_parquet(tmp_path)
     with pytest.raises(PartitionError, match="30 partitions requested but 'mnist' has only 20 training samples"):
