@@ -63,3 +63,10 @@ class DriftFedAvg(FromConfig, FedAvg):
     def configure_fit(self, server_round, parameters, client_manager):
         self.current = parameters_to_ndarrays(parameters)
         return super().configure_fit(server_round, parameters, client_manager)
+
+    def client_arrays(self, results, failures) -> list[list[np.ndarray]] | None:
+        """Each result's arrays, or None when this round must not aggregate (FedAvg's rules:
+        no results, or failures while ``accept_failures`` is off)."""
+        if not results or (failures and not self.accept_failures):
+            return None
+        return [parameters_to_ndarrays(res.parameters) for _, res in results]

@@ -13,7 +13,7 @@ nodes), read when the round's clients are sampled.
 from __future__ import annotations
 
 import numpy as np
-from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import ndarrays_to_parameters
 
 from fl_app.config import Key, positive
 from strategies.base import DriftFedAvg
@@ -70,12 +70,10 @@ class FedDynStrategy(DriftFedAvg):
         return instructions
 
     def aggregate_fit(self, server_round, results, failures):
-        if not results:
-            return None, {}
-        if not self.accept_failures and failures:
+        clients = self.client_arrays(results, failures)
+        if clients is None:
             return None, {}
         w_t = self.current
-        clients = [parameters_to_ndarrays(res.parameters) for _, res in results]
         n_total = max(self.num_clients or len(clients), len(clients))
         if self.h is None:
             self.h = [np.zeros(a.shape, dtype=np.float64) for a in w_t]

@@ -12,7 +12,7 @@ parameters are normalised; buffers (BN statistics) take the n_k-weighted mean.
 from __future__ import annotations
 
 import numpy as np
-from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import ndarrays_to_parameters
 
 from strategies.base import DriftFedAvg
 from strategies.feddyn import cast_like, trainable_mask
@@ -39,12 +39,10 @@ class FedNovaStrategy(DriftFedAvg):
         return cls(momentum=cfg["momentum"], trainable=trainable_mask(cfg), **kwargs)
 
     def aggregate_fit(self, server_round, results, failures):
-        if not results:
-            return None, {}
-        if not self.accept_failures and failures:
+        clients = self.client_arrays(results, failures)
+        if clients is None:
             return None, {}
         w_t = self.current
-        clients = [parameters_to_ndarrays(res.parameters) for _, res in results]
         n = np.array([res.num_examples for _, res in results], dtype=np.float64)
         p = n / n.sum()
         a = np.array([normaliser(int(res.metrics["num_steps"]), self.momentum) for _, res in results])
