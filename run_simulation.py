@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -127,6 +128,9 @@ def build_configs(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str, i
 
 
 def main(argv: list[str] | None = None) -> int:
+    # SIGTERM (a job scheduler, `timeout`) unwinds like Ctrl-C, so the private SuperLink and
+    # everything it started are stopped; finished runs and checkpoints stay for --resume.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     args = parse_args(argv)
     out = Path(args.out or f"results/compare-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     runs_dir = out / "runs"
