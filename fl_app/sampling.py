@@ -16,6 +16,7 @@ default) for the lost one to come back.
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -55,6 +56,7 @@ class SeededClientManager(SimpleClientManager):
         unknown = [c for cid, c in self.clients.items() if cid not in known]
         if not unknown:
             return
+        started = time.perf_counter()
         with ThreadPoolExecutor(max_workers=min(32, len(unknown))) as pool:
             for cid, pid, n in pool.map(self._ask_partition, unknown):
                 if isinstance(pid, str):
@@ -62,6 +64,7 @@ class SeededClientManager(SimpleClientManager):
                 elif pid is not None:
                     self.partition_of[cid] = pid
                     self.num_partitions = n
+        log.info("asked %d nodes for their partition in %.1fs", len(unknown), time.perf_counter() - started)
 
     def ordered(self, cids: list[str]) -> list[str]:
         def key(cid: str) -> tuple:
