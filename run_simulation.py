@@ -127,6 +127,28 @@ def build_configs(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str, i
     return configs
 
 
+IGNORED_ON_RERUN = {"resume", "results-dir"}  # by design: continuation flag; the folder may move
+
+
+def changed_runs(configs: list[tuple[str, int, dict]], runs_dir: Path) -> list[str]:
+    """Runs in ``runs_dir`` (finished, or started and checkpointed) whose recorded config
+    differs from what is asked now: keeping or continuing them would mix two experiments."""
+    problems = []
+    for _, _, raw in configs:
+        run_dir = runs_dir / raw["run-name"]
+        summary = read_summary(run_dir)
+        started = run_dir / "run-config.json"
+        recorded = summary["config"] if summary else json.loads(started.read_text()) if started.exists() else None
+        if recorded is None:
+            continue
+        wanted = validate_config(raw)
+        diff = [f"{k} {recorded[k]!r} -> {wanted[k]!r}" for k in wanted
+                if k in recorded and k not in IGNORED_ON_RERUN and recorded[k] != wanted[k]]
+        if diff:
+            problems.append(f"{run_dir} was run with a different config ({'; '.join(diff)})")
+    return problems
+
+
 def main(argv: list[str] | None = None) -> int:
     # SIGTERM (a job scheduler, `timeout`) unwinds like Ctrl-C, so the private SuperLink and
     # everything it started are stopped; finished runs and checkpoints stay for --resume.
@@ -138,6 +160,10 @@ def main(argv: list[str] | None = None) -> int:
         configs = build_configs(args, runs_dir)
         for spec in {PartitionSpec.from_config(validate_config(c), args.clients) for _, _, c in configs}:
             check_data(spec)
+        changed = changed_runs(configs, runs_dir)
+        if changed:
+            raise ConfigError("finished or started runs would be kept or continued although the config changed:\n  "
+                              + "\n  ".join(changed) + "\nuse another --out, or delete those run folders to redo them")
     except (ConfigError, DataUnavailableError, PartitionError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -160,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             if (run_dir / "checkpoint.npz").exists():
                 cfg = {**cfg, "resume": True}
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "run-config.json").write_text(json.dumps(validate_config(cfg), indent=1))
             print(f"[{i}/{len(configs)}] {strategy} seed {seed} -> {run_dir}"
                   + (" (resuming)" if cfg.get("resume") else ""), flush=True)
             tail: list[str] = []

@@ -174,3 +174,28 @@ def test_real_experiment_files_are_valid(tmp_path):
         assert len(configs) == len(exp["strategies"]) * len(exp["seeds"]) and len(exp["seeds"]) >= 2
         assert set(exp["paper-results"]) <= set(exp["strategies"])
         assert 0 < exp["target-accuracy"] < 1 and exp["reduction"]
+
+
+def test_rerun_refuses_runs_made_with_another_config(tmp_path):
+    """A finished run (summary.json) or a started one (run-config.json) whose config differs from
+    the one asked now is named with the differing key, so a sweep never mixes two experiments."""
+    import json
+
+    import run_simulation
+    from fl_app.config import validate_config
+
+    args = run_simulation.parse_args(["--strategy", "fedavg,fedprox", "--dataset", "synthetic", "--rounds", "3", "--set", "model=logreg"])
+    configs = run_simulation.build_configs(args, tmp_path)
+    assert run_simulation.changed_runs(configs, tmp_path) == []  # nothing there yet
+
+    same = validate_config({**configs[0][2], "resume": True})  # resumed runs record resume = true
+    (tmp_path / "fedavg-seed0").mkdir()
+    (tmp_path / "fedavg-seed0" / "summary.json").write_text(json.dumps({"config": same}))
+    assert run_simulation.changed_runs(configs, tmp_path) == []
+
+    other = validate_config({**configs[1][2], "num-server-rounds": 2})
+    (tmp_path / "fedprox-seed0").mkdir()
+    (tmp_path / "fedprox-seed0" / "run-config.json").write_text(json.dumps(other))
+    problems = run_simulation.changed_runs(configs, tmp_path)
+    assert len(problems) == 1 and "fedprox-seed0" in problems[0] and "num-server-rounds 2 -> 3" in problems[0]
+
