@@ -81,6 +81,7 @@ class TreeMemory(threading.Thread):
         self.root, self.every, self.include_root = root, every, include_root
         self.peak_rss = self.peak_pss = 0
         self.peak_procs = 0
+        self.peak_by_name: dict[str, int] = {}  # process kind -> peak summed PSS (KiB)
         self._halt = threading.Event()
 
     def run(self) -> None:
@@ -89,9 +90,14 @@ class TreeMemory(threading.Thread):
             if not self.include_root:
                 pids = [p for p in pids if p != self.root]
             rss = pss = 0
+            by_name: dict[str, int] = {}
             for pid in pids:
                 r, p = _mem_kib(pid)
                 rss, pss = rss + r, pss + p
+                name = _kind(pid)
+                by_name[name] = by_name.get(name, 0) + p
+            for name, kib in by_name.items():
+                self.peak_by_name[name] = max(self.peak_by_name.get(name, 0), kib)
             if rss > self.peak_rss:
                 self.peak_rss, self.peak_procs = rss, len(pids)
             self.peak_pss = max(self.peak_pss, pss)
@@ -101,7 +107,26 @@ class TreeMemory(threading.Thread):
         self._halt.set()
         self.join()
         return {"peak_rss_mib": self.peak_rss / 1024, "peak_pss_mib": self.peak_pss / 1024,
-                "procs_at_peak": self.peak_procs}
+                "procs_at_peak": self.peak_procs,
+                "peak_pss_mib_by_process": {k: round(v / 1024) for k, v in sorted(self.peak_by_name.items())}}
+
+
+def _kind(pid: int) -> str:
+    """A short name for a process of the tree: the Flower/Ray program it runs."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return "?"
+    for arg in argv[:3]:
+        base = arg.rsplit("/", 1)[-1]
+        if base.startswith(("flwr", "flower", "ray::", "raylet", "gcs_server")) or "ray" in base and "py" not in base:
+            return base.split()[0]
+    text = " ".join(argv)
+    for key in ("default_worker.py", "dashboard", "log_monitor", "monitor.py", "runtime_env", "raylet", "gcs_server"):
+        if key in text:
+            return key
+    return argv[0].rsplit("/", 1)[-1] if argv else "?"
 
 
 def loadavg() -> float:
@@ -283,6 +308,7 @@ def main(argv=None) -> int:
               f" final accuracy {b['final_accuracy']:.4f}, peak RSS {b['peak_rss_mib']:.0f} MiB"
               f" (PSS {b['peak_pss_mib']:.0f}, {b['procs_at_peak']} processes), load {report['load_before_b']:.2f}",
               flush=True)
+        print(f"    peak PSS MiB by process kind: {b['peak_pss_mib_by_process']}", flush=True)
     if args.mode == "both":
         a, b = report["plain"], report["sim"]
         rounds_a = sum(r["round_s"] for r in a["rounds"])
