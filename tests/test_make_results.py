@@ -125,6 +125,11 @@ def test_table_values_and_rounds_to_target(report):
     assert row(toy, "fedprox")[3] == "not reached"
     # An interrupted run (no summary.json) is not a result.
     assert row(toy, "fedntd") == ["fedntd", "not run yet", "not run yet", "not run yet", "0.6300", "0", "-"]
+    # Overview: finished runs and their summed run time (5 s each in write_run).
+    overview = next(l for l in text.splitlines() if l.startswith("| [toy]"))
+    finished = sum(int(r[5]) for r in (row(toy, m) for m in ("fedavg", "fedsol", "fedprox", "fedntd")))
+    assert overview.split(" | ")[2].split("/")[0] == str(finished)
+    assert overview.endswith(f" | {finished * 5 / 60:.1f} min |") and finished == 6
 
 
 def test_ordering_lines(report):
