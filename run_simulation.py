@@ -176,13 +176,17 @@ def main(argv: list[str] | None = None) -> int:
 
         gpus = min(1.0, args.cpus_per_client / 2) if torch.cuda.is_available() else 0.0
     runs: dict[str, list[Path]] = {}
-    failed = []
+    failed, stopped = [], []
     with LocalSimulation() as sim:
         for i, (strategy, seed, cfg) in enumerate(configs, 1):
             run_dir = runs_dir / cfg["run-name"]
-            if read_summary(run_dir) is not None:
-                print(f"[{i}/{len(configs)}] {strategy} seed {seed}: finished earlier, kept", flush=True)
+            earlier = read_summary(run_dir)
+            if earlier is not None:
+                how = f"stopped earlier ({earlier['stopped']})" if earlier.get("stopped") else "finished earlier"
+                print(f"[{i}/{len(configs)}] {strategy} seed {seed}: {how}, kept", flush=True)
                 runs.setdefault(strategy, []).append(run_dir)
+                if earlier.get("stopped"):
+                    stopped.append(cfg["run-name"])
                 continue
             if (run_dir / "checkpoint.npz").exists():
                 cfg = {**cfg, "resume": True}
@@ -205,7 +209,10 @@ def main(argv: list[str] | None = None) -> int:
                 failed.append(cfg["run-name"])
                 print("    run failed; last lines:\n    " + "\n    ".join(tail[-15:]), file=sys.stderr)
                 continue
-            print(f"    final accuracy {summary['final_accuracy']:.4f}, best {summary['best_accuracy']:.4f},"
+            if summary.get("stopped"):
+                stopped.append(cfg["run-name"])
+                print(f"    stopped after {summary['rounds']} rounds: {summary['stopped']}", flush=True)
+            print(f"    final accuracy {_fmt(summary['final_accuracy'])}, best {_fmt(summary['best_accuracy'])},"
                   f" {summary['total_seconds']:.0f}s", flush=True)
             runs.setdefault(strategy, []).append(run_dir)
     table = compare(runs)
@@ -214,10 +221,17 @@ def main(argv: list[str] | None = None) -> int:
     plot(runs, "ri_mean", "roughness index (mean over clients)", out / "roughness.png")
     print((out / "comparison.md").read_text())
     print(f"results in {out}")
+    if stopped:  # a result (e.g. a method diverging), kept and reported, but worth a look
+        print(f"note: {len(stopped)} run(s) stopped before their last round (see 'stopped' in their "
+              f"summary.json; delete a run folder to redo it): {', '.join(stopped)}", file=sys.stderr)
     if failed:
         print(f"error: {len(failed)} run(s) failed: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _fmt(value) -> str:
+    return "-" if value is None else f"{value:.4f}"
 
 
 if __name__ == "__main__":

@@ -153,12 +153,15 @@ class RecordingStrategy(Strategy):
         self.current.update(summarise_client_metrics([(r.num_examples, r.metrics) for _, r in accepted]))
         needed = self.cfg["min-fit-fraction"] * self.sampled
         if len(accepted) < needed:
-            raise RunAborted(
+            reason = (
                 f"round {server_round}: only {len(accepted)} of {self.sampled} sampled clients returned "
                 f"a usable update ({len(failures)} failed, {len(results) - len(accepted)} rejected); "
-                f"min-fit-fraction = {self.cfg['min-fit-fraction']} needs {math.ceil(needed)}. "
-                "Stopping the run; the last checkpoint is kept."
+                f"min-fit-fraction = {self.cfg['min-fit-fraction']} needs {math.ceil(needed)}"
             )
+            # The rounds so far are a result (a method that diverges is an outcome to report),
+            # so the summary is written and says why and where the run stopped.
+            self.write_summary(stopped=reason)
+            raise RunAborted(f"{reason}. Stopping the run; the summary and the last checkpoint are kept.")
         if not accepted:
             return None, {}
         parameters, metrics = self.inner.aggregate_fit(server_round, accepted, failures)
@@ -251,7 +254,8 @@ class RecordingStrategy(Strategy):
             writer.writerows(self.rows)
         os.replace(tmp, path)
 
-    def write_summary(self) -> None:
+    def write_summary(self, stopped: str | None = None) -> None:
+        """summary.json; ``stopped`` says why a run ended before its last round (else None)."""
         accs = [r["test_accuracy"] for r in self.rows if isinstance(r.get("test_accuracy"), float)]
         finite = [a for a in accs if math.isfinite(a)]
         summary = {
@@ -261,6 +265,7 @@ class RecordingStrategy(Strategy):
             "best_accuracy": max(finite) if finite else None,
             "final_loss": self.rows[-1]["test_loss"] if self.rows else None,
             "total_seconds": self.elapsed(),
+            "stopped": stopped,
         }
         tmp = self.run_dir / "summary.json.tmp"
         tmp.write_text(json.dumps(summary, indent=2))

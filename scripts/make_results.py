@@ -71,11 +71,12 @@ def method_row(method: str, dirs: list[Path], target: float | None, paper_value:
     final = mean_std([s["final_accuracy"] for s in summaries])
     best = mean_std([s["best_accuracy"] for s in summaries])
     reached = [r for r in (rounds_to_target(d, target) for d in dirs) if r is not None] if target else []
+    stopped = [(d.name, s["stopped"]) for d, s in zip(dirs, summaries) if s.get("stopped")]
     return {
         "method": method, "seeds": len(summaries),
         "rounds": sorted({int(s["rounds"]) for s in summaries}),
         "final": final, "best": best,
-        "reached": reached, "paper": paper_value,
+        "reached": reached, "paper": paper_value, "stopped": stopped,
     }
 
 
@@ -172,9 +173,15 @@ def section(path: Path, exp: dict, results: Path, figures: Path, md_dir: Path) -
             lines.append(f"| {name_cell} | {NOT_RUN} | {NOT_RUN} | {NOT_RUN} | {pv} | 0 | - |")
             continue
         rounds = "/".join(str(x) for x in r["rounds"])
-        lines.append(f"| {name_cell} | {fmt_acc(r['final'])} | {fmt_acc(r['best'])} | "
+        final = fmt_acc(r["final"]) + (f" (stopped: {len(r['stopped'])}/{r['seeds']} seeds)" if r["stopped"] else "")
+        lines.append(f"| {name_cell} | {final} | {fmt_acc(r['best'])} | "
                      f"{fmt_rounds_to_target(r)} | {pv} | {r['seeds']} | {rounds} |")
     lines.append("")
+    stops = [f"- {run}: {why}" for m in strategies if rows[m]["seeds"] for run, why in rows[m]["stopped"]]
+    if stops:
+        lines += ["Runs stopped before their last round (final accuracy = the last round reached; a "
+                  "round where too few clients return a finite update stops the run, see "
+                  "`min-fit-fraction`):", ""] + stops + [""]
     order = ordering_lines(exp, rows)
     if order:
         lines += ["Does the paper's ordering hold here?", ""] + order + [""]

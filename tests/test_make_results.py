@@ -16,7 +16,8 @@ mr = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(mr)
 
 
-def write_run(runs: Path, method: str, seed: int, accs: list[float], finished: bool = True) -> None:
+def write_run(runs: Path, method: str, seed: int, accs: list[float], finished: bool = True,
+              stopped: str | None = None) -> None:
     d = runs / f"{method}-seed{seed}"
     d.mkdir(parents=True)
     with (d / "metrics.csv").open("w", newline="") as f:
@@ -28,7 +29,7 @@ def write_run(runs: Path, method: str, seed: int, accs: list[float], finished: b
         (d / "summary.json").write_text(json.dumps({
             "config": {"strategy": method, "seed": seed}, "rounds": len(accs),
             "final_accuracy": accs[-1], "best_accuracy": max(accs), "final_loss": 0.1,
-            "total_seconds": 5.0,
+            "total_seconds": 5.0, "stopped": stopped,
         }))
 
 
@@ -91,7 +92,7 @@ def report(tmp_path):
     write_run(runs, "fedsol", 0, [0.3, 0.6, 0.7])    # round 2
     write_run(runs, "fedsol", 1, [0.3, 0.48, 0.45])  # never
     write_run(runs, "fedprox", 0, [0.1, 0.2, 0.3])
-    write_run(runs, "fedprox", 1, [0.1, 0.2, 0.35])
+    write_run(runs, "fedprox", 1, [0.1, 0.2, 0.35], stopped="round 4: only 1 of 10 sampled clients returned a usable update")
     write_run(runs, "fedntd", 0, [0.9, 0.9], finished=False)  # interrupted: not counted
     runs = results / "bestcell" / "runs"
     write_run(runs, "fedavg", 0, [0.8, 0.9, 0.85])
@@ -123,6 +124,9 @@ def test_table_values_and_rounds_to_target(report):
     assert row(toy, "fedsol") == ["**fedsol**", "0.5750 ± 0.1768", "0.5900 ± 0.1556", "2.0 (1/2 seeds)",
                                   "0.6400", "2", "3"]
     assert row(toy, "fedprox")[3] == "not reached"
+    # A run that stopped early (e.g. diverged) is a result, marked as such and explained.
+    assert row(toy, "fedprox")[1] == "0.3250 ± 0.0354 (stopped: 1/2 seeds)"
+    assert "- fedprox-seed1: round 4: only 1 of 10 sampled clients returned a usable update" in toy
     # An interrupted run (no summary.json) is not a result.
     assert row(toy, "fedntd") == ["fedntd", "not run yet", "not run yet", "not run yet", "0.6300", "0", "-"]
     # Overview: finished runs and their summed run time (5 s each in write_run).

@@ -8,7 +8,7 @@ from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters
 
 from fl_app.config import validate_config
 from fl_app.recording import RecordingStrategy, summarise_client_metrics
-from fl_app.report import compare, read_metrics, write_comparison
+from fl_app.report import compare, read_metrics, read_summary, write_comparison
 from strategies.base import fedavg_kwargs
 from strategies.fedavg import FedAvgStrategy
 
@@ -127,6 +127,9 @@ def test_too_few_successes_stop_the_run_with_a_clear_error(tmp_path):
     ok = [(FakeProxy(str(i)), fit_res(good, 5, {})) for i in range(2)]
     with pytest.raises(RunAborted, match=r"only 2 of 4 sampled clients .*2 failed.*min-fit-fraction = 0.75"):
         strategy.aggregate_fit(1, ok, [RuntimeError("a"), RuntimeError("b")])
+    # The stop is a result: summary.json says where and why, so sweeps keep it and reports show it.
+    summary = read_summary(strategy.run_dir)
+    assert summary["stopped"].startswith("round 1: only 2 of 4") and summary["rounds"] == 0
 
 
 def test_drop_rate_is_reproducible(tmp_path):
