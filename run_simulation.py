@@ -66,7 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 EXPERIMENT_KEYS = {"name", "paper", "description", "reduction", "strategies", "seeds", "clients",
-                   "run-config", "methods", "paper-results", "target-accuracy"}
+                   "run-config", "methods", "paper-results", "target-accuracy", "findings"}
 
 
 def resolve_experiment(args: argparse.Namespace, parser: argparse.ArgumentParser) -> argparse.Namespace:

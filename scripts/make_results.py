@@ -185,6 +185,8 @@ def section(path: Path, exp: dict, results: Path, figures: Path, md_dir: Path) -
     order = ordering_lines(exp, rows)
     if order:
         lines += ["Does the paper's ordering hold here?", ""] + order + [""]
+    if exp.get("findings"):  # written by whoever ran the config: causes, extra runs
+        lines += [f"Findings: {exp['findings']}", ""]
     png = Path(figures) / f"{name}-accuracy.png"
     png.parent.mkdir(parents=True, exist_ok=True)
     if plot({m: d for m, d in dirs.items() if d}, "test_accuracy", "test accuracy (mean over seeds)", png,

@@ -38,6 +38,7 @@ name = "toy"
 paper = "Toy (paper 003), Table 2, column X: test accuracy"
 description = "a toy comparison"
 reduction = "3 rounds instead of 300"
+findings = "fedprox seed 1 diverged"
 strategies = ["fedavg", "fedprox", "fedsol", "fedntd"]
 seeds = [0, 1]
 clients = 10
@@ -127,6 +128,7 @@ def test_table_values_and_rounds_to_target(report):
     # A run that stopped early (e.g. diverged) is a result, marked as such and explained.
     assert row(toy, "fedprox")[1] == "0.3250 ± 0.0354 (stopped: 1/2 seeds)"
     assert "- fedprox-seed1: round 4: only 1 of 10 sampled clients returned a usable update" in toy
+    assert "Findings: fedprox seed 1 diverged" in toy and "Findings:" not in section(text, "bestcell")
     # An interrupted run (no summary.json) is not a result.
     assert row(toy, "fedntd") == ["fedntd", "not run yet", "not run yet", "not run yet", "0.6300", "0", "-"]
     # Overview: finished runs and their summed run time (5 s each in write_run).
