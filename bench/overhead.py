@@ -236,9 +236,13 @@ def child_flags(args: argparse.Namespace) -> list[str]:
 
 # ------------------------------------------------------------------ (b) simulation
 def simulation(args: argparse.Namespace) -> dict:
+    from fl_app.config import validate_config
     from fl_app.launch import LocalSimulation
+    from tasks.data import PartitionSpec, check_data
 
     results = tempfile.mkdtemp(prefix="bench-sim-")
+    # as run_simulation.py does: a partitioning that cannot be made fails here, with its reason
+    check_data(PartitionSpec.from_config(validate_config(run_config(args, results)), args.clients))
     t0 = time.perf_counter()
     with LocalSimulation() as sim:
         started = time.perf_counter()
@@ -258,7 +262,41 @@ def simulation(args: argparse.Namespace) -> dict:
         rows = list(csv.DictReader(f))
     return {"wall_s": run_s, "with_superlink_s": total, "server_total_s": summary["total_seconds"],
             "round_s": [float(r["round_seconds"]) for r in rows],
+            "fit_phase_s": [float(r["fit_phase_seconds"]) for r in rows],
+            "client_fit_s": [float(r["fit_seconds_mean"]) * int(r["num_clients"]) for r in rows],
             "final_accuracy": float(rows[-1]["test_accuracy"]), **memory}
+
+
+def round_breakdown(args: argparse.Namespace, b: dict) -> dict:
+    """Where a simulated round's time goes, rounds 2.. (round 1 carries the start-up work).
+
+    The fit phase (sampling to the last reply) holds the clients' own fit time, spread over
+    the actors, plus transport. Flower's simulation hands a round's messages to the actors in
+    node order (its extractor walks the nodes by partition id), so an actor may idle while the
+    other finishes its last client; that part is modelled from the partition sizes: a client's
+    fit time taken proportional to n_k (list scheduling, first come first served).
+    """
+    import heapq
+
+    from fl_app.config import validate_config
+    from tasks.data import PartitionSpec, federated_dataset
+
+    actors = max(1, int((os.cpu_count() or 1) // args.cpus_per_client))
+    fds = federated_dataset(PartitionSpec.from_config(validate_config(run_config(args, tempfile.gettempdir())), args.clients))
+    sizes = [len(fds.load_partition(i, "train")) for i in range(args.clients)]
+    out = {"actors": actors, "fit_phase": 0.0, "ideal": 0.0, "fifo": 0.0, "round": 0.0, "n": 0}
+    for draw in range(1, len(b["round_s"])):
+        jobs = [sizes[p] for p in sampled_partitions(args.seed, draw, args.clients, args.fraction)]
+        per_sample = b["client_fit_s"][draw] / sum(jobs)
+        free = [0.0] * actors
+        for n in jobs:
+            heapq.heappush(free, heapq.heappop(free) + n * per_sample)
+        out["fifo"] += max(free)
+        out["ideal"] += b["client_fit_s"][draw] / actors
+        out["fit_phase"] += b["fit_phase_s"][draw]
+        out["round"] += b["round_s"][draw]
+        out["n"] += 1
+    return {k: (v / out["n"] if k not in ("actors", "n") and out["n"] else v) for k, v in out.items()}
 
 
 # ------------------------------------------------------------------ main
@@ -315,6 +353,13 @@ def main(argv=None) -> int:
               f" (PSS {b['peak_pss_mib']:.0f}, {b['procs_at_peak']} processes), load {report['load_before_b']:.2f}",
               flush=True)
         print(f"    peak PSS MiB by process kind: {b['peak_pss_mib_by_process']}", flush=True)
+        if len(b["round_s"]) > 1:
+            d = report["round_breakdown"] = round_breakdown(args, b)
+            print(f"    per round from round 2 (mean): {d['round']:.2f} s = fit phase {d['fit_phase']:.2f} s"
+                  f" + server after the replies {d['round'] - d['fit_phase']:.2f} s; fit phase = clients' fit time"
+                  f" over {d['actors']} actors {d['ideal']:.2f} s + idle actor at the round's end (modelled)"
+                  f" {d['fifo'] - d['ideal']:.2f} s + transport and the rest {d['fit_phase'] - d['fifo']:.2f} s",
+                  flush=True)
     if args.mode == "both":
         a, b = report["plain"], report["sim"]
         rounds_a = sum(r["round_s"] for r in a["rounds"])

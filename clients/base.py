@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import hashlib
 import sys
+import time
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +31,16 @@ from flwr.app import ArrayRecord
 from flwr.client import NumPyClient
 from flwr.common import Context
 
+from fl_app.background import in_background
 from fl_app.checkpoint import ClientStateMirror
 from fl_app.config import parse_faults
-from tasks.data import PartitionSpec, input_shape, load_local_file, load_partition
+from tasks.data import PartitionSpec, federated_dataset, input_shape, load_local_file, load_partition
 from tasks.models import Classifier, build_model, default_device, get_weights, set_weights
 from tasks.train import batches, evaluate
 
 _MODEL_CACHE: dict[tuple, Classifier] = {}
 _THREADS_MATCHED = False
+_WARM_UP: Future | None = None
 
 
 def match_threads_to_cpu_share() -> None:
@@ -60,6 +64,33 @@ def match_threads_to_cpu_share() -> None:
         return
     if cpus:
         torch.set_num_threads(max(1, int(cpus)))
+
+
+def warm_up(spec: PartitionSpec | None, partition_id: int) -> None:
+    """What a process's first fit() would otherwise pay: torch.optim's lazy imports (about
+    a second: the first ``SGD(...)`` imports torch._dynamo) and, for a partition node, the
+    flwr-datasets partitioning (the first ``load_partition`` cuts all partitions)."""
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    if spec is not None and spec.dataset != "synthetic":
+        federated_dataset(spec).load_partition(partition_id, "train")
+
+
+def start_warm_up(spec: PartitionSpec | None, partition_id: int) -> None:
+    """Once per process, begin ``warm_up`` in the background. The server asks every node for
+    its partition before round 1 and then decodes its test split and evaluates round 0: the
+    clients idle then, so their start-up work overlaps the server's instead of adding to round 1."""
+    global _WARM_UP
+    if _WARM_UP is None:
+        _WARM_UP = in_background(warm_up, spec, partition_id)
+
+
+def wait_for_warm_up() -> None:
+    """Let a started warm-up finish first (two threads must not build the same dataset)."""
+    if _WARM_UP is not None:
+        try:
+            _WARM_UP.result()
+        except Exception:  # the real call that follows reports the problem with its own context
+            pass
 
 
 def cached_model(name: str, dataset: str, device: torch.device, slot: str = "local") -> Classifier:
@@ -94,6 +125,7 @@ class DriftClient(NumPyClient):
     def data(self) -> tuple[torch.Tensor, torch.Tensor]:
         """This client's partition (or its node's ``data-path``) on the device, loaded lazily."""
         if self._data is None:
+            wait_for_warm_up()
             if self.data_path:
                 x, y = load_local_file(self.data_path, self.cfg["dataset"])
             else:
@@ -127,13 +159,16 @@ class DriftClient(NumPyClient):
     def get_properties(self, config: dict) -> dict:
         """Lets the server map node ids to partitions, for reproducible client sampling."""
         if self.data_path:
+            start_warm_up(None, 0)
             return {"data-path": self.data_path}
+        start_warm_up(PartitionSpec.from_config(self.cfg, self.num_partitions), self.partition_id)
         return {"partition-id": self.partition_id, "num-partitions": self.num_partitions}
 
     def get_parameters(self, config: dict) -> list[np.ndarray]:
         return get_weights(self.model)
 
     def fit(self, parameters: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
+        started = time.perf_counter()
         server_round = int(config.get("server-round", 1))
         self.config = config
         # arrays this node's context.state carried into the round (deployment check)
@@ -149,6 +184,7 @@ class DriftClient(NumPyClient):
         set_weights(self.model, self.receive(parameters))
         self.round_start = [p.detach().clone() for p in self.params()]  # w_t
         self.lr = self.cfg["learning-rate"] * self.cfg["lr-decay"] ** (server_round - 1)
+        wait_for_warm_up()
         self.optimizer = torch.optim.SGD(
             self.params(), lr=self.lr, momentum=self.cfg["momentum"],
             weight_decay=self.cfg["weight-decay"],
@@ -178,6 +214,7 @@ class DriftClient(NumPyClient):
         if mirror is not None and self.context.state.array_records:
             mirror.save(server_round, {n: r.to_numpy_ndarrays() for n, r in self.context.state.array_records.items()},
                         keep_from=int(config.get("checkpoint-round", 0)))
+        metrics["fit_seconds"] = time.perf_counter() - started  # the client's own share of the round
         return reply, len(x), metrics
 
     def _state_mirror(self) -> ClientStateMirror | None:

@@ -2,8 +2,8 @@
 
 Per round it writes one row to ``<results-dir>/<run-name>/metrics.csv``: round,
 test_accuracy, test_loss, train_loss, num_clients, num_failures, num_rejected,
-round_seconds, then the method's metrics (client metrics as ``<name>_mean/_min/_max``,
-server metrics as reported). At the last round it writes ``summary.json``.
+round_seconds, fit_phase_seconds (sampling to the last reply), then the method's metrics
+(client metrics as ``<name>_mean/_min/_max``, e.g. ``fit_seconds_mean``; server metrics as reported). At the last round it writes ``summary.json``.
 
 It is also the one place for the run's reliability rules, whatever the method:
 - a result whose arrays contain NaN/Inf, or whose count or shapes differ from what was sent,
@@ -136,6 +136,8 @@ class RecordingStrategy(Strategy):
 
     def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures):
         server_round += self.offset
+        # from sampling to the last reply: the clients' fit_seconds and the transport in between
+        self.current["fit_phase_seconds"] = time.monotonic() - self.round_started
         accepted = []
         for client, res in results:
             problem = self._problem(res)

@@ -9,6 +9,7 @@ from pathlib import Path
 from flwr.common import Context, ndarrays_to_parameters
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 
+from fl_app.background import in_background
 from fl_app.checkpoint import load_checkpoint
 from fl_app.config import validate_config
 from fl_app.recording import RecordingStrategy
@@ -16,7 +17,7 @@ from fl_app.report import read_metrics
 from fl_app.registry import get_method
 from fl_app.sampling import SeededClientManager
 from strategies.base import fedavg_kwargs
-from tasks.data import PartitionSpec, check_data, input_shape, load_test
+from tasks.data import PartitionSpec, check_data, input_shape, load_test, load_test_split, resolve_data_dir
 from tasks.models import build_model, default_device, get_weights, set_weights
 from tasks.train import evaluate
 
@@ -36,6 +37,12 @@ def make_evaluate_fn(cfg: dict, client_manager: SeededClientManager):
     device = default_device()
     model = build_model(cfg["model"], input_shape(cfg["dataset"])).to(device)
     test_data: list = []
+    # A real dataset's test split does not depend on the partitioning: decode it while the
+    # nodes start and report their partitions, instead of after.
+    prefetched = (
+        None if cfg["dataset"] == "synthetic"
+        else in_background(load_test_split, cfg["dataset"], resolve_data_dir(cfg["data-dir"]), cfg["seed"])
+    )
 
     def evaluate_fn(server_round: int, arrays: list, config: dict):
         if not test_data:
@@ -46,7 +53,7 @@ def make_evaluate_fn(cfg: dict, client_manager: SeededClientManager):
             num_partitions = client_manager.num_partitions or client_manager.num_available()
             spec = PartitionSpec.from_config(cfg, num_partitions)
             check_data(spec)
-            x, y = load_test(spec)
+            x, y = prefetched.result() if prefetched is not None else load_test(spec)
             test_data.extend([x.to(device), y.to(device)])
         set_weights(model, arrays[: len(model.state_dict())])
         loss, accuracy = evaluate(model, *test_data)

@@ -227,14 +227,23 @@ def load_partition(spec: PartitionSpec, partition_id: int) -> tuple[torch.Tensor
     return _to_tensors(part, DATASETS[spec.dataset])
 
 
-@functools.lru_cache(maxsize=4)
 def load_test(spec: PartitionSpec) -> tuple[torch.Tensor, torch.Tensor]:
     """The test split (centralized evaluation), decoded once per process."""
     if spec.dataset == "synthetic":
         from tasks.synthetic import synthetic_test
 
-        return synthetic_test(spec)
-    return _to_tensors(federated_dataset(spec).load_split("test"), DATASETS[spec.dataset])
+        return synthetic_test(spec)  # pools every device's share: depends on the partitioning
+    return load_test_split(spec.dataset, spec.data_dir, spec.seed)
+
+
+@functools.lru_cache(maxsize=4)
+def load_test_split(dataset: str, data_dir: str, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A real dataset's decoded test split. It does not depend on the partitioning, so the
+    server can decode it before it has learnt the partition count (while Ray starts)."""
+    if dataset not in DATASETS:
+        raise DataUnavailableError(f"unknown dataset {dataset!r}; valid choices: {', '.join(DATASETS)}")
+    source = PartitionSpec(dataset=dataset, num_partitions=1, partitioner="iid", seed=seed, data_dir=data_dir)
+    return _to_tensors(federated_dataset(source).load_split("test"), DATASETS[dataset])
 
 
 def check_data(spec: PartitionSpec) -> None:

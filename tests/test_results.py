@@ -76,6 +76,7 @@ def test_rows_summary_and_rejections(tmp_path):
     assert float(r["train_loss"]) == (10 * 1.0 + 30 * 2.0) / 40
     assert float(r["ri_mean"]) == 0.4 and float(r["ri_min"]) == 0.2 and float(r["ri_max"]) == 0.6
     assert "num_steps_mean" not in r
+    assert 0 <= float(r["fit_phase_seconds"]) <= float(r["round_seconds"])
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["rounds"] == 2 and summary["final_accuracy"] == 0.7
     assert summary["best_accuracy"] == 0.7 and summary["config"]["num-server-rounds"] == 2

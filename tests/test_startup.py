@@ -1,0 +1,86 @@
+"""Start-up work that overlaps: the server's test-split prefetch and the clients' warm-up."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from flwr.app import RecordDict
+from flwr.common import Context
+
+import clients.base as base
+from clients.fedavg import FedAvgClient
+from fl_app.background import in_background
+from fl_app.config import validate_config
+from tasks.data import PartitionSpec, federated_dataset, load_test, load_test_split
+
+
+def test_in_background_returns_the_value_and_raises_the_error():
+    started = threading.Event()
+
+    def work(x):
+        started.set()
+        return x * 2
+
+    assert in_background(work, 21).result(timeout=10) == 42 and started.is_set()
+
+    def fail():
+        raise ValueError("bad value 7")
+
+    with pytest.raises(ValueError, match="bad value 7"):
+        in_background(fail).result(timeout=10)
+
+
+def test_test_split_does_not_depend_on_the_partitioning(shared_data):
+    a = PartitionSpec(dataset="mnist", num_partitions=100, alpha=0.3, data_dir=str(shared_data))
+    b = PartitionSpec(dataset="mnist", num_partitions=7, partitioner="iid", data_dir=str(shared_data))
+    xa, ya = load_test(a)
+    xb, yb = load_test(b)
+    assert xa is xb and ya is yb  # one decode per process, whatever the partitioning
+    xs, ys = load_test_split("mnist", str(shared_data), 0)
+    assert xs is xa and xs.shape == (10000, 1, 28, 28)
+
+
+def client(cfg: dict, partition_id: int, num_partitions: int) -> FedAvgClient:
+    node_config = {"partition-id": partition_id, "num-partitions": num_partitions}
+    ctx = Context(run_id=0, node_id=partition_id, node_config=node_config, state=RecordDict(), run_config={})
+    return FedAvgClient(cfg, ctx, partition_id, num_partitions)
+
+
+def test_partition_query_warms_up_the_process_once(shared_data, monkeypatch):
+    monkeypatch.setattr(base, "_WARM_UP", None)
+    cfg = validate_config({"dataset": "mnist", "model": "cnn-small", "data-dir": str(shared_data),
+                           "alpha": 0.7, "seed": 5, "checkpoint-every": 0})
+    spec = PartitionSpec.from_config(cfg, 13)
+    federated_dataset.cache_clear()
+    first = client(cfg, 3, 13)
+    assert first.get_properties({}) == {"partition-id": 3, "num-partitions": 13}
+    started = base._WARM_UP
+    assert started is not None
+    client(cfg, 4, 13).get_properties({})
+    assert base._WARM_UP is started  # once per process, not per node
+    base.wait_for_warm_up()
+    assert started.exception() is None
+    misses = federated_dataset.cache_info().misses
+    federated_dataset(spec)
+    assert federated_dataset.cache_info().misses == misses  # the warm-up built the partitioning
+    _, n, metrics = first.fit(first.get_parameters({}), {"server-round": 1})
+    assert n == len(federated_dataset(spec).load_partition(3, "train")) and metrics["fit_seconds"] > 0
+
+
+def test_a_failed_warm_up_does_not_fail_fit(tmp_path, monkeypatch):
+    monkeypatch.setattr(base, "_WARM_UP", None)
+
+    def broken(spec, partition_id):
+        raise RuntimeError("warm-up broke")
+
+    monkeypatch.setattr(base, "warm_up", broken)
+    cfg = validate_config({"dataset": "synthetic", "model": "mlp", "batch-size": 8, "checkpoint-every": 0})
+    c = client(cfg, 0, 4)
+    c.get_properties({})
+    base.wait_for_warm_up()
+    with pytest.raises(RuntimeError, match="warm-up broke"):
+        base._WARM_UP.result()
+    weights, n, metrics = c.fit(c.get_parameters({}), {"server-round": 1})
+    assert n > 0 and metrics["num_steps"] > 0 and all(torch.isfinite(torch.as_tensor(w)).all() for w in weights)
