@@ -37,26 +37,30 @@ def make_evaluate_fn(cfg: dict, client_manager: SeededClientManager):
     device = default_device()
     model = build_model(cfg["model"], input_shape(cfg["dataset"])).to(device)
     test_data: list = []
-    # A real dataset's test split does not depend on the partitioning: decode it while the
-    # nodes start and report their partitions, instead of after.
+    # A real dataset's test split does not depend on the partitioning: decode it (and evaluate
+    # round 0 on it) while Ray and the nodes start, instead of after they report.
     prefetched = (
         None if cfg["dataset"] == "synthetic"
         else in_background(load_test_split, cfg["dataset"], resolve_data_dir(cfg["data-dir"]), cfg["seed"])
     )
 
+    def learn_and_check() -> PartitionSpec:
+        """Ask the nodes for the partition count, then check the partitioning (before round 1)."""
+        client_manager.wait_for(cfg["min-available-clients"])
+        client_manager.learn_partitions()
+        spec = PartitionSpec.from_config(cfg, client_manager.num_partitions or client_manager.num_available())
+        check_data(spec)
+        return spec
+
     def evaluate_fn(server_round: int, arrays: list, config: dict):
-        if not test_data:
-            # Learn the federation's partition count first: the synthetic test split pools
-            # every device's share, and the partitioning is checked before round 1.
-            client_manager.wait_for(cfg["min-available-clients"])
-            client_manager.learn_partitions()
-            num_partitions = client_manager.num_partitions or client_manager.num_available()
-            spec = PartitionSpec.from_config(cfg, num_partitions)
-            check_data(spec)
-            x, y = prefetched.result() if prefetched is not None else load_test(spec)
+        first = not test_data
+        if first:  # the synthetic test split pools every device's share: it needs the count first
+            x, y = prefetched.result() if prefetched is not None else load_test(learn_and_check())
             test_data.extend([x.to(device), y.to(device)])
         set_weights(model, arrays[: len(model.state_dict())])
         loss, accuracy = evaluate(model, *test_data)
+        if first and prefetched is not None:
+            learn_and_check()
         return loss, {"accuracy": accuracy}
 
     return evaluate_fn
