@@ -43,6 +43,13 @@ _THREADS_MATCHED = False
 _WARM_UP: Future | None = None
 
 
+def in_ray_worker() -> bool:
+    """True in a process that already runs Ray: an actor of Flower's simulation, which serves
+    many messages. (A deployed SuperNode runs each message in a fresh process.)"""
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
+
+
 def match_threads_to_cpu_share() -> None:
     """In a Ray actor (Flower's simulation), use as many torch threads as CPUs it was given.
 
@@ -55,11 +62,10 @@ def match_threads_to_cpu_share() -> None:
     if _THREADS_MATCHED:
         return
     _THREADS_MATCHED = True
-    ray = sys.modules.get("ray")  # only inside a process that already runs Ray
-    if ray is None or not ray.is_initialized():
+    if not in_ray_worker():
         return
     try:
-        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
+        cpus = sys.modules["ray"].get_runtime_context().get_assigned_resources().get("CPU")
     except Exception:  # not a worker, or an older Ray without the call
         return
     if cpus:
@@ -78,9 +84,11 @@ def warm_up(spec: PartitionSpec | None, partition_id: int) -> None:
 def start_warm_up(spec: PartitionSpec | None, partition_id: int) -> None:
     """Once per process, begin ``warm_up`` in the background. The server asks every node for
     its partition before round 1 and then decodes its test split and evaluates round 0: the
-    clients idle then, so their start-up work overlaps the server's instead of adding to round 1."""
+    clients idle then, so their start-up work overlaps the server's instead of adding to round 1.
+    Only in a simulation actor: a deployed SuperNode answers each message in a process that
+    exits after replying, where a warm-up would only compete with the reply."""
     global _WARM_UP
-    if _WARM_UP is None:
+    if _WARM_UP is None and in_ray_worker():
         _WARM_UP = in_background(warm_up, spec, partition_id)
 
 

@@ -48,8 +48,17 @@ def client(cfg: dict, partition_id: int, num_partitions: int) -> FedAvgClient:
     return FedAvgClient(cfg, ctx, partition_id, num_partitions)
 
 
+def test_no_warm_up_outside_a_simulation_actor(monkeypatch):
+    monkeypatch.setattr(base, "_WARM_UP", None)
+    monkeypatch.setattr(base, "in_ray_worker", lambda: False)  # a deployed ClientApp process
+    cfg = validate_config({"dataset": "synthetic", "model": "mlp", "checkpoint-every": 0})
+    client(cfg, 0, 4).get_properties({})
+    assert base._WARM_UP is None
+
+
 def test_partition_query_warms_up_the_process_once(shared_data, monkeypatch):
     monkeypatch.setattr(base, "_WARM_UP", None)
+    monkeypatch.setattr(base, "in_ray_worker", lambda: True)  # as in a Ray actor of the simulation
     cfg = validate_config({"dataset": "mnist", "model": "cnn-small", "data-dir": str(shared_data),
                            "alpha": 0.7, "seed": 5, "checkpoint-every": 0})
     spec = PartitionSpec.from_config(cfg, 13)
@@ -71,6 +80,7 @@ def test_partition_query_warms_up_the_process_once(shared_data, monkeypatch):
 
 def test_a_failed_warm_up_does_not_fail_fit(tmp_path, monkeypatch):
     monkeypatch.setattr(base, "_WARM_UP", None)
+    monkeypatch.setattr(base, "in_ray_worker", lambda: True)
 
     def broken(spec, partition_id):
         raise RuntimeError("warm-up broke")
