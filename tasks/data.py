@@ -13,8 +13,11 @@ SuperNode decodes each client's images once, not every round.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import hashlib
 import io
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -248,8 +251,12 @@ def load_test_split(dataset: str, data_dir: str, seed: int) -> tuple[torch.Tenso
 
 def check_data(spec: PartitionSpec) -> None:
     """Fail fast, before any training, on a missing source, wrong columns, or a partitioning
-    that leaves a client without data. Cheap: partitions are index selections, nothing is decoded."""
+    that leaves a client without data. Nothing is decoded, but cutting the partitions takes
+    about a second (Dirichlet); a partitioning of local files that passed once is remembered
+    on disk (``checked_partitioning``), so the server does not redo the runner's check."""
     if spec.dataset == "synthetic":
+        return
+    if checked_partitioning(spec) is not None:
         return
     fds = federated_dataset(spec)
     train_size = fds.load_split("train").num_rows
@@ -271,6 +278,55 @@ def check_data(spec: PartitionSpec) -> None:
             f"{len(empty)} of {spec.num_partitions} {spec.partitioner} partitions are empty (e.g. partition "
             f"{empty[0]}); raise min-partition-size or alpha, or use fewer clients"
         )
+    _remember_partitioning(spec, sizes)
+
+
+def cache_dir() -> Path:
+    """Where fl-drift keeps small derived facts between processes: ``$FL_DRIFT_CACHE``, else
+    ``~/.cache/fl-drift``."""
+    return Path(os.environ.get("FL_DRIFT_CACHE") or Path.home() / ".cache" / "fl-drift").expanduser()
+
+
+def _partitioning_key(spec: PartitionSpec) -> str | None:
+    """A digest of everything a partitioning depends on, or None when it cannot be pinned
+    (hub data: the hub's copy may change). Local files count by path, size and mtime."""
+    files = _local_files(spec.dataset, spec.data_dir)
+    if files is None:
+        return None
+    from importlib.metadata import version
+
+    stats = {split: (path, os.stat(path).st_size, os.stat(path).st_mtime_ns) for split, path in files.items()}
+    fields = {k: v for k, v in dataclasses.asdict(spec).items() if k != "data_dir"}
+    pinned = {"spec": fields, "files": stats, "numpy": np.__version__,
+              "flwr-datasets": version("flwr-datasets"), "datasets": version("datasets")}
+    return hashlib.sha1(json.dumps(pinned, sort_keys=True).encode()).hexdigest()
+
+
+def checked_partitioning(spec: PartitionSpec) -> list[int] | None:
+    """Partition sizes of a partitioning that ``check_data`` already passed, else None."""
+    try:
+        key = _partitioning_key(spec)
+        if key is None:
+            return None
+        sizes = json.loads((cache_dir() / "partitions" / f"{key}.json").read_text())["sizes"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return sizes if len(sizes) == spec.num_partitions and min(sizes) > 0 else None
+
+
+def _remember_partitioning(spec: PartitionSpec, sizes: list[int]) -> None:
+    """Best effort (a read-only home only costs the next check its second)."""
+    try:
+        key = _partitioning_key(spec)
+        if key is None:
+            return
+        folder = cache_dir() / "partitions"
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f"{key}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps({"sizes": sizes}))
+        os.replace(tmp, folder / f"{key}.json")  # atomic: a reader never sees half a file
+    except OSError:
+        pass
 
 
 # ------------------------------------------------------------------ node-local data

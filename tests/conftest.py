@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -16,6 +17,12 @@ sys.path.insert(0, str(ROOT))
 from fl_app.config import validate_config  # noqa: E402
 
 SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def private_cache(tmp_path_factory):
+    """Tests (and the simulations they start) keep fl-drift's disk cache to themselves."""
+    os.environ["FL_DRIFT_CACHE"] = str(tmp_path_factory.mktemp("fl-drift-cache"))
 
 
 @pytest.fixture

@@ -94,3 +94,62 @@ def test_a_failed_warm_up_does_not_fail_fit(tmp_path, monkeypatch):
         base._WARM_UP.result()
     weights, n, metrics = c.fit(c.get_parameters({}), {"server-round": 1})
     assert n > 0 and metrics["num_steps"] > 0 and all(torch.isfinite(torch.as_tensor(w)).all() for w in weights)
+
+
+# ------------------------------------------- a checked partitioning is remembered on disk
+def _tiny_mnist(folder, rows=20):
+    from tests.test_reliability import _tiny_parquet
+
+    return _tiny_parquet(folder, rows=rows)
+
+
+def test_checked_partitioning_is_remembered_and_skips_the_cut(tmp_path, monkeypatch):
+    import tasks.data as data
+
+    _tiny_mnist(tmp_path / "d")
+    spec = PartitionSpec(dataset="mnist", num_partitions=4, partitioner="iid", data_dir=str(tmp_path / "d"))
+    assert data.checked_partitioning(spec) is None
+    data.check_data(spec)
+    assert data.checked_partitioning(spec) == [5, 5, 5, 5]
+
+    def no_cut(spec):
+        raise AssertionError("the partitioning was cut again")
+
+    monkeypatch.setattr(data, "federated_dataset", no_cut)
+    data.check_data(spec)  # a hit: nothing is read or cut
+    other = PartitionSpec(dataset="mnist", num_partitions=2, partitioner="iid", data_dir=str(tmp_path / "d"))
+    with pytest.raises(AssertionError, match="cut again"):  # another spec is a miss
+        data.check_data(other)
+
+
+def test_changed_files_or_a_bad_cache_entry_are_a_miss(tmp_path):
+    import tasks.data as data
+
+    _tiny_mnist(tmp_path / "d")
+    spec = PartitionSpec(dataset="mnist", num_partitions=2, partitioner="iid", data_dir=str(tmp_path / "d"))
+    data.check_data(spec)
+    assert data.checked_partitioning(spec) == [10, 10]
+    entry = data.cache_dir() / "partitions" / f"{data._partitioning_key(spec)}.json"
+    entry.write_text("{not json")
+    assert data.checked_partitioning(spec) is None  # unreadable: recomputed, then rewritten
+    data.check_data(spec)
+    assert data.checked_partitioning(spec) == [10, 10]
+    import shutil
+
+    shutil.rmtree(tmp_path / "d")
+    _tiny_mnist(tmp_path / "d", rows=30)  # same path, other content
+    assert data.checked_partitioning(spec) is None
+
+
+def test_a_failed_check_is_not_remembered(tmp_path):
+    import tasks.data as data
+    from tasks.data import PartitionError
+
+    _tiny_mnist(tmp_path / "d")
+    spec = PartitionSpec(dataset="mnist", num_partitions=10, alpha=0.1, min_partition_size=0,
+                         data_dir=str(tmp_path / "d"))
+    with pytest.raises(PartitionError, match="partitions are empty"):
+        data.check_data(spec)
+    assert data.checked_partitioning(spec) is None
+    with pytest.raises(PartitionError, match="partitions are empty"):
+        data.check_data(spec)
