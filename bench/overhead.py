@@ -23,6 +23,7 @@ import argparse
 import csv
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -318,20 +319,16 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="torch thread counts of the plain loop, comma-separated, each run once (0 = torch's "
                         "default, one per core); the fastest is the compute floor")
     p.add_argument("--gpus-per-client", type=float, default=0.0)
+    p.add_argument("--repeat", type=int, default=1,
+                   help="passes of (a) then (b); each pass gives a ratio, and their median is printed")
     p.add_argument("--json", help="write the result here")
     p.add_argument("--verbose", action="store_true", help="echo the flwr run output")
     return p.parse_args(argv)
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    if args.mode == "plain-child":
-        Path(args.json).write_text(json.dumps(plain(args)))
-        return 0
-    desc = (f"{args.dataset} {args.model}, {args.clients} clients, C={args.fraction}, E={args.epochs},"
-            f" B={args.batch_size}, {args.rounds} rounds, cpus-per-client={args.cpus_per_client}")
-    print(desc, flush=True)
-    report: dict = {"config": desc}
+def one_pass(args: argparse.Namespace) -> dict:
+    """(a) and/or (b) once; with both, the ratio b / a."""
+    report: dict = {}
     if args.mode in ("both", "plain"):
         report["plain_runs"] = []
         for threads in [int(t) for t in str(args.plain_threads).split(",")]:
@@ -371,6 +368,27 @@ def main(argv=None) -> int:
         for other in report["plain_runs"]:
             print(f"    vs the plain loop with {other['torch_threads']} torch threads: "
                   f"{b['wall_s'] / other['wall_s']:.2f} end to end", flush=True)
+    return report
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.mode == "plain-child":
+        Path(args.json).write_text(json.dumps(plain(args)))
+        return 0
+    desc = (f"{args.dataset} {args.model}, {args.clients} clients, C={args.fraction}, E={args.epochs},"
+            f" B={args.batch_size}, {args.rounds} rounds, cpus-per-client={args.cpus_per_client}")
+    print(desc, flush=True)
+    report: dict = {"config": desc, "passes": []}
+    for rep in range(args.repeat):
+        if args.repeat > 1:
+            print(f"--- pass {rep + 1}/{args.repeat}", flush=True)
+        report["passes"].append(one_pass(args))
+    ratios = [p["ratio_wall"] for p in report["passes"] if "ratio_wall" in p]
+    if len(ratios) > 1:
+        report["ratio_wall_median"] = statistics.median(ratios)
+        print(f"end-to-end ratio per pass: {', '.join(f'{r:.3f}' for r in ratios)}; median "
+              f"{report['ratio_wall_median']:.3f}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
     return 0

@@ -24,14 +24,17 @@ class FedDynClient(DriftClient):
             self.prev_grad = [torch.zeros_like(p) for p in self.params()]
         else:
             self.prev_grad = [torch.as_tensor(a, device=self.device) for a in saved]
+        # g_k + alpha w_t, fixed for the round (see adjust_gradients)
+        self.offset = [g + self.alpha * p0 for g, p0 in zip(self.prev_grad, self.round_start)]
         return None
 
     @torch.no_grad()
     def adjust_gradients(self) -> None:
-        for p, g in zip(self.params(), self.prev_grad):
+        """grad += alpha w - (g_k + alpha w_t): the offset is fixed for the round, so a step
+        costs two in-place passes over the weights, not a temporary (w - w_t) as well."""
+        for p, c in zip(self.params(), self.offset):
             if p.grad is not None:
-                p.grad.sub_(g)  # the linear term -<g_k, w>
-        self.add_proximal_gradient(self.alpha)  # (alpha/2)||w - w_t||^2
+                p.grad.add_(p.detach(), alpha=self.alpha).sub_(c)
 
     @torch.no_grad()
     def end_round(self, steps: int):

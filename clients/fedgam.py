@@ -55,7 +55,7 @@ class FedGAMClient(DriftClient):
         loss, g = self._grad(x, y, params)
         with perturbed(params, sam_eps(g, rho), self.model):
             _, g_adv = self._grad(x, y, params)
-        return loss, [a + (alpha * rho) * b for a, b in zip(g, g_adv)]
+        return loss, [a.add_(b, alpha=alpha * rho) for a, b in zip(g, g_adv)]  # g is ours: in place
 
     def reference_gradient(self, x, y, params) -> tuple[torch.Tensor, list]:
         """The GAM optimiser step (Zhang et al. 2023); see the module docstring."""

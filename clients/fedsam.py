@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from clients.base import DriftClient
-from clients.perturbation import grads_of, perturbed, sam_eps
+from clients.perturbation import perturbed, sam_eps
 
 
 class FedSAMClient(DriftClient):
@@ -21,7 +21,7 @@ class FedSAMClient(DriftClient):
         params = self.params()
         loss = self.loss(x, y)
         loss.backward()
-        eps = self.perturbation(params, grads_of(params))
+        eps = self.perturbation(params, [p.grad for p in params])  # eps is a new tensor: no copy of g
         with perturbed(params, eps, self.model):
             for p in params:
                 p.grad = None

@@ -21,11 +21,12 @@ NORM_EPS = 1e-12
 
 
 def global_norm(tensors: Sequence[torch.Tensor | None]) -> torch.Tensor:
-    """Euclidean norm of the concatenation of ``tensors`` (None entries are skipped)."""
-    parts = [t.detach().reshape(-1) for t in tensors if t is not None]
+    """Euclidean norm of the concatenation of ``tensors`` (None entries are skipped), from
+    per-tensor norms: no concatenated copy of the whole parameter vector."""
+    parts = [t.detach() for t in tensors if t is not None]
     if not parts:
         return torch.zeros(())
-    return torch.linalg.vector_norm(torch.cat(parts))
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(parts)))
 
 
 def sam_eps(grads: Sequence[torch.Tensor | None], rho: float) -> list[torch.Tensor | None]:
@@ -44,17 +45,31 @@ def asam_eps(
     """Adaptive SAM (Kwon et al. 2021): eps = rho * T^2 g / ||T g||, T = |w| + eta elementwise.
 
     ``scaled[i] = False`` uses T = 1 for that tensor (the official ASAM code normalises only
-    weight tensors, not biases); by default every tensor is scaled.
+    weight tensors, not biases); by default every tensor is scaled. Each eps is built in one
+    buffer (T, then T*g, then T*T*g in place), so the rescaling adds few passes over w.
     """
     if scaled is None:
         scaled = [True] * len(params)
-    ts = [
-        (p.detach().abs() + eta) if s else torch.ones_like(p)
-        for p, s in zip(params, scaled)
-    ]
-    tg = [None if g is None else t * g.detach() for t, g in zip(ts, grads)]
-    scale = rho / (global_norm(tg) + NORM_EPS)
-    return [None if x is None else t * x * scale for t, x in zip(ts, tg)]
+    eps: list[torch.Tensor | None] = []
+    ts: list[torch.Tensor | None] = []
+    for p, g, s in zip(params, grads, scaled):
+        if g is None:
+            eps.append(None)
+            ts.append(None)
+        elif s:
+            t = p.detach().abs().add_(eta)
+            eps.append(t * g.detach())  # T g
+            ts.append(t)
+        else:
+            eps.append(g.detach().clone())
+            ts.append(None)
+    scale = rho / (global_norm(eps) + NORM_EPS)
+    for e, t in zip(eps, ts):
+        if e is not None:
+            if t is not None:
+                e.mul_(t)
+            e.mul_(scale)
+    return eps
 
 
 @contextmanager
@@ -84,8 +99,3 @@ def perturbed(
                 p.copy_(w)
             for b, v in buffers:
                 b.copy_(v)
-
-
-def grads_of(params: Sequence[torch.Tensor]) -> list[torch.Tensor | None]:
-    """Detached copies of the ``.grad`` of ``params`` (None where a parameter has none)."""
-    return [None if p.grad is None else p.grad.detach().clone() for p in params]

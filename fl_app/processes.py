@@ -41,14 +41,14 @@ def private_env(home: Path, **extra: str) -> dict[str, str]:
     """The environment for processes of one launcher: its own FLWR_HOME, no runtime
     dependency installation, no update check, unbuffered output, absolute FL_DATA_DIR.
 
-    SuperExec polls the SuperLink for new runs once a second by default, so a submitted run
-    waited 0.5 s on average before it started; on loopback a 0.1 s poll costs nothing."""
+    SuperExec's poll for new runs stays at Flower's 1 s: a 0.1 s poll starts a run 0.45 s
+    sooner on average but keeps SuperLink and SuperExec at 8% of a core (1.8% at 1 s), which
+    a 2-core simulation loses over every round (docs/performance.md)."""
     env = {
         **os.environ,
         "FLWR_HOME": str(home),
         "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
         "FLWR_DISABLE_UPDATE_CHECK": "1",
-        "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1",
         "PYTHONUNBUFFERED": "1",
         **extra,
     }

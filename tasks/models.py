@@ -94,14 +94,24 @@ BUILDERS = {
 
 
 def build_model(name: str, shape: InputShape, seed: int | None = None) -> Classifier:
-    """Build a fresh model; with ``seed`` its initial weights are reproducible."""
+    """Build a fresh model; with ``seed`` its initial weights are reproducible.
+
+    Models with convolutions keep their weights channels-last (NHWC): on CPU, PyTorch then
+    runs its convolutions through oneDNN's NHWC kernels, measured 1.3-1.5x faster per
+    training step and 1.8x per forward than the default layout (docs/performance.md). The
+    values and shapes are the same; ``get_weights`` hands out ordinary C-ordered arrays.
+    """
     if name not in BUILDERS:
         raise ValueError(f"unknown model {name!r}; valid choices: {', '.join(BUILDERS)}")
     if seed is None:
-        return BUILDERS[name](shape)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return BUILDERS[name](shape)
+        model = BUILDERS[name](shape)
+    else:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = BUILDERS[name](shape)
+    if any(isinstance(m, nn.Conv2d) for m in model.modules()):
+        model = model.to(memory_format=torch.channels_last)
+    return model
 
 
 def parametrised_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -136,7 +146,8 @@ def get_weights(model: nn.Module) -> list:
 
     Copies: the arrays must not alias a model that is trained again later in this process.
     """
-    return [t.detach().to("cpu", copy=True).numpy() for t in model.state_dict().values()]
+    return [t.detach().to("cpu", copy=True, memory_format=torch.contiguous_format).numpy()
+            for t in model.state_dict().values()]
 
 
 def set_weights(model: nn.Module, arrays: list) -> None:

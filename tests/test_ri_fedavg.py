@@ -141,7 +141,7 @@ def test_batched_equals_loop_and_independent_evaluation(name, shape):
     torch.testing.assert_close(profile_losses(fn, center, dirs, s, chunk=0), loop, rtol=0, atol=1e-6)
     # independently: write each perturbed vector into a copy of the model and call it
     names = list(center)
-    w0 = torch.nn.utils.parameters_to_vector(center.values())
+    w0 = torch.cat([p.reshape(-1) for p in center.values()])  # (channels-last weights: no view)
     probe = copy.deepcopy(model)
     for i in (0, 2):
         di = torch.cat([dirs[n][i].reshape(-1) for n in names])
