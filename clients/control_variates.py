@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from clients.base import DriftClient
+from clients.perturbation import global_norm
 
 CI_STATE = "cv-ci"
 
@@ -106,7 +107,7 @@ class ControlVariateClient(DriftClient):
             ci_new = [ci.clone() for ci in self.ci]
         self.delta_c = [new - old for new, old in zip(ci_new, self.ci)]
         self.save_state(CI_STATE, [t.cpu().numpy() for t in ci_new])
-        metrics["ci_norm"] = float(np.sqrt(sum(float((t.double() ** 2).sum()) for t in ci_new)))
+        metrics["ci_norm"] = float(global_norm(ci_new))
         return metrics
 
     def reply(self) -> list[np.ndarray]:

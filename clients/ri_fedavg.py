@@ -66,6 +66,8 @@ class RIFedAvgClient(DriftClient):
             m=self.cfg["ri-points"], i_max=self.cfg["ri-max"], generator=generator,
             chunk=self.ri_chunk(),
             dtype=torch.float64 if self.cfg["ri-float64"] else None,
+            # on CPU the forwards run at the training batch size (cache-sized activations)
+            batch_size=self.cfg["batch-size"] if self.device.type == "cpu" else 0,
         )
         return {"ri": self.ri}
 

@@ -227,3 +227,33 @@ def test_float64_evaluation_of_a_float32_model():
     torch.testing.assert_close(t64, t_ref, rtol=1e-9, atol=0)
     assert i64 == pytest.approx(i_ref, rel=1e-9)
     assert next(model.parameters()).dtype == torch.float32 and model.training
+
+
+def test_evaluation_in_batches_is_the_same_mean_loss():
+    """The CPU path evaluates ``batch_size`` examples at a time; the loss is the full mean."""
+    model = build_model("cnn", input_shape("mnist"), seed=0).eval()
+    x, y = torch.randn(37, 1, 28, 28), torch.randint(0, 10, (37,))
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    whole = model_loss_fn(model, x, y)(params)
+    with torch.no_grad():
+        want = F.cross_entropy(model(x), y)
+    for batch in (5, 32, 37, 100):
+        assert model_loss_fn(model, x, y, batch_size=batch)(params).item() == pytest.approx(want.item(), abs=1e-6)
+    assert whole.item() == pytest.approx(want.item(), abs=1e-6)
+
+
+def test_perturbed_points_keep_the_weights_layout():
+    """A channels-last conv weight stays channels-last at every grid point (else the
+    convolutions fall back to the slow layout); the values are center + s d_i."""
+    from tasks.roughness import _point
+
+    model = build_model("cnn", input_shape("mnist"), seed=0)
+    center = {n: p.detach() for n, p in model.named_parameters()}
+    dirs = random_directions(center, 2, torch.Generator().manual_seed(0))
+    s = torch.tensor(0.25)
+    point = _point(center, dirs, 1, s)
+    for name, c in center.items():
+        assert point[name].stride() == c.stride(), name
+        torch.testing.assert_close(point[name], c + 0.25 * dirs[name][1])
+    norms = sum(dirs[n].reshape(2, -1).double().pow(2).sum(1) for n in dirs).sqrt()
+    torch.testing.assert_close(norms, torch.ones(2, dtype=torch.float64), atol=1e-5, rtol=0)
