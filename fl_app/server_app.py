@@ -44,23 +44,34 @@ def make_evaluate_fn(cfg: dict, client_manager: SeededClientManager):
         else in_background(load_test_split, cfg["dataset"], resolve_data_dir(cfg["data-dir"]), cfg["seed"])
     )
 
-    def learn_and_check() -> PartitionSpec:
-        """Ask the nodes for the partition count, then check the partitioning (before round 1)."""
+    def learn() -> None:
         client_manager.wait_for(cfg["min-available-clients"])
         client_manager.learn_partitions()
+
+    def check() -> PartitionSpec:
+        """Check the partitioning the nodes reported (before round 1)."""
         spec = PartitionSpec.from_config(cfg, client_manager.num_partitions or client_manager.num_available())
         check_data(spec)
         return spec
 
     def evaluate_fn(server_round: int, arrays: list, config: dict):
         first = not test_data
-        if first:  # the synthetic test split pools every device's share: it needs the count first
-            x, y = prefetched.result() if prefetched is not None else load_test(learn_and_check())
+        if first:
+            # Ask the nodes for their partitions now, while round 0 is evaluated: their first
+            # message starts their warm-up (clients.base.start_warm_up), so it should come
+            # as soon as they are up, not after the server's own start-up work.
+            learning = in_background(learn)
+            if prefetched is None:  # the synthetic test split pools every device's share
+                learning.result()
+                x, y = load_test(check())
+            else:
+                x, y = prefetched.result()
             test_data.extend([x.to(device), y.to(device)])
         set_weights(model, arrays[: len(model.state_dict())])
         loss, accuracy = evaluate(model, *test_data)
         if first and prefetched is not None:
-            learn_and_check()
+            learning.result()
+            check()
         return loss, {"accuracy": accuracy}
 
     return evaluate_fn
