@@ -152,3 +152,21 @@ def test_resume_matches_uninterrupted(method, tmp_path):
         assert a["test_loss"] == pytest.approx(b["test_loss"], rel=1e-5)
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
     assert not (tmp_path / "cut" / "client-state").exists()  # removed once the run finished
+
+
+def test_reply_views_equal_flowers_decoding():
+    """The server checks each reply on zero-copy views of its bytes; they must be exactly the
+    arrays Flower's own decoding gives (dtypes, shapes, Fortran order, 0-d)."""
+    from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
+
+    from fl_app.recording import _views
+
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal((4, 3, 5, 5)).astype(np.float32), np.arange(7, dtype=np.int64),
+              np.array(2.5, dtype=np.float64), np.asfortranarray(rng.standard_normal((5, 3))),
+              np.array([np.nan, 1.0], dtype=np.float16)]
+    parameters = ndarrays_to_parameters(arrays)
+    views = _views(parameters)
+    for view, want in zip(views, parameters_to_ndarrays(parameters), strict=True):
+        assert view.dtype == want.dtype and view.shape == want.shape
+        np.testing.assert_array_equal(view, want)
