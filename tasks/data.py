@@ -118,6 +118,9 @@ def _make_partitioner(spec: PartitionSpec, label_column: str):
     from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, ShardPartitioner
 
     if spec.partitioner == "dirichlet":
+        indices = _remembered_indices(spec)
+        if indices is not None:
+            return _precomputed_partitioner(indices)
         return DirichletPartitioner(
             num_partitions=spec.num_partitions, partition_by=label_column, alpha=spec.alpha,
             min_partition_size=spec.min_partition_size, self_balancing=False, seed=spec.seed,
@@ -278,7 +281,7 @@ def check_data(spec: PartitionSpec) -> None:
             f"{len(empty)} of {spec.num_partitions} {spec.partitioner} partitions are empty (e.g. partition "
             f"{empty[0]}); raise min-partition-size or alpha, or use fewer clients"
         )
-    _remember_partitioning(spec, sizes)
+    _remember_partitioning(spec, sizes, fds.partitioners["train"])
 
 
 def cache_dir() -> Path:
@@ -314,19 +317,65 @@ def checked_partitioning(spec: PartitionSpec) -> list[int] | None:
     return sizes if len(sizes) == spec.num_partitions and min(sizes) > 0 else None
 
 
-def _remember_partitioning(spec: PartitionSpec, sizes: list[int]) -> None:
-    """Best effort (a read-only home only costs the next check its second)."""
+def _remember_partitioning(spec: PartitionSpec, sizes: list[int], partitioner) -> None:
+    """Best effort (a read-only home only costs the next check its second). A Dirichlet
+    partitioner's index assignment is kept too (``_remembered_indices``)."""
     try:
         key = _partitioning_key(spec)
         if key is None:
             return
         folder = cache_dir() / "partitions"
         folder.mkdir(parents=True, exist_ok=True)
+        # flwr-datasets' DirichletPartitioner keeps its assignment in this attribute (1.x);
+        # if a later version renames it, only the index cache is skipped.
+        assignment = getattr(partitioner, "_partition_id_to_indices", None) if spec.partitioner == "dirichlet" else None
+        if isinstance(assignment, dict) and sorted(assignment) == list(range(spec.num_partitions)):
+            parts = [np.asarray(assignment[i], dtype=np.int64) for i in range(spec.num_partitions)]
+            tmp = folder / f"{key}.{os.getpid()}.tmp.npz"
+            np.savez(tmp, indices=np.concatenate(parts), sizes=np.array([len(p) for p in parts]))
+            os.replace(tmp, folder / f"{key}.npz")
         tmp = folder / f"{key}.{os.getpid()}.tmp"
         tmp.write_text(json.dumps({"sizes": sizes}))
         os.replace(tmp, folder / f"{key}.json")  # atomic: a reader never sees half a file
     except OSError:
         pass
+
+
+def _remembered_indices(spec: PartitionSpec) -> list[np.ndarray] | None:
+    """The Dirichlet index assignment a passed ``check_data`` kept, else None. Each client
+    process would otherwise redo the cut (about a second for MNIST and 100 clients; in a
+    deployment that is every message, as each runs in a fresh process)."""
+    try:
+        key = _partitioning_key(spec)
+        if key is None:
+            return None
+        with np.load(cache_dir() / "partitions" / f"{key}.npz") as saved:
+            flat, sizes = saved["indices"], saved["sizes"]
+    except (OSError, ValueError, KeyError):
+        return None
+    if len(sizes) != spec.num_partitions or int(sizes.sum()) != len(flat):
+        return None
+    return np.split(flat, np.cumsum(sizes)[:-1])
+
+
+def _precomputed_partitioner(indices: list[np.ndarray]):
+    """A flwr-datasets ``Partitioner`` serving a remembered assignment: partition i is
+    ``dataset.select(indices[i])``, as DirichletPartitioner serves it once computed."""
+    from flwr_datasets.partitioner import Partitioner
+
+    class PrecomputedPartitioner(Partitioner):
+        def __init__(self) -> None:
+            super().__init__()
+            self._indices = indices
+
+        @property
+        def num_partitions(self) -> int:
+            return len(self._indices)
+
+        def load_partition(self, partition_id: int):
+            return self.dataset.select(self._indices[partition_id])
+
+    return PrecomputedPartitioner()
 
 
 # ------------------------------------------------------------------ node-local data

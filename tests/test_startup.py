@@ -153,3 +153,31 @@ def test_a_failed_check_is_not_remembered(tmp_path):
     assert data.checked_partitioning(spec) is None
     with pytest.raises(PartitionError, match="partitions are empty"):
         data.check_data(spec)
+
+
+def test_remembered_dirichlet_assignment_gives_the_same_partitions(shared_data, tmp_path, monkeypatch):
+    """A client process reads the Dirichlet assignment check_data kept instead of cutting
+    again; its partitions are exactly those of a fresh cut."""
+    import tasks.data as data
+
+    monkeypatch.setenv("FL_DRIFT_CACHE", str(tmp_path / "cache"))
+    spec = PartitionSpec(dataset="mnist", num_partitions=30, alpha=0.3, seed=5, data_dir=str(shared_data))
+    for fn in (data.federated_dataset, data.load_partition):
+        fn.cache_clear()
+    assert data._remembered_indices(spec) is None
+    fresh = data.federated_dataset(spec)
+    assert type(fresh.partitioners["train"]).__name__ == "DirichletPartitioner"
+    want = [data.load_partition(spec, pid) for pid in (0, 7, 29)]
+    data.check_data(spec)  # cuts (the lru-cached dataset) and remembers the assignment
+    assert data._remembered_indices(spec) is not None
+    for fn in (data.federated_dataset, data.load_partition):
+        fn.cache_clear()
+    served = data.federated_dataset(spec)
+    assert type(served.partitioners["train"]).__name__ == "PrecomputedPartitioner"
+    for pid, (x, y) in zip((0, 7, 29), want):
+        x2, y2 = data.load_partition(spec, pid)
+        assert torch.equal(x, x2) and torch.equal(y, y2)
+    other = PartitionSpec(dataset="mnist", num_partitions=30, alpha=0.3, seed=6, data_dir=str(shared_data))
+    assert data._remembered_indices(other) is None  # another seed is another cut
+    for fn in (data.federated_dataset, data.load_partition):
+        fn.cache_clear()
