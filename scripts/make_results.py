@@ -210,7 +210,11 @@ def make_results(experiments: Path, results: Path, out: Path) -> str:
              "test split (fractions), mean ± std over seeds. The runs are reduced versions of the papers' "
              "settings (each section says how), so the papers' numbers are a reference, not a target. Run time: "
              "the runs' own time (start of the ServerApp to its end, summed over runs; launching each run "
-             "adds about 10 s), on the machine that made them.", ""]
+             "adds about 10 s), on the machine that made them. These runs predate two speed changes (convolution "
+             "weights kept channels-last, evaluation in batches of 128 on CPU; docs/performance.md): a re-run "
+             "computes the same thing with different floating-point rounding, which training amplifies over the "
+             "rounds (most in the unstable runs, e.g. FedPGVC's), and takes less time (0.7x for bench/overhead.py's "
+             "FedAvg run).", ""]
     exps = load_experiments(experiments)
     if not exps:
         lines += [f"No experiment files in `{experiments}`.", ""]
