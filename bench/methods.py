@@ -16,11 +16,12 @@ Two predictions, both from the extra passes each method makes (``predictions``):
 - pass count: F = forward multiply-accumulates of one sample (Conv2d and Linear layers,
   counted with hooks), a training step = 3F (backward = twice the forward), as the issue
   and the papers count;
-- calibrated: the same passes priced with this machine's measured cost of a no-grad forward
-  and of a training step of the same model (``pass_costs``), relative to the measured FedAvg
-  fit time per training sample (``calibrated``). On CPU a small CNN's backward
-  costs well under twice its forward, so a forward is ~0.5 of a step, not 1/3, and every
-  method that adds forwards (RI-FedAvg, MOON, FedNTD, FedSOL) costs more than 3F predicts.
+- calibrated: the same passes priced at this machine's measured costs, as the methods run
+  them (``pass_costs``): a second forward+backward, a no-grad forward, a body forward, an RI
+  evaluation; plus what a pass count leaves out, read from each client's code: in-place
+  elementwise passes over all weights per step (``WEIGHT_PASSES``) and model-sized state
+  saved and reloaded once per round (``STATE_ROUND_TRIPS``); all relative to the measured
+  FedAvg fit time per training sample (``calibrated``).
 """
 
 from __future__ import annotations
@@ -179,6 +180,18 @@ def pass_costs(model_name: str, shape, batch: int, ri_samples: int) -> dict[str,
         with torch.no_grad():
             model_loss_fn(model, x_ri, y_ri, batch_size=batch)(_point(center, direction, 0, torch.tensor(1e-3)))
 
+    from flwr.app import ArrayRecord
+
+    from tasks.models import set_weights
+
+    other = build_model(model_name, shape, seed=1)
+
+    def state_round_trip():
+        """What a method with per-client state pays once per round per model-sized state:
+        save it into ``context.state`` (an ArrayRecord) and read it back into a model."""
+        record = ArrayRecord(numpy_ndarrays=get_weights(model))
+        set_weights(other, record.to_numpy_ndarrays())
+
     grads = [torch.randn_like(p) for p in params]
 
     def weights_pass():
@@ -193,6 +206,7 @@ def pass_costs(model_name: str, shape, batch: int, ri_samples: int) -> dict[str,
         "body": _median_seconds(body) / batch,
         "ri": _median_seconds(ri_point) / ri_samples,
         "weights_pass": _median_seconds(weights_pass),
+        "state_round_trip": _median_seconds(state_round_trip),
     }
 
 
@@ -206,6 +220,15 @@ WEIGHT_PASSES = {
     "fedasam": 8,  # as SAM, plus T = |w| + eta, T g, T (T g)
     "fedgam": 6,  # as SAM, plus G = g + alpha rho g_adv
     "fedgam-cv": 7,  # FedGAM plus c - c_i
+}
+
+
+# Model-sized state written and read back once per round (context.state and model copies).
+STATE_ROUND_TRIPS = {
+    "moon": 2,  # the previous local model kept and reloaded, the frozen global model copied in
+    "scaffold": 1,  # c_i
+    "fedgam-cv": 1,  # c_i
+    "feddyn": 1,  # g_k
 }
 
 
@@ -227,6 +250,8 @@ def calibrated(cfg: dict, costs: dict, fedavg_per_sample: float, n_k: float) -> 
     }
     for method, passes in WEIGHT_PASSES.items():
         extra[method] = extra.get(method, 0.0) + passes * per_pass
+    for method, trips in STATE_ROUND_TRIPS.items():  # once per round: spread over E n_k samples
+        extra[method] = extra.get(method, 0.0) + trips * costs["state_round_trip"] / (cfg["local-epochs"] * n_k)
     return {m: 1 + e / fedavg_per_sample for m, e in extra.items()}
 
 
@@ -305,7 +330,8 @@ def main(argv=None) -> int:
           f"training step {costs['step'] * 1e6:.0f} us, second forward+backward {costs['second_pass'] * 1e6:.0f} us, "
           f"forward {costs['forward'] * 1e6:.0f} us (= {costs['forward'] / costs['step']:.2f} step; pass count "
           f"assumes 0.33), body forward {costs['body'] * 1e6:.0f} us, RI evaluation {costs['ri'] * 1e6:.0f} us; "
-          f"one pass over the weights {costs['weights_pass'] * 1e3:.2f} ms per step; FedAvg fit "
+          f"one pass over the weights {costs['weights_pass'] * 1e3:.2f} ms, a state round trip "
+          f"{costs['state_round_trip'] * 1e3:.1f} ms; FedAvg fit "
           f"{fedavg_per_sample * 1e6:.0f} us per training sample")
     print(f"\n| method | s per round ({len(args.partitions)} clients) | measured / FedAvg | predicted: pass count (3F)"
           " | predicted: calibrated | within 10%: pass count / calibrated | why predicted |")
