@@ -8,8 +8,9 @@ partitions, same model, same batch order, same received weights; so the ratio is
 method's local computation. Stateful methods are timed in their second round (MOON's
 contrastive term, control variates and FedDyn's state exist only from then on): every client
 first does one untimed round-1 fit on its own context, then round 2 is timed. Methods are
-interleaved (rep 1: every method, rep 2: every method, ...) and the median over reps is
-taken, so load drifting on a shared machine hits all methods alike.
+interleaved (rep 1: every method, rep 2: every method, ...), each rep's time is divided by
+that rep's FedAvg time and the median of these ratios is taken, so drift in the machine's
+speed hits all methods alike.
 
 Two predictions, both from the extra passes each method makes (``predictions``):
 

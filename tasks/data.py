@@ -216,7 +216,9 @@ def load_partition(spec: PartitionSpec, partition_id: int) -> tuple[torch.Tensor
 
         return synthetic_partition(spec, partition_id)
     try:
-        part = federated_dataset(spec).load_partition(partition_id, "train")
+        fds = federated_dataset(spec)
+        part = fds.load_partition(partition_id, "train")
+        _remember_indices(spec, fds.partitioners["train"])  # the next process on this node reads it
     except DataUnavailableError:
         raise
     except Exception as exc:  # flwr-datasets raises ValueError for impossible partitionings
@@ -324,19 +326,35 @@ def _remember_partitioning(spec: PartitionSpec, sizes: list[int], partitioner) -
         key = _partitioning_key(spec)
         if key is None:
             return
+        _remember_indices(spec, partitioner)
         folder = cache_dir() / "partitions"
         folder.mkdir(parents=True, exist_ok=True)
-        # flwr-datasets' DirichletPartitioner keeps its assignment in this attribute (1.x);
-        # if a later version renames it, only the index cache is skipped.
-        assignment = getattr(partitioner, "_partition_id_to_indices", None) if spec.partitioner == "dirichlet" else None
-        if isinstance(assignment, dict) and sorted(assignment) == list(range(spec.num_partitions)):
-            parts = [np.asarray(assignment[i], dtype=np.int64) for i in range(spec.num_partitions)]
-            tmp = folder / f"{key}.{os.getpid()}.tmp.npz"
-            np.savez(tmp, indices=np.concatenate(parts), sizes=np.array([len(p) for p in parts]))
-            os.replace(tmp, folder / f"{key}.npz")
         tmp = folder / f"{key}.{os.getpid()}.tmp"
         tmp.write_text(json.dumps({"sizes": sizes}))
         os.replace(tmp, folder / f"{key}.json")  # atomic: a reader never sees half a file
+    except OSError:
+        pass
+
+
+def _remember_indices(spec: PartitionSpec, partitioner) -> None:
+    """Keep a Dirichlet partitioner's index assignment once it is cut (best effort)."""
+    try:
+        key = _partitioning_key(spec)
+        if key is None or spec.partitioner != "dirichlet":
+            return
+        folder = cache_dir() / "partitions"
+        folder.mkdir(parents=True, exist_ok=True)
+        if (folder / f"{key}.npz").exists():
+            return
+        # flwr-datasets' DirichletPartitioner keeps its assignment in this attribute (1.x);
+        # if a later version renames it, only the index cache is skipped.
+        assignment = getattr(partitioner, "_partition_id_to_indices", None)
+        if not isinstance(assignment, dict) or sorted(assignment) != list(range(spec.num_partitions)):
+            return
+        parts = [np.asarray(assignment[i], dtype=np.int64) for i in range(spec.num_partitions)]
+        tmp = folder / f"{key}.{os.getpid()}.tmp.npz"
+        np.savez(tmp, indices=np.concatenate(parts), sizes=np.array([len(p) for p in parts]))
+        os.replace(tmp, folder / f"{key}.npz")  # atomic
     except OSError:
         pass
 

@@ -181,3 +181,24 @@ def test_remembered_dirichlet_assignment_gives_the_same_partitions(shared_data, 
     assert data._remembered_indices(other) is None  # another seed is another cut
     for fn in (data.federated_dataset, data.load_partition):
         fn.cache_clear()
+
+
+def test_a_client_process_remembers_its_own_cut(shared_data, tmp_path, monkeypatch):
+    """A node that cut the partitioning itself (no server check on its machine) keeps the
+    assignment, so its next process (a deployed SuperNode's next message) reads it."""
+    import tasks.data as data
+
+    monkeypatch.setenv("FL_DRIFT_CACHE", str(tmp_path / "cache"))
+    spec = PartitionSpec(dataset="mnist", num_partitions=20, alpha=0.5, seed=3, data_dir=str(shared_data))
+    for fn in (data.federated_dataset, data.load_partition):
+        fn.cache_clear()
+    x, y = data.load_partition(spec, 4)
+    assert data._remembered_indices(spec) is not None
+    assert data.checked_partitioning(spec) is None  # the check itself has not run
+    for fn in (data.federated_dataset, data.load_partition):
+        fn.cache_clear()
+    x2, y2 = data.load_partition(spec, 4)
+    assert type(data.federated_dataset(spec).partitioners["train"]).__name__ == "PrecomputedPartitioner"
+    assert torch.equal(x, x2) and torch.equal(y, y2)
+    for fn in (data.federated_dataset, data.load_partition):
+        fn.cache_clear()
