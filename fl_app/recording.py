@@ -163,7 +163,7 @@ class RecordingStrategy(Strategy):
         # from sampling to the last reply: the clients' fit_seconds and the transport in between
         self.current["fit_phase_seconds"] = time.monotonic() - self.round_started
         accepted = []
-        for client, res in results:
+        for client, res in self._in_node_order(results):
             problem = self._problem(res)
             if problem:
                 log.warning("round %d: rejected the update of node %s: %s", server_round, client.cid, problem)
@@ -196,6 +196,17 @@ class RecordingStrategy(Strategy):
             return None, {}
         self.current.update({k: v for k, v in (metrics or {}).items() if isinstance(v, (int, float))})
         return parameters, metrics
+
+    def _in_node_order(self, results: list[tuple[ClientProxy, FitRes]]) -> list[tuple[ClientProxy, FitRes]]:
+        """Results in partition order, not the order they arrived in: float sums depend on
+        the order, and a method that amplifies small differences (FedPGVC at lr 0.05 went
+        from 0.64 to 0.10 test accuracy between two runs of the same seed) must still give
+        the same run for the same seed."""
+        ordered = getattr(self.client_manager, "ordered", None)
+        if ordered is None:
+            return list(results)
+        rank = {cid: i for i, cid in enumerate(ordered([client.cid for client, _ in results]))}
+        return sorted(results, key=lambda r: rank[r[0].cid])
 
     def _problem(self, res: FitRes) -> str:
         arrays = _views(res.parameters)
