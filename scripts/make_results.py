@@ -211,8 +211,9 @@ def make_results(experiments: Path, results: Path, out: Path) -> str:
              "settings (each section says how), so the papers' numbers are a reference, not a target. Run time: "
              "the runs' own time (start of the ServerApp to its end, summed over runs; launching each run "
              "adds about 10 s), on the machine that made them. These runs predate two speed changes (convolution "
-             "weights kept channels-last, evaluation in batches of 128 on CPU; docs/performance.md): a re-run "
-             "computes the same thing with different floating-point rounding, which training amplifies over the "
+             "weights kept channels-last, evaluation in batches of 128 on CPU; docs/performance.md) and the "
+             "server's summing of results in partition order (before, in arrival order, so not even the same "
+             "code repeated a run to the last digit): a re-run computes the same thing with different floating-point rounding, which training amplifies over the "
              "rounds (most in the unstable runs, e.g. FedPGVC's), and takes less time (0.7x for bench/overhead.py's "
              "FedAvg run).", ""]
     exps = load_experiments(experiments)
