@@ -5,10 +5,17 @@
 ``FLWR_HOME`` on free loopback ports (Flower reads ``FLWR_LOCAL_*_PORT``), with runtime
 dependency installation disabled, and in ``close()`` stops it and every process it started
 (SuperExec, the simulation, Ray) by PID. Used by ``run_simulation.py`` and the tests.
+
+A home it made itself (a temporary folder: the SuperLink's database, logs and the installed
+app, about 3.5 MB a run) is deleted in ``close()``, unless the SuperLink failed to start or
+``flwr run`` exited with an error: then its logs stay for the message that points at them.
+(A run whose ServerApp fails still ends ``flwr run`` with 0; its traceback is in the run's
+own output, which ``run()`` streams to the caller.) A ``home`` passed in is always kept.
 """
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import tempfile
 import time
@@ -27,6 +34,7 @@ class LocalSimulation:
     def __init__(self, app_dir: Path = APP_DIR, home: Path | None = None):
         self.app_dir = Path(app_dir)
         self.home = Path(home) if home else Path(tempfile.mkdtemp(prefix="fl-drift-flwr-"))
+        self.keep_home = home is not None
         self.http_port, self.control_port = free_port(), free_port()
         self.env = private_env(
             self.home,
@@ -61,12 +69,14 @@ class LocalSimulation:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                self.keep_home = True
                 raise RuntimeError(f"flower-superlink exited early; see {self.log_file}")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/health", timeout=1):
                     return
             except OSError:
                 time.sleep(0.3)
+        self.keep_home = True
         self.close()
         raise RuntimeError(f"flower-superlink did not become healthy in {timeout}s; see {self.log_file}")
 
@@ -85,11 +95,13 @@ class LocalSimulation:
             f" client-resources-num-gpus={float(gpus_per_client)}"
         )
         assert self.managed is not None, "start() first"
-        return stream_flwr_run(
+        rc = stream_flwr_run(
             self.app_dir, "local", run_config, self.env, self.home, ["--federation-config", federation],
             on_line=on_line, timeout=timeout,
             on_tick=self.managed.refresh,  # remember the SuperExec/simulation/Ray tree while intact
         )
+        self.keep_home |= rc != 0
+        return rc
 
     def close(self) -> list[int]:
         """Stop the SuperLink and every process it started; returns the PIDs that survived."""
@@ -97,6 +109,8 @@ class LocalSimulation:
             return []
         left = stop_processes([self.managed])
         self.process = self.managed = None
+        if not self.keep_home and not left:
+            shutil.rmtree(self.home, ignore_errors=True)
         return left
 
 

@@ -134,6 +134,7 @@ def test_resume_matches_uninterrupted(method, tmp_path):
            "fraction-fit": 0.5, "learning-rate": 0.05, "results-dir": str(tmp_path)}
     with LocalSimulation() as sim:
         assert sim.run({**cfg, "run-name": "full"}, num_supernodes=6) == 0
+    assert not sim.home.exists()  # its temporary FLWR_HOME is deleted after good runs
     full = read_metrics(tmp_path / "full")
 
     with LocalSimulation() as sim:
