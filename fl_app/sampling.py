@@ -38,6 +38,20 @@ class SeededClientManager(SimpleClientManager):
         self.num_partitions: int | None = None
         self.assembled = False  # min-available-clients were connected once in this process
 
+    def wait_for(self, num_clients: int, timeout: int = 86400) -> bool:
+        """Wait until ``num_clients`` nodes are registered, asking Flower for them every 0.2 s.
+
+        Flower's legacy ServerApp registers the grid's nodes with the client manager only when
+        ``num_available``, ``all`` or ``sample`` is called, or every 5 s from a background
+        thread; the base ``wait_for`` calls none of them, so before round 1 it waited for that
+        5 s tick (nodes of a simulation are known at once)."""
+        deadline = time.monotonic() + timeout
+        while self.num_available() < num_clients:  # Flower's wrapper registers new nodes first
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.2)
+        return True
+
     def _ask_partition(self, client: ClientProxy) -> tuple[str, int | str | None, int | None]:
         """(node id, partition id or data-path, num-partitions); None when the node did not say."""
         try:

@@ -46,3 +46,23 @@ def test_waits_for_min_available_only_until_reached():
     chosen = manager.sample(2, 3)
     assert waited == [3, 3]  # no wait for the lost node
     assert sorted(c.pid for c in chosen) == [0, 1]
+
+
+def test_wait_for_asks_flower_to_register_nodes():
+    """Flower registers the grid's nodes with the manager only inside num_available / all /
+    sample (it wraps them) or every 5 s; wait_for must call num_available itself, not sleep
+    until that tick."""
+    manager = SeededClientManager(0)
+    grid_nodes = [Proxy(str(100 + i), i) for i in range(3)]
+    plain_num_available = manager.num_available
+
+    def flowers_wrapper():  # what Flower's start_update_client_manager_thread installs
+        for proxy in grid_nodes:
+            if proxy.cid not in manager.clients:
+                manager.register(proxy)
+        return plain_num_available()
+
+    manager.num_available = flowers_wrapper
+    assert manager.wait_for(3, timeout=5) is True
+    assert len(manager.clients) == 3
+    assert manager.wait_for(4, timeout=0.3) is False  # a fourth node never comes
