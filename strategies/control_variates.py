@@ -93,9 +93,14 @@ class ControlVariateStrategy(DriftFedAvg):
         return cls(
             cv_shapes=[tuple(state[n].shape) for n in names],
             num_state=len(state),
-            cv_divisor=cls.CV_DIVISOR,
+            cv_divisor=cls.divisor(cfg),
             **kwargs,
         )
+
+    @classmethod
+    def divisor(cls, cfg: dict) -> str:
+        """D of the c update: the method's own (``CV_DIVISOR``) unless it has a key for it."""
+        return cls.CV_DIVISOR
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(cv_divisor={self.cv_divisor!r})"

@@ -257,3 +257,30 @@ def test_scaffold_under_momentum_converges_and_keeps_c_bounded():
     assert losses[-1] < 0.1 * losses[0]
     assert losses[-1] <= 1.5 * min(losses)  # no rebound at the end
     assert max(c_norms) <= 1.5 * c_norms[0] and max(c_norms) < 5.0  # ||c|| bounded, not growing
+
+
+@pytest.mark.parametrize("divisor, expected_d", [("total", 10), ("participants", 2)])
+def test_scaffold_cv_divisor_key_sets_d_of_the_c_update(divisor, expected_d):
+    """c <- c + (1/D) sum delta c_i: D = N = 10 (SCAFFOLD) or D = |S_t| = 2 (FedGAM-CV's Eq. 22)."""
+    from flwr.common import Code, FitRes, Status
+
+    cfg = _cfg("scaffold", **{"cv-divisor": divisor})
+    w0 = get_weights(build_model("logreg", input_shape("synthetic"), seed=0))
+    strategy = ScaffoldStrategy.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w0), None))
+    assert strategy.cv_divisor == divisor
+    strategy.num_total = 10
+    deltas = [[np.full(a.shape, v, np.float32) for a in w0] for v in (1.0, 3.0)]
+    results = [
+        (Proxy(str(i), None), FitRes(Status(Code.OK, ""), ndarrays_to_parameters(w0 + d), 5, {}))
+        for i, d in enumerate(deltas)
+    ]
+    strategy.aggregate_fit(1, results, [])
+    for c in strategy.c:
+        np.testing.assert_allclose(c, (1.0 + 3.0) / expected_d, rtol=1e-6)
+
+
+def test_cv_divisor_is_validated_with_its_choices():
+    from fl_app.schema import ConfigError
+
+    with pytest.raises(ConfigError, match="participants"):
+        _cfg("scaffold", **{"cv-divisor": "clients"})
