@@ -52,16 +52,21 @@ def _cnn_small(shape: InputShape) -> Classifier:
     return Classifier(body, nn.Linear(128, shape.classes))
 
 
-def _lenet(shape: InputShape) -> Classifier:
+def _lenet(shape: InputShape, bn: bool = False) -> Classifier:
     """LeNet-5 (FedPGVC / FedGAM MNIST): conv 6, conv 16, FC 120, FC 84, head.
 
-    28x28 inputs get padding 2 on the first conv so both sizes end at 16 x 5 x 5.
+    28x28 inputs get padding 2 on the first conv so both sizes end at 16 x 5 x 5. ``bn``: the
+    FedBN twin, BatchNorm after every conv and hidden FC layer (as FedBN's own models), so a
+    FedBN row runs the same network as the LeNet rows it is compared with.
     """
     pad = 2 if shape.size == 28 else 0
+    norm2d = (lambda c: nn.BatchNorm2d(c)) if bn else (lambda c: nn.Identity())
+    norm1d = (lambda c: nn.BatchNorm1d(c)) if bn else (lambda c: nn.Identity())
     body = nn.Sequential(
-        nn.Conv2d(shape.channels, 6, 5, padding=pad), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(16 * 5 * 5, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(),
+        nn.Conv2d(shape.channels, 6, 5, padding=pad), norm2d(6), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(6, 16, 5), norm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(16 * 5 * 5, 120), norm1d(120), nn.ReLU(),
+        nn.Linear(120, 84), norm1d(84), nn.ReLU(),
     )
     return Classifier(body, nn.Linear(84, shape.classes))
 
@@ -166,6 +171,7 @@ BUILDERS = {
     "cnn": _cnn,
     "cnn-small": _cnn_small,
     "lenet": _lenet,
+    "lenet-bn": lambda s: _lenet(s, bn=True),
     "cnn-bn": lambda s: _cnn(s, bn=True),
     "resnet18": _resnet18,
     "resnet18-bn": lambda s: _resnet18(s, bn=True),

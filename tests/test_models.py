@@ -57,6 +57,19 @@ def test_parameter_counts_match_a_hand_count():
     assert _count(build_model("vgg11", input_shape("cifar10"))) == convs + 2 * (512 * 512 + 512) + 512 * 10 + 10
 
 
+def test_lenet_bn_is_lenet_plus_batchnorm():
+    plain = build_model("lenet", input_shape("mnist"), seed=0)
+    twin = build_model("lenet-bn", input_shape("mnist"), seed=0)
+    # LeNet-5 on 28x28 (padding 2): conv 1-6, conv 6-16, FC 400-120-84, head 84-10
+    lenet = (6 * 25 + 6) + (16 * 6 * 25 + 16) + (400 * 120 + 120) + (120 * 84 + 84) + (84 * 10 + 10)
+    assert _count(plain) == lenet
+    assert _count(twin) == lenet + 2 * (6 + 16 + 120 + 84)  # a weight and a bias per BN channel
+    assert len(bn_indices(twin)) == 4 * 5 and not bn_indices(plain)
+    # the same draws initialise the shared layers: only the BN layers are new
+    shared = [p for p in twin.parameters() if p.dim() > 1]
+    assert all(torch.equal(a, b) for a, b in zip(shared, [p for p in plain.parameters() if p.dim() > 1]))
+
+
 def test_resnet18_norms():
     gn = build_model("resnet18", input_shape("cifar10"))
     bn = build_model("resnet18-bn", input_shape("cifar10"))
@@ -164,7 +177,7 @@ def test_fedbn_runs_resnet18_bn_and_refuses_resnet18_naming_its_twin():
     assert len(stored) == 100
     idx = bn_indices(client.model)
     assert all(np.array_equal(out[i], s) for i, s in zip(idx, stored))
-    with pytest.raises(ConfigError, match="FedBN needs a model with batch-norm layers; valid choices: cnn-bn, resnet18-bn"):
+    with pytest.raises(ConfigError, match="FedBN needs a model with batch-norm layers; valid choices: lenet-bn, cnn-bn, resnet18-bn"):
         cfg = validate_config({"strategy": "fedbn", "dataset": "cifar10", "model": "vgg11"})
         get_method("fedbn").strategy.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w0), None))
 

@@ -16,7 +16,7 @@ METHOD_LINES = {
     "fedpgvc": "FedPGVC: gradient variance correction on the last Linear layers, server step eta_g",
     "feddyn": "FedDyn (Acar et al., ICLR 2021): dynamic regulariser with server state h",
     "fednova": "FedNova (Wang et al., NeurIPS 2020): averaging normalised by local step counts",
-    "fedbn": "FedBN (Li et al., ICLR 2021): batch-norm layers stay local (needs a BN model: cnn-bn)",
+    "fedbn": "FedBN (Li et al., ICLR 2021): batch-norm layers stay local (needs a *-bn model)",
     "fedntd": "FedNTD (Lee et al., NeurIPS 2022): not-true-class distillation from the global model",
     "moon": "MOON (Li et al., CVPR 2021): model-contrastive loss on the representation",
     "dp-fedavg": "DP-FedAvg: clipped, noised updates (Flower's DP wrappers)",
@@ -57,6 +57,8 @@ def models() -> list[str]:
         text = _first_line(builder) if builder is not None else ""
         if name == "cnn-bn":
             text = "the cnn with BatchNorm after each conv (for FedBN)"
+        elif name == "lenet-bn":
+            text = "the lenet with BatchNorm after each conv and hidden FC layer (for FedBN)"
         elif name == "mlp" and not text:
             text = "one hidden layer of 64 (flat features)"
         kind = "synthetic data" if name in FLAT_MODELS else "image datasets"
