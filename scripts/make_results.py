@@ -1,16 +1,24 @@
 #!/usr/bin/env python
 """Write docs/results.md: our numbers next to the papers' for every experiment in experiments/.
 
-    python scripts/make_results.py [--experiments experiments] [--results results/experiments]
-                                   [--out docs/results.md]
+    python scripts/make_results.py [--collect results/experiments] [--experiments experiments]
+                                   [--results docs/results/runs] [--out docs/results.md]
 
-For each experiment file (see run_simulation.py --config) it reads the finished runs in
-<results>/<name>/runs/<method>-seed<seed>/{metrics.csv,summary.json} and writes one section: a
-table with final and best test accuracy (mean +- std over seeds), rounds to the file's
-`target-accuracy` (first round at or above it; mean over the seeds that reached it), the paper's
-number for the same cell and the seeds/rounds actually run; one line per proposed method saying
-whether the paper's ordering holds here, against FedAvg and against the strongest baseline of the
-paper's table among the methods run; and the accuracy curves in docs/results/<name>-accuracy.png.
+The runs behind the tables are kept in the repository, in docs/results/runs/<name>/<row>-seed<N>/
+(each run's metrics.csv and summary.json, machine paths removed), so this script regenerates
+docs/results.md from a clean checkout. ``--collect`` first copies the finished runs of the
+runner's folder (<dir>/<name>/runs/...) into that store, replacing runs of the same name.
+
+For each experiment file (see run_simulation.py --config) it writes one section: a table with one
+row per label (a method, a variant ``[methods."<label>"]`` or a grid point ``fedavg[learning-rate=
+0.01]``): final and best test accuracy (mean +- std over seeds), rounds to the file's
+`target-accuracy` (first round at or above it; mean over the seeds that reached it), the final
+minimum per-class accuracy (drift made visible: the class the global model has forgotten most),
+the paper's number for the same cell and the seeds/rounds actually run; for a grid, the point with
+the highest best accuracy per label; one line per proposed method saying whether the paper's
+ordering holds here, against FedAvg and against the strongest baseline of the paper's table among
+the methods run; the accuracy curves (docs/results/<name>-accuracy.png) and the clients' update
+diversity per round (docs/results/<name>-drift.png).
 
 The paper's number is compared with our best accuracy when the experiment's `paper` entry says
 the table reports the best accuracy (FedPGVC), else with our final accuracy. An ordering "holds"
@@ -22,8 +30,10 @@ Methods or experiments without finished runs are listed as "not run yet"; no num
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import re
+import shutil
 import sys
 import tomllib
 from pathlib import Path
@@ -31,7 +41,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fl_app.report import mean_std, plot, plot_drift, read_metrics, read_summary  # noqa: E402
+from fl_app.registry import method_names  # noqa: E402
+from fl_app.report import drift_columns, mean_std, plot, plot_drift, read_metrics, read_summary  # noqa: E402
+from fl_app.tooling.plan import check_axes, grid_points, label, resolve_rows, run_name  # noqa: E402
+
+STORE = ROOT / "docs" / "results" / "runs"
+KEPT_FILES = ("metrics.csv", "summary.json")
+MACHINE_PATHS = ("data-dir", "results-dir")  # config keys that name folders of the machine that ran
 
 # The papers' own methods; every other strategy of an experiment is a baseline.
 PROPOSED = ("ri-fedavg", "fedpgvc", "fedsol", "fedgam", "fedgam-cv")
@@ -50,12 +66,55 @@ def load_experiments(folder: Path) -> list[tuple[Path, dict]]:
     return sorted(exps, key=order)
 
 
-def run_dirs(runs: Path, method: str) -> list[Path]:
-    """Finished runs of ``method``: <runs>/<method>-seed<N> holding a summary.json."""
-    pattern = re.compile(rf"^{re.escape(method)}-seed(\d+)$")
-    found = [d for d in Path(runs).glob(f"{method}-seed*") if d.is_dir() and pattern.match(d.name)]
+def experiment_rows(exp: dict) -> list[tuple[str, str, str]]:
+    """(row label, listed name, method) per row of the experiment, in the runner's order:
+    every listed name (method or variant) times the points of its grid."""
+    rows = []
+    file_grid = check_axes(exp.get("grid", {}), "[grid]")
+    for name, strategy, _keys, grid in resolve_rows(list(exp.get("strategies", [])), exp.get("methods", {}),
+                                                   method_names()):
+        for point in grid_points({**file_grid, **grid}):
+            rows.append((label(name, point), name, strategy))
+    return rows
+
+
+def runs_folder(results: Path, name: str) -> Path:
+    """The store's <results>/<name>, or the runner's layout <results>/<name>/runs."""
+    runner = Path(results) / name / "runs"
+    return runner if runner.is_dir() else Path(results) / name
+
+
+def run_dirs(runs: Path, row_label: str) -> list[Path]:
+    """Finished runs of one row: <runs>/<run_name(row, seed)> holding a summary.json."""
+    stem = run_name(row_label, 0)[: -len("0")]
+    pattern = re.compile(rf"^{re.escape(stem)}(\d+)$")
+    found = [d for d in Path(runs).glob(f"{stem}*") if d.is_dir() and pattern.match(d.name)]
     found.sort(key=lambda d: int(pattern.match(d.name).group(1)))
     return [d for d in found if read_summary(d) is not None]
+
+
+def collect(source: Path, store: Path, names: list[str]) -> list[str]:
+    """Copy the finished runs of the named experiments from the runner's folder into the store
+    (metrics.csv and summary.json; machine paths blanked). Returns the runs copied."""
+    copied = []
+    for name in names:
+        runs = Path(source) / name / "runs"
+        for d in sorted(runs.glob("*")) if runs.is_dir() else []:
+            summary = read_summary(d)
+            if summary is None:
+                continue
+            target = Path(store) / name / d.name
+            if target.exists():
+                shutil.rmtree(target)
+            target.mkdir(parents=True)
+            shutil.copy2(d / "metrics.csv", target / "metrics.csv")
+            for key in MACHINE_PATHS:
+                if key in summary.get("config", {}):
+                    summary["config"][key] = ""
+            summary.pop("data_source", None)
+            (target / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+            copied.append(f"{name}/{d.name}")
+    return copied
 
 
 def rounds_to_target(run_dir: Path, target: float) -> int | None:
@@ -69,6 +128,7 @@ def rounds_to_target(run_dir: Path, target: float) -> int | None:
 
 def method_row(method: str, dirs: list[Path], target: float | None, paper_value: float | None) -> dict:
     summaries = [read_summary(d) for d in dirs]
+    drift = drift_columns(dirs) if dirs else {}
     final = mean_std([s["final_accuracy"] for s in summaries])
     best = mean_std([s["best_accuracy"] for s in summaries])
     reached = [r for r in (rounds_to_target(d, target) for d in dirs) if r is not None] if target else []
@@ -78,6 +138,8 @@ def method_row(method: str, dirs: list[Path], target: float | None, paper_value:
         "rounds": sorted({int(s["rounds"]) for s in summaries}),
         "final": final, "best": best,
         "reached": reached, "paper": paper_value, "stopped": stopped,
+        "min_class": (drift.get("final_min_class_accuracy_mean", math.nan),
+                      drift.get("final_min_class_accuracy_std", math.nan)),
     }
 
 
@@ -147,10 +209,9 @@ def _sign(x: float) -> int:
 
 def section(path: Path, exp: dict, results: Path, figures: Path, md_dir: Path) -> list[str]:
     name = exp.get("name", path.stem)
-    runs = Path(results) / name / "runs"
+    runs = runs_folder(results, name)
     target = exp.get("target-accuracy")
     paper = exp.get("paper-results", {})
-    strategies = list(exp.get("strategies", []))
     rc = exp.get("run-config", {})
     lines = [f"## {name}", "", f"Paper: {exp.get('paper', '?')}", ""]
     if exp.get("description"):
@@ -161,32 +222,37 @@ def section(path: Path, exp: dict, results: Path, figures: Path, md_dir: Path) -
               f"{exp.get('seeds', [0])}, {exp.get('clients', '?')} clients. Run with "
               f"`FL_DATA_DIR=/path/to/data python run_simulation.py --config {path.as_posix()} --quiet`.", ""]
 
-    dirs = {m: run_dirs(runs, m) for m in strategies}
+    table = experiment_rows(exp)
+    labels = [row for row, _, _ in table]
+    method_of = {row: strategy for row, _, strategy in table}
+    dirs = {row: run_dirs(runs, row) for row in labels}
     if not any(dirs.values()):
         return lines + [f"**{NOT_RUN}.**", ""]
-    rows = {m: method_row(m, dirs[m], target, paper.get(m)) for m in strategies}
+    rows = {row: method_row(row, dirs[row], target, paper.get(row)) for row in labels}
     key = "best" if uses_best(exp) else "final"
     tt = f"rounds to {target:.0%}" if target else "rounds to target"
-    lines += [f"| method | final accuracy | best accuracy | {tt} | paper ({key}) | seeds | rounds |",
-              "|---|---|---|---|---|---|---|"]
-    for m in strategies:
+    lines += [f"| method | final accuracy | best accuracy | {tt} | min-class accuracy (final) | paper ({key}) "
+              "| seeds | rounds |",
+              "|---|---|---|---|---|---|---|---|"]
+    for m in labels:
         r = rows[m]
         pv = f"{r['paper']:.4f}" if r["paper"] is not None else "-"
-        name_cell = f"**{m}**" if m in PROPOSED else m
+        name_cell = f"**{m}**" if method_of[m] in PROPOSED else m
         if r["seeds"] == 0:
-            lines.append(f"| {name_cell} | {NOT_RUN} | {NOT_RUN} | {NOT_RUN} | {pv} | 0 | - |")
+            lines.append(f"| {name_cell} | {NOT_RUN} | {NOT_RUN} | {NOT_RUN} | - | {pv} | 0 | - |")
             continue
         rounds = "/".join(str(x) for x in r["rounds"])
         final = fmt_acc(r["final"], r["seeds"]) + (f" (stopped: {len(r['stopped'])}/{r['seeds']} seeds)" if r["stopped"] else "")
         lines.append(f"| {name_cell} | {final} | {fmt_acc(r['best'], r['seeds'])} | "
-                     f"{fmt_rounds_to_target(r)} | {pv} | {r['seeds']} | {rounds} |")
+                     f"{fmt_rounds_to_target(r)} | {fmt_acc(r['min_class'], r['seeds'])} | {pv} | {r['seeds']} | {rounds} |")
     lines.append("")
-    stops = [f"- {run}: {why}" for m in strategies if rows[m]["seeds"] for run, why in rows[m]["stopped"]]
+    lines += grid_winners(table, rows)
+    stops = [f"- {run}: {why}" for m in labels if rows[m]["seeds"] for run, why in rows[m]["stopped"]]
     if stops:
         lines += ["Runs stopped before their last round (final accuracy = the last round reached; a "
                   "round where too few clients return a finite update stops the run, see "
                   "`min-fit-fraction`):", ""] + stops + [""]
-    order = ordering_lines(exp, rows)
+    order = ordering_lines(exp, rows) if not exp.get("grid") else []
     if order:
         lines += ["Does the paper's ordering hold here?", ""] + order + [""]
     if exp.get("findings"):  # written by whoever ran the config: causes, extra runs
@@ -198,6 +264,26 @@ def section(path: Path, exp: dict, results: Path, figures: Path, md_dir: Path) -
         lines += [f"![{name} accuracy]({_rel(png, md_dir)})", ""]
     lines += drift_figure(name, dirs, figures, md_dir)
     return lines
+
+
+def grid_winners(table: list[tuple[str, str, str]], rows: dict[str, dict]) -> list[str]:
+    """For each listed name with several grid points: the point with the highest best accuracy
+    (mean over its seeds), the selection rule of the experiments that search a grid."""
+    by_name: dict[str, list[str]] = {}
+    for row, name, _ in table:
+        by_name.setdefault(name, []).append(row)
+    lines = []
+    for name, points in by_name.items():
+        ran = [p for p in points if rows[p]["seeds"] and math.isfinite(rows[p]["best"][0])]
+        if len(points) < 2 or not ran:
+            continue
+        win = max(ran, key=lambda p: rows[p]["best"][0])
+        others = ", ".join(f"{p[len(name):]} {rows[p]['best'][0]:.4f}" for p in points if p in ran and p != win)
+        rest = f"; {others}" if others else ""
+        lines.append(f"- {name}: **{win[len(name):]}** (best accuracy {rows[win]['best'][0]:.4f}{rest})")
+    if not lines:
+        return []
+    return ["Chosen grid point per method (highest best accuracy):", ""] + lines + [""]
 
 
 def drift_figure(name: str, dirs: dict[str, list[Path]], figures: Path, md_dir: Path) -> list[str]:
@@ -222,17 +308,15 @@ def make_results(experiments: Path, results: Path, out: Path) -> str:
     out = Path(out)
     figures = out.parent / out.stem
     lines = ["# Reproducing the papers' comparisons", "",
-             "Generated by `scripts/make_results.py` from `experiments/*.toml` and the runs in "
-             f"`{_display_path(Path(results)).as_posix()}`; do not edit by hand. Accuracies are test accuracy on the full "
-             "test split (fractions), mean ± std over seeds. The runs are reduced versions of the papers' "
-             "settings (each section says how), so the papers' numbers are a reference, not a target. Run time: "
-             "the runs' own time (start of the ServerApp to its end, summed over runs; launching each run "
-             "adds about 10 s), on the machine that made them. These runs predate two speed changes (convolution "
-             "weights kept channels-last, evaluation in batches of 128 on CPU; docs/performance.md) and the "
-             "server's summing of results in partition order (before, in arrival order, so not even the same "
-             "code repeated a run to the last digit): a re-run computes the same thing with different floating-point rounding, which training amplifies over the "
-             "rounds (most in the unstable runs, e.g. FedPGVC's), and takes less time (0.7x for bench/overhead.py's "
-             "FedAvg run).", ""]
+             "Generated by `scripts/make_results.py` from `experiments/*.toml` and the runs kept in "
+             f"`{_display_path(Path(results)).as_posix()}` (each run's per-round metrics.csv and summary.json); "
+             "do not edit by hand. Accuracies are test accuracy on the full test split (fractions), mean ± std "
+             "over seeds; the minimum class accuracy is the global model's accuracy on its worst class after "
+             "the last round (label-skewed clients make a model forget classes; 0 = one class never predicted). "
+             "The runs are reduced versions of the papers' settings (each section says how), so the papers' "
+             "numbers are a reference, not a target. Run time: the runs' own time (start of the ServerApp to "
+             "its end, summed over runs; launching each run adds about 10 s), on the machine that made them "
+             "(each summary.json names the code revision and library versions).", ""]
     exps = load_experiments(experiments)
     if not exps:
         lines += [f"No experiment files in `{experiments}`.", ""]
@@ -240,8 +324,9 @@ def make_results(experiments: Path, results: Path, out: Path) -> str:
         lines += ["| experiment | paper | finished runs | status | run time |", "|---|---|---|---|---|"]
         for path, exp in exps:
             name = exp.get("name", path.stem)
-            planned = len(exp.get("strategies", [])) * len(exp.get("seeds", [0]))
-            finished = [d for m in exp.get("strategies", []) for d in run_dirs(Path(results) / name / "runs", m)]
+            labels = [row for row, _, _ in experiment_rows(exp)]
+            planned = len(labels) * len(exp.get("seeds", [0]))
+            finished = [d for row in labels for d in run_dirs(runs_folder(results, name), row)]
             done = len(finished)
             status = NOT_RUN if done == 0 else ("complete" if done >= planned else "partial")
             cell = str(exp.get("paper", "")).split(":")[0]
@@ -267,11 +352,18 @@ def _display_path(path: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--experiments", default=str(ROOT / "experiments"), help="folder of experiment TOMLs")
-    p.add_argument("--results", default=str(ROOT / "results" / "experiments"),
-                   help="folder holding <name>/runs/<method>-seed<N>/")
+    p.add_argument("--results", default=str(STORE),
+                   help="folder holding <name>/<row>-seed<N>/ (or the runner's <name>/runs/<row>-seed<N>/)")
+    p.add_argument("--collect", metavar="DIR",
+                   help="first copy the finished runs of DIR/<name>/runs/ (the runner's results/experiments)"
+                        " into --results")
     p.add_argument("--out", default=str(ROOT / "docs" / "results.md"),
                    help="markdown file; figures go to <its folder>/<its stem>/")
     args = p.parse_args(argv)
+    if args.collect:
+        names = [exp.get("name", path.stem) for path, exp in load_experiments(Path(args.experiments))]
+        copied = collect(Path(args.collect), Path(args.results), names)
+        print(f"collected {len(copied)} runs into {args.results}")
     make_results(Path(args.experiments), Path(args.results), Path(args.out))
     print(f"wrote {args.out}")
     return 0

@@ -17,19 +17,20 @@ _spec.loader.exec_module(mr)
 
 
 def write_run(runs: Path, method: str, seed: int, accs: list[float], finished: bool = True,
-              stopped: str | None = None) -> None:
-    d = runs / f"{method}-seed{seed}"
+              stopped: str | None = None, min_class: float | None = None, folder: str = "") -> None:
+    d = runs / (folder or f"{method}-seed{seed}")
     d.mkdir(parents=True)
     with (d / "metrics.csv").open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["round", "test_accuracy", "test_loss", "train_loss", "num_clients", "round_seconds"])
+        w.writerow(["round", "test_accuracy", "test_loss", "train_loss", "num_clients", "round_seconds",
+                    "min_class_accuracy"])
         for r, a in enumerate(accs, 1):
-            w.writerow([r, a, 1.0 - a, 0.5, 10, 1.0])
+            w.writerow([r, a, 1.0 - a, 0.5, 10, 1.0, "" if min_class is None else min_class + r / 100])
     if finished:
         (d / "summary.json").write_text(json.dumps({
             "config": {"strategy": method, "seed": seed}, "rounds": len(accs),
             "final_accuracy": accs[-1], "best_accuracy": max(accs), "final_loss": 0.1,
-            "total_seconds": 5.0, "stopped": stopped,
+            "total_seconds": 5.0, "stopped": stopped, "data_source": "/machine/data",
         }))
 
 
@@ -88,8 +89,8 @@ def report(tmp_path):
     for name, text in (("toy", TOY), ("bestcell", BEST), ("ghost", GHOST)):
         (exps / f"{name}.toml").write_text(text)
     runs = results / "toy" / "runs"
-    write_run(runs, "fedavg", 0, [0.2, 0.5, 0.6])    # reaches 0.5 at round 2
-    write_run(runs, "fedavg", 1, [0.55, 0.4, 0.4])   # reaches 0.5 at round 1
+    write_run(runs, "fedavg", 0, [0.2, 0.5, 0.6], min_class=0.1)    # reaches 0.5 at round 2
+    write_run(runs, "fedavg", 1, [0.55, 0.4, 0.4], min_class=0.3)   # reaches 0.5 at round 1
     write_run(runs, "fedsol", 0, [0.3, 0.6, 0.7])    # round 2
     write_run(runs, "fedsol", 1, [0.3, 0.48, 0.45])  # never
     write_run(runs, "fedprox", 0, [0.1, 0.2, 0.3])
@@ -119,21 +120,23 @@ def test_table_values_and_rounds_to_target(report):
     text, out = report
     assert out.read_text() == text
     toy = section(text, "toy")
-    # fedavg finals 0.6 / 0.4: mean 0.5, sample std 0.1414; bests 0.6 / 0.55; target 0.5 at rounds 2 and 1.
-    assert row(toy, "fedavg") == ["fedavg", "0.5000 ± 0.1414", "0.5750 ± 0.0354", "1.5", "0.5600", "2", "3"]
-    # fedsol reaches the target with one seed only.
+    # fedavg finals 0.6 / 0.4: mean 0.5, sample std 0.1414; bests 0.6 / 0.55; target 0.5 at rounds 2 and 1;
+    # last-round minimum class accuracy 0.13 / 0.33: mean 0.23, std 0.1414.
+    assert row(toy, "fedavg") == ["fedavg", "0.5000 ± 0.1414", "0.5750 ± 0.0354", "1.5", "0.2300 ± 0.1414",
+                                  "0.5600", "2", "3"]
+    # fedsol reaches the target with one seed only; its runs predate the min-class column.
     assert row(toy, "fedsol") == ["**fedsol**", "0.5750 ± 0.1768", "0.5900 ± 0.1556", "2.0 (1/2 seeds)",
-                                  "0.6400", "2", "3"]
+                                  "n/a", "0.6400", "2", "3"]
     assert row(toy, "fedprox")[3] == "not reached"
     # A run that stopped early (e.g. diverged) is a result, marked as such and explained.
     assert row(toy, "fedprox")[1] == "0.3250 ± 0.0354 (stopped: 1/2 seeds)"
     assert "- fedprox-seed1: round 4: only 1 of 10 sampled clients returned a usable update" in toy
     assert "Findings: fedprox seed 1 diverged" in toy and "Findings:" not in section(text, "bestcell")
     # An interrupted run (no summary.json) is not a result.
-    assert row(toy, "fedntd") == ["fedntd", "not run yet", "not run yet", "not run yet", "0.6300", "0", "-"]
+    assert row(toy, "fedntd") == ["fedntd", "not run yet", "not run yet", "not run yet", "-", "0.6300", "0", "-"]
     # Overview: finished runs and their summed run time (5 s each in write_run).
     overview = next(l for l in text.splitlines() if l.startswith("| [toy]"))
-    finished = sum(int(r[5]) for r in (row(toy, m) for m in ("fedavg", "fedsol", "fedprox", "fedntd")))
+    finished = sum(int(r[6]) for r in (row(toy, m) for m in ("fedavg", "fedsol", "fedprox", "fedntd")))
     assert overview.split(" | ")[2].split("/")[0] == str(finished)
     assert overview.endswith(f" | {finished * 5 / 60:.1f} min |") and finished == 6
 
@@ -182,9 +185,16 @@ def test_real_experiment_files_are_valid(tmp_path):
         args = run_simulation.parse_args(["--config", str(f)])
         configs = run_simulation.build_configs(args, tmp_path)
         exp = args.experiment
-        assert len(configs) == len(exp["strategies"]) * len(exp["seeds"]) and len(exp["seeds"]) >= 2
+        rows = mr.experiment_rows(exp)
+        assert len(configs) == len(rows) * len(exp["seeds"])
+        assert [(row, seed) for row, seed, _ in configs] == [(row, s) for row, _, _ in rows for s in exp["seeds"]]
+        assert exp["reduction"]
+        if exp.get("grid"):  # a search: one seed per point is enough, no paper cell to compare with
+            assert "paper-results" not in exp
+            continue
+        assert len(exp["seeds"]) >= 2
         assert set(exp["paper-results"]) <= set(exp["strategies"])
-        assert 0 < exp["target-accuracy"] < 1 and exp["reduction"]
+        assert 0 < exp["target-accuracy"] < 1
 
 
 def test_rerun_refuses_runs_made_with_another_config(tmp_path):
@@ -210,3 +220,63 @@ def test_rerun_refuses_runs_made_with_another_config(tmp_path):
     problems = run_simulation.changed_runs(configs, tmp_path)
     assert len(problems) == 1 and "fedprox-seed0" in problems[0] and "num-server-rounds 2 -> 3" in problems[0]
 
+
+
+SEARCH = """
+name = "search"
+paper = "Search (Doe 2020), Sec. 5"
+reduction = "one seed"
+strategies = ["fedavg", "fedavg-slow"]
+seeds = [0]
+clients = 10
+
+[grid]
+learning-rate = [0.01, 0.05]
+
+[methods.fedavg-slow]
+strategy = "fedavg"
+local-epochs = 1
+"""
+
+
+def test_grid_and_variant_rows_and_the_chosen_point(tmp_path):
+    """A grid's rows are labelled as the runner labels them (its folders included), a variant
+    (another label of one method) is a row of its own, and the best point per label is named."""
+    exps, results = tmp_path / "experiments", tmp_path / "results"
+    exps.mkdir()
+    (exps / "search.toml").write_text(SEARCH)
+    runs = results / "search" / "runs"
+    write_run(runs, "fedavg", 0, [0.5, 0.6], folder="fedavg_learning-rate=0.01-seed0")
+    write_run(runs, "fedavg", 0, [0.5, 0.7], folder="fedavg_learning-rate=0.05-seed0")
+    write_run(runs, "fedavg-slow", 0, [0.5, 0.8], folder="fedavg-slow_learning-rate=0.01-seed0")
+    text = mr.make_results(exps, results, tmp_path / "docs" / "results.md")
+    sec = section(text, "search")
+    assert row(sec, "fedavg[learning-rate=0.05]")[2] == "0.7000"
+    assert row(sec, "fedavg-slow[learning-rate=0.01]")[2] == "0.8000"
+    assert row(sec, "fedavg-slow[learning-rate=0.05]")[1] == "not run yet"
+    assert "- fedavg: **[learning-rate=0.05]** (best accuracy 0.7000; [learning-rate=0.01] 0.6000)" in sec
+    assert "- fedavg-slow: **[learning-rate=0.01]** (best accuracy 0.8000)" in sec
+    assert "| 3/4 | partial |" in text
+
+
+def test_collect_keeps_finished_runs_without_machine_paths(tmp_path):
+    """--collect copies metrics.csv and summary.json of finished runs into the store, blanks the
+    machine's folders, skips unfinished runs; the report then reads the store's flat layout."""
+    exps, source, store = tmp_path / "experiments", tmp_path / "results", tmp_path / "store"
+    exps.mkdir()
+    (exps / "toy.toml").write_text(TOY)
+    runs = source / "toy" / "runs"
+    write_run(runs, "fedavg", 0, [0.2, 0.5, 0.6])
+    (runs / "fedavg-seed0" / "checkpoint.npz").write_bytes(b"x")
+    write_run(runs, "fedntd", 0, [0.9], finished=False)
+    summary = json.loads((runs / "fedavg-seed0" / "summary.json").read_text())
+    summary["config"].update({"data-dir": "/machine/data", "results-dir": "/machine/results"})
+    (runs / "fedavg-seed0" / "summary.json").write_text(json.dumps(summary))
+    assert mr.main(["--experiments", str(exps), "--results", str(store), "--collect", str(source),
+                    "--out", str(tmp_path / "docs" / "results.md")]) == 0
+    kept = store / "toy" / "fedavg-seed0"
+    assert sorted(p.name for p in kept.iterdir()) == ["metrics.csv", "summary.json"]
+    assert not (store / "toy" / "fedntd-seed0").exists()
+    text = json.dumps(json.loads((kept / "summary.json").read_text()))
+    assert "/machine" not in text
+    assert row(section((tmp_path / "docs" / "results.md").read_text(), "toy"), "fedavg")[2] == "0.6000"
