@@ -227,7 +227,8 @@ def section(path: Path, exp: dict, results: Path, figures: Path, md_dir: Path) -
     method_of = {row: strategy for row, _, strategy in table}
     dirs = {row: run_dirs(runs, row) for row in labels}
     if not any(dirs.values()):
-        return lines + [f"**{NOT_RUN}.**", ""]
+        earlier = [f"Findings: {exp['findings']}", ""] if exp.get("findings") else []
+        return lines + [f"**{NOT_RUN}.**", ""] + earlier
     rows = {row: method_row(row, dirs[row], target, paper.get(row)) for row in labels}
     key = "best" if uses_best(exp) else "final"
     tt = f"rounds to {target:.0%}" if target else "rounds to target"

@@ -164,6 +164,7 @@ def test_not_run_yet_and_figures(report, tmp_path):
     ghost = section(text, "ghost")
     assert "**not run yet.**" in ghost
     assert "0.9800" not in ghost and "|" not in ghost  # no table, no invented numbers
+    assert "Findings:" not in ghost  # the ghost file has none; a file's own findings text is shown
     assert "| [ghost](#ghost) | Ghost (Poe et al. 2022), Table 3 | 0/4 | not run yet |" in text
     assert "| [toy](#toy) |" in text and "| 6/8 | partial |" in text
     assert "| 2/2 | complete |" in text
