@@ -298,8 +298,15 @@ def plot_drift(runs: dict[str, list[Path]], path: Path, title: str = "") -> bool
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
     seeds = max(len(d) for d in runs.values())
-    for method, (rounds, mean, low, high) in data.items():
-        (line,) = ax.plot(rounds, mean, marker="o", markersize=3, label=method)
+    drawn: list[tuple[str, np.ndarray, np.ndarray]] = []
+    for i, (method, (rounds, mean, low, high)) in enumerate(data.items()):
+        # a colour of its own per method (tab20 beyond 10 methods), line style and marker as in
+        # the accuracy plot, and "= <method>" for a curve equal to an earlier one
+        same = [m for m, r, v in drawn if np.array_equal(r, rounds) and np.allclose(v, mean, rtol=0, atol=1e-12)]
+        drawn.append((method, rounds, mean))
+        (line,) = ax.plot(rounds, mean, color=plt.cm.tab20(i % 20) if len(data) > 10 else None,
+                          linestyle=LINESTYLES[i % len(LINESTYLES)], marker=MARKERS[i % len(MARKERS)],
+                          markersize=3, label=method + (f" = {same[0]}" if same else ""))
         if seeds > 1:
             ax.fill_between(rounds, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
     ax.set_yscale("log")
