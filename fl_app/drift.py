@@ -21,9 +21,11 @@ Every quantity follows from the clients' Gram matrix G_jk = <Delta_j, Delta_k> (
 which is accumulated chunk by chunk from read-only views of the replies: each reply is
 converted to float64 once, a chunk at a time, and never copied whole.
 
-p_k: n_k / sum n (the n_k-weighted mean) for every method except those whose server takes
-the plain mean (``UNIFORM_MEAN``: FedDyn, DP-FedAvg), where p_k = 1/K. FedBN's BN
-parameters stay on the clients and are left out of its drift.
+p_k and the entries that count are the method's own facts, declared on its strategy class
+(strategies/base.py ``FromConfig``): p_k = 1/K when the class's ``UNIFORM_MEAN`` is set
+(its server takes the plain mean: FedDyn, FedSMOO, DP-FedAvg), else n_k / sum n (the
+n_k-weighted mean); entries its ``local_entries`` names (FedBN's BN layers) stay on the
+clients and are left out. No method is named here.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ import math
 
 import numpy as np
 
-UNIFORM_MEAN = {"feddyn", "dp-fedavg"}
+from fl_app.registry import get_method
+
 CHUNK = 1 << 16  # elements per client per chunk: K x 512 KiB of float64, cache-sized
 
 
@@ -82,9 +85,10 @@ def drift_metrics(g: np.ndarray, p: np.ndarray) -> dict[str, float]:
 
 
 def aggregation_weights(strategy: str, num_examples: list[int]) -> np.ndarray:
-    """p_k as the method aggregates: 1/K for ``UNIFORM_MEAN`` methods, else n_k / sum n."""
+    """p_k as the method ``strategy`` aggregates: 1/K when its strategy class declares
+    ``UNIFORM_MEAN``, else n_k / sum n (also 1/K when no client reports any example)."""
     n = np.asarray(num_examples, dtype=np.float64)
-    if strategy in UNIFORM_MEAN or n.sum() <= 0:
+    if get_method(strategy).strategy.UNIFORM_MEAN or n.sum() <= 0:
         return np.full(len(n), 1.0 / len(n))
     return n / n.sum()
 
@@ -94,19 +98,16 @@ def layout(model_name: str, dataset: str, strategy: str) -> tuple[int, tuple[int
     """(number of state arrays N, head indices, body indices) in state_dict order.
 
     Head and body hold the trainable floating-point parameters of ``model.head`` and of the
-    rest of the model; buffers (BN running statistics, counters) are in neither. For FedBN
-    the BN parameters, which never leave the clients, are left out too.
+    rest of the model; buffers (BN running statistics, counters) are in neither. Entries the
+    method's strategy declares client-local (``local_entries``: FedBN's BN layers), which never
+    leave the clients, are left out too.
     """
     from tasks.datasets import input_shape
     from tasks.models import build_model
 
     model = build_model(model_name, input_shape(dataset))
     params = {name for name, t in model.named_parameters() if t.requires_grad and t.is_floating_point()}
-    local: set[int] = set()
-    if strategy == "fedbn":
-        from clients.fedbn import bn_indices
-
-        local = set(bn_indices(model))
+    local = set(get_method(strategy).strategy.local_entries(model))
     head, body = [], []
     for i, name in enumerate(model.state_dict()):
         if name in params and i not in local:

@@ -60,6 +60,16 @@ class FromConfig:
     SCREENING_WHY: str = "its aggregation is not a mean of the client weights"
     # Positions of state arrays the server does not aggregate (client-local): not screened.
     screen_skip: tuple[int, ...] = ()
+    # How the server weights client k when it averages the replies: False, p_k = n_k / sum n
+    # (Flower's FedAvg); True, p_k = 1/K (the plain mean: FedDyn's Algorithm 1, DP-FedAvg's
+    # noise calibration). The app's drift columns (fl_app/drift.py) weight clients the same way.
+    UNIFORM_MEAN: bool = False
+
+    @classmethod
+    def local_entries(cls, model) -> tuple[int, ...]:
+        """Positions (state_dict order of ``model``) of entries that stay on the clients and are
+        never aggregated, so the app leaves them out of the drift columns. Default: none."""
+        return ()
 
     @classmethod
     def resolve_config(cls, cfg: dict) -> dict:

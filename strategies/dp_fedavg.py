@@ -136,6 +136,7 @@ class DPClientSideClipping(_Accounting, DifferentialPrivacyClientSideFixedClippi
 class DPFedAvgStrategy(FromConfig):
     """Builds the Flower DP wrapper around a uniform-mean FedAvg (``from_config``)."""
 
+    UNIFORM_MEAN = True  # UniformFedAvg: the mean the noise std z*C/m is calibrated for
     SCREENING = ()
     SCREENING_WHY = ("it clips every update to dp-clipping-norm already, and screening against the "
                      "round's median would let one client's data change another client's "

@@ -37,6 +37,11 @@ class FedBNStrategy(DriftFedAvg):
         self.eval_bn: dict[int, np.ndarray] = {}
 
     @classmethod
+    def local_entries(cls, model) -> tuple[int, ...]:
+        """Every BN entry (parameters and running statistics) stays on the clients."""
+        return tuple(bn_indices(model))
+
+    @classmethod
     def from_config(cls, cfg: dict, **kwargs):
         bn = bn_indices(build_model(cfg["model"], input_shape(cfg["dataset"])))
         if not bn and cfg["model"] in BN_VARIANT:

@@ -27,6 +27,7 @@ class FedDynStrategy(DriftFedAvg):
     """Unweighted mean of the client weights plus H = -h/alpha; H accumulates client drift."""
 
     CONFIG_KEYS = {"feddyn-alpha": Key(0.01, positive, "> 0")}
+    UNIFORM_MEAN = True  # Algorithm 1's plain mean (FedSMOO, a subclass, shares it)
     SCREENING = ("clip", "reject")
     SCREENING_WHY = ("w = mean(w_k) - h/alpha with h accumulating the sum of the client drifts: a "
                      "coordinate-wise median of the weights would not match the h it updates")

@@ -19,6 +19,7 @@ from fl_app.drift import (
     round_drift,
 )
 from fl_app.recording import RecordingStrategy
+from fl_app.registry import get_method, method_names
 from strategies.base import fedavg_kwargs
 from strategies.fedavg import FedAvgStrategy
 from tasks.datasets import input_shape
@@ -60,10 +61,30 @@ def test_hand_computation_three_clients_unequal_weights():
 
 
 def test_uniform_weights_for_plain_mean_methods():
-    for method in ("feddyn", "dp-fedavg"):
+    for method in ("feddyn", "dp-fedavg", "fedsmoo"):
         np.testing.assert_allclose(aggregation_weights(method, N), [1 / 3] * 3)
     # p = 1/3: step = (0, 1), ||step||^2 = 1, sum p ||D||^2 = 7/3
     assert drift_metrics(_gram(DELTAS), aggregation_weights("feddyn", N))["update_diversity"] == pytest.approx(7 / 3)
+
+
+@pytest.mark.parametrize("method", ["fedsmoo", "feddyn"])
+def test_plain_mean_methods_drift_columns_are_unweighted(method):
+    """FedSMOO's server is FedDyn's plain mean (strategies/fedsmoo.py), so its step is
+    mean_k Delta_k whatever the n_k: with the hand example's p = 1/3, step = (0, 1) and
+    diversity 7/3 (an n_k-weighted drift would give sqrt(5/8) and 16/5)."""
+    sent = _mlp_arrays() + [np.zeros(10, np.float32)]
+    got = round_drift({"model": "mlp", "dataset": "synthetic", "strategy": method}, sent, list(zip(N, _replies(sent))))
+    assert got["step_norm"] == pytest.approx(1.0, rel=1e-6)
+    assert got["update_diversity"] == pytest.approx(7 / 3, rel=1e-6)
+
+
+def test_drift_weights_follow_each_strategy_class_declaration():
+    """The weighting is read from the registered strategy class, for every method: none is
+    named in fl_app/drift.py."""
+    for name in method_names():
+        uniform = get_method(name).strategy.UNIFORM_MEAN
+        want = [1 / 3] * 3 if uniform else [0.5, 0.25, 0.25]
+        np.testing.assert_allclose(aggregation_weights(name, N), want, err_msg=name)
 
 
 def test_one_client():
