@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from clients.fedsam import FedSAMClient
 from clients.perturbation import asam_eps
-from fl_app.schema import Key, non_negative, positive
+from tasks.keys import Key, non_negative, positive
 
 
 class FedASAMClient(FedSAMClient):

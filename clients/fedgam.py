@@ -28,7 +28,7 @@ import torch
 
 from clients.base import DriftClient
 from clients.perturbation import NORM_EPS, global_norm, perturbed, sam_eps
-from fl_app.schema import Key, non_negative, positive
+from tasks.keys import Key, non_negative, positive
 
 
 class FedGAMClient(DriftClient):

@@ -5,7 +5,7 @@ c_i+ = c_i - c + (w_t - w)/(eta K) with K the round's total local steps. alpha c
 
 from clients.control_variates import ControlVariateClient
 from clients.fedgam import FedGAMClient
-from fl_app.schema import Key, non_negative
+from tasks.keys import Key, non_negative
 
 
 class FedGAMCVClient(ControlVariateClient, FedGAMClient):

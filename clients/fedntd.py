@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from clients.base import DriftClient
-from fl_app.schema import Key, non_negative, positive
+from tasks.keys import Key, non_negative, positive
 
 
 def not_true(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

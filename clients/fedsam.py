@@ -11,7 +11,7 @@ import torch
 
 from clients.base import DriftClient
 from clients.perturbation import perturbed, sam_eps
-from fl_app.schema import Key, positive
+from tasks.keys import Key, positive
 
 
 class FedSAMClient(DriftClient):

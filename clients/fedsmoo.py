@@ -36,7 +36,7 @@ from clients.control_variates import arrays_to_tensors, split_received
 from clients.feddyn import FedDynClient
 from clients.fedsam import FedSAMClient
 from clients.perturbation import global_norm, sam_eps
-from fl_app.schema import Key, non_negative
+from tasks.keys import Key, non_negative
 from tasks.layout import cv_names_in_state_order, trainable_param_names
 
 MU_STATE = "smoo-mu"

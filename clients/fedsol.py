@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from clients.base import DriftClient
 from clients.perturbation import NORM_EPS, global_norm, perturbed
-from fl_app.schema import Key, positive
+from tasks.keys import Key, positive
 
 RADII = ("layer", "axis")
 

@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from clients.base import DriftClient
-from fl_app.schema import Key, non_negative, positive
 from tasks.datasets import input_shape
+from tasks.keys import Key, non_negative, positive
 from tasks.models import cached_model, get_weights, set_weights
 
 STATE = "moon-prev"

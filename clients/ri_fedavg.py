@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from clients.base import DriftClient
-from fl_app.schema import Key, at_least, non_negative, positive
+from tasks.keys import Key, at_least, non_negative, positive
 from tasks.roughness import model_roughness
 
 _DIRECTIONS_STREAM = 0x52  # separates the direction seed from the batch-order seed

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from fl_app.attacks import ATTACK_FORMS, ATTACK_KINDS, Attack, parse_attack
-from fl_app.schema import ConfigError, Key, at_least, non_negative, positive, unit_interval
 from tasks.catalogue import DATASET_NAMES as DATASETS
+from tasks.keys import ConfigError, Key, at_least, non_negative, positive, unit_interval
 from tasks.models import FLAT_MODELS, IMAGE_MODELS, MODELS
 from tasks.optim import OPTIMIZERS, optimizer_problem
 

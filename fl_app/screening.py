@@ -50,7 +50,7 @@ from flwr.common import (
 )
 from flwr.server.strategy.aggregate import aggregate_median, aggregate_trimmed_avg
 
-from fl_app.schema import ConfigError
+from tasks.keys import ConfigError
 
 log = logging.getLogger("flwr.fl_drift")
 

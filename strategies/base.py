@@ -8,8 +8,8 @@ import numpy as np
 from flwr.common import Parameters, parameters_to_ndarrays
 from flwr.server.strategy import FedAvg
 
-from fl_app.schema import Key
 from tasks.datasets import input_shape
+from tasks.keys import Key
 from tasks.layout import trainable_mask as model_trainable_mask
 from tasks.models import build_model
 

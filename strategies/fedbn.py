@@ -16,10 +16,10 @@ from __future__ import annotations
 import numpy as np
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 
-from fl_app.schema import ConfigError
 from strategies.arrays import cast_like
 from strategies.base import DriftFedAvg
 from tasks.datasets import input_shape
+from tasks.keys import ConfigError
 from tasks.layout import bn_indices
 from tasks.models import MODELS, build_model, probe_shape
 

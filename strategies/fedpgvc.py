@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 
-from fl_app.schema import ConfigError, Key, at_least, positive
 from strategies.base import DriftFedAvg
 from tasks.datasets import input_shape
+from tasks.keys import ConfigError, Key, at_least, positive
 from tasks.models import build_model, last_layers_param_names
 
 

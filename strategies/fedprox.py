@@ -2,8 +2,8 @@
 
 from flwr.server.strategy import FedProx
 
-from fl_app.schema import Key, non_negative
 from strategies.base import FromConfig
+from tasks.keys import Key, non_negative
 
 
 class FedProxStrategy(FromConfig, FedProx):

@@ -2,8 +2,8 @@
 ``pvr-layers`` Linear layers only (default 1: the classifier head); the other layers take
 plain SGD steps. Server as SCAFFOLD: weighted mean, c <- c + (1/N) sum delta c_i."""
 
-from fl_app.schema import Key, at_least
 from strategies.control_variates import ControlVariateStrategy
+from tasks.keys import Key, at_least
 from tasks.layout import pvr_param_names
 
 

@@ -24,11 +24,11 @@ from __future__ import annotations
 import numpy as np
 from flwr.common import ndarrays_to_parameters
 
-from fl_app.schema import Key, non_negative
 from strategies.arrays import restored_like
 from strategies.control_variates import send_with_extras, split_replies
 from strategies.feddyn import FedDynStrategy
 from tasks.datasets import input_shape
+from tasks.keys import Key, non_negative
 from tasks.layout import cv_names_in_state_order, trainable_param_names
 from tasks.models import build_model
 

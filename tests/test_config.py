@@ -108,7 +108,7 @@ def test_a_method_key_declared_twice_is_refused(monkeypatch):
     one of them silently; method_keys refuses that (a shared key reuses one declaration)."""
     from clients.fedavg import FedAvgClient
     from fl_app import registry
-    from fl_app.schema import Key
+    from tasks.keys import Key
 
     class Clash(FedAvgClient):
         CONFIG_KEYS = {"sam-rho": Key(0.5)}

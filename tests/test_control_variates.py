@@ -280,7 +280,7 @@ def test_scaffold_cv_divisor_key_sets_d_of_the_c_update(divisor, expected_d):
 
 
 def test_cv_divisor_is_validated_with_its_choices():
-    from fl_app.schema import ConfigError
+    from tasks.keys import ConfigError
 
     with pytest.raises(ConfigError, match="participants"):
         _cfg("scaffold", **{"cv-divisor": "clients"})

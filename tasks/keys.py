@@ -1,4 +1,5 @@
-"""Run-config key declarations: the leaf every layer may import (it imports nothing of ours).
+"""Run-config key declarations, at the bottom of the layers (``tasks``) so that clients,
+strategies and fl_app all import it downwards (it imports nothing of ours).
 
 A method declares its own keys beside the code that reads them with ``Key``: in
 ``CONFIG_KEYS`` of its client class for a key only the client reads, else of its strategy
