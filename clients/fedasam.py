@@ -3,6 +3,10 @@
 eps = rho T^2 g / ||T g|| with T = |w| + eta elementwise for weight tensors and T = 1 for
 biases (as the official ASAM code does: it normalises parameters whose name contains
 "weight" only); otherwise as FedSAM.
+
+Own keys (the run config is one flat namespace and ASAM's radius is ~10x SAM's): defaults
+rho 0.5, eta 0.01 are the ASAM paper's (Kwon et al. 2021) CIFAR values. Server: Flower's
+FedAvg (n_k-weighted mean, ``DriftFedAvg``); every ``asam-*`` key is read here.
 """
 
 from __future__ import annotations

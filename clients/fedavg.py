@@ -1,4 +1,8 @@
-"""FedAvg (McMahan et al. 2017): plain local SGD; the base client is exactly that."""
+"""FedAvg (McMahan et al. 2017): plain local SGD; the base client is exactly that.
+
+Server: Flower's FedAvg, the n_k-weighted mean of the client weights (``DriftFedAvg``, registered
+directly in fl_app/registry.py).
+"""
 
 from clients.base import DriftClient
 

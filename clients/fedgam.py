@@ -20,6 +20,10 @@ r2 = gam-norm-rho, b1..b3 = gam-beta1..3, gamma = gam-gamma:
 5. the base optimiser (our SGD) steps with G at w.
 
 BatchNorm running statistics are updated by the first (unperturbed) pass only.
+
+Server: Flower's FedAvg, the n_k-weighted mean of the client weights (``DriftFedAvg``; the
+paper's Algorithm 1 uses a plain mean; fl-drift takes the weighted mean unless a method needs
+another, docs/methods.md). Every ``gam-*`` key is read by the client.
 """
 
 from __future__ import annotations

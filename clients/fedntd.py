@@ -3,6 +3,9 @@
 loss = CE(z, y) + beta * tau^2 * KL(q_g || q_l), where q = softmax(logits_nt / tau) over the
 not-true classes (the true-class column removed per sample), KL with reduction batchmean,
 and the global logits come from a frozen eval-mode copy of w_t.
+
+The change is all on the client; the server is Flower's FedAvg (n_k-weighted mean,
+``DriftFedAvg``).
 """
 
 from __future__ import annotations

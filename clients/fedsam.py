@@ -3,6 +3,8 @@
 Per batch: g = grad f(w); eps = rho g/||g|| (norm over all trainable parameters); the
 optimiser steps at w with grad f(w + eps). The weights go back to w by copy
 (``clients.perturbation.perturbed``); BN statistics count the unperturbed pass only.
+
+Server: Flower's FedAvg (n_k-weighted mean, ``DriftFedAvg``); ``sam-rho`` is read here.
 """
 
 from __future__ import annotations

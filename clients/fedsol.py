@@ -22,6 +22,8 @@ F.normalize(|w - w_g|, dim=0) * g_p * rho / (||g_p|| + 1e-12), ||g_p|| over the 
 With head perturbation the body's forward is shared between the passes (the body does not
 depend on the head, so this is the same gradient at lower cost). Reports the mean L_p over
 the round's batches as ``prox_loss``; ``train_loss`` is CE at the unperturbed weights.
+Server: Flower's FedAvg (n_k-weighted mean, ``DriftFedAvg``); every ``fedsol-*`` key is read
+here.
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@ negative, and the FedSOL code (Lee et al., CVPR 2024) the initial global model w
 real negative with a non-zero gradient, so such a client's first update differs from
 fl-drift's. In round 1 all three agree: the official MOON code has no negative yet (the loss
 is zero) and in the FedSOL code the negative w_0 equals the positive w_t (a constant log 2).
+
+The change is all on the client; the server is Flower's FedAvg (n_k-weighted mean,
+``DriftFedAvg``).
 """
 
 from __future__ import annotations

@@ -14,6 +14,9 @@ eval mode and no grad for the evaluations; I_k is clipped to [0, ri-max] (Assump
 ``ri-float64`` (default off, the paper's setting) evaluates the losses in float64: at
 l = 0.01 the loss changes along a unit direction of a large model are near float32
 rounding, and a float32 index then partly measures rounding noise.
+
+Server: plain FedAvg (n_k-weighted mean, Algorithm 1; ``DriftFedAvg``). The recorder writes
+the clients' ``ri`` as ``ri_mean/ri_min/ri_max`` per round.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""Method name -> (server strategy class, client class). One line per method."""
+"""Method name -> (server strategy class, client class). One line per method.
+
+A method whose server is FedAvg (the n_k-weighted mean) is registered with ``DriftFedAvg``
+itself: it has no strategy module of its own, and its client module's docstring says so.
+"""
 
 from __future__ import annotations
 
@@ -22,23 +26,16 @@ from clients.fedsol import FedSOLClient
 from clients.moon import MoonClient
 from clients.ri_fedavg import RIFedAvgClient
 from clients.scaffold import ScaffoldClient
+from strategies.base import DriftFedAvg
 from strategies.dp_fedavg import DPFedAvgStrategy
-from strategies.fedasam import FedASAMStrategy
-from strategies.fedavg import FedAvgStrategy
 from strategies.fedbn import FedBNStrategy
 from strategies.feddyn import FedDynStrategy
-from strategies.fedgam import FedGAMStrategy
 from strategies.fedgam_cv import FedGAMCVStrategy
 from strategies.fednova import FedNovaStrategy
-from strategies.fedntd import FedNTDStrategy
 from strategies.fedpgvc import FedPGVCStrategy
 from strategies.fedprox import FedProxStrategy
 from strategies.fedpvr import FedPVRStrategy
-from strategies.fedsam import FedSAMStrategy
 from strategies.fedsmoo import FedSMOOStrategy
-from strategies.fedsol import FedSOLStrategy
-from strategies.moon import MoonStrategy
-from strategies.ri_fedavg import RIFedAvgStrategy
 from strategies.scaffold import ScaffoldStrategy
 
 
@@ -48,23 +45,23 @@ class Method(NamedTuple):
 
 
 METHODS: dict[str, Method] = {
-    "fedavg": Method(FedAvgStrategy, FedAvgClient),
+    "fedavg": Method(DriftFedAvg, FedAvgClient),
     "fedprox": Method(FedProxStrategy, FedProxClient),
-    "ri-fedavg": Method(RIFedAvgStrategy, RIFedAvgClient),
+    "ri-fedavg": Method(DriftFedAvg, RIFedAvgClient),
     "fedpgvc": Method(FedPGVCStrategy, FedPGVCClient),
     "feddyn": Method(FedDynStrategy, FedDynClient),
     "fednova": Method(FedNovaStrategy, FedNovaClient),
     "fedbn": Method(FedBNStrategy, FedBNClient),
-    "fedntd": Method(FedNTDStrategy, FedNTDClient),
-    "moon": Method(MoonStrategy, MoonClient),
+    "fedntd": Method(DriftFedAvg, FedNTDClient),
+    "moon": Method(DriftFedAvg, MoonClient),
     "dp-fedavg": Method(DPFedAvgStrategy, DPFedAvgClient),
-    "fedsol": Method(FedSOLStrategy, FedSOLClient),
-    "fedgam": Method(FedGAMStrategy, FedGAMClient),
+    "fedsol": Method(DriftFedAvg, FedSOLClient),
+    "fedgam": Method(DriftFedAvg, FedGAMClient),
     "fedgam-cv": Method(FedGAMCVStrategy, FedGAMCVClient),
     "scaffold": Method(ScaffoldStrategy, ScaffoldClient),
     "fedpvr": Method(FedPVRStrategy, FedPVRClient),
-    "fedsam": Method(FedSAMStrategy, FedSAMClient),
-    "fedasam": Method(FedASAMStrategy, FedASAMClient),
+    "fedsam": Method(DriftFedAvg, FedSAMClient),
+    "fedasam": Method(DriftFedAvg, FedASAMClient),
     "fedsmoo": Method(FedSMOOStrategy, FedSMOOClient),
 }
 

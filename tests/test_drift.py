@@ -20,8 +20,7 @@ from fl_app.drift import (
 )
 from fl_app.recording import RecordingStrategy
 from fl_app.registry import get_method, method_names
-from strategies.base import fedavg_kwargs
-from strategies.fedavg import FedAvgStrategy
+from strategies.base import DriftFedAvg, fedavg_kwargs
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights
 
@@ -167,7 +166,7 @@ def test_round_drift_uses_the_weights_only():
 def test_recording_strategy_writes_drift_columns(tmp_path):
     cfg = validate_config({"fraction-fit": 1.0, "num-server-rounds": 1, "model": "mlp", "dataset": "synthetic"})
     w0 = _mlp_arrays()
-    inner = FedAvgStrategy.from_config(
+    inner = DriftFedAvg.from_config(
         cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w0), lambda r, a, c: (0.0, {"accuracy": 0.5})))
     strategy = RecordingStrategy(inner, cfg, tmp_path / "run", 1)
 

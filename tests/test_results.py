@@ -9,8 +9,7 @@ from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters
 from fl_app.config import validate_config
 from fl_app.recording import RecordingStrategy, summarise_client_metrics
 from fl_app.report import compare, read_metrics, read_summary, write_comparison
-from strategies.base import fedavg_kwargs
-from strategies.fedavg import FedAvgStrategy
+from strategies.base import DriftFedAvg, fedavg_kwargs
 
 
 class FakeProxy:
@@ -42,7 +41,7 @@ def make_strategy(tmp_path, rounds=2, **overrides):
     def evaluate_fn(rnd, arrays, config):
         return float(np.abs(arrays[0]).sum()), {"accuracy": 0.5 + 0.1 * rnd}
 
-    inner = FedAvgStrategy.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w0), evaluate_fn))
+    inner = DriftFedAvg.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w0), evaluate_fn))
     return RecordingStrategy(inner, cfg, tmp_path / "run", rounds), w0
 
 

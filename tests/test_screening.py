@@ -19,8 +19,7 @@ from fl_app.screening import (
     scale_update,
     update_norm,
 )
-from strategies.base import fedavg_kwargs
-from strategies.fedavg import FedAvgStrategy
+from strategies.base import DriftFedAvg, fedavg_kwargs
 from tests.helpers_baselines import fit_res
 
 # w_t: a float matrix, a float vector, an integer buffer (BN's num_batches_tracked)
@@ -113,7 +112,7 @@ class FakeManager:
         return self.proxies[:num_clients]
 
 
-def recorder(tmp_path, strategy_cls=FedAvgStrategy, **overrides):
+def recorder(tmp_path, strategy_cls=DriftFedAvg, **overrides):
     cfg = validate_config({"fraction-fit": 1.0, "min-available-clients": 2, **overrides})
     inner = strategy_cls.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(W_T), None))
     return RecordingStrategy(inner, cfg, tmp_path / "run", num_rounds=1), inner

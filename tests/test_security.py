@@ -21,8 +21,7 @@ from clients.fedavg import FedAvgClient
 from fl_app.config import validate_config
 from fl_app.node import NodeClient
 from fl_app.recording import RecordingStrategy
-from strategies.base import fedavg_kwargs
-from strategies.fedavg import FedAvgStrategy
+from strategies.base import DriftFedAvg, fedavg_kwargs
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights, set_weights
 from tasks.partitioning import PartitionSpec, load_partition, load_test_split
@@ -65,7 +64,7 @@ def final_accuracy(data_dir: str, faults: str, screening: str) -> tuple[float, .
 
     import tempfile
 
-    inner = FedAvgStrategy.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w0), evaluate_fn))
+    inner = DriftFedAvg.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w0), evaluate_fn))
     strategy = RecordingStrategy(inner, cfg, tempfile.mkdtemp(prefix="fl-drift-security-"), num_rounds=ROUNDS)
     manager = Everyone()
     for k in range(K):

@@ -158,8 +158,7 @@ def test_recording_strategy_writes_min_class_column_side_file_and_honours_the_ke
 
     from fl_app.config import validate_config
     from fl_app.recording import RecordingStrategy
-    from strategies.base import fedavg_kwargs
-    from strategies.fedavg import FedAvgStrategy
+    from strategies.base import DriftFedAvg, fedavg_kwargs
 
     cfg = validate_config({"fraction-fit": 1.0, "num-server-rounds": 1, "model": "logreg",
                            "dataset": "synthetic", "tensorboard": tensorboard})
@@ -168,7 +167,7 @@ def test_recording_strategy_writes_min_class_column_side_file_and_honours_the_ke
     def evaluate_fn(rnd, arrays, config):
         return 1.0, {"accuracy": 0.5, "min_class_accuracy": 0.25, "per_class_accuracy": [0.25, 0.75]}
 
-    inner = FedAvgStrategy.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w0), evaluate_fn))
+    inner = DriftFedAvg.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w0), evaluate_fn))
     strategy = RecordingStrategy(inner, cfg, tmp_path / "run", 1)
     params = strategy.initialize_parameters(_Manager())
     assert "per_class_accuracy" not in strategy.evaluate(0, params)[1]  # kept out of Flower's history
