@@ -1,4 +1,5 @@
-"""FedASAM (Caldarola et al. 2022): adaptive SAM (Kwon et al. 2021) as the local optimiser.
+"""FedASAM: adaptive SAM (Kwon et al., ICML 2021) as the local optimiser (Caldarola, Caputo,
+Ciccone, ECCV 2022).
 
 eps = rho T^2 g / ||T g|| with T = |w| + eta elementwise for weight tensors and T = 1 for
 biases (as the official ASAM code does: it normalises parameters whose name contains

@@ -1,4 +1,6 @@
-"""FedAvg (McMahan et al. 2017): plain local SGD; the base client is exactly that.
+"""FedAvg: local SGD, weighted mean (McMahan et al., AISTATS 2017).
+
+Client: plain local SGD; the base client is exactly that.
 
 Server: Flower's FedAvg, the n_k-weighted mean of the client weights (``DriftFedAvg``, registered
 directly in fl_app/registry.py).

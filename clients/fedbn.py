@@ -1,4 +1,5 @@
-"""FedBN client (Li et al. 2021): batch-norm layers are local.
+"""FedBN: batch-normalisation layers stay local, everything else is averaged (Li et al., ICLR
+2021).
 
 Every entry of the state that belongs to a BatchNorm module (weight, bias, running_mean,
 running_var, num_batches_tracked) is kept in ``context.state`` after each round. On the

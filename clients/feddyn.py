@@ -1,4 +1,5 @@
-"""FedDyn client (Acar et al. 2021, Algorithm 1).
+"""FedDyn: dynamic regularisation, a linear term that makes the stationary points of the local
+objectives agree with those of the global one (Acar et al., ICLR 2021, Algorithm 1).
 
 Local objective  L_k(w) - <g_k, w> + (alpha/2) ||w - w_t||^2, so every step uses
 grad CE(w) - g_k + alpha (w - w_t). After local training (w_k = final local weights)

@@ -1,5 +1,5 @@
-"""FedGAM (Xu et al., Mathematics 2024): local steps along the Gradient-norm-Aware Minimisation
-gradient (docs/methods.md, "fedgam").
+"""FedGAM: gradient-norm-aware minimisation (GAM, Zhang et al., CVPR 2023) in the local update
+(Xu, Ma, Dai, Wu, Zhou, Mathematics 2024, Algorithm 1).
 
 ``gam-variant = "paper"`` (default) is the paper's Eq. 19, two forward/backward passes on the
 same batch:  G = grad f(w) + alpha * rho * grad f(w + rho * g/||g||),  g = grad f(w).

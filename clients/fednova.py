@@ -1,5 +1,9 @@
-"""FedNova client: plain local SGD; the base client already reports ``num_steps`` (tau_k),
-which the server's normalised averaging needs."""
+"""FedNova: normalised averaging, so clients that take more local steps do not pull the average
+towards their own objective (Wang et al., NeurIPS 2020).
+
+Client: plain local SGD; the base client already reports ``num_steps`` (tau_k),
+which the server's normalised averaging needs.
+"""
 
 from clients.base import DriftClient
 

@@ -1,4 +1,5 @@
-"""FedNTD client (Lee et al. 2022): not-true distillation from the global model.
+"""FedNTD: not-true distillation, which keeps the global model's knowledge of the classes a
+client lacks (Lee et al., NeurIPS 2022).
 
 loss = CE(z, y) + beta * tau^2 * KL(q_g || q_l), where q = softmax(logits_nt / tau) over the
 not-true classes (the true-class column removed per sample), KL with reduction batchmean,

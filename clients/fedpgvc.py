@@ -1,4 +1,6 @@
-"""FedPGVC client (TMLR 2026; docs/methods.md, "fedpgvc"): gradient penalty on the last layers.
+"""FedPGVC: a gradient penalty on the last layers, where heterogeneity makes gradient norms
+vary most ("Harnessing Heterogeneity: Improving Convergence Through Partial Variance Control
+in Federated Learning", TMLR 2026).
 
 A mask selects the parameters of the last ``pgvc-layers`` Linear layers. On every batch,
 from ONE forward pass with per-sample losses loss_b:

@@ -1,4 +1,8 @@
-"""FedProx (Li et al. 2020): local loss + (mu/2) ||w - w_t||^2."""
+"""FedProx: a proximal term keeps the local model near w_t (Li et al., MLSys 2020).
+
+Client: local loss + (mu/2) ||w - w_t||^2; the server is Flower's FedProx
+(``strategies/fedprox.py``).
+"""
 
 from clients.base import DriftClient
 

@@ -1,4 +1,5 @@
-"""FedSAM (Qu et al. 2022; Caldarola et al. 2022): SAM as the local optimiser.
+"""FedSAM: sharpness-aware minimisation (Foret et al., ICLR 2021) as the local optimiser (Qu et
+al., ICML 2022; Caldarola, Caputo, Ciccone, ECCV 2022).
 
 Per batch: g = grad f(w); eps = rho g/||g|| (norm over all trainable parameters); the
 optimiser steps at w with grad f(w + eps). The weights go back to w by copy

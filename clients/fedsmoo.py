@@ -1,7 +1,9 @@
-"""FedSMOO client (Sun, Shen, Chen, Ding, Tao, "Dynamic Regularized Sharpness Aware
-Minimization in Federated Learning: Approaching Global Consistency and Smooth Landscape",
-ICML 2023): FedDyn's local objective with SAM whose perturbation is pulled towards the
-server's global perturbation s through a per-client dual mu_i.
+"""FedSMOO: FedDyn's dynamic regulariser plus SAM whose perturbation is pulled towards one
+global perturbation s through a per-client dual variable μ_i (Sun, Shen, Chen, Ding, Tao,
+ICML 2023).
+
+Paper: "Dynamic Regularized Sharpness Aware Minimization in Federated Learning: Approaching
+Global Consistency and Smooth Landscape". The client's part, with mu_i its dual:
 
 Per local step on batch b, with f the plain minibatch cross-entropy and norms over the whole
 trainable parameter vector:

@@ -1,4 +1,6 @@
-"""FedSOL (Lee et al., CVPR 2024): local CE gradient taken at weights perturbed along the proximal gradient.
+"""FedSOL: the local gradient is taken at weights perturbed along the gradient of a proximal
+loss, which makes local learning orthogonal to what would change the proximal objective
+(Lee, Jeong, Kim, Oh, Yun, CVPR 2024).
 
 Per batch (docs/methods.md, "fedsol"):
 1. L_p = KL(p_global || p_local), p = softmax(logits / T), reduction batchmean; the global

@@ -1,4 +1,5 @@
-"""MOON client (Li et al. 2021): model-contrastive learning on representations.
+"""MOON: model-contrastive learning, pulling the local representation towards the global
+model's and away from the client's previous local model's (Li, He, Song, CVPR 2021).
 
 loss = CE + mu * l_con, l_con = -log( e^{sim(z, z_g)/T} / (e^{sim(z, z_g)/T} + e^{sim(z, z_p)/T}) ),
 sim = cosine, z = model.body(x) of the local model, z_g of the frozen global model w_t

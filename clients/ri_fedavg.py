@@ -1,4 +1,5 @@
-"""RI-FedAvg client (Partohaghighi et al., arXiv 2026; docs/methods.md, "ri-fedavg").
+"""RI-FedAvg: a proximal term scaled by the roughness of the client's loss landscape
+(Partohaghighi, Marcia, West, Chen, arXiv 2026).
 
 Once per round, before local training, the client measures the Roughness Index I_k of its
 local loss around the received w_t (``tasks.roughness``), reports it as the fit metric

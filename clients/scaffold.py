@@ -1,5 +1,9 @@
-"""SCAFFOLD (Karimireddy et al. 2020), option II: plain local SGD corrected by c - c_i on
-every step; c_i+ = c_i - c + (w_t - w)/(eta K), K = total local steps of the round."""
+"""SCAFFOLD: stochastic controlled averaging (Karimireddy et al., ICML 2020), option II control
+variates on every trainable parameter.
+
+Client: plain local SGD corrected by c - c_i on
+every step; c_i+ = c_i - c + (w_t - w)/(eta K), K = total local steps of the round.
+"""
 
 from clients.control_variates import ControlVariateClient
 

@@ -274,14 +274,13 @@ def toml_table() -> str:
 
     Regenerate after adding a key: ``python -c "from fl_app.config import toml_table; print(toml_table())"``.
     """
-    lines = []
-    for name, key in spec().items():
-        d = key.default
-        if isinstance(d, bool):
-            text = "true" if d else "false"
-        elif isinstance(d, str):
-            text = f'"{d}"'
-        else:
-            text = repr(d)
-        lines.append(f"{name} = {text}")
-    return "\n".join(lines)
+    return "\n".join(f"{name} = {toml_value(key.default)}" for name, key in spec().items())
+
+
+def toml_value(value) -> str:
+    """A key's default as TOML writes it (true, "paper", 0.01)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    return repr(value)

@@ -6,6 +6,8 @@ itself: it has no strategy module of its own, and its client module's docstring 
 
 from __future__ import annotations
 
+import inspect
+import sys
 from typing import NamedTuple
 
 from clients.dp_fedavg import DPFedAvgClient
@@ -74,6 +76,19 @@ def get_method(name: str) -> Method:
     if name not in METHODS:
         raise KeyError(f"unknown strategy {name!r}; valid strategies: {', '.join(METHODS)}")
     return METHODS[name]
+
+
+def first_paragraph(obj) -> str:
+    """The first paragraph of ``obj``'s docstring on one line ("" without a docstring)."""
+    return " ".join((inspect.getdoc(obj) or "").split("\n\n")[0].split())
+
+
+def description(method: Method) -> str:
+    """The method's description: the first paragraph of its client module's docstring, a
+    complete sentence. It is the single source of ``--list methods``, of the README's method
+    table and of the first paragraph of the method's section in docs/methods.md
+    (tests/test_method_docs.py keeps the last two equal to it)."""
+    return first_paragraph(sys.modules[method.client.__module__])
 
 
 def config_keys(method: Method) -> dict:

@@ -158,6 +158,7 @@ def _vgg11(shape: InputShape) -> Classifier:
 
 
 def _mlp(shape: InputShape) -> Classifier:
+    """One hidden layer of 64 units with ReLU on flat features, then the head."""
     body = nn.Sequential(nn.Flatten(), nn.Linear(shape.size, 64), nn.ReLU())
     return Classifier(body, nn.Linear(64, shape.classes))
 
@@ -167,14 +168,29 @@ def _logreg(shape: InputShape) -> Classifier:
     return Classifier(nn.Flatten(), nn.Linear(shape.size, shape.classes))
 
 
+def _lenet_bn(shape: InputShape) -> Classifier:
+    """The lenet with BatchNorm after each conv and hidden FC layer (for FedBN)."""
+    return _lenet(shape, bn=True)
+
+
+def _cnn_bn(shape: InputShape) -> Classifier:
+    """The cnn with BatchNorm after each conv (for FedBN)."""
+    return _cnn(shape, bn=True)
+
+
+def _resnet18_bn(shape: InputShape) -> Classifier:
+    """The resnet18 with BatchNorm in place of GroupNorm (for FedBN)."""
+    return _resnet18(shape, bn=True)
+
+
 BUILDERS = {
     "cnn": _cnn,
     "cnn-small": _cnn_small,
     "lenet": _lenet,
-    "lenet-bn": lambda s: _lenet(s, bn=True),
-    "cnn-bn": lambda s: _cnn(s, bn=True),
+    "lenet-bn": _lenet_bn,
+    "cnn-bn": _cnn_bn,
     "resnet18": _resnet18,
-    "resnet18-bn": lambda s: _resnet18(s, bn=True),
+    "resnet18-bn": _resnet18_bn,
     "vgg11": _vgg11,
     "mlp": _mlp,
     "logreg": _logreg,
