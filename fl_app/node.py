@@ -131,6 +131,10 @@ class NodeClient(NumPyClient):
         return self.client.evaluate(parameters, config)
 
     def fit(self, parameters: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
+        """The method's fit with the node's steps around it, in order: an injected ``raise``
+        fault, the client state restored from its mirror, the warm-up awaited, the method's
+        fit, a ``nan`` fault or an attack on the reply, the state saved to its mirror, then
+        the ``state_arrays_in``, ``ray_node`` and ``fit_seconds`` metrics."""
         started = time.perf_counter()
         c, state = self.client, self.client.context.state
         server_round = int(config.get("server-round", 1))
@@ -140,13 +144,7 @@ class NodeClient(NumPyClient):
             raise RuntimeError(f"injected fault: client of partition {c.partition_id} raises")
         mirror = self.state_mirror(config)
         on_disk = c.cfg["client-state"] == "disk" and in_ray_worker()
-        if on_disk and mirror is not None:  # client-state = "disk" in simulation: its last round's state
-            for name, arrays in (mirror.load(server_round - 1) or {}).items():
-                c.save_state(name, arrays)
-            carried = carried_arrays(c)
-        elif mirror is not None and not state.array_records:  # a resumed run: the checkpoint's round
-            for name, arrays in (mirror.load(int(config.get("checkpoint-round", 0))) or {}).items():
-                c.save_state(name, arrays)
+        carried = self._restore_state(mirror, on_disk, config, server_round, carried)
         wait_for_warm_up()
         reply, num_examples, metrics = c.fit(parameters, config)
         if state.array_records:  # stateful methods only: 0 in a node's first round
@@ -155,21 +153,47 @@ class NodeClient(NumPyClient):
             raise RuntimeError(f"client-state = \"disk\" needs the run folder {config.get('run-dir', '')!r} on this "
                                "Ray node (on a multi-node cluster: a results-dir on a filesystem every node mounts "
                                "at the same path); use client-state = \"memory\" otherwise")
-        if fault == "nan":
-            reply = [np.full_like(a, np.nan) if np.issubdtype(a.dtype, np.floating) else a for a in reply]
-        reply = attacked_reply(fault, reply, parameters, len(c.model.state_dict()),
-                               c.cfg["seed"], c.partition_id, server_round)
-        if mirror is not None and state.array_records:
-            keep_from = int(config.get("checkpoint-round", 0)) if config.get("checkpoint-every") else server_round
-            mirror.save(server_round, {n: r.to_numpy_ndarrays() for n, r in state.array_records.items()},
-                        keep_from=keep_from)
-            if on_disk:  # the simulation then holds no arrays for this node between its rounds
-                for name in list(state.array_records):
-                    del state[name]
+        reply = self._faulted_reply(fault, reply, parameters, server_round)
+        self._save_state(mirror, on_disk, config, server_round)
         if in_ray_worker():  # which machine of the Ray cluster ran this fit
             metrics["ray_node"] = ray_node_id()
         metrics["fit_seconds"] = time.perf_counter() - started  # the client's own share of the round
         return reply, num_examples, metrics
+
+    def _restore_state(self, mirror, on_disk: bool, config: dict, server_round: int, carried: int) -> int:
+        """Load the client's state from its mirror where it lives there: its last round's with
+        ``client-state = "disk"`` in simulation, the checkpoint's round in a resumed run (an
+        empty ``context.state``). Returns the arrays carried into the round."""
+        c = self.client
+        if on_disk and mirror is not None:  # client-state = "disk" in simulation: its last round's state
+            for name, arrays in (mirror.load(server_round - 1) or {}).items():
+                c.save_state(name, arrays)
+            return carried_arrays(c)
+        if mirror is not None and not c.context.state.array_records:  # a resumed run: the checkpoint's round
+            for name, arrays in (mirror.load(int(config.get("checkpoint-round", 0))) or {}).items():
+                c.save_state(name, arrays)
+        return carried
+
+    def _faulted_reply(self, fault: str | None, reply: list, parameters: list, server_round: int) -> list:
+        """The reply as an injected ``nan`` fault or attack (fl_app/attacks.py) leaves it."""
+        c = self.client
+        if fault == "nan":
+            reply = [np.full_like(a, np.nan) if np.issubdtype(a.dtype, np.floating) else a for a in reply]
+        return attacked_reply(fault, reply, parameters, len(c.model.state_dict()),
+                              c.cfg["seed"], c.partition_id, server_round)
+
+    def _save_state(self, mirror, on_disk: bool, config: dict, server_round: int) -> None:
+        """Mirror the client's state to disk after the round; with ``client-state = "disk"``
+        the simulation then holds none of it between the node's rounds."""
+        state = self.client.context.state
+        if mirror is None or not state.array_records:
+            return
+        keep_from = int(config.get("checkpoint-round", 0)) if config.get("checkpoint-every") else server_round
+        mirror.save(server_round, {n: r.to_numpy_ndarrays() for n, r in state.array_records.items()},
+                    keep_from=keep_from)
+        if on_disk:
+            for name in list(state.array_records):
+                del state[name]
 
     def state_mirror(self, config: dict) -> ClientStateMirror | None:
         """This client's on-disk copy of its state, when the server checkpoints the run or

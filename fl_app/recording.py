@@ -170,9 +170,23 @@ class RecordingStrategy(Strategy):
         return [(c, FitIns(ins.parameters, {**ins.config, **extra})) for c, ins in instructions]
 
     def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures):
+        """The round's replies, in four steps: accept (checks and screening), record the
+        clients' metrics, stop the run on too few successes, aggregate (drift columns, the
+        method's aggregation, a finite-aggregate check)."""
         server_round += self.offset
         # from sampling to the last reply: the clients' fit_seconds and the transport in between
         self.row["fit_phase_seconds"] = time.monotonic() - self.round_started
+        accepted = self._accepted(server_round, results, failures)
+        self.row.update(summarise_client_metrics([(r.num_examples, r.metrics) for _, r in accepted]))
+        self.row.update(record_ray_nodes(self.run_dir, server_round, accepted))
+        self._stop_on_shortfall(server_round, len(accepted), len(results), len(failures))
+        if not accepted:
+            return None, {}
+        return self._aggregate(server_round, accepted, failures)
+
+    def _accepted(self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures) -> list:
+        """The replies that pass the checks (``_problem``) and the screening, in node order;
+        counts clients, failures and rejections in the round's row and logs each."""
         accepted = []
         for client, res in self._in_node_order(results):
             problem = self._problem(res)
@@ -188,16 +202,20 @@ class RecordingStrategy(Strategy):
         )
         for failure in failures:
             log.warning("round %d: a client failed: %r", server_round, failure)
-        self.row.update(summarise_client_metrics([(r.num_examples, r.metrics) for _, r in accepted]))
-        self.row.update(record_ray_nodes(self.run_dir, server_round, accepted))
-        reason = self.participation.shortfall(server_round, len(accepted), len(results), len(failures))
+        return accepted
+
+    def _stop_on_shortfall(self, server_round: int, accepted: int, replied: int, failed: int) -> None:
+        """Raise ``RunAborted`` when too few sampled clients succeeded (fl_app/participation.py)."""
+        reason = self.participation.shortfall(server_round, accepted, replied, failed)
         if reason:
             # The rounds so far are a result (a method that diverges is an outcome to report),
             # so the summary is written and says why and where the run stopped.
             self.write_summary(stopped=reason)
             raise RunAborted(f"{reason}. Stopping the run; the summary and the last checkpoint are kept.")
-        if not accepted:
-            return None, {}
+
+    def _aggregate(self, server_round: int, accepted: list, failures):
+        """Drift columns from the accepted replies, then the method's aggregation; a non-finite
+        aggregate is discarded (the previous global model stays)."""
         replies = [(r.num_examples, _views(r.parameters)) for _, r in accepted]
         self.row.update(round_drift(self.cfg, self.sent_weights, replies))  # drift columns
         parameters, metrics = self.inner.aggregate_fit(server_round, accepted, failures)
@@ -237,6 +255,9 @@ class RecordingStrategy(Strategy):
         return self.inner.aggregate_evaluate(server_round + self.offset, results, failures)
 
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
+        """The server's evaluation of round ``server_round``; after round 0 also the end of the
+        round (``end_round``): Flower's legacy loop calls ``evaluate`` once after every round's
+        fit and has no other end-of-round hook."""
         if server_round == 0 and self.offset:  # resumed: the checkpoint's model, already recorded
             if self.offset >= self.num_rounds:
                 self.finish()
@@ -256,8 +277,24 @@ class RecordingStrategy(Strategy):
             loss, metrics = result
             log.info("initial model: test accuracy %.4f, loss %.4f", metrics.get("accuracy", float("nan")), loss)
             return result
-        # Flower calls evaluate() after every round's fit, so the row is written here even
-        # when evaluation is skipped (its accuracy and loss cells stay empty).
+        self.end_round(server_round, parameters, result, per_class)
+        return result
+
+    def end_round(self, server_round: int, parameters: Parameters, result, per_class) -> None:
+        """The end of a round, in order: write its row (even when evaluation was skipped: the
+        accuracy and loss cells stay empty), log it, checkpoint when due, finish the run after
+        its last round, then crash if a crash is injected after this round."""
+        self._record_round(result, per_class)
+        self._log_round(server_round, result is not None)
+        if checkpoint_due(self.cfg["checkpoint-every"], server_round, self.num_rounds):
+            self.checkpoint(server_round, parameters)
+        if server_round >= self.num_rounds:
+            self.finish()
+        crash_if_injected(self.cfg, server_round)
+
+    def _record_round(self, result, per_class) -> None:
+        """The round's test metrics and duration into its row; the row to metrics.csv and the
+        tracker (per-class accuracy file, TensorBoard)."""
         if result is not None:
             loss, metrics = result
             self.row.update(test_loss=float(loss), test_accuracy=float(metrics.get("accuracy", float("nan"))))
@@ -266,7 +303,9 @@ class RecordingStrategy(Strategy):
         self.row["round_seconds"] = time.monotonic() - self.round_started
         self._write_row(self.row)
         self.tracker.log_round(self.row, per_class)
-        if result is not None:
+
+    def _log_round(self, server_round: int, evaluated: bool) -> None:
+        if evaluated:
             tested = f"test accuracy {self.row['test_accuracy']:.4f}, test loss {self.row['test_loss']:.4f}"
         else:
             tested = f"test accuracy not evaluated (evaluate-every {self.cfg['evaluate-every']})"
@@ -274,12 +313,6 @@ class RecordingStrategy(Strategy):
             "round %d/%d: %s, clients %d, failures %d, %.1fs", server_round, self.num_rounds, tested,
             self.row.get("num_clients", 0), self.row.get("num_failures", 0), self.row["round_seconds"],
         )
-        if checkpoint_due(self.cfg["checkpoint-every"], server_round, self.num_rounds):
-            self.checkpoint(server_round, parameters)
-        if server_round >= self.num_rounds:
-            self.finish()
-        crash_if_injected(self.cfg, server_round)
-        return result
 
     def checkpoint(self, server_round: int, parameters: Parameters) -> None:
         state = self.inner.get_state() if hasattr(self.inner, "get_state") else {}

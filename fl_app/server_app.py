@@ -10,7 +10,7 @@ import numpy as np
 from flwr.common import Context, ndarrays_to_parameters
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 
-from fl_app.checkpoint import load_checkpoint
+from fl_app.checkpoint import Checkpoint, load_checkpoint
 from fl_app.config import ConfigError, validate_config
 from fl_app.preflight import check_data_dir, loud
 from fl_app.recording import RecordingStrategy
@@ -35,30 +35,40 @@ def run_name(cfg: dict) -> str:
 
 
 def make_evaluate_fn(cfg: dict, startup: ServerStartup):
-    """Centralized evaluation of the global weights on the test split, every round. Round 0's
-    evaluation is where the server's start-up completes (``fl_app/startup.py``)."""
+    """Centralized evaluation of the global weights on the test split, every round. Its first
+    call (round 0, once the nodes are connected) is where the server's start-up completes:
+    ``start_up`` holds the steps (``fl_app/startup.py``)."""
     device = default_device()
     model = build_model(cfg["model"], input_shape(cfg["dataset"])).to(device)
     test_data: list = []
 
     def evaluate_fn(server_round: int, arrays: list, config: dict):
         with loud(DataUnavailableError, PartitionError):
-            return _evaluate(arrays)
+            if not test_data:
+                return start_up(arrays)
+            return evaluate_global(model, test_data, arrays)
 
-    def _evaluate(arrays: list):
-        first = not test_data
-        if first:  # start-up step 2: ask the nodes for their partitions, take the test split
-            x, y = startup.test_split()
-            test_data.extend([x.to(device), y.to(device)])
-        set_weights(model, arrays[: len(model.state_dict())])
-        loss, accuracy, per_class = evaluate(model, *test_data, per_class=True)
-        if first:  # start-up step 3: the partitioning is checked before round 1
-            startup.ready()
-        present = per_class[np.isfinite(per_class)]
-        min_class = float(present.min()) if present.size else float("nan")
-        return loss, {"accuracy": accuracy, "min_class_accuracy": min_class, "per_class_accuracy": per_class.tolist()}
+    def start_up(arrays: list):
+        """Start-up steps 2 and 3 around the initial model's evaluation: ask the nodes for their
+        partitions and take the test split, evaluate, then check the partitioning (before
+        round 1)."""
+        x, y = startup.test_split()
+        test_data.extend([x.to(device), y.to(device)])
+        result = evaluate_global(model, test_data, arrays)
+        startup.ready()
+        return result
 
     return evaluate_fn
+
+
+def evaluate_global(model, test_data: list, arrays: list) -> tuple[float, dict]:
+    """Loss, accuracy, minimum and per-class accuracy of ``arrays`` (the model state first)
+    on the server's test split."""
+    set_weights(model, arrays[: len(model.state_dict())])
+    loss, accuracy, per_class = evaluate(model, *test_data, per_class=True)
+    present = per_class[np.isfinite(per_class)]
+    min_class = float(present.min()) if present.size else float("nan")
+    return loss, {"accuracy": accuracy, "min_class_accuracy": min_class, "per_class_accuracy": per_class.tolist()}
 
 
 def server_fn(context: Context) -> ServerAppComponents:
@@ -68,16 +78,13 @@ def server_fn(context: Context) -> ServerAppComponents:
 
 
 def _server_components(context: Context) -> ServerAppComponents:
+    """Validate the run config, set the starting point (fresh or resumed), begin the start-up
+    (step 1), build the method's strategy inside the recorder."""
     cfg = validate_config(context.run_config)
     check_data_dir(cfg)
     method = get_method(cfg["strategy"])
     run_dir = Path(cfg["results-dir"]).expanduser() / run_name(cfg)
-    checkpoint = load_checkpoint(run_dir) if cfg["resume"] else None
-    if checkpoint is not None:
-        log.info("resuming %s from its checkpoint after round %d", run_dir, checkpoint.round)
-        weights = checkpoint.weights
-    else:
-        weights = get_weights(build_model(cfg["model"], input_shape(cfg["dataset"]), seed=cfg["seed"]))
+    checkpoint, weights = starting_point(cfg, run_dir)
     client_manager = SeededClientManager(cfg["seed"], wait_seconds=cfg["wait-for-nodes"])
     if checkpoint is not None:
         client_manager.draws = checkpoint.sampler_draws
@@ -99,6 +106,16 @@ def _server_components(context: Context) -> ServerAppComponents:
         ),
         client_manager=client_manager,
     )
+
+
+def starting_point(cfg: dict, run_dir: Path) -> tuple[Checkpoint | None, list]:
+    """The run's checkpoint and weights when it resumes one (``resume``), else no checkpoint
+    and the seeded initial model's weights."""
+    checkpoint = load_checkpoint(run_dir) if cfg["resume"] else None
+    if checkpoint is not None:
+        log.info("resuming %s from its checkpoint after round %d", run_dir, checkpoint.round)
+        return checkpoint, checkpoint.weights
+    return None, get_weights(build_model(cfg["model"], input_shape(cfg["dataset"]), seed=cfg["seed"]))
 
 
 app = ServerApp(server_fn=server_fn)

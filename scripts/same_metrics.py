@@ -1,0 +1,93 @@
+"""Check that a refactoring changed no result: seeded runs before and after give the same
+metrics.csv, every column but the timings.
+
+    python scripts/same_metrics.py run OUT [--methods fedavg,feddyn,...] [--rounds 3]
+    python scripts/same_metrics.py compare OUT_BEFORE OUT_AFTER
+
+``run`` runs each method once through ``flwr run`` on a private SuperLink (the app in the
+current directory, synthetic data and logreg unless the method needs more, 4 SuperNodes, half
+of them per round, seed 0) into OUT/<method>/. ``compare`` exits non-zero and names the first
+difference when two such folders differ in any metrics.csv cell except the timing columns
+(``*seconds*``) and ``ray_node``. Cells are compared as text, so equal means to the last digit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from fl_app.registry import method_names  # noqa: E402
+from fl_app.tooling.launch import LocalSimulation  # noqa: E402
+
+NEEDS = {  # methods whose client needs something the synthetic/logreg default lacks
+    "fedbn": {"dataset": "mnist", "model": "cnn-bn", "batch-size": 64, "num-server-rounds": 2},
+    "moon": {"model": "mlp"},
+    "fedpgvc": {"model": "mlp"},
+}
+
+
+def ignored(column: str) -> bool:
+    return "seconds" in column or column == "ray_node"
+
+
+def run(out: Path, methods: list[str], rounds: int) -> None:
+    home = os.environ.get("FLWR_HOME")
+    with LocalSimulation(home=Path(home) if home else None) as sim:
+        for method in methods:
+            cfg = {"strategy": method, "dataset": "synthetic", "model": "logreg", "num-server-rounds": rounds,
+                   "fraction-fit": 0.5, "learning-rate": 0.05, "seed": 0, "results-dir": str(out.resolve()),
+                   "run-name": method, **NEEDS.get(method, {})}
+            code = sim.run(cfg, num_supernodes=4)
+            print(f"{method}: exit {code}", flush=True)
+
+
+def rows(path: Path) -> list[dict]:
+    with path.open(newline="") as f:
+        return [{k: v for k, v in row.items() if not ignored(k)} for row in csv.DictReader(f)]
+
+
+def compare(before: Path, after: Path) -> int:
+    names = sorted(p.name for p in before.iterdir() if (p / "metrics.csv").is_file())
+    if not names:
+        print(f"no runs under {before}")
+        return 1
+    for name in names:
+        a, b = rows(before / name / "metrics.csv"), rows(after / name / "metrics.csv")
+        if a != b:
+            for i, (ra, rb) in enumerate(zip(a, b)):
+                diff = {k: (ra.get(k), rb.get(k)) for k in set(ra) | set(rb) if ra.get(k) != rb.get(k)}
+                if diff:
+                    print(f"{name}: row {i} differs: {diff}")
+                    return 1
+            print(f"{name}: {len(a)} rows before, {len(b)} after")
+            return 1
+        print(f"{name}: {len(a)} rows, {len(a[0]) if a else 0} columns compared: identical")
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("out", type=Path)
+    r.add_argument("--methods", default=",".join(method_names()))
+    r.add_argument("--rounds", type=int, default=3)
+    c = sub.add_parser("compare")
+    c.add_argument("before", type=Path)
+    c.add_argument("after", type=Path)
+    args = parser.parse_args()
+    if args.command == "compare":
+        return compare(args.before, args.after)
+    os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
+    run(args.out, args.methods.split(","), args.rounds)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
