@@ -1,0 +1,65 @@
+"""docs/contributing.md stays true: its worked example (``fedmom-example``) is at most four
+files, and exactly the code blocks it shows, registered in place of the real registry line
+(monkeypatched, so the example never becomes a method of the product), build a method that
+validates, lists with a complete description and runs its own two-round test in process."""
+
+from __future__ import annotations
+
+import re
+import sys
+import types
+from pathlib import Path
+
+from fl_app import registry
+from fl_app.tooling.listing import listing
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "contributing.md"
+BLOCK = re.compile(r"^```python file=(\S+)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+NAME = "fedmom-example"
+
+
+def blocks() -> dict[str, str]:
+    return dict(BLOCK.findall(DOC.read_text(encoding="utf-8")))
+
+
+def load_module(monkeypatch, path: str, source: str) -> types.ModuleType:
+    """``source`` as the module ``path`` names (clients/x.py -> clients.x), in sys.modules for
+    the test's duration."""
+    module = types.ModuleType(path.removesuffix(".py").replace("/", "."))
+    module.__file__ = str(DOC.parent.parent / path)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    exec(compile(source, module.__file__, "exec"), module.__dict__)
+    return module
+
+
+def register_example(monkeypatch) -> types.ModuleType:
+    """Load the example's modules and register it; returns its test module."""
+    files = blocks()
+    client = load_module(monkeypatch, "clients/fedmom_example.py", files["clients/fedmom_example.py"])
+    strategy = load_module(monkeypatch, "strategies/fedmom_example.py", files["strategies/fedmom_example.py"])
+    scope = {"Method": registry.Method, **vars(client), **vars(strategy)}
+    for name, method in eval("{" + files["fl_app/registry.py"] + "}", scope).items():
+        monkeypatch.setitem(registry.METHODS, name, method)
+    return load_module(monkeypatch, "tests/test_fedmom_example.py", files["tests/test_fedmom_example.py"])
+
+
+def test_the_example_is_at_most_four_files():
+    files = blocks()
+    assert set(files) == {"clients/fedmom_example.py", "strategies/fedmom_example.py",
+                          "fl_app/registry.py", "tests/test_fedmom_example.py"}
+    assert files["fl_app/registry.py"].strip().count("\n") == 0, "the registry change is one line"
+
+
+def test_the_example_is_not_a_real_method():
+    assert NAME not in registry.METHODS
+    assert not (DOC.parent.parent / "clients" / "fedmom_example.py").exists()
+
+
+def test_the_example_registers_lists_and_runs_two_rounds(monkeypatch, tmp_path):
+    example_tests = register_example(monkeypatch)
+    method = registry.get_method(NAME)
+    assert set(registry.config_keys(method)) == {"fedmom-beta", "fedmom-server-lr"}
+    description = registry.description(method)
+    assert description.startswith("FedMom-example: ") and description.endswith(".")
+    assert any(line.split()[:1] == [NAME] and description in line for line in listing("methods").splitlines())
+    example_tests.test_two_rounds_follow_the_momentum_rule(tmp_path)
