@@ -132,3 +132,17 @@ def test_method_modules_do_not_borrow_from_sibling_methods():
         "clients.fedsmoo imports clients.fedsam",
     }
     assert sorted(set(bad) - variants) == []
+
+
+def test_no_function_over_50_lines():
+    """Every function of the product packages fits on a screen (docstring included); a longer
+    one is split into named steps."""
+    long = []
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    length = node.end_lineno - node.lineno + 1
+                    if length > 50:
+                        long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({length} lines)")
+    assert not long, "functions over 50 lines:\n" + "\n".join(long)
