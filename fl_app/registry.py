@@ -84,11 +84,22 @@ def first_paragraph(obj) -> str:
 
 
 def description(method: Method) -> str:
-    """The method's description: the first paragraph of its client module's docstring, a
-    complete sentence. It is the single source of ``--list methods``, of the README's method
-    table and of the first paragraph of the method's section in docs/methods.md
-    (tests/test_method_docs.py keeps the last two equal to it)."""
-    return first_paragraph(sys.modules[method.client.__module__])
+    """The method's description, a complete sentence: the first paragraph of the docstring of
+    the method's own module. That is its client module, except for a method whose client class
+    serves other methods too and whose strategy class is its alone (a server-side method on
+    FedAvg's client, say): then its strategy module. It is the single source of ``--list
+    methods``, of the README's method table and of the first paragraph of the method's section
+    in docs/methods.md (tests/test_method_docs.py keeps the last two equal to it)."""
+    return first_paragraph(sys.modules[own_class(method).__module__])
+
+
+def own_class(method: Method) -> type:
+    """The class whose module documents ``method`` (see ``description``)."""
+    users = [m for m in METHODS.values() if m.client is method.client]
+    strategy_users = [m for m in METHODS.values() if m.strategy is method.strategy]
+    if len(users) > 1 and len(strategy_users) == 1 and method.strategy is not DriftFedAvg:
+        return method.strategy
+    return method.client
 
 
 def config_keys(method: Method) -> dict:
