@@ -23,8 +23,11 @@ from clients.moon import MoonClient
 from clients.ri_fedavg import RIFedAvgClient
 from clients.scaffold import ScaffoldClient
 from strategies.dp_fedavg import DPFedAvgStrategy
+from strategies.fedadagrad import FedAdagradStrategy
+from strategies.fedadam import FedAdamStrategy
 from strategies.fedasam import FedASAMStrategy
 from strategies.fedavg import FedAvgStrategy
+from strategies.fedavgm import FedAvgMStrategy
 from strategies.fedbn import FedBNStrategy
 from strategies.feddyn import FedDynStrategy
 from strategies.fedgam import FedGAMStrategy
@@ -37,6 +40,7 @@ from strategies.fedpvr import FedPVRStrategy
 from strategies.fedsam import FedSAMStrategy
 from strategies.fedsmoo import FedSMOOStrategy
 from strategies.fedsol import FedSOLStrategy
+from strategies.fedyogi import FedYogiStrategy
 from strategies.moon import MoonStrategy
 from strategies.ri_fedavg import RIFedAvgStrategy
 from strategies.scaffold import ScaffoldStrategy
@@ -66,6 +70,10 @@ METHODS: dict[str, Method] = {
     "fedsam": Method(FedSAMStrategy, FedSAMClient),
     "fedasam": Method(FedASAMStrategy, FedASAMClient),
     "fedsmoo": Method(FedSMOOStrategy, FedSMOOClient),
+    "fedavgm": Method(FedAvgMStrategy, FedAvgClient),
+    "fedadam": Method(FedAdamStrategy, FedAvgClient),
+    "fedyogi": Method(FedYogiStrategy, FedAvgClient),
+    "fedadagrad": Method(FedAdagradStrategy, FedAvgClient),
 }
 
 
