@@ -7,7 +7,7 @@ round_seconds, fit_phase_seconds (sampling to the last reply), then the method's
 reported). At the last round it writes ``summary.json``.
 Every method also gets the drift columns of ``fl_app/drift.py`` (from the accepted replies,
 before aggregation) and ``min_class_accuracy``; ``fl_app/tracking.py`` writes the per-class
-accuracy file and the TensorBoard event files.
+accuracy file and sends the run to the trackers of ``tracking`` (TensorBoard, MLflow, W&B).
 
 It is also the one place the run's reliability rules are applied, whatever the method; each
 rule lives in its own module and is called from here once:
@@ -136,7 +136,7 @@ class RecordingStrategy(Strategy):
         self.screening = Screening(cfg, getattr(inner, "screen_skip", ()))
         self.participation = Participation(cfg)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.tracker = RunTracker(self.run_dir, cfg.get("tensorboard", True))
+        self.tracker = RunTracker(self.run_dir, cfg)
         if resume_from is not None:
             self.offset = self.last_checkpoint = resume_from.round
             self.elapsed_before = resume_from.elapsed_seconds
