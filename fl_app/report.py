@@ -318,15 +318,23 @@ def plot_drift(runs: dict[str, list[Path]], path: Path, title: str = "") -> bool
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
     ax.set_ylabel("update diversity  Σ p‖Δ‖² / ‖Σ pΔ‖²  (log)")
-    band = f"; band: min-max over {seeds} seeds" if seeds > 1 else ""
-    ax.set_title(f"{title or 'Client update diversity'} (1 = clients agree)\n"
-                 f"line: mean over seeds{band}", fontsize=10)
+    ax.set_title(drift_title(runs, title), fontsize=8)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
+
+
+def drift_title(runs: dict[str, list[Path]], title: str = "") -> str:
+    """drift.png's title: what is drawn, the runs' shared setup (as accuracy.png's title) and
+    how seeds are summarised."""
+    seeds = max(len(d) for d in runs.values())
+    band = f"; band: min-max over {seeds} seeds" if seeds > 1 else ""
+    lines = (f"{title or 'Client update diversity'} (1 = clients agree)", setup_title(runs),
+             f"line: mean over seeds{band}")
+    return "\n".join(t for t in lines if t)
 
 
 def _drift_cells(r: dict) -> str:

@@ -123,6 +123,20 @@ def test_comparison_drift_columns_and_plot(tmp_path):
     assert not (tmp_path / "none.png").exists()
 
 
+def test_drift_plot_title_carries_the_setup_line(tmp_path):
+    """drift.png names the setup as accuracy.png does (dataset, split, clients, model...)."""
+    from fl_app.config import validate_config
+    from fl_app.report import drift_title, setup_title
+
+    run = _write_run(tmp_path / "a0", [2.0, 4.0, 3.0], None, 0.8)
+    cfg = validate_config({"dataset": "cifar10", "alpha": 0.1, "num-server-rounds": 3, "model": "cnn"})
+    (run / "summary.json").write_text(json.dumps({**json.loads((run / "summary.json").read_text()), "config": cfg}))
+    setup = setup_title({"fedavg": [run]})
+    assert setup.startswith("cifar10, Dirichlet alpha=0.1,") and "model cnn" in setup
+    assert drift_title({"fedavg": [run]}).splitlines() == [
+        "Client update diversity (1 = clients agree)", setup, "line: mean over seeds"]
+
+
 def test_make_results_adds_the_drift_plot_only_where_runs_have_it(tmp_path):
     spec = importlib.util.spec_from_file_location("make_results", ROOT / "scripts" / "make_results.py")
     mr = importlib.util.module_from_spec(spec)
