@@ -4,7 +4,8 @@ Per round it writes one row to ``<results-dir>/<run-name>/metrics.csv``: round,
 test_accuracy, test_loss, train_loss, num_clients, num_failures, num_rejected,
 round_seconds, fit_phase_seconds (sampling to the last reply), then the method's metrics
 (client metrics as ``<name>_mean/_min/_max``, e.g. ``fit_seconds_mean``; server metrics as
-reported). At the last round it writes ``summary.json``.
+reported). At the last round it writes ``summary.json`` (with the initial model's
+``initial_accuracy`` and ``initial_loss``, round 0 of the plots; absent after a resume).
 Every method also gets the drift columns of ``fl_app/drift.py`` (from the accepted replies,
 before aggregation) and ``min_class_accuracy``; ``fl_app/tracking.py`` writes the per-class
 accuracy file and sends the run to the trackers of ``tracking`` (TensorBoard, MLflow, W&B).
@@ -135,6 +136,7 @@ class RecordingStrategy(Strategy):
         self.last_checkpoint = 0
         self.screening = Screening(cfg, getattr(inner, "screen_skip", ()))
         self.participation = Participation(cfg)
+        self.initial: dict[str, float] = {}  # the initial model's test accuracy and loss (round 0)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.tracker = RunTracker(self.run_dir, cfg)
         if resume_from is not None:
@@ -254,7 +256,9 @@ class RecordingStrategy(Strategy):
             result = loss, metrics
         if server_round == 0:
             loss, metrics = result
-            log.info("initial model: test accuracy %.4f, loss %.4f", metrics.get("accuracy", float("nan")), loss)
+            self.initial = {"initial_accuracy": float(metrics.get("accuracy", float("nan"))),
+                            "initial_loss": float(loss)}  # round 0 of the plots (fl_app/report.py)
+            log.info("initial model: test accuracy %.4f, loss %.4f", self.initial["initial_accuracy"], loss)
             return result
         # Flower calls evaluate() after every round's fit, so the row is written here even
         # when evaluation is skipped (its accuracy and loss cells stay empty).
@@ -332,6 +336,7 @@ class RecordingStrategy(Strategy):
             "final_loss": next((r["test_loss"] for r in reversed(self.rows) if isinstance(r.get("test_loss"), float)),
                                None),
             "total_seconds": self.elapsed(),
+            **self.initial,
             "stopped": stopped,
             **run_facts(self.cfg, self._num_clients()),
         }

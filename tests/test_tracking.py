@@ -180,8 +180,9 @@ def _record_one_round(run_dir: Path, **keys) -> dict:
                            "dataset": "synthetic", **keys})
     w0 = [np.zeros((10, 60), np.float32), np.zeros(10, np.float32)]
 
-    def evaluate_fn(rnd, arrays, config):
-        return 1.0, {"accuracy": 0.5, "min_class_accuracy": 0.25, "per_class_accuracy": [0.25, 0.75]}
+    def evaluate_fn(rnd, arrays, config):  # the initial model (round 0): 0.1, loss 2.0
+        return (2.0 if rnd == 0 else 1.0), {"accuracy": 0.1 if rnd == 0 else 0.5, "min_class_accuracy": 0.25,
+                                            "per_class_accuracy": [0.25, 0.75]}
 
     inner = FedAvgStrategy.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w0), evaluate_fn))
     strategy = RecordingStrategy(inner, cfg, run_dir, 1)
@@ -204,6 +205,23 @@ def test_recording_strategy_writes_min_class_column_side_file_and_honours_the_ke
         assert float(next(csv.DictReader(f))["min_class_accuracy"]) == 0.25
     assert (tmp_path / "run" / PER_CLASS_FILE).read_text().splitlines()[1] == "1,0.25,0.75"
     assert (tmp_path / "run" / TENSORBOARD_DIR).is_dir() == tensorboard
+
+
+def test_plots_start_at_round_0_the_initial_model(tmp_path):
+    """summary.json keeps the initial model's evaluation and the accuracy and loss curves start
+    with it; the rows of metrics.csv stay rounds 1..T."""
+    from fl_app.report import curve_stats, read_metrics, read_summary
+
+    _record_one_round(tmp_path / "run")
+    summary = read_summary(tmp_path / "run")
+    assert summary["initial_accuracy"] == 0.1 and summary["initial_loss"] == 2.0
+    assert [r["round"] for r in read_metrics(tmp_path / "run")] == [1]
+    rounds, mean, *_ = curve_stats({"fedavg": [tmp_path / "run"]}, "test_accuracy")["fedavg"]
+    assert list(rounds) == [0, 1] and list(mean) == [0.1, 0.5]
+    rounds, mean, *_ = curve_stats({"fedavg": [tmp_path / "run"]}, "test_loss")["fedavg"]
+    assert list(rounds) == [0, 1] and list(mean) == [2.0, 1.0]
+    rounds, *_ = curve_stats({"fedavg": [tmp_path / "run"]}, "min_class_accuracy")["fedavg"]
+    assert list(rounds) == [1]  # only accuracy and loss have a round 0
 
 
 def test_tracking_key_refuses_an_unknown_tracker():
