@@ -114,7 +114,8 @@ def predictions(cfg: dict, model_name: str, n_k: float) -> dict[str, tuple[float
                     f"+ backward of 0.5 mean(loss^2) into the last {cfg['pgvc-layers']} Linear layers only"),
         "ri-fedavg": (1 + ri_evals / (3 * e * n_k),
                       "+ M(m+1) forwards on ri-samples examples once per round: 1 + M(m+1)S/(3 E n_k)"),
-    } | {"_f": (f, ""), "_same": same}
+    } | {m: (1.0, "FedAvg's client (the method is a server optimiser)")
+         for m in ("fedavgm", "fedadam", "fedyogi", "fedadagrad")} | {"_f": (f, ""), "_same": same}
 
 
 def _median_seconds(fn, reps: int = 15) -> float:
