@@ -84,8 +84,7 @@ GENERAL_KEYS: dict[str, Key] = {
     # Experiment trackers (fl_app/tracking.py): "none" or a comma list of tensorboard, mlflow, wandb
     "tracking": Key("tensorboard", lambda v: _valid_tracking(v),
                     "'none' or a comma list of tensorboard, mlflow, wandb"),
-    # The older switch: false removes tensorboard from `tracking`
-    "tensorboard": Key(True),
+    "tensorboard": Key(True, None, "true or false (the older switch: false removes tensorboard from tracking)"),
     # Scale
     "evaluate-every": Key(1, at_least(1), ">= 1 (rounds between server evaluations; the last round always)"),
     "client-state": Key("memory", choices=("memory", "disk")),
