@@ -75,7 +75,7 @@ from fl_app.registry import get_method, method_names
 from fl_app.report import compare, plot, plot_curves, plot_drift, read_summary, write_comparison
 from fl_app.tooling.launch import LocalSimulation
 from fl_app.tooling.plan import check_axes, grid_points, label, parse_grid, resolve_rows, run_name
-from fl_app.tooling.quiet import is_noise, plain
+from fl_app.tooling.quiet import for_output, is_noise, plain
 from strategies.base import fedavg_kwargs
 from tasks.datasets import DataUnavailableError, PartitionError, resolve_data_dir
 from tasks.partitioning import PartitionSpec, check_data
@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     show = args.verbose or not is_noise(line)
                 if show:
-                    print("   ", line, flush=True)
+                    print("   ", for_output(line), flush=True)
 
             sim.run(cfg, num_supernodes=args.clients, cpus_per_client=args.cpus_per_client,
                     gpus_per_client=gpus, on_line=on_line)
@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
                 failed.append(cfg["run-name"])
                 causes = [plain(t).split("fl-drift:", 1)[1].strip() for t in tail if "fl-drift:" in t]
                 print("    run failed" + (f": {causes[0]}" if causes else "") + "; last lines:\n    "
-                      + "\n    ".join(tail[-15:]), file=sys.stderr)
+                      + "\n    ".join(for_output(t, sys.stderr) for t in tail[-15:]), file=sys.stderr)
                 continue
             if summary.get("stopped"):
                 stopped.append(cfg["run-name"])

@@ -90,7 +90,16 @@ def main() -> None:
     p.add_argument("--clients", type=int, nargs="+", default=[5, 10])
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--run", help="a run folder whose median round_seconds is the reference")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="dataset=... or model=... (as the other bench scripts; wins over --dataset/--model)")
     args = p.parse_args()
+    from fl_app.config import parse_override
+
+    for text in args.set:
+        key, value = parse_override(text)
+        if key not in ("dataset", "model"):
+            p.error(f"--set {key}=...: this bench reads only dataset and model")
+        setattr(args, key, value)
     print(f"torch threads {torch.get_num_threads()}")
     round_s = None
     if args.run:

@@ -3,8 +3,8 @@
 
 Not a test; run by hand:  FL_DATA_DIR=/path/to/data python bench/methods.py
 
-Each method's client ``fit()`` is driven directly (no Flower, no Ray) on the same MNIST
-partitions, same model, same batch order, same received weights; so the ratio isolates the
+Each method's client ``fit()`` is driven directly (no Flower, no Ray) on the same partitions
+(MNIST unless ``--set dataset=cifar10``; ``--set model=...`` or ``--model`` picks the model), same model, same batch order, same received weights; so the ratio isolates the
 method's local computation. Stateful methods are timed in their second round (MOON's
 contrastive term, control variates and FedDyn's state exist only from then on): every client
 first does one untimed round-1 fit on its own context, then round 2 is timed. Methods are
@@ -15,8 +15,8 @@ speed hits all methods alike.
 Two predictions, both from the extra passes each method makes (``predictions``):
 
 - pass count: F = forward multiply-accumulates of one sample (Conv2d and Linear layers,
-  counted with hooks), a training step = 3F (backward = twice the forward), as the issue
-  and the papers count;
+  counted with hooks), a training step = 3F (backward = twice the forward), as the papers
+  count;
 - calibrated: the same passes priced at this machine's measured costs, as the methods run
   them (``pass_costs``): a second forward+backward, a no-grad forward, a body forward, an RI
   evaluation; plus what a pass count leaves out, read from each client's code: in-place
@@ -114,7 +114,8 @@ def predictions(cfg: dict, model_name: str, n_k: float) -> dict[str, tuple[float
                     f"+ backward of 0.5 mean(loss^2) into the last {cfg['pgvc-layers']} Linear layers only"),
         "ri-fedavg": (1 + ri_evals / (3 * e * n_k),
                       "+ M(m+1) forwards on ri-samples examples once per round: 1 + M(m+1)S/(3 E n_k)"),
-    } | {"_f": (f, ""), "_same": same}
+    } | {m: (1.0, "FedAvg's client (the method is a server optimiser)")
+         for m in ("fedavgm", "fedadam", "fedyogi", "fedadagrad")} | {"_f": (f, ""), "_same": same}
 
 
 def _median_seconds(fn, reps: int = 15) -> float:
@@ -294,12 +295,13 @@ def main(argv=None) -> int:
     for text in args.set:
         k, v = parse_override(text)
         base[k] = v
+    args.model, dataset = base["model"], base["dataset"]  # --set model=/dataset= win over the defaults
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     spec = PartitionSpec.from_config(validate_config(base), args.clients)
     sizes = [len(load_partition(spec, pid)[1]) for pid in args.partitions]
     n_k = float(np.mean(sizes))
     print(f"load {Path('/proc/loadavg').read_text().split()[0]}, torch {torch.__version__}, {args.threads} thread(s); "
-          f"mnist {args.model}, partitions {args.partitions} of {args.clients} (n_k = {sizes}), E=1, B=32", flush=True)
+          f"{dataset} {args.model}, partitions {args.partitions} of {args.clients} (n_k = {sizes}), E=1, B=32", flush=True)
 
     # one client object per (method, partition), after an untimed round-1 fit (state, warm-up)
     entries = []  # (label, method, model, clients)
@@ -310,7 +312,7 @@ def main(argv=None) -> int:
     for m in methods:
         if m != "fedavg":
             entries.append((m, m, NEEDS_MODEL.get(m, args.model)))
-    weights = {model: get_weights(build_model(model, input_shape("mnist"), seed=0)) for model in models}
+    weights = {model: get_weights(build_model(model, input_shape(dataset), seed=0)) for model in models}
     clients = {}
     for label, method, model in entries:
         clients[label] = []
@@ -329,7 +331,7 @@ def main(argv=None) -> int:
 
     cfg0 = validate_config({**base, "strategy": "fedavg"})
     pred = predictions(cfg0, args.model, n_k)
-    costs = pass_costs(args.model, input_shape("mnist"), base["batch-size"], int(min(cfg0["ri-samples"], n_k)))
+    costs = pass_costs(args.model, input_shape(dataset), base["batch-size"], int(min(cfg0["ri-samples"], n_k)))
     fedavg_per_sample = statistics.median(times["fedavg"]) / (cfg0["local-epochs"] * sum(sizes))
     cal = calibrated(cfg0, costs, fedavg_per_sample, n_k)
     print(f"\nF = {pred['_f'][0]:,} forward MACs per sample ({args.model}); measured per sample: "

@@ -2,6 +2,7 @@
 """CPU training throughput of the models, and the cost of training-time augmentation.
 
 Not a test; run by hand:  python bench/models.py [--reps 5] [--skip-augment] [--skip-throughput]
+[--set dataset=mnist]
 
 - throughput: samples/s of plain SGD training steps (momentum 0.9; forward, backward, step)
   on CIFAR-10-sized random batches for ``cnn``, ``resnet18`` and ``vgg11`` (built by
@@ -50,8 +51,9 @@ def param_counts() -> None:
         print(f"| `{name}` | {counts[0]:,} | {counts[1]:,} |")
 
 
-def throughput(reps: int, steps: int) -> None:
-    shape = input_shape("cifar10")
+def throughput(reps: int, steps: int, dataset: str = "cifar10") -> None:
+    shape = input_shape(dataset)
+    print(f"\n{dataset}-sized batches")
     print("\n| threads | batch | model | samples/s (median) | x cnn (median of per-rep ratios) |")
     print("|---|---|---|---|---|")
     for threads in (1, 2):
@@ -80,15 +82,18 @@ def throughput(reps: int, steps: int) -> None:
                       flush=True)
 
 
-def augment_cost(reps: int, threads: int) -> None:
+RECIPES = {"mnist": ("none", "crop", "crop,flip,cutout"), "cifar10": ("none", "crop,flip", "crop,flip,cutout")}
+
+
+def augment_cost(reps: int, threads: int, datasets: tuple[str, ...] = tuple(RECIPES)) -> None:
     torch.set_num_threads(threads)
     n, batch = 600, 50
     print(f"\n| dataset | augment | epoch s (median) | augmentation s (median) | augmentation / plain epoch |"
           " epoch / plain epoch |"
           f" ({threads} thread{'s' if threads > 1 else ''}, cnn, {n} samples, batch {batch})")
     print("|---|---|---|---|---|---|")
-    for dataset, recipes in (("mnist", ("none", "crop", "crop,flip,cutout")),
-                             ("cifar10", ("none", "crop,flip", "crop,flip,cutout"))):
+    for dataset in datasets:
+        recipes = RECIPES.get(dataset, ("none", "crop,flip", "crop,flip,cutout"))
         shape = input_shape(dataset)
         gen = torch.Generator().manual_seed(0)
         x = torch.randn(n, shape.channels, shape.size, shape.size, generator=gen)
@@ -124,13 +129,20 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3, help="training steps per model per repetition")
     ap.add_argument("--skip-augment", action="store_true")
     ap.add_argument("--skip-throughput", action="store_true")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="dataset=...: only that dataset's shapes (default: both for augment, cifar10 for throughput)")
     args = ap.parse_args()
+    from fl_app.config import parse_override
+
+    chosen = dict(parse_override(text) for text in args.set)
+    if set(chosen) - {"dataset"}:
+        ap.error(f"--set {sorted(set(chosen) - {'dataset'})[0]}=...: this bench reads only dataset")
     param_counts()
     if not args.skip_augment:
         for threads in (1, 2):
-            augment_cost(args.reps, threads)
+            augment_cost(args.reps, threads, (chosen["dataset"],) if chosen else tuple(RECIPES))
     if not args.skip_throughput:
-        throughput(args.reps, args.steps)
+        throughput(args.reps, args.steps, chosen.get("dataset", "cifar10"))
 
 
 if __name__ == "__main__":

@@ -81,8 +81,10 @@ GENERAL_KEYS: dict[str, Key] = {
     "screen-reject-multiple": Key(3.0, at_least(1),
                                   ">= 1 (reject an update whose norm exceeds this x the round's median)"),
     "screen-trim": Key(0.2, lambda v: 0 <= v < 0.5, "in [0, 0.5) (share cut at each end by trimmed-mean)"),
-    # TensorBoard event files in <run-dir>/tensorboard (needs the optional tensorboard package)
-    "tensorboard": Key(True),
+    # Experiment trackers (fl_app/tracking.py): "none" or a comma list of tensorboard, mlflow, wandb
+    "tracking": Key("tensorboard", lambda v: _valid_tracking(v),
+                    "'none' or a comma list of tensorboard, mlflow, wandb"),
+    "tensorboard": Key(True, None, "true or false (the older switch: false removes tensorboard from tracking)"),
     # Scale
     "evaluate-every": Key(1, at_least(1), ">= 1 (rounds between server evaluations; the last round always)"),
     "client-state": Key("memory", choices=("memory", "disk")),
@@ -97,6 +99,16 @@ def _valid_faults(text: str) -> bool:
         raise ConfigError(
             f"run-config key 'inject-faults' = {text!r} is invalid: item {e}; valid forms: {FAULT_FORMS}"
         ) from None
+
+
+def _valid_tracking(text: str) -> bool:
+    from fl_app.tracking import parse_tracking
+
+    try:
+        parse_tracking(text)
+        return True
+    except ValueError as e:
+        raise ConfigError(f"run-config key 'tracking' = {text!r} is invalid: {e}") from None
 
 
 def _valid_augment(text: str) -> bool:

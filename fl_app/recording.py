@@ -4,10 +4,11 @@ Per round it writes one row to ``<results-dir>/<run-name>/metrics.csv``: round,
 test_accuracy, test_loss, train_loss, num_clients, num_failures, num_rejected,
 round_seconds, fit_phase_seconds (sampling to the last reply), then the method's metrics
 (client metrics as ``<name>_mean/_min/_max``, e.g. ``fit_seconds_mean``; server metrics as
-reported). At the last round it writes ``summary.json``.
+reported). At the last round it writes ``summary.json`` (with the initial model's
+``initial_accuracy`` and ``initial_loss``, round 0 of the plots; absent after a resume).
 Every method also gets the drift columns of ``fl_app/drift.py`` (from the accepted replies,
 before aggregation) and ``min_class_accuracy``; ``fl_app/tracking.py`` writes the per-class
-accuracy file and the TensorBoard event files.
+accuracy file and sends the run to the trackers of ``tracking`` (TensorBoard, MLflow, W&B).
 
 It is also the one place the run's reliability rules are applied, whatever the method; each
 rule lives in its own module and is called from here once:
@@ -135,8 +136,9 @@ class RecordingStrategy(Strategy):
         self.last_checkpoint = 0
         self.screening = Screening(cfg, getattr(inner, "screen_skip", ()))
         self.participation = Participation(cfg)
+        self.initial: dict[str, float] = {}  # the initial model's test accuracy and loss (round 0)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.tracker = RunTracker(self.run_dir, cfg.get("tensorboard", True))
+        self.tracker = RunTracker(self.run_dir, cfg)
         if resume_from is not None:
             self.offset = self.last_checkpoint = resume_from.round
             self.elapsed_before = resume_from.elapsed_seconds
@@ -275,7 +277,9 @@ class RecordingStrategy(Strategy):
             result = loss, metrics
         if server_round == 0:
             loss, metrics = result
-            log.info("initial model: test accuracy %.4f, loss %.4f", metrics.get("accuracy", float("nan")), loss)
+            self.initial = {"initial_accuracy": float(metrics.get("accuracy", float("nan"))),
+                            "initial_loss": float(loss)}  # round 0 of the plots (fl_app/report.py)
+            log.info("initial model: test accuracy %.4f, loss %.4f", self.initial["initial_accuracy"], loss)
             return result
         self.end_round(server_round, parameters, result, per_class)
         return result
@@ -365,6 +369,7 @@ class RecordingStrategy(Strategy):
             "final_loss": next((r["test_loss"] for r in reversed(self.rows) if isinstance(r.get("test_loss"), float)),
                                None),
             "total_seconds": self.elapsed(),
+            **self.initial,
             "stopped": stopped,
             **run_facts(self.cfg, self._num_clients()),
         }

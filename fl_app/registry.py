@@ -30,6 +30,9 @@ from clients.ri_fedavg import RIFedAvgClient
 from clients.scaffold import ScaffoldClient
 from strategies.base import DriftFedAvg
 from strategies.dp_fedavg import DPFedAvgStrategy
+from strategies.fedadagrad import FedAdagradStrategy
+from strategies.fedadam import FedAdamStrategy
+from strategies.fedavgm import FedAvgMStrategy
 from strategies.fedbn import FedBNStrategy
 from strategies.feddyn import FedDynStrategy
 from strategies.fedgam_cv import FedGAMCVStrategy
@@ -38,6 +41,7 @@ from strategies.fedpgvc import FedPGVCStrategy
 from strategies.fedprox import FedProxStrategy
 from strategies.fedpvr import FedPVRStrategy
 from strategies.fedsmoo import FedSMOOStrategy
+from strategies.fedyogi import FedYogiStrategy
 from strategies.scaffold import ScaffoldStrategy
 
 
@@ -65,6 +69,10 @@ METHODS: dict[str, Method] = {
     "fedsam": Method(DriftFedAvg, FedSAMClient),
     "fedasam": Method(DriftFedAvg, FedASAMClient),
     "fedsmoo": Method(FedSMOOStrategy, FedSMOOClient),
+    "fedavgm": Method(FedAvgMStrategy, FedAvgClient),
+    "fedadam": Method(FedAdamStrategy, FedAvgClient),
+    "fedyogi": Method(FedYogiStrategy, FedAvgClient),
+    "fedadagrad": Method(FedAdagradStrategy, FedAvgClient),
 }
 
 

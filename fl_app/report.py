@@ -94,6 +94,17 @@ def write_comparison(table: list[dict], out: Path) -> None:
     (out / "comparison.md").write_text("\n".join(lines) + "\n")
 
 
+INITIAL = {"test_accuracy": "initial_accuracy", "test_loss": "initial_loss"}
+
+
+def initial_row(run_dir: Path) -> list[dict]:
+    """Round 0, the initial model's evaluation, as a metrics row (from summary.json; [] for
+    runs without it: unfinished, resumed, or made before it was recorded)."""
+    summary = read_summary(run_dir) or {}
+    row = {column: summary[key] for column, key in INITIAL.items() if isinstance(summary.get(key), (int, float))}
+    return [{"round": 0, **row}] if row else []
+
+
 def curves(runs: dict[str, list[Path]], column: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Per method: rounds and the mean of ``column`` over seeds (methods lacking it skipped)."""
     return {m: (r, mean) for m, (r, mean, _, _, _) in curve_stats(runs, column).items()}
@@ -106,7 +117,7 @@ def curve_stats(runs: dict[str, list[Path]], column: str) -> dict[str, tuple]:
         per_round: dict[int, list[float]] = defaultdict(list)
         seeds = 0
         for d in dirs:
-            rows = [r for r in read_metrics(d) if isinstance(r.get(column), (int, float))]
+            rows = [r for r in initial_row(d) + read_metrics(d) if isinstance(r.get(column), (int, float))]
             seeds += bool(rows)
             for row in rows:
                 per_round[int(row["round"])].append(float(row[column]))
@@ -309,6 +320,7 @@ def plot_drift(runs: dict[str, list[Path]], path: Path, title: str = "") -> bool
                           markersize=3, label=method + (f" = {same[0]}" if same else ""))
         if seeds > 1:
             ax.fill_between(rounds, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+    ax.set_xlim(left=0)  # round 0 (the initial model) as in accuracy.png; no update yet, so no value
     ax.set_yscale("log")
     plain = FuncFormatter(lambda v, _: f"{v:g}")
     ax.yaxis.set_major_formatter(plain)
@@ -318,15 +330,23 @@ def plot_drift(runs: dict[str, list[Path]], path: Path, title: str = "") -> bool
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
     ax.set_ylabel("update diversity  Σ p‖Δ‖² / ‖Σ pΔ‖²  (log)")
-    band = f"; band: min-max over {seeds} seeds" if seeds > 1 else ""
-    ax.set_title(f"{title or 'Client update diversity'} (1 = clients agree)\n"
-                 f"line: mean over seeds{band}", fontsize=10)
+    ax.set_title(drift_title(runs, title), fontsize=8)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
+
+
+def drift_title(runs: dict[str, list[Path]], title: str = "") -> str:
+    """drift.png's title: what is drawn, the runs' shared setup (as accuracy.png's title) and
+    how seeds are summarised."""
+    seeds = max(len(d) for d in runs.values())
+    band = f"; band: min-max over {seeds} seeds" if seeds > 1 else ""
+    lines = (f"{title or 'Client update diversity'} (1 = clients agree)", setup_title(runs),
+             f"line: mean over seeds{band}")
+    return "\n".join(t for t in lines if t)
 
 
 def _drift_cells(r: dict) -> str:

@@ -12,8 +12,9 @@ import numpy as np
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 
 from strategies.base import DriftFedAvg
+from strategies.server_opt import SERVER_LR
 from tasks.datasets import input_shape
-from tasks.keys import ConfigError, Key, at_least, positive
+from tasks.keys import ConfigError, Key, at_least
 from tasks.models import build_model, last_layers_param_names
 
 
@@ -22,7 +23,7 @@ class FedPGVCStrategy(DriftFedAvg):
 
     CONFIG_KEYS = {
         "pgvc-layers": Key(2, at_least(1), ">= 1 (last Linear layers under the gradient penalty)"),
-        "server-lr": Key(1.0, positive, "> 0 (global learning rate eta_g; 1 = plain mean)"),
+        "server-lr": SERVER_LR,
     }
 
     def __init__(self, *, server_lr: float = 1.0, **kwargs):

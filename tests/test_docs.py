@@ -171,3 +171,46 @@ def test_readme_metric_names_exist():
     assert not bad, f"README metric names that are not names: {bad}"
     missing = unknown(names, written)
     assert not missing, f"README names metrics the code does not write: {', '.join(missing)}"
+
+
+# --- every run-config key the docs name exists ------------------------------------------------
+
+SET_KEY = re.compile(r"--(?:set|grid)[ =]['\"]?([a-z][a-z0-9-]*)=")
+RUN_CONFIG = re.compile(r"--run-config[ =]\"([^\"]+)\"")
+ASSIGNED = re.compile(r"`([a-z][a-z0-9-]*) ?= ?[^`]+`")  # `key = value` in running text
+# Names the docs assign that are not run-config keys, each with where it belongs: experiment
+# file keys (run_simulation.py), a SuperNode's node config, Flower's federation settings.
+NOT_RUN_CONFIG = {"strategies", "partition-id", "num-partitions", "data-path", "client-resources-num-cpus",
+                  "client-resources-num-gpus"}
+PLACEHOLDER = "key"  # `--set key=value` in the prose that explains --set
+
+
+def named_keys(text: str) -> set[str]:
+    names = set(SET_KEY.findall(text)) | set(ASSIGNED.findall(text))
+    for spec in RUN_CONFIG.findall(text):
+        names |= set(re.findall(r"(?:^|\s)([a-z][a-z0-9-]*)=", spec))
+    return names - NOT_RUN_CONFIG - {PLACEHOLDER}
+
+
+def test_key_patterns_find_what_they_must():
+    text = ('run `--set proximal-mu=0.1`, `--grid alpha=0.1,1` and `flwr run . --run-config "strategy=\'scaffold\''
+            ' momentum=0.9"`; `tensorboard = false` turns it off; `fedbn` refuses `resnet18`')
+    assert named_keys(text) == {"proximal-mu", "alpha", "strategy", "momentum", "tensorboard"}
+
+
+def test_every_run_config_key_the_docs_name_exists():
+    from fl_app.config import spec
+
+    keys = set(spec())
+    unknown = sorted(f"{path.relative_to(ROOT)}: {name}" for path in [README, *sorted((ROOT / "docs").glob("*.md"))]
+                     for name in named_keys(path.read_text(encoding="utf-8")) if name not in keys)
+    assert not unknown, "the docs name run-config keys that do not exist: " + ", ".join(unknown)
+
+
+# An internal tracker's numbers and words mean nothing to a reader of the repository.
+TRACKER = re.compile(r"(?i)\bissue #\d+|\bthe issue's\b|\bmarked blocked\b")
+
+
+def test_docs_refer_to_no_internal_tracker():
+    hits = outside_references(DOCS, TRACKER)
+    assert not hits, "references to an internal tracker:\n" + "\n".join(hits)

@@ -73,9 +73,10 @@ def test_skipped_rounds_write_rows_with_empty_accuracy(tmp_path):
     assert summary["final_accuracy"] == 0.5 + 0.1 * 5 and summary["final_loss"] == 4 * 5
     # readers skip the empty cells: curves have the evaluated rounds only; rounds to target
     # is the first evaluated round reaching it
+    # (round 0 is the initial model's evaluation, kept in summary.json)
     rounds, values = curves({"fedavg": [run]}, "test_accuracy")["fedavg"]
-    assert list(rounds) == [2, 4, 5]
-    np.testing.assert_allclose(values, [0.7, 0.9, 1.0])
+    assert list(rounds) == [0, 2, 4, 5]
+    np.testing.assert_allclose(values, [0.5, 0.7, 0.9, 1.0])
     assert mr.rounds_to_target(run, 0.65) == 2
     assert plot({"fedavg": [run]}, "test_accuracy", "test accuracy", tmp_path / "acc.png")
 

@@ -180,7 +180,9 @@ def test_metrics_csv_has_the_screening_columns(tmp_path):
 
 # ------------------------------------------------------------------------ per-method capability
 WEIGHT_MEAN = {"fedavg", "fedprox", "ri-fedavg", "fedpgvc", "fedbn", "fedntd", "moon", "fedsol", "fedgam",
-               "fedsam", "fedasam"}
+               "fedsam", "fedasam",
+               # server optimisers: their step starts from Flower's weighted mean of the weights
+               "fedavgm", "fedadam", "fedyogi", "fedadagrad"}
 CLIP_REJECT_ONLY = {"feddyn", "fednova", "scaffold", "fedpvr", "fedgam-cv", "fedsmoo"}
 NONE_ONLY = {"dp-fedavg"}
 

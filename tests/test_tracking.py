@@ -53,7 +53,7 @@ def _row(rnd, acc):
 def test_per_class_file_and_tensorboard_read_back(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    tracker = RunTracker(tmp_path, tensorboard=True)
+    tracker = RunTracker(tmp_path, {"tracking": "tensorboard"})
     tracker.log_round(_row(1, 0.5), [0.25, 0.75, math.nan])
     tracker.log_round(_row(2, 0.625), [0.5, 0.75, 1.0])
     tracker.close()
@@ -69,10 +69,10 @@ def test_per_class_file_and_tensorboard_read_back(tmp_path):
 
 
 def test_resumed_round_replaces_its_per_class_row(tmp_path):
-    tracker = RunTracker(tmp_path, tensorboard=False)
+    tracker = RunTracker(tmp_path, {"tracking": "none"})
     for rnd in (1, 2, 3):
         tracker.log_round(_row(rnd, 0.5), [0.1 * rnd, 0.2])
-    RunTracker(tmp_path, tensorboard=False).log_round(_row(2, 0.5), [0.9, 0.9])  # resumed after round 1
+    RunTracker(tmp_path, {"tracking": "none"}).log_round(_row(2, 0.5), [0.9, 0.9])  # resumed after round 1
     with (tmp_path / PER_CLASS_FILE).open() as f:
         assert [r[:2] for r in csv.reader(f)] == [["round", "class_0"], ["1", "0.1"], ["2", "0.9"]]
     assert not (tmp_path / TENSORBOARD_DIR).exists()
@@ -80,7 +80,7 @@ def test_resumed_round_replaces_its_per_class_row(tmp_path):
 
 def test_tensorboard_silently_absent_when_not_installed(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import raises ImportError
-    tracker = RunTracker(tmp_path, tensorboard=True)
+    tracker = RunTracker(tmp_path, {"tracking": "tensorboard"})
     tracker.log_round(_row(1, 0.5), [0.5])
     tracker.close()
     assert not (tmp_path / TENSORBOARD_DIR).exists()
@@ -123,6 +123,20 @@ def test_comparison_drift_columns_and_plot(tmp_path):
     assert not (tmp_path / "none.png").exists()
 
 
+def test_drift_plot_title_carries_the_setup_line(tmp_path):
+    """drift.png names the setup as accuracy.png does (dataset, split, clients, model...)."""
+    from fl_app.config import validate_config
+    from fl_app.report import drift_title, setup_title
+
+    run = _write_run(tmp_path / "a0", [2.0, 4.0, 3.0], None, 0.8)
+    cfg = validate_config({"dataset": "cifar10", "alpha": 0.1, "num-server-rounds": 3, "model": "cnn"})
+    (run / "summary.json").write_text(json.dumps({**json.loads((run / "summary.json").read_text()), "config": cfg}))
+    setup = setup_title({"fedavg": [run]})
+    assert setup.startswith("cifar10, Dirichlet alpha=0.1,") and "model cnn" in setup
+    assert drift_title({"fedavg": [run]}).splitlines() == [
+        "Client update diversity (1 = clients agree)", setup, "line: mean over seeds"]
+
+
 def test_make_results_adds_the_drift_plot_only_where_runs_have_it(tmp_path):
     spec = importlib.util.spec_from_file_location("make_results", ROOT / "scripts" / "make_results.py")
     mr = importlib.util.module_from_spec(spec)
@@ -152,8 +166,9 @@ class _Manager:
         return self.proxies[:num_clients]
 
 
-@pytest.mark.parametrize("tensorboard", [True, False])
-def test_recording_strategy_writes_min_class_column_side_file_and_honours_the_key(tmp_path, tensorboard):
+def _record_one_round(run_dir: Path, **keys) -> dict:
+    """One round through RecordingStrategy (FedAvg, logreg shapes, a fixed evaluation), as the
+    ServerApp runs it, with run-config ``keys``; returns the validated config."""
     from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 
     from fl_app.config import validate_config
@@ -161,22 +176,110 @@ def test_recording_strategy_writes_min_class_column_side_file_and_honours_the_ke
     from strategies.base import DriftFedAvg, fedavg_kwargs
 
     cfg = validate_config({"fraction-fit": 1.0, "num-server-rounds": 1, "model": "logreg",
-                           "dataset": "synthetic", "tensorboard": tensorboard})
+                           "dataset": "synthetic", **keys})
     w0 = [np.zeros((10, 60), np.float32), np.zeros(10, np.float32)]
 
-    def evaluate_fn(rnd, arrays, config):
-        return 1.0, {"accuracy": 0.5, "min_class_accuracy": 0.25, "per_class_accuracy": [0.25, 0.75]}
+    def evaluate_fn(rnd, arrays, config):  # the initial model (round 0): 0.1, loss 2.0
+        return (2.0 if rnd == 0 else 1.0), {"accuracy": 0.1 if rnd == 0 else 0.5, "min_class_accuracy": 0.25,
+                                            "per_class_accuracy": [0.25, 0.75]}
 
     inner = DriftFedAvg.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w0), evaluate_fn))
-    strategy = RecordingStrategy(inner, cfg, tmp_path / "run", 1)
+    strategy = RecordingStrategy(inner, cfg, run_dir, 1)
     params = strategy.initialize_parameters(_Manager())
     assert "per_class_accuracy" not in strategy.evaluate(0, params)[1]  # kept out of Flower's history
     ins = strategy.configure_fit(1, params, _Manager())
     results = [(p, FitRes(Status(Code.OK, ""), ndarrays_to_parameters([a + 1 for a in w0]), 5, {})) for p, _ in ins]
     params, _ = strategy.aggregate_fit(1, results, [])
-    _, metrics = strategy.evaluate(1, params)
+    _, metrics = strategy.evaluate(1, params)  # the last round: summary.json, trackers closed
     assert "per_class_accuracy" not in metrics
+    return cfg
+
+
+@pytest.mark.parametrize("keys, tensorboard", [({"tensorboard": True}, True), ({"tensorboard": False}, False),
+                                               ({"tracking": "none"}, False),
+                                               ({"tracking": "tensorboard", "tensorboard": False}, False)])
+def test_recording_strategy_writes_min_class_column_side_file_and_honours_the_key(tmp_path, keys, tensorboard):
+    _record_one_round(tmp_path / "run", **keys)
     with (tmp_path / "run" / "metrics.csv").open() as f:
         assert float(next(csv.DictReader(f))["min_class_accuracy"]) == 0.25
     assert (tmp_path / "run" / PER_CLASS_FILE).read_text().splitlines()[1] == "1,0.25,0.75"
     assert (tmp_path / "run" / TENSORBOARD_DIR).is_dir() == tensorboard
+
+
+def test_plots_start_at_round_0_the_initial_model(tmp_path):
+    """summary.json keeps the initial model's evaluation and the accuracy and loss curves start
+    with it; the rows of metrics.csv stay rounds 1..T."""
+    from fl_app.report import curve_stats, read_metrics, read_summary
+
+    _record_one_round(tmp_path / "run")
+    summary = read_summary(tmp_path / "run")
+    assert summary["initial_accuracy"] == 0.1 and summary["initial_loss"] == 2.0
+    assert [r["round"] for r in read_metrics(tmp_path / "run")] == [1]
+    rounds, mean, *_ = curve_stats({"fedavg": [tmp_path / "run"]}, "test_accuracy")["fedavg"]
+    assert list(rounds) == [0, 1] and list(mean) == [0.1, 0.5]
+    rounds, mean, *_ = curve_stats({"fedavg": [tmp_path / "run"]}, "test_loss")["fedavg"]
+    assert list(rounds) == [0, 1] and list(mean) == [2.0, 1.0]
+    rounds, *_ = curve_stats({"fedavg": [tmp_path / "run"]}, "min_class_accuracy")["fedavg"]
+    assert list(rounds) == [1]  # only accuracy and loss have a round 0
+
+
+def test_tracking_key_refuses_an_unknown_tracker():
+    from fl_app.config import ConfigError, validate_config
+
+    with pytest.raises(ConfigError, match="'tracking' = 'tensorboard,mlfow' is invalid: 'mlfow' is not a tracker; "
+                                          "valid: 'none' or a comma list of tensorboard, mlflow, wandb"):
+        validate_config({"tracking": "tensorboard,mlfow"})
+
+
+@pytest.mark.parametrize("package", ["mlflow", "wandb"])
+def test_a_named_tracker_that_is_not_installed_stops_the_run_at_start(tmp_path, monkeypatch, package):
+    from fl_app.config import ConfigError
+
+    monkeypatch.setitem(sys.modules, package, None)  # import raises ImportError
+    with pytest.raises(ConfigError, match=rf"names '{package}' but the {package} package is not installed; "
+                                          rf"install the extra: pip install -e \"\.\[{package}\]\""):
+        RunTracker(tmp_path, {"tracking": package})
+
+
+def test_mlflow_run_read_back_from_a_local_store(tmp_path, monkeypatch):
+    """A run with tracking = "mlflow" leaves an MLflow run (config as params, rounds as metric
+    history, summary metrics, finished) that ``mlflow.search_runs`` reads back from ./mlruns."""
+    mlflow = pytest.importorskip("mlflow")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file:{tmp_path / 'mlruns'}")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 refuses a file store otherwise
+    cfg = _record_one_round(tmp_path / "results" / "run-a", tracking="mlflow,tensorboard", seed=7)
+    mlflow.set_tracking_uri(f"file:{tmp_path / 'mlruns'}")
+    runs = mlflow.search_runs(experiment_names=["fl-drift"], output_format="list")
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.info.run_name == "run-a" and run.info.status == "FINISHED"
+    assert run.data.params["seed"] == "7" and run.data.params["strategy"] == "fedavg"
+    assert len(run.data.params) == len(cfg)
+    history = mlflow.MlflowClient().get_metric_history(run.info.run_id, "test_accuracy")
+    assert [(m.step, m.value) for m in history] == [(1, 0.5)]
+    assert run.data.metrics["per_class_accuracy/class_1"] == 0.75
+    assert run.data.metrics["summary.final_accuracy"] == 0.5 and run.data.metrics["summary.rounds"] == 1
+    assert (tmp_path / "results" / "run-a" / TENSORBOARD_DIR).is_dir()  # both trackers ran
+
+
+def test_mlflow_default_store_is_next_to_the_runs(tmp_path):
+    from fl_app.tracking import mlflow_default_uri
+
+    assert mlflow_default_uri(tmp_path / "results" / "run-a") == f"sqlite:///{tmp_path / 'results' / 'mlflow.db'}"
+
+
+def test_wandb_offline_writes_its_run_folder(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "elsewhere"))  # dir= wins: the run folder
+    _record_one_round(tmp_path / "run", tracking="wandb")
+    folders = list((tmp_path / "run" / "wandb").glob("offline-run-*"))
+    assert len(folders) == 1
+    records = list(folders[0].glob("run-*.wandb"))  # the run's record, for `wandb sync`
+    assert len(records) == 1
+    # wandb 0.31 has no Python reader for it (its Go core does): the protobuf records hold the
+    # config keys, the logged metric names and the summary's names as plain bytes.
+    data = records[0].read_bytes()
+    for name in (b"num-server-rounds", b"test_accuracy", b"per_class_accuracy/class_1", b"final_accuracy"):
+        assert name in data, name

@@ -7,6 +7,7 @@ warnings, the run id, every WARNING it does not know, every ERROR and traceback 
 from __future__ import annotations
 
 import re
+import sys
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -21,12 +22,27 @@ NOISE = (
     "fit progress:", "configure_evaluate: no clients selected", "[SUMMARY]", "History (loss,",
     "History (metrics,", "Manually terminating ClientAppActor",
 )
-HISTORY = re.compile(r"^\s*(round \d+: [-0-9.e+naif]+|\{'[^']+': \[\(\d+,.*)$")
+# Flower's History printout, one value per line: "round 2: 0.29" (losses), then the metrics
+# dict pretty-printed: "{'accuracy': [(0, 0.1),", "'min_class_accuracy': [(0, 0.0),",
+# "(1, 0.045)," and the closing "(3, 0.31)]}".
+HISTORY = re.compile(
+    r"^\s*(round \d+: [-0-9.e+naif]+"
+    r"|\{?'[^']+': \[\(\d+,.*"
+    r"|\(\d+, [-0-9.e+naif]+\)[\]},]*)$"
+)
 
 
 def plain(line: str) -> str:
     """The line without colour codes."""
     return ANSI.sub("", line)
+
+
+def for_output(line: str, stream=None) -> str:
+    """The line as the runner prints it on ``stream`` (stdout by default): with Flower's colour
+    codes on a terminal, without them when the output goes to a file or a pipe."""
+    stream = sys.stdout if stream is None else stream
+    isatty = getattr(stream, "isatty", None)
+    return line if isatty is not None and isatty() else plain(line)
 
 
 def is_noise(line: str) -> bool:
