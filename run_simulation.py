@@ -125,8 +125,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if not saved.exists():
             p.error(f"--resume {args.resume}: no runner.json there (not a run_simulation.py output folder)")
         args = argparse.Namespace(**{"grid": [], "verbose": False, "check": False, "list": None,
-                                     **json.loads(saved.read_text()), "resume": args.resume,
-                                     "out": args.resume, "quiet": args.quiet})
+                                     "env_data_dir": None, **json.loads(saved.read_text()),
+                                     "resume": args.resume, "out": args.resume, "quiet": args.quiet})
+    else:
+        args.env_data_dir = resolve_data_dir("")  # recorded in runner.json: a new shell may differ
     return resolve_experiment(args, p)
 
 
@@ -199,7 +201,7 @@ def build_configs(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str, i
             for seed in args.seeds:
                 raw = {**base, **keys, **command_line, **point, "strategy": strategy, "seed": seed,
                        "results-dir": str(runs_dir), "run-name": run_name(row, seed)}
-                raw["data-dir"] = resolve_data_dir(str(raw.get("data-dir", "")))
+                raw["data-dir"] = resolve_data_dir(str(raw.get("data-dir", "")), args.env_data_dir)
                 cfg = validate_config(raw)
                 check_data_dir(cfg)
                 check_nodes(cfg, args.clients)
@@ -211,7 +213,7 @@ def build_configs(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str, i
 IGNORED_ON_RERUN = {"resume", "results-dir"}  # by design: continuation flag; the folder may move
 
 
-def changed_runs(configs: list[tuple[str, int, dict]], runs_dir: Path) -> list[str]:
+def changed_runs(configs: list[tuple[str, int, dict]], runs_dir: Path, env_data_dir: str | None = None) -> list[str]:
     """Runs in ``runs_dir`` (finished, or started and checkpointed) whose recorded config
     differs from what is asked now: keeping or continuing them would mix two experiments."""
     problems = []
@@ -223,7 +225,7 @@ def changed_runs(configs: list[tuple[str, int, dict]], runs_dir: Path) -> list[s
         if recorded is None:
             continue
         wanted = validate_config(raw)
-        recorded = {**recorded, "data-dir": resolve_data_dir(recorded.get("data-dir", ""))}
+        recorded = {**recorded, "data-dir": resolve_data_dir(recorded.get("data-dir", ""), env_data_dir)}
         diff = [f"{k} {recorded[k]!r} -> {wanted[k]!r}" for k in wanted
                 if k in recorded and k not in IGNORED_ON_RERUN and recorded[k] != wanted[k]]
         if diff:
@@ -233,10 +235,13 @@ def changed_runs(configs: list[tuple[str, int, dict]], runs_dir: Path) -> list[s
 
 def runner_record(args: argparse.Namespace) -> dict:
     """The arguments saved in runner.json for --resume, with what a new shell would resolve
-    differently made explicit: the data source as resolved now (--data-dir, else $FL_DATA_DIR)
-    and the experiment file by absolute path."""
+    differently made explicit: ``--data-dir`` and the experiment file by absolute path, and the
+    ``$FL_DATA_DIR`` of this shell as ``env_data_dir``. The two data sources are kept apart, so
+    a resume replays the same precedence (an experiment file's ``data-dir`` still beats
+    ``$FL_DATA_DIR``) and therefore the same configuration."""
     saved = {k: v for k, v in vars(args).items() if k not in ("resume", "experiment", "list", "check")}
-    saved["data_dir"] = resolve_data_dir(args.data_dir or "") or None
+    saved["data_dir"] = resolve_data_dir(args.data_dir) if args.data_dir else None
+    saved["env_data_dir"] = args.env_data_dir
     if saved.get("config"):
         saved["config"] = str(Path(saved["config"]).resolve())
     return saved
@@ -258,10 +263,11 @@ def main(argv: list[str] | None = None) -> int:
         configs = build_configs(args, runs_dir)
         for spec in {PartitionSpec.from_config(validate_config(c), args.clients) for _, _, c in configs}:
             check_data(spec)
-        changed = changed_runs(configs, runs_dir)
+        changed = changed_runs(configs, runs_dir, args.env_data_dir)
         if changed:
             raise ConfigError("finished or started runs would be kept or continued although the config changed:\n  "
-                              + "\n  ".join(changed) + "\nuse another --out, or delete those run folders to redo them")
+                              + "\n  ".join(changed) + "\nrun the changed config with another --out"
+                              " (the runs there are kept as they are)")
     except (ConfigError, DataUnavailableError, PartitionError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -334,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"results in {out}")
     if stopped:  # a result (e.g. a method diverging), kept and reported, but worth a look
         print(f"note: {len(stopped)} run(s) stopped before their last round (see 'stopped' in their "
-              f"summary.json; delete a run folder to redo it): {', '.join(stopped)}", file=sys.stderr)
+              f"summary.json; to redo one, run again with another --out): {', '.join(stopped)}", file=sys.stderr)
     if failed:
         print(f"error: {len(failed)} run(s) failed: {', '.join(failed)}", file=sys.stderr)
         return 1

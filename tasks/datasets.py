@@ -27,9 +27,10 @@ class PartitionError(ValueError):
 
 
 
-def resolve_data_dir(configured: str) -> str:
-    """The run config's ``data-dir`` if set, else ``$FL_DATA_DIR``, as an absolute path ('' if none)."""
-    chosen = configured or os.environ.get("FL_DATA_DIR", "")
+def resolve_data_dir(configured: str, fallback: str | None = None) -> str:
+    """The run config's ``data-dir`` if set, else ``fallback`` (default: ``$FL_DATA_DIR``), as an
+    absolute path ('' if none). A resumed comparison passes the ``$FL_DATA_DIR`` it recorded."""
+    chosen = configured or (os.environ.get("FL_DATA_DIR", "") if fallback is None else fallback)
     return str(Path(chosen).expanduser().resolve()) if chosen else ""
 
 

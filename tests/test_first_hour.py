@@ -278,14 +278,15 @@ def test_runner_json_keeps_the_resolved_data_source(tmp_path, monkeypatch):
     assert saved["data_dir"] == str(data.resolve())
     monkeypatch.setenv("FL_DATA_DIR", "data")  # a new shell may lack it, or have another one
     saved = run_simulation.runner_record(args_for(["--strategy", "fedavg", "--out", "o"]))
-    assert saved["data_dir"] == str(data.resolve())
+    assert saved["data_dir"] is None and saved["env_data_dir"] == str(data.resolve())
     out = tmp_path / "o"
     out.mkdir()
     (out / "runner.json").write_text(json.dumps(saved))
     monkeypatch.delenv("FL_DATA_DIR")
     monkeypatch.chdir(ROOT)
     resumed = args_for(["--resume", str(out)])
-    assert resumed.data_dir == str(data.resolve())
+    assert resumed.env_data_dir == str(data.resolve())
+    assert run_simulation.build_configs(resumed, out / "runs")[0][2]["data-dir"] == str(data.resolve())
 
 
 def test_fedbn_with_cnn_is_refused_naming_cnn_bn(tmp_path):
