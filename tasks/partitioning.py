@@ -57,7 +57,8 @@ def _make_partitioner(spec: PartitionSpec, label_column: str):
 
 @functools.lru_cache(maxsize=4)
 def federated_dataset(spec: PartitionSpec):
-    """The flwr-datasets FederatedDataset for ``spec`` (local parquet first, then the hub)."""
+    """The flwr-datasets FederatedDataset for ``spec``: the data folder's parquet files when a
+    folder is set (both splits, else ``DataUnavailableError``), the hub only when none is."""
     from flwr_datasets import FederatedDataset
 
     info = DATASETS[spec.dataset]
@@ -77,11 +78,7 @@ def federated_dataset(spec: PartitionSpec):
             ) from exc
         check_columns(fds, info, files["train"])
         return fds
-    tried_local = (
-        f"data-dir {spec.data_dir!r} has no {spec.dataset}/train.parquet and {spec.dataset}/test.parquet"
-        if spec.data_dir
-        else "no data-dir set (run-config 'data-dir' or env FL_DATA_DIR)"
-    )
+    tried_local = "no data-dir set (run-config 'data-dir' or env FL_DATA_DIR)"
     try:
         fds = FederatedDataset(dataset=info.hub_id, **common)
         fds.load_split("test")  # force the download now, so failure is reported here

@@ -5,7 +5,10 @@ collected runs, experiment files, pre-launch checks)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+
+import pytest
 
 import run_simulation
 
@@ -59,3 +62,32 @@ def test_resume_of_an_experiment_with_data_dir_and_fl_data_dir_keeps_its_runs(tm
 def test_no_message_advises_deleting_run_folders():
     for path in [Path(run_simulation.__file__), *Path(run_simulation.__file__).parent.glob("fl_app/**/*.py")]:
         assert "delete" not in path.read_text().replace("deleted in ``close()``", ""), path
+
+
+# ---- 2. a data folder is used whole or refused ---------------------------------------------------
+
+def half_folder(tmp_path: Path, shared_data: Path) -> Path:
+    """A data folder with MNIST's train split only."""
+    (tmp_path / "half" / "mnist").mkdir(parents=True)
+    (tmp_path / "half" / "mnist" / "train.parquet").symlink_to(shared_data / "mnist" / "train.parquet")
+    return tmp_path / "half"
+
+
+def test_a_data_folder_missing_a_split_is_refused_naming_the_file(tmp_path, shared_data, monkeypatch, capsys):
+    from fl_app.preflight import check_data_dir
+    from tasks.datasets import DataUnavailableError
+    from tasks.partition_spec import PartitionSpec
+    from tasks.partitioning import federated_dataset
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the old code's hub fall back fails fast offline
+    half = half_folder(tmp_path, shared_data)
+    missing = str(half / "mnist" / "test.parquet")
+    with pytest.raises(DataUnavailableError, match="has no " + re.escape(missing)):
+        check_data_dir({"dataset": "mnist", "data-dir": str(half)})
+    with pytest.raises(DataUnavailableError, match="has no " + re.escape(missing)):
+        federated_dataset(PartitionSpec(dataset="mnist", num_partitions=2, partitioner="iid", seed=0,
+                                        data_dir=str(half)))
+    monkeypatch.setenv("FL_DATA_DIR", str(half))  # the environment's folder likewise
+    assert run_simulation.main(["--dataset", "mnist", "--check", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and missing in err and "hub" in err
