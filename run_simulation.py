@@ -69,10 +69,12 @@ if __name__ == "__main__" and missing_data_dir(sys.argv[1:]):
     sys.exit(2)
 
 
+from fl_app.checkpoint import CHECKPOINT, load_checkpoint
 from fl_app.config import ConfigError, parse_override, validate_config
 from fl_app.preflight import check_data_dir, check_nodes
 from fl_app.registry import get_method, method_names
 from fl_app.report import compare, plot, plot_curves, plot_drift, read_summary, write_comparison
+from fl_app.tooling.experiment import read_experiment
 from fl_app.tooling.launch import LocalSimulation
 from fl_app.tooling.plan import check_axes, grid_points, label, parse_grid, resolve_rows, run_name
 from fl_app.tooling.quiet import is_noise, plain
@@ -121,34 +123,46 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.list:
         return args
     if args.resume:
-        saved = Path(args.resume) / "runner.json"
-        if not saved.exists():
-            p.error(f"--resume {args.resume}: no runner.json there (not a run_simulation.py output folder)")
         args = argparse.Namespace(**{"grid": [], "verbose": False, "check": False, "list": None,
-                                     "env_data_dir": None, **json.loads(saved.read_text()),
+                                     "env_data_dir": None, **read_runner_record(args.resume, p),
                                      "resume": args.resume, "out": args.resume, "quiet": args.quiet})
     else:
         args.env_data_dir = resolve_data_dir("")  # recorded in runner.json: a new shell may differ
     return resolve_experiment(args, p)
 
 
-EXPERIMENT_KEYS = {"name", "paper", "description", "reduction", "strategies", "seeds", "clients",
-                   "run-config", "methods", "grid", "paper-results", "target-accuracy", "findings"}
+RECORD_TYPES = {"strategy": str, "seeds": list, "clients": int, "overrides": list}  # what a resume needs
+
+
+def read_runner_record(folder: str, parser: argparse.ArgumentParser) -> dict:
+    """``<folder>/runner.json`` as saved by ``runner_record``; a missing, unreadable or altered
+    one is a one-line parser error naming the file."""
+    saved = Path(folder) / "runner.json"
+    if not saved.exists():
+        parser.error(f"--resume {folder}: no runner.json there (not a run_simulation.py output folder)")
+    try:
+        record = json.loads(saved.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        parser.error(f"--resume {folder}: {saved} is not readable JSON ({exc}); it is written by"
+                     " run_simulation.py: start the comparison again with its command and --out")
+    for key, kind in RECORD_TYPES.items():
+        if not isinstance(record, dict) or not isinstance(record.get(key), kind):
+            parser.error(f"--resume {folder}: {saved} has no {kind.__name__} {key!r} (corrupt or not written by"
+                         " run_simulation.py): start the comparison again with its command and --out")
+    return record
 
 
 def resolve_experiment(args: argparse.Namespace, parser: argparse.ArgumentParser) -> argparse.Namespace:
     """Fill strategy/seeds/clients from --config (flags win) and the plain defaults."""
     args.experiment = {}
     if getattr(args, "config", None):
-        import tomllib
-
         path = Path(args.config)
         if not path.is_file():
             parser.error(f"--config {args.config}: no such file")
-        exp = tomllib.loads(path.read_text())
-        unknown = sorted(set(exp) - EXPERIMENT_KEYS)
-        if unknown:
-            parser.error(f"--config {args.config}: unknown entries {unknown}; valid: {sorted(EXPERIMENT_KEYS)}")
+        try:
+            exp = read_experiment(path)
+        except ConfigError as exc:
+            parser.error(f"--config: {exc}")
         args.experiment = exp
         args.strategy = args.strategy or ",".join(exp.get("strategies", []))
         args.seeds = args.seeds or exp.get("seeds")
@@ -233,6 +247,20 @@ def changed_runs(configs: list[tuple[str, int, dict]], runs_dir: Path, env_data_
     return problems
 
 
+def check_checkpoints(configs: list[tuple[str, int, dict]], runs_dir: Path) -> None:
+    """Every unfinished run's checkpoint that a re-run would continue from is checked now
+    (readable, its SHA-256, written for this model): ``CheckpointError`` before any launch."""
+    from tasks.datasets import input_shape
+    from tasks.models import build_model, get_weights
+
+    for _, _, raw in configs:
+        run_dir = runs_dir / raw["run-name"]
+        if read_summary(run_dir) is None and (run_dir / CHECKPOINT).exists():
+            cfg = validate_config(raw)
+            shapes = [w.shape for w in get_weights(build_model(cfg["model"], input_shape(cfg["dataset"])))]
+            load_checkpoint(run_dir, cfg["model"], shapes)
+
+
 def runner_record(args: argparse.Namespace) -> dict:
     """The arguments saved in runner.json for --resume, with what a new shell would resolve
     differently made explicit: ``--data-dir`` and the experiment file by absolute path, and the
@@ -263,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         configs = build_configs(args, runs_dir)
         for spec in {PartitionSpec.from_config(validate_config(c), args.clients) for _, _, c in configs}:
             check_data(spec)
+        check_checkpoints(configs, runs_dir)
         changed = changed_runs(configs, runs_dir, args.env_data_dir)
         if changed:
             raise ConfigError("finished or started runs would be kept or continued although the config changed:\n  "
@@ -298,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
                 if earlier.get("stopped"):
                     stopped.append(cfg["run-name"])
                 continue
-            if (run_dir / "checkpoint.npz").exists():
+            if (run_dir / CHECKPOINT).exists():
                 cfg = {**cfg, "resume": True}
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "run-config.json").write_text(json.dumps(validate_config(cfg), indent=1))
@@ -325,6 +354,10 @@ def main(argv: list[str] | None = None) -> int:
                 print("    run failed" + (f": {causes[0]}" if causes else "") + "; last lines:\n    "
                       + "\n    ".join(tail[-15:]), file=sys.stderr)
                 continue
+            if summary.get("rounds_without_update"):
+                print(f"    warning: no client update was used in rounds {summary['rounds_without_update']}"
+                      + (": the model was never trained, not a result" if summary.get("untrained") else ""),
+                      file=sys.stderr, flush=True)
             if summary.get("stopped"):
                 stopped.append(cfg["run-name"])
                 print(f"    stopped after {summary['rounds']} rounds: {summary['stopped']}", flush=True)

@@ -72,12 +72,11 @@ def _server_components(context: Context) -> ServerAppComponents:
     check_data_dir(cfg)
     method = get_method(cfg["strategy"])
     run_dir = Path(cfg["results-dir"]).expanduser() / run_name(cfg)
-    checkpoint = load_checkpoint(run_dir) if cfg["resume"] else None
+    weights = get_weights(build_model(cfg["model"], input_shape(cfg["dataset"]), seed=cfg["seed"]))
+    checkpoint = load_checkpoint(run_dir, cfg["model"], [w.shape for w in weights]) if cfg["resume"] else None
     if checkpoint is not None:
         log.info("resuming %s from its checkpoint after round %d", run_dir, checkpoint.round)
         weights = checkpoint.weights
-    else:
-        weights = get_weights(build_model(cfg["model"], input_shape(cfg["dataset"]), seed=cfg["seed"]))
     client_manager = SeededClientManager(cfg["seed"], wait_seconds=cfg["wait-for-nodes"])
     if checkpoint is not None:
         client_manager.draws = checkpoint.sampler_draws

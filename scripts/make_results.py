@@ -35,14 +35,15 @@ import math
 import re
 import shutil
 import sys
-import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from fl_app.config import ConfigError  # noqa: E402
 from fl_app.registry import method_names  # noqa: E402
 from fl_app.report import drift_columns, mean_std, plot, plot_drift, read_metrics, read_summary  # noqa: E402
+from fl_app.tooling.experiment import read_experiment  # noqa: E402
 from fl_app.tooling.plan import check_axes, grid_points, label, resolve_rows, run_name  # noqa: E402
 
 STORE = ROOT / "docs" / "results" / "runs"
@@ -57,7 +58,7 @@ NOT_RUN = "not run yet"
 def load_experiments(folder: Path) -> list[tuple[Path, dict]]:
     """Experiment files in the order of PROPOSED (by the first proposed method each runs;
     experiments without one last), then by name."""
-    exps = [(p, tomllib.loads(p.read_text())) for p in Path(folder).glob("*.toml")]
+    exps = [(p, read_experiment(p)) for p in Path(folder).glob("*.toml")]
 
     def order(item: tuple[Path, dict]) -> tuple[int, str]:
         ranks = [PROPOSED.index(m) for m in item[1].get("strategies", []) if m in PROPOSED]
@@ -361,11 +362,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(ROOT / "docs" / "results.md"),
                    help="markdown file; figures go to <its folder>/<its stem>/")
     args = p.parse_args(argv)
-    if args.collect:
-        names = [exp.get("name", path.stem) for path, exp in load_experiments(Path(args.experiments))]
-        copied = collect(Path(args.collect), Path(args.results), names)
-        print(f"collected {len(copied)} runs into {args.results}")
-    make_results(Path(args.experiments), Path(args.results), Path(args.out))
+    try:
+        if args.collect:
+            names = [exp.get("name", path.stem) for path, exp in load_experiments(Path(args.experiments))]
+            copied = collect(Path(args.collect), Path(args.results), names)
+            print(f"collected {len(copied)} runs into {args.results}")
+        make_results(Path(args.experiments), Path(args.results), Path(args.out))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(f"wrote {args.out}")
     return 0
 

@@ -4,6 +4,7 @@ collected runs, experiment files, pre-launch checks)."""
 
 from __future__ import annotations
 
+import io
 import json
 import re
 from pathlib import Path
@@ -11,6 +12,16 @@ from pathlib import Path
 import pytest
 
 import run_simulation
+from tests.conftest import ROOT
+
+
+def load_make_results():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_results", ROOT / "scripts" / "make_results.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def write_experiment(path: Path, body: str) -> Path:
@@ -91,3 +102,144 @@ def test_a_data_folder_missing_a_split_is_refused_naming_the_file(tmp_path, shar
     assert run_simulation.main(["--dataset", "mnist", "--check", "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and missing in err and "hub" in err
+
+
+# ---- 4. checkpoints are checked before use ----------------------------------------------------------
+
+def small_checkpoint(run_dir: Path, model: str = "mlp"):
+    from fl_app.checkpoint import Checkpoint, save_checkpoint
+    from tasks.datasets import input_shape
+    from tasks.models import build_model, get_weights
+
+    weights = get_weights(build_model(model, input_shape("synthetic"), seed=0))
+    save_checkpoint(run_dir, Checkpoint(2, weights, {}, 3, 1.0, model))
+    return [w.shape for w in weights]
+
+
+def test_a_checkpoint_of_another_model_is_refused_naming_file_and_fix(tmp_path):
+    from fl_app.checkpoint import CheckpointError, load_checkpoint
+    from fl_app.server_app import server_fn
+    from tests.conftest import fake_context
+
+    shapes = small_checkpoint(tmp_path / "r", "mlp")
+    assert load_checkpoint(tmp_path / "r", "mlp", shapes).round == 2
+    path = str(tmp_path / "r" / "checkpoint.npz")
+    with pytest.raises(CheckpointError, match=re.escape(path) + ".*model 'mlp'.*this run builds model 'logreg'"):
+        server_fn(fake_context({"dataset": "synthetic", "model": "logreg", "results-dir": str(tmp_path),
+                                "run-name": "r", "resume": True}))
+
+
+def test_a_truncated_or_altered_checkpoint_is_one_line_naming_file_and_fix(tmp_path, capsys):
+    from fl_app.checkpoint import CheckpointError, load_checkpoint
+
+    shapes = small_checkpoint(tmp_path / "r")
+    path = tmp_path / "r" / "checkpoint.npz"
+    good = path.read_bytes()
+    path.write_bytes(good[: len(good) // 2])
+    with pytest.raises(CheckpointError, match=re.escape(str(path)) + " is unreadable.*rename") as info:
+        load_checkpoint(tmp_path / "r", "mlp", shapes)
+    assert "\n" not in str(info.value)
+    import zipfile
+
+    with zipfile.ZipFile(path.with_name("x.npz"), "w") as out, zipfile.ZipFile(io.BytesIO(good)) as src:
+        for item in src.namelist():  # the same archive with one weight changed
+            data = src.read(item)
+            out.writestr(item, data[:-4] + b"\x00\x00\x80\x3f" if item == "w0.npy" else data)
+    path.with_name("x.npz").replace(path)
+    with pytest.raises(CheckpointError, match="does not match its recorded SHA-256"):
+        load_checkpoint(tmp_path / "r", "mlp", shapes)
+    # the runner refuses before any launch
+    exp = ["--strategy", "fedavg", "--dataset", "synthetic", "--set", "model=mlp"]
+    assert run_simulation.main([*exp, "--check", "--out", str(tmp_path / "o")]) == 0
+    (tmp_path / "o" / "runs" / "fedavg-seed0").mkdir(parents=True)
+    path.replace(tmp_path / "o" / "runs" / "fedavg-seed0" / "checkpoint.npz")
+    assert run_simulation.main([*exp, "--check", "--out", str(tmp_path / "o")]) == 2
+    assert "SHA-256" in capsys.readouterr().err
+
+
+# ---- 3. a round without any usable update is flagged ------------------------------------------------
+
+def recorded_run(run_dir: Path, rounds_ok: list[bool]) -> Path:
+    """A RecordingStrategy run of len(rounds_ok) rounds under min-fit-fraction = 0; in a round
+    marked False the only sampled client failed."""
+    import numpy as np
+    from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
+    from flwr.server.strategy import FedAvg
+
+    from fl_app.config import validate_config
+    from fl_app.recording import RecordingStrategy
+
+    class Proxy:
+        cid = "0"
+
+    cfg = validate_config({"dataset": "synthetic", "model": "logreg", "min-fit-fraction": 0.0})
+    params = ndarrays_to_parameters([np.ones((2,), np.float32)])
+    inner = FedAvg(evaluate_fn=lambda rnd, arrays, config: (1.0, {"accuracy": 0.1 + 0.1 * rnd}))
+    recording = RecordingStrategy(inner, cfg, run_dir, num_rounds=len(rounds_ok))
+    for rnd, ok in enumerate(rounds_ok, 1):
+        recording.participation.sampled, recording.round_started = 1, 0.0
+        recording.row = {"round": rnd, "num_clients": 0, "num_failures": 0, "num_rejected": 0, "num_dropped": 0}
+        reply = [(Proxy(), FitRes(Status(Code.OK, ""), params, 10, {}))]
+        recording.aggregate_fit(rnd, reply if ok else [], [] if ok else [RuntimeError("client failed")])
+        recording.evaluate(rnd, params)
+    return run_dir
+
+
+def test_rounds_without_any_update_are_flagged_and_untrained_runs_are_no_result(tmp_path):
+    from fl_app.report import compare, read_summary, write_comparison
+
+    dead = read_summary(recorded_run(tmp_path / "dead-seed0", [False, False]))
+    assert dead["rounds_without_update"] == [1, 2] and dead["untrained"] is True
+    gap = read_summary(recorded_run(tmp_path / "gap-seed0", [False, True]))
+    assert gap["rounds_without_update"] == [1] and gap["untrained"] is False
+    good = read_summary(recorded_run(tmp_path / "good-seed0", [True, True]))
+    assert good["rounds_without_update"] == [] and good["untrained"] is False
+    table = compare({"dead": [tmp_path / "dead-seed0"], "gap": [tmp_path / "gap-seed0"],
+                     "good": [tmp_path / "good-seed0"]})
+    write_comparison(table, tmp_path / "out")
+    md = (tmp_path / "out" / "comparison.md").read_text()
+    assert "| dead (!) | 0 | 2 | no result | no result |" in md  # the initial model's 0.3 is not shown
+    assert "| gap (!) | 1 | 2 | 0.3000 |" in md and "| good | 1 | 2 | 0.3000 |" in md
+    assert "- dead: dead-seed0: untrained" in md and "- gap: gap-seed0: no client update used in rounds [1]" in md
+
+
+# ---- 6. experiment-file and runner.json errors are one line ------------------------------------------
+
+@pytest.mark.parametrize("line, key, expected", [
+    ('clients = "10"', "clients", "an integer >= 1"),
+    ('strategies = "fedavg,fedprox"', "strategies", "a non-empty list of method names"),
+    ("seeds = 0", "seeds", "a non-empty list of integers"),
+    ('run-config = "x"', "run-config", "a table"),
+])
+def test_experiment_file_type_errors_name_key_file_and_type(tmp_path, capsys, line, key, expected):
+    exp = write_experiment(tmp_path / "exp.toml", f'name = "t"\n{line}\n')
+    with pytest.raises(SystemExit) as info:
+        run_simulation.parse_args(["--config", str(exp)])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert str(exp) in err and f"entry {key!r}" in err and expected in err and "Traceback" not in err
+
+
+def test_malformed_experiment_file_and_corrupt_runner_json_are_one_line(tmp_path, capsys):
+    exp = write_experiment(tmp_path / "exp.toml", 'name = "t\nclients = 4\n')
+    with pytest.raises(SystemExit):
+        run_simulation.parse_args(["--config", str(exp)])
+    assert f"{exp} is not valid TOML" in capsys.readouterr().err
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "runner.json").write_text('{"strategy": "fedavg", "seeds": [0')
+    with pytest.raises(SystemExit):
+        run_simulation.parse_args(["--resume", str(tmp_path / "out")])
+    assert "runner.json is not readable JSON" in capsys.readouterr().err
+    (tmp_path / "out" / "runner.json").write_text('{"strategy": "fedavg", "seeds": 0}')
+    with pytest.raises(SystemExit):
+        run_simulation.parse_args(["--resume", str(tmp_path / "out")])
+    assert "has no list 'seeds'" in capsys.readouterr().err
+
+
+def test_make_results_reports_a_bad_experiment_file_in_one_line(tmp_path, capsys):
+    make_results = load_make_results()
+    write_experiment(tmp_path / "exp.toml", 'name = "t"\nclients = "10"\n')
+    assert make_results.main(["--experiments", str(tmp_path), "--results", str(tmp_path / "r"),
+                              "--out", str(tmp_path / "results.md")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "entry 'clients'" in err
