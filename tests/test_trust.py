@@ -243,3 +243,58 @@ def test_make_results_reports_a_bad_experiment_file_in_one_line(tmp_path, capsys
                               "--out", str(tmp_path / "results.md")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "entry 'clients'" in err
+
+
+# ---- 5. --collect refuses runs made with another setting -----------------------------------------------
+
+BIG = """
+name = "big"
+strategies = ["fedavg"]
+seeds = [0]
+clients = 100
+[run-config]
+dataset = "synthetic"
+model = "logreg"
+num-server-rounds = 20
+local-epochs = 2
+data-dir = "/somewhere"
+"""
+
+
+def finished_run(runs: Path, name: str, config: dict, num_clients: int) -> None:
+    from fl_app.config import validate_config
+
+    d = runs / name
+    d.mkdir(parents=True)
+    (d / "metrics.csv").write_text("round,test_accuracy\n1,0.5\n")
+    (d / "summary.json").write_text(json.dumps({
+        "config": validate_config(config), "rounds": 1, "final_accuracy": 0.5, "best_accuracy": 0.5,
+        "final_loss": 1.0, "total_seconds": 1.0, "stopped": None, "num_clients": num_clients}))
+
+
+def test_collect_refuses_a_run_made_with_another_setting(tmp_path, capsys):
+    make_results = load_make_results()
+    exps, source, store = tmp_path / "experiments", tmp_path / "results", tmp_path / "store"
+    exps.mkdir()
+    exp = write_experiment(exps / "big.toml", BIG)
+    runs = source / "big" / "runs"
+    same = {"strategy": "fedavg", "dataset": "synthetic", "model": "logreg", "seed": 0,
+            "num-server-rounds": 20, "local-epochs": 2, "data-dir": "/my/machine", "evaluate-every": 5}
+    finished_run(runs, "fedavg-seed0", same, 100)  # a machine path and an unfixed key may differ
+    argv = ["--experiments", str(exps), "--results", str(store), "--collect", str(source),
+            "--out", str(tmp_path / "results.md")]
+    assert make_results.main(argv) == 0 and (store / "big" / "fedavg-seed0" / "summary.json").exists()
+    capsys.readouterr()
+    finished_run(source / "big2", "x", same, 100)  # (not an experiment folder: ignored)
+    (runs / "fedavg-seed0").rename(runs.parent / "kept")
+    finished_run(runs, "fedavg-seed0", {**same, "num-server-rounds": 3, "local-epochs": 1}, 10)
+    (store / "big" / "fedavg-seed0").rename(store / "big" / "before")
+    assert make_results.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{exp}: run fedavg-seed0: num-server-rounds = 3, the experiment file fixes 20" in err
+    assert "local-epochs = 1, the experiment file fixes 2" in err and "clients = 10, the experiment file fixes 100" in err
+    assert not (store / "big" / "fedavg-seed0").exists()  # nothing copied
+    summary = json.loads((runs.parent / "kept" / "summary.json").read_text())
+    (runs / "fedavg-seed0" / "summary.json").write_text(json.dumps({**summary, "untrained": True}))
+    assert make_results.main(argv) == 2
+    assert "run fedavg-seed0 is untrained" in capsys.readouterr().err
