@@ -36,6 +36,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -77,6 +78,7 @@ from fl_app.report import compare, plot, plot_curves, plot_drift, read_summary, 
 from fl_app.tooling.experiment import read_experiment
 from fl_app.tooling.launch import LocalSimulation
 from fl_app.tooling.plan import check_axes, grid_points, label, parse_grid, resolve_rows, run_name
+from fl_app.tooling.processes import MissingTool
 from fl_app.tooling.quiet import is_noise, plain
 from strategies.base import fedavg_kwargs
 from tasks.datasets import DataUnavailableError, PartitionError, resolve_data_dir
@@ -247,6 +249,21 @@ def changed_runs(configs: list[tuple[str, int, dict]], runs_dir: Path, env_data_
     return problems
 
 
+def check_resources(args: argparse.Namespace) -> None:
+    """GPUs asked for must exist: on a machine whose torch sees no CUDA GPU, Ray would wait for
+    a GPU that never comes and the run fail after its start-up, in pages of tracebacks. (With
+    --ray-address the GPUs are the cluster's, so they are not checked here.)"""
+    gpus = args.gpus_per_client
+    if gpus is not None and gpus < 0:
+        raise ConfigError(f"--gpus-per-client = {gpus:g} is invalid: must be >= 0")
+    if gpus and not getattr(args, "ray_address", None):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--gpus-per-client = {gpus:g} is invalid: torch sees no CUDA GPU on this machine"
+                              " (check CUDA_VISIBLE_DEVICES and the torch build); use --gpus-per-client 0")
+
+
 def check_checkpoints(configs: list[tuple[str, int, dict]], runs_dir: Path) -> None:
     """Every unfinished run's checkpoint that a re-run would continue from is checked now
     (readable, its SHA-256, written for this model): ``CheckpointError`` before any launch."""
@@ -275,7 +292,133 @@ def runner_record(args: argparse.Namespace) -> dict:
     return saved
 
 
+@dataclass
+class Outcome:
+    """What the launch step hands the report step: the kept runs per row, and the names of
+    the runs that failed (no summary) or stopped before their last round."""
+
+    runs: dict[str, list[Path]] = field(default_factory=dict)
+    failed: list[str] = field(default_factory=list)
+    stopped: list[str] = field(default_factory=list)
+
+
+def validate(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str, int, dict]]:
+    """Step 2: every check that can fail before anything is launched or written (resources,
+    configs, data, checkpoints, runs made with another config); raises the first problem."""
+    check_resources(args)
+    configs = build_configs(args, runs_dir)
+    for spec in {PartitionSpec.from_config(validate_config(c), args.clients) for _, _, c in configs}:
+        check_data(spec)
+    check_checkpoints(configs, runs_dir)
+    changed = changed_runs(configs, runs_dir, args.env_data_dir)
+    if changed:
+        raise ConfigError("finished or started runs would be kept or continued although the config changed:\n  "
+                          + "\n  ".join(changed) + "\nrun the changed config with another --out"
+                          " (the runs there are kept as they are)")
+    return configs
+
+
+def plan(args: argparse.Namespace, out: Path) -> float:
+    """Step 3: record the arguments for --resume and the code revision; the GPUs per client
+    (default: 0, or a share of the GPU when CUDA is present)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "runner.json").write_text(json.dumps(runner_record(args), indent=1))
+    from fl_app.provenance import code_revision
+
+    os.environ.setdefault("FL_DRIFT_REVISION", code_revision())  # the installed app has no .git
+    if args.gpus_per_client is not None:
+        return args.gpus_per_client
+    import torch
+
+    return min(1.0, args.cpus_per_client / 2) if torch.cuda.is_available() else 0.0
+
+
+def progress_printer(args: argparse.Namespace, tail: list[str]):
+    """The callback for one run's output lines: keeps the last 40 in ``tail``, prints what
+    --quiet / --verbose ask for."""
+    def on_line(line: str) -> None:
+        tail.append(line)
+        del tail[:-40]
+        if args.quiet:
+            show = "test accuracy" in line or "fl-drift:" in line
+        else:
+            show = args.verbose or not is_noise(line)
+        if show:
+            print("   ", line, flush=True)
+
+    return on_line
+
+
+def launch(args: argparse.Namespace, configs: list[tuple[str, int, dict]], runs_dir: Path, gpus: float) -> Outcome:
+    """Step 4: one `flwr run` per (row, seed) on a private SuperLink; finished runs are kept,
+    checkpointed ones continue."""
+    outcome = Outcome()
+    with LocalSimulation(ray_address=getattr(args, "ray_address", None)) as sim:
+        for i, (row, seed, cfg) in enumerate(configs, 1):
+            run_dir = runs_dir / cfg["run-name"]
+            where = f"[{i}/{len(configs)}] {row} seed {seed}"
+            earlier = read_summary(run_dir)
+            if earlier is not None:
+                how = f"stopped earlier ({earlier['stopped']})" if earlier.get("stopped") else "finished earlier"
+                print(f"{where}: {how}, kept", flush=True)
+                outcome.runs.setdefault(row, []).append(run_dir)
+                if earlier.get("stopped"):
+                    outcome.stopped.append(cfg["run-name"])
+                continue
+            if (run_dir / CHECKPOINT).exists():
+                cfg = {**cfg, "resume": True}
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "run-config.json").write_text(json.dumps(validate_config(cfg), indent=1))
+            print(f"{where} -> {run_dir}" + (" (resuming)" if cfg.get("resume") else ""), flush=True)
+            tail: list[str] = []
+            sim.run(cfg, num_supernodes=args.clients, cpus_per_client=args.cpus_per_client,
+                    gpus_per_client=gpus, on_line=progress_printer(args, tail))
+            record_run(row, cfg["run-name"], run_dir, tail, outcome)
+    return outcome
+
+
+def record_run(row: str, name: str, run_dir: Path, tail: list[str], outcome: Outcome) -> None:
+    """After one run: print its result (or why it failed) and file it in ``outcome``."""
+    summary = read_summary(run_dir)
+    if summary is None:
+        outcome.failed.append(name)
+        causes = [plain(t).split("fl-drift:", 1)[1].strip() for t in tail if "fl-drift:" in t]
+        print("    run failed" + (f": {causes[0]}" if causes else "") + "; last lines:\n    "
+              + "\n    ".join(tail[-15:]), file=sys.stderr)
+        return
+    if summary.get("rounds_without_update"):
+        print(f"    warning: no client update was used in rounds {summary['rounds_without_update']}"
+              + (": the model was never trained, not a result" if summary.get("untrained") else ""),
+              file=sys.stderr, flush=True)
+    if summary.get("stopped"):
+        outcome.stopped.append(name)
+        print(f"    stopped after {summary['rounds']} rounds: {summary['stopped']}", flush=True)
+    print(f"    final accuracy {_fmt(summary['final_accuracy'])}, best {_fmt(summary['best_accuracy'])},"
+          f" {summary['total_seconds']:.0f}s", flush=True)
+    outcome.runs.setdefault(row, []).append(run_dir)
+
+
+def report(outcome: Outcome, out: Path) -> int:
+    """Step 5: comparison.csv/.md and the plots; the exit code (1 when a run failed)."""
+    write_comparison(compare(outcome.runs), out)
+    plot_curves(outcome.runs, out / "accuracy.png")
+    plot(outcome.runs, "ri_mean", "roughness index (mean over clients)", out / "roughness.png")
+    plot_drift(outcome.runs, out / "drift.png")
+    print((out / "comparison.md").read_text())
+    print(f"results in {out}")
+    if outcome.stopped:  # a result (e.g. a method diverging), kept and reported, but worth a look
+        print(f"note: {len(outcome.stopped)} run(s) stopped before their last round (see 'stopped' in their "
+              f"summary.json; to redo one, run again with another --out): {', '.join(outcome.stopped)}",
+              file=sys.stderr)
+    if outcome.failed:
+        print(f"error: {len(outcome.failed)} run(s) failed: {', '.join(outcome.failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    """parse -> validate -> plan -> launch -> report. Exit codes: 0 done, 1 a run failed,
+    2 refused before anything was launched."""
     # SIGTERM (a job scheduler, `timeout`) unwinds like Ctrl-C, so the private SuperLink and
     # everything it started are stopped; finished runs and checkpoints stay for --resume.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -286,98 +429,22 @@ def main(argv: list[str] | None = None) -> int:
         print(listing(args.list))
         return 0
     out = Path(args.out or f"results/compare-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
-    runs_dir = out / "runs"
     try:
-        configs = build_configs(args, runs_dir)
-        for spec in {PartitionSpec.from_config(validate_config(c), args.clients) for _, _, c in configs}:
-            check_data(spec)
-        check_checkpoints(configs, runs_dir)
-        changed = changed_runs(configs, runs_dir, args.env_data_dir)
-        if changed:
-            raise ConfigError("finished or started runs would be kept or continued although the config changed:\n  "
-                              + "\n  ".join(changed) + "\nrun the changed config with another --out"
-                              " (the runs there are kept as they are)")
+        configs = validate(args, out / "runs")
     except (ConfigError, DataUnavailableError, PartitionError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.check:
         for row, seed, cfg in configs:
-            print(f"ok: {row} seed {seed} -> {runs_dir / cfg['run-name']}")
+            print(f"ok: {row} seed {seed} -> {out / 'runs' / cfg['run-name']}")
         return 0
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "runner.json").write_text(json.dumps(runner_record(args), indent=1))
-    from fl_app.provenance import code_revision
-
-    os.environ.setdefault("FL_DRIFT_REVISION", code_revision())  # the installed app has no .git
-    gpus = args.gpus_per_client
-    if gpus is None:
-        import torch
-
-        gpus = min(1.0, args.cpus_per_client / 2) if torch.cuda.is_available() else 0.0
-    runs: dict[str, list[Path]] = {}
-    failed, stopped = [], []
-    with LocalSimulation(ray_address=getattr(args, "ray_address", None)) as sim:
-        for i, (row, seed, cfg) in enumerate(configs, 1):
-            run_dir = runs_dir / cfg["run-name"]
-            earlier = read_summary(run_dir)
-            if earlier is not None:
-                how = f"stopped earlier ({earlier['stopped']})" if earlier.get("stopped") else "finished earlier"
-                print(f"[{i}/{len(configs)}] {row} seed {seed}: {how}, kept", flush=True)
-                runs.setdefault(row, []).append(run_dir)
-                if earlier.get("stopped"):
-                    stopped.append(cfg["run-name"])
-                continue
-            if (run_dir / CHECKPOINT).exists():
-                cfg = {**cfg, "resume": True}
-            run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / "run-config.json").write_text(json.dumps(validate_config(cfg), indent=1))
-            print(f"[{i}/{len(configs)}] {row} seed {seed} -> {run_dir}"
-                  + (" (resuming)" if cfg.get("resume") else ""), flush=True)
-            tail: list[str] = []
-
-            def on_line(line: str, tail: list[str] = tail) -> None:
-                tail.append(line)
-                del tail[:-40]
-                if args.quiet:
-                    show = "test accuracy" in line or "fl-drift:" in line
-                else:
-                    show = args.verbose or not is_noise(line)
-                if show:
-                    print("   ", line, flush=True)
-
-            sim.run(cfg, num_supernodes=args.clients, cpus_per_client=args.cpus_per_client,
-                    gpus_per_client=gpus, on_line=on_line)
-            summary = read_summary(run_dir)
-            if summary is None:
-                failed.append(cfg["run-name"])
-                causes = [plain(t).split("fl-drift:", 1)[1].strip() for t in tail if "fl-drift:" in t]
-                print("    run failed" + (f": {causes[0]}" if causes else "") + "; last lines:\n    "
-                      + "\n    ".join(tail[-15:]), file=sys.stderr)
-                continue
-            if summary.get("rounds_without_update"):
-                print(f"    warning: no client update was used in rounds {summary['rounds_without_update']}"
-                      + (": the model was never trained, not a result" if summary.get("untrained") else ""),
-                      file=sys.stderr, flush=True)
-            if summary.get("stopped"):
-                stopped.append(cfg["run-name"])
-                print(f"    stopped after {summary['rounds']} rounds: {summary['stopped']}", flush=True)
-            print(f"    final accuracy {_fmt(summary['final_accuracy'])}, best {_fmt(summary['best_accuracy'])},"
-                  f" {summary['total_seconds']:.0f}s", flush=True)
-            runs.setdefault(row, []).append(run_dir)
-    table = compare(runs)
-    write_comparison(table, out)
-    plot_curves(runs, out / "accuracy.png")
-    plot(runs, "ri_mean", "roughness index (mean over clients)", out / "roughness.png")
-    plot_drift(runs, out / "drift.png")
-    print((out / "comparison.md").read_text())
-    print(f"results in {out}")
-    if stopped:  # a result (e.g. a method diverging), kept and reported, but worth a look
-        print(f"note: {len(stopped)} run(s) stopped before their last round (see 'stopped' in their "
-              f"summary.json; to redo one, run again with another --out): {', '.join(stopped)}", file=sys.stderr)
-    if failed:
-        print(f"error: {len(failed)} run(s) failed: {', '.join(failed)}", file=sys.stderr)
-        return 1
-    return 0
+    gpus = plan(args, out)
+    try:
+        outcome = launch(args, configs, out / "runs", gpus)
+    except MissingTool as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return report(outcome, out)
 
 
 def _fmt(value) -> str:

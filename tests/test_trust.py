@@ -298,3 +298,63 @@ def test_collect_refuses_a_run_made_with_another_setting(tmp_path, capsys):
     (runs / "fedavg-seed0" / "summary.json").write_text(json.dumps({**summary, "untrained": True}))
     assert make_results.main(argv) == 2
     assert "run fedavg-seed0 is untrained" in capsys.readouterr().err
+
+
+# ---- 7. refused before launch or before training ----------------------------------------------------
+
+def test_a_federation_larger_than_the_data_is_refused_before_any_node_is_asked(shared_data, caplog):
+    """`flwr run` with num-supernodes = 100000: the ServerApp's start-up refuses it in one
+    fl-drift line instead of polling every node."""
+    from fl_app.config import validate_config
+    from fl_app.startup import ServerStartup
+    from tasks.datasets import PartitionError
+
+    class Nodes:  # the client manager as Flower fills it: every simulated node registered
+        asked = False
+
+        def wait_for(self, n):
+            return True
+
+        def num_available(self):
+            return 100_000
+
+        def learn_partitions(self):
+            Nodes.asked = True
+
+    cfg = validate_config({"dataset": "mnist", "model": "cnn-small", "data-dir": str(shared_data)})
+    startup = ServerStartup(cfg, Nodes())
+    with pytest.raises(PartitionError, match="100000 partitions requested .* at most 6000 dirichlet partitions"):
+        startup._learn()
+    assert not Nodes.asked
+
+
+def test_check_refuses_gpus_without_a_cuda_gpu(tmp_path, capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    argv = ["--dataset", "synthetic", "--set", "model=logreg", "--check", "--out", str(tmp_path / "o")]
+    assert run_simulation.main([*argv, "--gpus-per-client", "0.5"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--gpus-per-client = 0.5" in err and "no CUDA GPU" in err
+    assert run_simulation.main([*argv, "--gpus-per-client", "0"]) == 0
+
+
+def test_the_runner_finds_flower_beside_its_python_or_names_what_is_missing(tmp_path, monkeypatch, capsys):
+    """`venv/bin/python run_simulation.py` without the venv on PATH: the SuperLink it starts
+    must find flower-superexec beside sys.executable; with no Flower at all, the runner names
+    the missing flower-superexec instead of 'flower-superlink exited early'."""
+    import os
+
+    from fl_app.tooling import processes
+
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    env = processes.private_env(tmp_path / "home")
+    assert env["PATH"].split(os.pathsep)[0] == str(processes.BIN_DIR)
+    monkeypatch.setattr(processes, "BIN_DIR", tmp_path)  # a Python without Flower's scripts
+    with pytest.raises(processes.MissingTool, match=r"flower-superexec is neither beside .* nor on PATH"):
+        processes.exe("flower-superexec")
+    argv = ["--dataset", "synthetic", "--set", "model=logreg", "--rounds", "1", "--clients", "2",
+            "--out", str(tmp_path / "o")]
+    assert run_simulation.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "flower-superexec is neither beside" in err
