@@ -358,3 +358,35 @@ def test_the_runner_finds_flower_beside_its_python_or_names_what_is_missing(tmp_
     assert run_simulation.main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "flower-superexec is neither beside" in err
+
+
+# ---- 8. deployment keys ------------------------------------------------------------------------------
+
+def test_private_keys_are_created_0600_not_chmod_ed_after(tmp_path, monkeypatch):
+    """With chmod disabled, a key written with default permissions and chmod-ed afterwards
+    would be left world-readable: the keys must be created 0600."""
+    import os
+    import stat
+
+    spec = __import__("importlib.util").util.spec_from_file_location("make_certs", ROOT / "scripts" / "make_certs.py")
+    make_certs = __import__("importlib.util").util.module_from_spec(spec)
+    spec.loader.exec_module(make_certs)
+    monkeypatch.setattr(Path, "chmod", lambda self, mode: None)
+    old = os.umask(0o022)
+    try:
+        make_certs.main(["--out", str(tmp_path), "--host", "127.0.0.1", "--node-key", "dev1"])
+    finally:
+        os.umask(old)
+    for name in ("ca.key", "server.key", "supernode-dev1.key"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600, name
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_gitignore_covers_every_key_path_the_readme_uses():
+    import subprocess
+
+    paths = sorted(set(re.findall(r"[\w./-]+\.(?:key|pem)\b", (ROOT / "README.md").read_text())))
+    assert "supernode-dev1.key" in paths and "certs/ca.key" in paths
+    ignored = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "--no-index", *paths],
+                             capture_output=True, text=True).stdout.split()
+    assert sorted(ignored) == paths
