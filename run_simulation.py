@@ -36,6 +36,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -69,12 +70,15 @@ if __name__ == "__main__" and missing_data_dir(sys.argv[1:]):
     sys.exit(2)
 
 
+from fl_app.checkpoint import CHECKPOINT, load_checkpoint
 from fl_app.config import ConfigError, parse_override, validate_config
 from fl_app.preflight import check_data_dir, check_nodes
 from fl_app.registry import get_method, method_names
 from fl_app.report import compare, plot, plot_curves, plot_drift, read_summary, write_comparison
+from fl_app.tooling.experiment import read_experiment
 from fl_app.tooling.launch import LocalSimulation
 from fl_app.tooling.plan import check_axes, grid_points, label, parse_grid, resolve_rows, run_name
+from fl_app.tooling.processes import MissingTool
 from fl_app.tooling.quiet import for_output, is_noise, plain
 from strategies.base import fedavg_kwargs
 from tasks.datasets import DataUnavailableError, PartitionError, resolve_data_dir
@@ -121,32 +125,46 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.list:
         return args
     if args.resume:
-        saved = Path(args.resume) / "runner.json"
-        if not saved.exists():
-            p.error(f"--resume {args.resume}: no runner.json there (not a run_simulation.py output folder)")
         args = argparse.Namespace(**{"grid": [], "verbose": False, "check": False, "list": None,
-                                     **json.loads(saved.read_text()), "resume": args.resume,
-                                     "out": args.resume, "quiet": args.quiet})
+                                     "env_data_dir": None, **read_runner_record(args.resume, p),
+                                     "resume": args.resume, "out": args.resume, "quiet": args.quiet})
+    else:
+        args.env_data_dir = resolve_data_dir("")  # recorded in runner.json: a new shell may differ
     return resolve_experiment(args, p)
 
 
-EXPERIMENT_KEYS = {"name", "paper", "description", "reduction", "strategies", "seeds", "clients",
-                   "run-config", "methods", "grid", "paper-results", "target-accuracy", "findings"}
+RECORD_TYPES = {"strategy": str, "seeds": list, "clients": int, "overrides": list}  # what a resume needs
+
+
+def read_runner_record(folder: str, parser: argparse.ArgumentParser) -> dict:
+    """``<folder>/runner.json`` as saved by ``runner_record``; a missing, unreadable or altered
+    one is a one-line parser error naming the file."""
+    saved = Path(folder) / "runner.json"
+    if not saved.exists():
+        parser.error(f"--resume {folder}: no runner.json there (not a run_simulation.py output folder)")
+    try:
+        record = json.loads(saved.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        parser.error(f"--resume {folder}: {saved} is not readable JSON ({exc}); it is written by"
+                     " run_simulation.py: start the comparison again with its command and --out")
+    for key, kind in RECORD_TYPES.items():
+        if not isinstance(record, dict) or not isinstance(record.get(key), kind):
+            parser.error(f"--resume {folder}: {saved} has no {kind.__name__} {key!r} (corrupt or not written by"
+                         " run_simulation.py): start the comparison again with its command and --out")
+    return record
 
 
 def resolve_experiment(args: argparse.Namespace, parser: argparse.ArgumentParser) -> argparse.Namespace:
     """Fill strategy/seeds/clients from --config (flags win) and the plain defaults."""
     args.experiment = {}
     if getattr(args, "config", None):
-        import tomllib
-
         path = Path(args.config)
         if not path.is_file():
             parser.error(f"--config {args.config}: no such file")
-        exp = tomllib.loads(path.read_text())
-        unknown = sorted(set(exp) - EXPERIMENT_KEYS)
-        if unknown:
-            parser.error(f"--config {args.config}: unknown entries {unknown}; valid: {sorted(EXPERIMENT_KEYS)}")
+        try:
+            exp = read_experiment(path)
+        except ConfigError as exc:
+            parser.error(f"--config: {exc}")
         args.experiment = exp
         args.strategy = args.strategy or ",".join(exp.get("strategies", []))
         args.seeds = args.seeds or exp.get("seeds")
@@ -199,7 +217,7 @@ def build_configs(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str, i
             for seed in args.seeds:
                 raw = {**base, **keys, **command_line, **point, "strategy": strategy, "seed": seed,
                        "results-dir": str(runs_dir), "run-name": run_name(row, seed)}
-                raw["data-dir"] = resolve_data_dir(str(raw.get("data-dir", "")))
+                raw["data-dir"] = resolve_data_dir(str(raw.get("data-dir", "")), args.env_data_dir)
                 cfg = validate_config(raw)
                 check_data_dir(cfg)
                 check_nodes(cfg, args.clients)
@@ -211,7 +229,7 @@ def build_configs(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str, i
 IGNORED_ON_RERUN = {"resume", "results-dir"}  # by design: continuation flag; the folder may move
 
 
-def changed_runs(configs: list[tuple[str, int, dict]], runs_dir: Path) -> list[str]:
+def changed_runs(configs: list[tuple[str, int, dict]], runs_dir: Path, env_data_dir: str | None = None) -> list[str]:
     """Runs in ``runs_dir`` (finished, or started and checkpointed) whose recorded config
     differs from what is asked now: keeping or continuing them would mix two experiments."""
     problems = []
@@ -223,7 +241,7 @@ def changed_runs(configs: list[tuple[str, int, dict]], runs_dir: Path) -> list[s
         if recorded is None:
             continue
         wanted = validate_config(raw)
-        recorded = {**recorded, "data-dir": resolve_data_dir(recorded.get("data-dir", ""))}
+        recorded = {**recorded, "data-dir": resolve_data_dir(recorded.get("data-dir", ""), env_data_dir)}
         diff = [f"{k} {recorded[k]!r} -> {wanted[k]!r}" for k in wanted
                 if k in recorded and k not in IGNORED_ON_RERUN and recorded[k] != wanted[k]]
         if diff:
@@ -231,18 +249,176 @@ def changed_runs(configs: list[tuple[str, int, dict]], runs_dir: Path) -> list[s
     return problems
 
 
+def check_resources(args: argparse.Namespace) -> None:
+    """GPUs asked for must exist: on a machine whose torch sees no CUDA GPU, Ray would wait for
+    a GPU that never comes and the run fail after its start-up, in pages of tracebacks. (With
+    --ray-address the GPUs are the cluster's, so they are not checked here.)"""
+    gpus = args.gpus_per_client
+    if gpus is not None and gpus < 0:
+        raise ConfigError(f"--gpus-per-client = {gpus:g} is invalid: must be >= 0")
+    if gpus and not getattr(args, "ray_address", None):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--gpus-per-client = {gpus:g} is invalid: torch sees no CUDA GPU on this machine"
+                              " (check CUDA_VISIBLE_DEVICES and the torch build); use --gpus-per-client 0")
+
+
+def check_checkpoints(configs: list[tuple[str, int, dict]], runs_dir: Path) -> None:
+    """Every unfinished run's checkpoint that a re-run would continue from is checked now
+    (readable, its SHA-256, written for this model): ``CheckpointError`` before any launch."""
+    from tasks.datasets import input_shape
+    from tasks.models import build_model, get_weights
+
+    for _, _, raw in configs:
+        run_dir = runs_dir / raw["run-name"]
+        if read_summary(run_dir) is None and (run_dir / CHECKPOINT).exists():
+            cfg = validate_config(raw)
+            shapes = [w.shape for w in get_weights(build_model(cfg["model"], input_shape(cfg["dataset"])))]
+            load_checkpoint(run_dir, cfg["model"], shapes)
+
+
 def runner_record(args: argparse.Namespace) -> dict:
     """The arguments saved in runner.json for --resume, with what a new shell would resolve
-    differently made explicit: the data source as resolved now (--data-dir, else $FL_DATA_DIR)
-    and the experiment file by absolute path."""
+    differently made explicit: ``--data-dir`` and the experiment file by absolute path, and the
+    ``$FL_DATA_DIR`` of this shell as ``env_data_dir``. The two data sources are kept apart, so
+    a resume replays the same precedence (an experiment file's ``data-dir`` still beats
+    ``$FL_DATA_DIR``) and therefore the same configuration."""
     saved = {k: v for k, v in vars(args).items() if k not in ("resume", "experiment", "list", "check")}
-    saved["data_dir"] = resolve_data_dir(args.data_dir or "") or None
+    saved["data_dir"] = resolve_data_dir(args.data_dir) if args.data_dir else None
+    saved["env_data_dir"] = args.env_data_dir
     if saved.get("config"):
         saved["config"] = str(Path(saved["config"]).resolve())
     return saved
 
 
+@dataclass
+class Outcome:
+    """What the launch step hands the report step: the kept runs per row, and the names of
+    the runs that failed (no summary) or stopped before their last round."""
+
+    runs: dict[str, list[Path]] = field(default_factory=dict)
+    failed: list[str] = field(default_factory=list)
+    stopped: list[str] = field(default_factory=list)
+
+
+def validate(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str, int, dict]]:
+    """Step 2: every check that can fail before anything is launched or written (resources,
+    configs, data, checkpoints, runs made with another config); raises the first problem."""
+    check_resources(args)
+    configs = build_configs(args, runs_dir)
+    for spec in {PartitionSpec.from_config(validate_config(c), args.clients) for _, _, c in configs}:
+        check_data(spec)
+    check_checkpoints(configs, runs_dir)
+    changed = changed_runs(configs, runs_dir, args.env_data_dir)
+    if changed:
+        raise ConfigError("finished or started runs would be kept or continued although the config changed:\n  "
+                          + "\n  ".join(changed) + "\nrun the changed config with another --out"
+                          " (the runs there are kept as they are)")
+    return configs
+
+
+def plan(args: argparse.Namespace, out: Path) -> float:
+    """Step 3: record the arguments for --resume and the code revision; the GPUs per client
+    (default: 0, or a share of the GPU when CUDA is present)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "runner.json").write_text(json.dumps(runner_record(args), indent=1))
+    from fl_app.provenance import code_revision
+
+    os.environ.setdefault("FL_DRIFT_REVISION", code_revision())  # the installed app has no .git
+    if args.gpus_per_client is not None:
+        return args.gpus_per_client
+    import torch
+
+    return min(1.0, args.cpus_per_client / 2) if torch.cuda.is_available() else 0.0
+
+
+def progress_printer(args: argparse.Namespace, tail: list[str]):
+    """The callback for one run's output lines: keeps the last 40 in ``tail``, prints what
+    --quiet / --verbose ask for."""
+    def on_line(line: str) -> None:
+        tail.append(line)
+        del tail[:-40]
+        if args.quiet:
+            show = "test accuracy" in line or "fl-drift:" in line
+        else:
+            show = args.verbose or not is_noise(line)
+        if show:
+            print("   ", for_output(line), flush=True)
+
+    return on_line
+
+
+def launch(args: argparse.Namespace, configs: list[tuple[str, int, dict]], runs_dir: Path, gpus: float) -> Outcome:
+    """Step 4: one `flwr run` per (row, seed) on a private SuperLink; finished runs are kept,
+    checkpointed ones continue."""
+    outcome = Outcome()
+    with LocalSimulation(ray_address=getattr(args, "ray_address", None)) as sim:
+        for i, (row, seed, cfg) in enumerate(configs, 1):
+            run_dir = runs_dir / cfg["run-name"]
+            where = f"[{i}/{len(configs)}] {row} seed {seed}"
+            earlier = read_summary(run_dir)
+            if earlier is not None:
+                how = f"stopped earlier ({earlier['stopped']})" if earlier.get("stopped") else "finished earlier"
+                print(f"{where}: {how}, kept", flush=True)
+                outcome.runs.setdefault(row, []).append(run_dir)
+                if earlier.get("stopped"):
+                    outcome.stopped.append(cfg["run-name"])
+                continue
+            if (run_dir / CHECKPOINT).exists():
+                cfg = {**cfg, "resume": True}
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "run-config.json").write_text(json.dumps(validate_config(cfg), indent=1))
+            print(f"{where} -> {run_dir}" + (" (resuming)" if cfg.get("resume") else ""), flush=True)
+            tail: list[str] = []
+            sim.run(cfg, num_supernodes=args.clients, cpus_per_client=args.cpus_per_client,
+                    gpus_per_client=gpus, on_line=progress_printer(args, tail))
+            record_run(row, cfg["run-name"], run_dir, tail, outcome)
+    return outcome
+
+
+def record_run(row: str, name: str, run_dir: Path, tail: list[str], outcome: Outcome) -> None:
+    """After one run: print its result (or why it failed) and file it in ``outcome``."""
+    summary = read_summary(run_dir)
+    if summary is None:
+        outcome.failed.append(name)
+        causes = [plain(t).split("fl-drift:", 1)[1].strip() for t in tail if "fl-drift:" in t]
+        print("    run failed" + (f": {causes[0]}" if causes else "") + "; last lines:\n    "
+              + "\n    ".join(for_output(t, sys.stderr) for t in tail[-15:]), file=sys.stderr)
+        return
+    if summary.get("rounds_without_update"):
+        print(f"    warning: no client update was used in rounds {summary['rounds_without_update']}"
+              + (": the model was never trained, not a result" if summary.get("untrained") else ""),
+              file=sys.stderr, flush=True)
+    if summary.get("stopped"):
+        outcome.stopped.append(name)
+        print(f"    stopped after {summary['rounds']} rounds: {summary['stopped']}", flush=True)
+    print(f"    final accuracy {_fmt(summary['final_accuracy'])}, best {_fmt(summary['best_accuracy'])},"
+          f" {summary['total_seconds']:.0f}s", flush=True)
+    outcome.runs.setdefault(row, []).append(run_dir)
+
+
+def report(outcome: Outcome, out: Path) -> int:
+    """Step 5: comparison.csv/.md and the plots; the exit code (1 when a run failed)."""
+    write_comparison(compare(outcome.runs), out)
+    plot_curves(outcome.runs, out / "accuracy.png")
+    plot(outcome.runs, "ri_mean", "roughness index (mean over clients)", out / "roughness.png")
+    plot_drift(outcome.runs, out / "drift.png")
+    print((out / "comparison.md").read_text())
+    print(f"results in {out}")
+    if outcome.stopped:  # a result (e.g. a method diverging), kept and reported, but worth a look
+        print(f"note: {len(outcome.stopped)} run(s) stopped before their last round (see 'stopped' in their "
+              f"summary.json; to redo one, run again with another --out): {', '.join(outcome.stopped)}",
+              file=sys.stderr)
+    if outcome.failed:
+        print(f"error: {len(outcome.failed)} run(s) failed: {', '.join(outcome.failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    """parse -> validate -> plan -> launch -> report. Exit codes: 0 done, 1 a run failed,
+    2 refused before anything was launched."""
     # SIGTERM (a job scheduler, `timeout`) unwinds like Ctrl-C, so the private SuperLink and
     # everything it started are stopped; finished runs and checkpoints stay for --resume.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -253,92 +429,22 @@ def main(argv: list[str] | None = None) -> int:
         print(listing(args.list))
         return 0
     out = Path(args.out or f"results/compare-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
-    runs_dir = out / "runs"
     try:
-        configs = build_configs(args, runs_dir)
-        for spec in {PartitionSpec.from_config(validate_config(c), args.clients) for _, _, c in configs}:
-            check_data(spec)
-        changed = changed_runs(configs, runs_dir)
-        if changed:
-            raise ConfigError("finished or started runs would be kept or continued although the config changed:\n  "
-                              + "\n  ".join(changed) + "\nuse another --out, or delete those run folders to redo them")
+        configs = validate(args, out / "runs")
     except (ConfigError, DataUnavailableError, PartitionError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.check:
         for row, seed, cfg in configs:
-            print(f"ok: {row} seed {seed} -> {runs_dir / cfg['run-name']}")
+            print(f"ok: {row} seed {seed} -> {out / 'runs' / cfg['run-name']}")
         return 0
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "runner.json").write_text(json.dumps(runner_record(args), indent=1))
-    from fl_app.provenance import code_revision
-
-    os.environ.setdefault("FL_DRIFT_REVISION", code_revision())  # the installed app has no .git
-    gpus = args.gpus_per_client
-    if gpus is None:
-        import torch
-
-        gpus = min(1.0, args.cpus_per_client / 2) if torch.cuda.is_available() else 0.0
-    runs: dict[str, list[Path]] = {}
-    failed, stopped = [], []
-    with LocalSimulation(ray_address=getattr(args, "ray_address", None)) as sim:
-        for i, (row, seed, cfg) in enumerate(configs, 1):
-            run_dir = runs_dir / cfg["run-name"]
-            earlier = read_summary(run_dir)
-            if earlier is not None:
-                how = f"stopped earlier ({earlier['stopped']})" if earlier.get("stopped") else "finished earlier"
-                print(f"[{i}/{len(configs)}] {row} seed {seed}: {how}, kept", flush=True)
-                runs.setdefault(row, []).append(run_dir)
-                if earlier.get("stopped"):
-                    stopped.append(cfg["run-name"])
-                continue
-            if (run_dir / "checkpoint.npz").exists():
-                cfg = {**cfg, "resume": True}
-            run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / "run-config.json").write_text(json.dumps(validate_config(cfg), indent=1))
-            print(f"[{i}/{len(configs)}] {row} seed {seed} -> {run_dir}"
-                  + (" (resuming)" if cfg.get("resume") else ""), flush=True)
-            tail: list[str] = []
-
-            def on_line(line: str, tail: list[str] = tail) -> None:
-                tail.append(line)
-                del tail[:-40]
-                if args.quiet:
-                    show = "test accuracy" in line or "fl-drift:" in line
-                else:
-                    show = args.verbose or not is_noise(line)
-                if show:
-                    print("   ", for_output(line), flush=True)
-
-            sim.run(cfg, num_supernodes=args.clients, cpus_per_client=args.cpus_per_client,
-                    gpus_per_client=gpus, on_line=on_line)
-            summary = read_summary(run_dir)
-            if summary is None:
-                failed.append(cfg["run-name"])
-                causes = [plain(t).split("fl-drift:", 1)[1].strip() for t in tail if "fl-drift:" in t]
-                print("    run failed" + (f": {causes[0]}" if causes else "") + "; last lines:\n    "
-                      + "\n    ".join(for_output(t, sys.stderr) for t in tail[-15:]), file=sys.stderr)
-                continue
-            if summary.get("stopped"):
-                stopped.append(cfg["run-name"])
-                print(f"    stopped after {summary['rounds']} rounds: {summary['stopped']}", flush=True)
-            print(f"    final accuracy {_fmt(summary['final_accuracy'])}, best {_fmt(summary['best_accuracy'])},"
-                  f" {summary['total_seconds']:.0f}s", flush=True)
-            runs.setdefault(row, []).append(run_dir)
-    table = compare(runs)
-    write_comparison(table, out)
-    plot_curves(runs, out / "accuracy.png")
-    plot(runs, "ri_mean", "roughness index (mean over clients)", out / "roughness.png")
-    plot_drift(runs, out / "drift.png")
-    print((out / "comparison.md").read_text())
-    print(f"results in {out}")
-    if stopped:  # a result (e.g. a method diverging), kept and reported, but worth a look
-        print(f"note: {len(stopped)} run(s) stopped before their last round (see 'stopped' in their "
-              f"summary.json; delete a run folder to redo it): {', '.join(stopped)}", file=sys.stderr)
-    if failed:
-        print(f"error: {len(failed)} run(s) failed: {', '.join(failed)}", file=sys.stderr)
-        return 1
-    return 0
+    gpus = plan(args, out)
+    try:
+        outcome = launch(args, configs, out / "runs", gpus)
+    except MissingTool as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return report(outcome, out)
 
 
 def _fmt(value) -> str:

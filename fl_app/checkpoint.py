@@ -15,6 +15,7 @@ simulated client keeps its state only there between its rounds (``clients/base.p
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -23,7 +24,14 @@ from pathlib import Path
 
 import numpy as np
 
+from fl_app.schema import ConfigError
+
 CHECKPOINT = "checkpoint.npz"
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint that cannot be used for this run: unreadable, truncated, altered, or
+    written for another model. One line naming the file and the fix."""
 
 
 @dataclass
@@ -33,29 +41,64 @@ class Checkpoint:
     strategy_state: dict[str, list[np.ndarray]] = field(default_factory=dict)
     sampler_draws: int = 0
     elapsed_seconds: float = 0.0
+    model: str = ""
+
+
+def _digest(arrays: dict[str, np.ndarray]) -> str:
+    """SHA-256 over every array's name, dtype, shape and bytes (in name order)."""
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
 
 
 def save_checkpoint(run_dir: Path, ckpt: Checkpoint) -> Path:
-    arrays = {f"w{i}": a for i, a in enumerate(ckpt.weights)}
+    """Write the checkpoint with the model name, the weights' shapes and a SHA-256 of every
+    array, so ``load_checkpoint`` can tell a checkpoint of another model, or an altered or
+    truncated file, from a good one."""
+    arrays = {f"w{i}": np.asarray(a) for i, a in enumerate(ckpt.weights)}
     layout = {}
     for name, values in ckpt.strategy_state.items():
         layout[name] = len(values)
         arrays.update({f"s:{name}:{i}": np.asarray(a) for i, a in enumerate(values)})
     meta = {"round": ckpt.round, "num_weights": len(ckpt.weights), "strategy_state": layout,
-            "sampler_draws": ckpt.sampler_draws, "elapsed_seconds": ckpt.elapsed_seconds}
+            "sampler_draws": ckpt.sampler_draws, "elapsed_seconds": ckpt.elapsed_seconds,
+            "model": ckpt.model, "shapes": [list(np.shape(a)) for a in ckpt.weights], "sha256": _digest(arrays)}
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
     return _atomic_savez(Path(run_dir) / CHECKPOINT, arrays)
 
 
-def load_checkpoint(run_dir: Path) -> Checkpoint | None:
+def load_checkpoint(run_dir: Path, model: str = "", shapes: list[tuple[int, ...]] | None = None) -> Checkpoint | None:
+    """The run's checkpoint (None if there is none), checked before use: it must be readable,
+    match its recorded SHA-256, and, when ``model`` / ``shapes`` are given, have been written
+    for that model with weights of those shapes. Otherwise ``CheckpointError`` (one line)."""
     path = Path(run_dir) / CHECKPOINT
     if not path.exists():
         return None
-    with np.load(path) as data:
-        meta = json.loads(data["meta"].tobytes().decode())
-        weights = [data[f"w{i}"] for i in range(meta["num_weights"])]
-        state = {name: [data[f"s:{name}:{i}"] for i in range(n)] for name, n in meta["strategy_state"].items()}
-    return Checkpoint(meta["round"], weights, state, meta["sampler_draws"], meta["elapsed_seconds"])
+    aside = f"rename {path} (e.g. to {CHECKPOINT}.bad) to start this run from round 1"
+    try:
+        with np.load(path) as data:
+            arrays = {key: data[key] for key in data.files}
+        meta = json.loads(arrays.pop("meta").tobytes().decode())
+        weights = [arrays[f"w{i}"] for i in range(meta["num_weights"])]
+        state = {name: [arrays[f"s:{name}:{i}"] for i in range(n)] for name, n in meta["strategy_state"].items()}
+    except Exception as exc:  # zipfile.BadZipFile, EOFError, OSError, KeyError, ValueError, ...
+        raise CheckpointError(f"checkpoint {path} is unreadable (truncated or corrupt: {type(exc).__name__}:"
+                              f" {exc}); {aside}") from exc
+    if "sha256" in meta and _digest(arrays) != meta["sha256"]:
+        raise CheckpointError(f"checkpoint {path} does not match its recorded SHA-256 (altered or corrupt); {aside}")
+    found = [tuple(w.shape) for w in weights]
+    wrong_model = model and meta.get("model") and meta["model"] != model
+    if wrong_model or (shapes is not None and found != [tuple(s) for s in shapes]):
+        raise CheckpointError(
+            f"checkpoint {path} was written for model {meta.get('model') or '?'!r} ({len(found)} arrays, first"
+            f" {list(found[:1])}), this run builds model {model!r} ({len(shapes or [])} arrays, first"
+            f" {[tuple(s) for s in (shapes or [])[:1]]}); resume with the config the run was started with,"
+            f" or give this run another run-name / --out")
+    return Checkpoint(meta["round"], weights, state, meta["sampler_draws"], meta["elapsed_seconds"],
+                      meta.get("model", ""))
 
 
 def _atomic_savez(path: Path, arrays: dict[str, np.ndarray]) -> Path:

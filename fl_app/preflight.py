@@ -13,13 +13,16 @@ import logging
 from pathlib import Path
 
 from fl_app.config import ConfigError
+from tasks.datasets import local_parquet_files, resolve_data_dir
 
 log = logging.getLogger("flwr.fl_drift")
 
 
 def check_data_dir(cfg: dict) -> None:
     """An explicit ``data-dir`` must be an existing folder: a missing one is a typo, not a
-    reason to try the Hugging Face hub (which retries for half a minute)."""
+    reason to try the Hugging Face hub (which retries for half a minute). The data folder in
+    use (``data-dir``, else ``$FL_DATA_DIR``) must hold both splits of the dataset
+    (``DataUnavailableError`` naming the missing file)."""
     configured = cfg.get("data-dir", "")
     if not configured or cfg.get("dataset") == "synthetic":
         return
@@ -30,6 +33,7 @@ def check_data_dir(cfg: dict) -> None:
             f" it must hold {cfg['dataset']}/train.parquet and {cfg['dataset']}/test.parquet"
             f" (leave data-dir empty to use $FL_DATA_DIR or the Hugging Face hub id {hub_id(cfg['dataset'])})"
         )
+    local_parquet_files(cfg["dataset"], resolve_data_dir(configured))  # both splits, or refused
 
 
 def hub_id(dataset: str) -> str:

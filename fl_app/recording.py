@@ -322,7 +322,7 @@ class RecordingStrategy(Strategy):
         state = self.inner.get_state() if hasattr(self.inner, "get_state") else {}
         draws = getattr(self.client_manager, "draws", 0)
         save_checkpoint(self.run_dir, Checkpoint(
-            server_round, parameters_to_ndarrays(parameters), state, draws, self.elapsed()))
+            server_round, parameters_to_ndarrays(parameters), state, draws, self.elapsed(), self.cfg["model"]))
         self.last_checkpoint = server_round
 
     def elapsed(self) -> float:
@@ -358,7 +358,14 @@ class RecordingStrategy(Strategy):
         return getattr(cm, "num_partitions", None) or len(getattr(cm, "clients", {})) or None
 
     def write_summary(self, stopped: str | None = None) -> None:
-        """summary.json; ``stopped`` says why a run ended before its last round (else None)."""
+        """summary.json; ``stopped`` says why a run ended before its last round (else None).
+
+        ``rounds_without_update`` lists the rounds in which no client update was used (every
+        sampled client failed or was rejected, which ``min-fit-fraction = 0`` lets a run
+        survive): the global model did not change in them. ``untrained`` is true when that
+        holds for every round, so the accuracies are the initial model's and not a result
+        (``fl_app/report.py`` leaves such runs out of the comparison's means)."""
+        empty = [r["round"] for r in self.rows if r.get("num_clients") == 0]
         accs = [r["test_accuracy"] for r in self.rows if isinstance(r.get("test_accuracy"), float)]
         finite = [a for a in accs if math.isfinite(a)]
         summary = {
@@ -371,6 +378,8 @@ class RecordingStrategy(Strategy):
             "total_seconds": self.elapsed(),
             **self.initial,
             "stopped": stopped,
+            "rounds_without_update": empty,
+            "untrained": bool(self.rows) and len(empty) == len(self.rows),
             **run_facts(self.cfg, self._num_clients()),
         }
         tmp = self.run_dir / "summary.json.tmp"

@@ -45,28 +45,49 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return float(arr.mean()), float(arr.std(ddof=1)) if arr.size > 1 else 0.0
 
 
+def update_gaps(dirs: list[Path]) -> list[str]:
+    """Runs that had rounds with no usable client update (``rounds_without_update`` in their
+    summary.json), one text each: '<run>: untrained' (no round had one) or '<run>: rounds [..]'."""
+    gaps = []
+    for d in dirs:
+        s = read_summary(d) or {}
+        if s.get("untrained"):
+            gaps.append(f"{Path(d).name}: untrained (no round used a client update)")
+        elif s.get("rounds_without_update"):
+            gaps.append(f"{Path(d).name}: no client update used in rounds {s['rounds_without_update']}")
+    return gaps
+
+
 def compare(runs: dict[str, list[Path]]) -> list[dict]:
-    """One row per method: final and best accuracy as mean and std over its seeds."""
+    """One row per method: final and best accuracy as mean and std over its seeds. Untrained
+    runs (summary ``untrained``: every round without a usable client update) are not a result:
+    they are left out of the means and counted in ``untrained_runs``; ``update_gaps`` names the
+    runs with such rounds (shown under comparison.md)."""
     table = []
     for method, dirs in runs.items():
         summaries = [s for s in (read_summary(d) for d in dirs) if s is not None]
-        final = mean_std([s["final_accuracy"] for s in summaries])
-        best = mean_std([s["best_accuracy"] for s in summaries])
+        trained = [s for s in summaries if not s.get("untrained")]
+        final = mean_std([s["final_accuracy"] for s in trained])
+        best = mean_std([s["best_accuracy"] for s in trained])
         secs = mean_std([s["total_seconds"] for s in summaries])
-        one = len(summaries) < 2  # no spread from a single seed: std left empty, not 0
+        one = len(trained) < 2  # no spread from a single seed: std left empty, not 0
         table.append({
-            "method": method, "seeds": len(summaries),
+            "method": method, "seeds": len(trained),
             "rounds": max((s["rounds"] for s in summaries), default=0),
             "final_accuracy_mean": final[0], "final_accuracy_std": None if one else final[1],
             "best_accuracy_mean": best[0], "best_accuracy_std": None if one else best[1],
             "seconds_mean": secs[0],
             **drift_columns(dirs),
+            "untrained_runs": len(summaries) - len(trained), "update_gaps": "; ".join(update_gaps(dirs)),
         })
     return table
 
 
 def _pm(mean: float, std: float | None) -> str:
-    """'0.6000 ± 0.1414', or '0.6000' (n=1) when there is no spread to show."""
+    """'0.6000 ± 0.1414', '0.6000' (n=1) when there is no spread to show, 'no result' for NaN
+    (no run to average)."""
+    if not math.isfinite(mean):
+        return "no result"
     return f"{mean:.4f}" if std is None else f"{mean:.4f} ± {std:.4f}"
 
 
@@ -83,7 +104,7 @@ def write_comparison(table: list[dict], out: Path) -> None:
     ]
     for r in table:
         lines.append(
-            f"| {r['method']} | {r['seeds']} | {r['rounds']} | "
+            f"| {r['method']}{' (!)' if r.get('update_gaps') else ''} | {r['seeds']} | {r['rounds']} | "
             f"{_pm(r['final_accuracy_mean'], r['final_accuracy_std'])} | "
             f"{_pm(r['best_accuracy_mean'], r['best_accuracy_std'])} | {r['seconds_mean']:.1f} |"
             + _drift_cells(r)
@@ -91,6 +112,12 @@ def write_comparison(table: list[dict], out: Path) -> None:
     if any(r["seeds"] == 1 for r in table):
         lines.append("")
         lines.append("Rows with 1 seed show no ± (no spread from n=1).")
+    flagged = [r for r in table if r.get("update_gaps")]
+    if flagged:
+        lines += ["", "**Warning: rounds without any usable client update** (every sampled client failed or was"
+                  " rejected; `min-fit-fraction = 0` let the run go on). Untrained runs are left out of the"
+                  " accuracies above, and a row with none left shows `no result`:"]
+        lines += [f"- {r['method']}: {r['update_gaps']}" for r in flagged]
     (out / "comparison.md").write_text("\n".join(lines) + "\n")
 
 

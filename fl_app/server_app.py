@@ -111,11 +111,12 @@ def _server_components(context: Context) -> ServerAppComponents:
 def starting_point(cfg: dict, run_dir: Path) -> tuple[Checkpoint | None, list]:
     """The run's checkpoint and weights when it resumes one (``resume``), else no checkpoint
     and the seeded initial model's weights."""
-    checkpoint = load_checkpoint(run_dir) if cfg["resume"] else None
+    weights = get_weights(build_model(cfg["model"], input_shape(cfg["dataset"]), seed=cfg["seed"]))
+    checkpoint = load_checkpoint(run_dir, cfg["model"], [w.shape for w in weights]) if cfg["resume"] else None
     if checkpoint is not None:
         log.info("resuming %s from its checkpoint after round %d", run_dir, checkpoint.round)
         return checkpoint, checkpoint.weights
-    return None, get_weights(build_model(cfg["model"], input_shape(cfg["dataset"]), seed=cfg["seed"]))
+    return None, weights
 
 
 app = ServerApp(server_fn=server_fn)

@@ -25,7 +25,7 @@ import torch
 from fl_app.background import in_background
 from fl_app.sampling import SeededClientManager
 from tasks.datasets import resolve_data_dir
-from tasks.partitioning import PartitionSpec, check_data, load_test, load_test_split
+from tasks.partitioning import PartitionSpec, check_data, check_partition_count, load_test, load_test_split
 
 
 class ServerStartup:
@@ -57,7 +57,10 @@ class ServerStartup:
             self._check()
 
     def _learn(self) -> None:
+        """Wait for the nodes; refuse a federation larger than the data can be cut into (a
+        ``flwr run`` with num-supernodes = 100000, say) before asking every node; then ask."""
         self.client_manager.wait_for(self.cfg["min-available-clients"])
+        check_partition_count(PartitionSpec.from_config(self.cfg, self.client_manager.num_available()))
         self.client_manager.learn_partitions()
 
     def _check(self) -> PartitionSpec:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import ipaddress
+import os
 from pathlib import Path
 
 from cryptography import x509
@@ -37,11 +38,21 @@ def _key() -> ec.EllipticCurvePrivateKey:
     return ec.generate_private_key(ec.SECP256R1())
 
 
+def write_private(path: Path, data: bytes) -> None:
+    """Write a private key so that it is never readable by others, not even for a moment: a new
+    file created with mode 0600 (``os.open``; an existing file's mode would be kept), then
+    renamed over ``path``."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
 def _write_key(key, path: Path) -> None:
-    path.write_bytes(key.private_bytes(
+    write_private(path, key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     ))
-    path.chmod(0o600)
 
 
 def _write_cert(cert: x509.Certificate, path: Path) -> None:
@@ -124,10 +135,9 @@ def make_node_key(out: Path, name: str) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     key = ec.generate_private_key(ec.SECP384R1())
     paths = {"private": out / f"supernode-{name}.key", "public": out / f"supernode-{name}.pub"}
-    paths["private"].write_bytes(key.private_bytes(
+    write_private(paths["private"], key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
     ))
-    paths["private"].chmod(0o600)
     paths["public"].write_bytes(key.public_key().public_bytes(
         serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
     ) + b"\n")

@@ -35,14 +35,15 @@ import math
 import re
 import shutil
 import sys
-import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from fl_app.config import ConfigError, validate_config  # noqa: E402
 from fl_app.registry import method_names  # noqa: E402
 from fl_app.report import drift_columns, mean_std, plot, plot_drift, read_metrics, read_summary  # noqa: E402
+from fl_app.tooling.experiment import read_experiment  # noqa: E402
 from fl_app.tooling.plan import check_axes, grid_points, label, resolve_rows, run_name  # noqa: E402
 
 STORE = ROOT / "docs" / "results" / "runs"
@@ -57,7 +58,7 @@ NOT_RUN = "not run yet"
 def load_experiments(folder: Path) -> list[tuple[Path, dict]]:
     """Experiment files in the order of PROPOSED (by the first proposed method each runs;
     experiments without one last), then by name."""
-    exps = [(p, tomllib.loads(p.read_text())) for p in Path(folder).glob("*.toml")]
+    exps = [(p, read_experiment(p)) for p in Path(folder).glob("*.toml")]
 
     def order(item: tuple[Path, dict]) -> tuple[int, str]:
         ranks = [PROPOSED.index(m) for m in item[1].get("strategies", []) if m in PROPOSED]
@@ -93,27 +94,73 @@ def run_dirs(runs: Path, row_label: str) -> list[Path]:
     return [d for d in found if read_summary(d) is not None]
 
 
-def collect(source: Path, store: Path, names: list[str]) -> list[str]:
-    """Copy the finished runs of the named experiments from the runner's folder into the store
-    (metrics.csv and summary.json; machine paths blanked). Returns the runs copied."""
-    copied = []
-    for name in names:
+def expected_runs(exp: dict) -> dict[str, dict]:
+    """Run folder name -> the settings the experiment file fixes for that (row, seed): its
+    [run-config], the row's [methods.<label>] keys and grid point, strategy, seed, and
+    ``clients`` (the number of partitions), validated as the runner validates them."""
+    base = {k: v for k, v in exp.get("run-config", {}).items() if k not in MACHINE_PATHS}
+    file_grid = check_axes(exp.get("grid", {}), "[grid]")
+    out = {}
+    for name, strategy, keys, grid in resolve_rows(list(exp.get("strategies", [])), exp.get("methods", {}),
+                                                   method_names()):
+        for point in grid_points({**file_grid, **grid}):
+            fixed = {**base, **keys, **point, "strategy": strategy}
+            for seed in exp.get("seeds", [0]):
+                cfg = validate_config({**fixed, "seed": seed})
+                out[run_name(label(name, point), seed)] = {
+                    **{k: cfg[k] for k in [*fixed, "seed"]}, "clients": exp.get("clients", 10)}
+    return out
+
+
+def setting_problems(run_dir: Path, summary: dict, expected: dict[str, dict], source: Path) -> list[str]:
+    """How a finished run differs from what its experiment file fixes (empty: it matches); an
+    untrained run (``fl_app/recording.py``) is refused too: its accuracy is the initial model's."""
+    where = f"{source}: run {run_dir.name}"
+    if run_dir.name not in expected:
+        return [f"{where} is not a (row, seed) of the experiment file (expected one of {sorted(expected)})"]
+    if summary.get("untrained"):
+        return [f"{where} is untrained (no round used a client update, see rounds_without_update): not a result"]
+    config = summary.get("config", {})
+    recorded = {**config, "clients": summary.get("num_clients") or config.get("min-available-clients")}
+    return [f"{where}: {key} = {recorded.get(key, '<not recorded>')!r}, the experiment file fixes {want!r}"
+            for key, want in expected[run_dir.name].items() if recorded.get(key) != want]
+
+
+def collect(source: Path, store: Path, experiments: list[tuple[Path, dict]]) -> list[str]:
+    """Copy the finished runs of the experiments from the runner's folder into the store
+    (metrics.csv and summary.json; machine paths blanked). Returns the runs copied.
+
+    Every finished run is checked first against its experiment file (``setting_problems``):
+    if any was made with another setting (fewer rounds or clients, another seed, a key the file
+    fixes changed on the command line), nothing is copied and ``ConfigError`` names each run,
+    key and both values, so one table never mixes two settings."""
+    found, problems = [], []
+    for path, exp in experiments:
+        name = exp.get("name", path.stem)
         runs = Path(source) / name / "runs"
+        expected = expected_runs(exp)
         for d in sorted(runs.glob("*")) if runs.is_dir() else []:
             summary = read_summary(d)
-            if summary is None:
-                continue
-            target = Path(store) / name / d.name
-            if target.exists():
-                shutil.rmtree(target)
-            target.mkdir(parents=True)
-            shutil.copy2(d / "metrics.csv", target / "metrics.csv")
-            for key in MACHINE_PATHS:
-                if key in summary.get("config", {}):
-                    summary["config"][key] = ""
-            summary.pop("data_source", None)
-            (target / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-            copied.append(f"{name}/{d.name}")
+            if summary is not None:
+                problems += setting_problems(d, summary, expected, path)
+                found.append((name, d, summary))
+    if problems:
+        raise ConfigError(f"--collect refused: {len(problems)} finished run(s) differ from their experiment file"
+                          " (re-run them with the file's settings, or leave them out of --collect's folder):\n  "
+                          + "\n  ".join(problems))
+    copied = []
+    for name, d, summary in found:
+        target = Path(store) / name / d.name
+        if target.exists():
+            shutil.rmtree(target)
+        target.mkdir(parents=True)
+        shutil.copy2(d / "metrics.csv", target / "metrics.csv")
+        for key in MACHINE_PATHS:
+            if key in summary.get("config", {}):
+                summary["config"][key] = ""
+        summary.pop("data_source", None)
+        (target / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+        copied.append(f"{name}/{d.name}")
     return copied
 
 
@@ -361,11 +408,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(ROOT / "docs" / "results.md"),
                    help="markdown file; figures go to <its folder>/<its stem>/")
     args = p.parse_args(argv)
-    if args.collect:
-        names = [exp.get("name", path.stem) for path, exp in load_experiments(Path(args.experiments))]
-        copied = collect(Path(args.collect), Path(args.results), names)
-        print(f"collected {len(copied)} runs into {args.results}")
-    make_results(Path(args.experiments), Path(args.results), Path(args.out))
+    try:
+        if args.collect:
+            copied = collect(Path(args.collect), Path(args.results), load_experiments(Path(args.experiments)))
+            print(f"collected {len(copied)} runs into {args.results}")
+        make_results(Path(args.experiments), Path(args.results), Path(args.out))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(f"wrote {args.out}")
     return 0
 

@@ -27,9 +27,10 @@ class PartitionError(ValueError):
 
 
 
-def resolve_data_dir(configured: str) -> str:
-    """The run config's ``data-dir`` if set, else ``$FL_DATA_DIR``, as an absolute path ('' if none)."""
-    chosen = configured or os.environ.get("FL_DATA_DIR", "")
+def resolve_data_dir(configured: str, fallback: str | None = None) -> str:
+    """The run config's ``data-dir`` if set, else ``fallback`` (default: ``$FL_DATA_DIR``), as an
+    absolute path ('' if none). A resumed comparison passes the ``$FL_DATA_DIR`` it recorded."""
+    chosen = configured or (os.environ.get("FL_DATA_DIR", "") if fallback is None else fallback)
     return str(Path(chosen).expanduser().resolve()) if chosen else ""
 
 
@@ -42,10 +43,20 @@ def input_shape(dataset: str) -> InputShape:
 
 
 def local_parquet_files(name: str, data_dir: str) -> dict[str, str] | None:
+    """``{"train": path, "test": path}`` of dataset ``name`` in ``data_dir``; None when no data
+    folder is set (then the hub is the source). A folder that is set is used whole or refused:
+    a missing split raises ``DataUnavailableError`` naming the file, never a silent fall back to
+    the hub (which would train or test on other data than the user's)."""
     if not data_dir:
         return None
     files = {split: Path(data_dir) / name / f"{split}.parquet" for split in ("train", "test")}
-    return {k: str(v) for k, v in files.items()} if all(p.is_file() for p in files.values()) else None
+    missing = [str(p) for p in files.values() if not p.is_file()]
+    if missing:
+        raise DataUnavailableError(
+            f"data folder {data_dir!r} has no {' and no '.join(missing)}; it must hold {name}/train.parquet"
+            f" and {name}/test.parquet (or set neither data-dir nor $FL_DATA_DIR to load the Hugging Face hub"
+            f" id {DATASETS[name].hub_id if name in DATASETS else name!r})")
+    return {k: str(v) for k, v in files.items()}
 
 
 def check_columns(fds, info: DatasetInfo, where: str) -> None:

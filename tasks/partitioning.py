@@ -57,7 +57,8 @@ def _make_partitioner(spec: PartitionSpec, label_column: str):
 
 @functools.lru_cache(maxsize=4)
 def federated_dataset(spec: PartitionSpec):
-    """The flwr-datasets FederatedDataset for ``spec`` (local parquet first, then the hub)."""
+    """The flwr-datasets FederatedDataset for ``spec``: the data folder's parquet files when a
+    folder is set (both splits, else ``DataUnavailableError``), the hub only when none is."""
     from flwr_datasets import FederatedDataset
 
     info = DATASETS[spec.dataset]
@@ -77,11 +78,7 @@ def federated_dataset(spec: PartitionSpec):
             ) from exc
         check_columns(fds, info, files["train"])
         return fds
-    tried_local = (
-        f"data-dir {spec.data_dir!r} has no {spec.dataset}/train.parquet and {spec.dataset}/test.parquet"
-        if spec.data_dir
-        else "no data-dir set (run-config 'data-dir' or env FL_DATA_DIR)"
-    )
+    tried_local = "no data-dir set (run-config 'data-dir' or env FL_DATA_DIR)"
     try:
         fds = FederatedDataset(dataset=info.hub_id, **common)
         fds.load_split("test")  # force the download now, so failure is reported here
@@ -144,6 +141,39 @@ def load_test_split(dataset: str, data_dir: str, seed: int) -> tuple[torch.Tenso
     return to_tensors(federated_dataset(source).load_split("test"), DATASETS[dataset])
 
 
+def train_rows(spec: PartitionSpec) -> int:
+    """Rows of the training split (local files: from the parquet footer, nothing decoded)."""
+    files = local_parquet_files(spec.dataset, spec.data_dir)
+    if files is not None:
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.read_metadata(files["train"]).num_rows
+        except Exception as exc:  # ArrowInvalid, OSError, ...
+            raise DataUnavailableError(f"cannot read {files['train']} as parquet: {type(exc).__name__}: {exc}") from exc
+    source = PartitionSpec(dataset=spec.dataset, num_partitions=1, partitioner="iid", seed=spec.seed,
+                           data_dir=spec.data_dir)
+    return federated_dataset(source).load_split("train").num_rows
+
+
+def check_partition_count(spec: PartitionSpec) -> None:
+    """Refuse, before any partition is cut or any node is asked, a federation larger than the
+    training split can be cut into: each Dirichlet partition needs ``min-partition-size``
+    samples, each shard partition ``shards-per-client`` shards of at least one sample, each IID
+    partition one sample. (The synthetic dataset is generated per device: no limit.)"""
+    if spec.dataset == "synthetic":
+        return
+    rows = train_rows(spec)
+    unit = {"dirichlet": spec.min_partition_size, "shard": spec.shards_per_client}.get(spec.partitioner, 1)
+    limit = rows // max(1, unit)
+    if spec.num_partitions > limit:
+        raise PartitionError(
+            f"{spec.num_partitions} partitions requested (one per SuperNode) but {spec.dataset!r} has only {rows}"
+            f" training samples: at most {limit} {spec.partitioner} partitions (min-partition-size"
+            f" {spec.min_partition_size}, shards-per-client {spec.shards_per_client}); use fewer SuperNodes"
+            f" (flwr run: --federation-config num-supernodes=N; run_simulation.py: --clients N)")
+
+
 def check_data(spec: PartitionSpec) -> None:
     """Fail fast, before any training, on a missing source, wrong columns, or a partitioning
     that leaves a client without data. Nothing is decoded, but cutting the partitions takes
@@ -153,12 +183,8 @@ def check_data(spec: PartitionSpec) -> None:
         return
     if checked_partitioning(spec) is not None:
         return
+    check_partition_count(spec)
     fds = federated_dataset(spec)
-    train_size = fds.load_split("train").num_rows
-    if spec.num_partitions > train_size:
-        raise PartitionError(
-            f"{spec.num_partitions} partitions requested but {spec.dataset!r} has only {train_size} training samples"
-        )
     try:
         sizes = [len(fds.load_partition(i, "train")) for i in range(spec.num_partitions)]
     except Exception as exc:

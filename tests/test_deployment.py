@@ -7,6 +7,7 @@ installation) and checks that no process it started outlives it.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -214,3 +215,42 @@ def test_supernode_killed_mid_round(shared_data, tmp_path, certs):
     assert rows[2]["num_clients"] == 2
     assert all(math.isfinite(r["test_accuracy"]) for r in rows)
     assert (run_dir / "summary.json").exists()
+
+
+@pytest.mark.slow  # about 60 s on the shared 2-core machine
+def test_tls_superlink_refuses_keyless_and_plaintext_nodes_and_plaintext_runs(tmp_path, certs):
+    """What an outsider without the operator's files can do against the README's SuperLink
+    (TLS, SuperNode authentication): a SuperNode with no key, a plaintext SuperNode and a
+    plaintext `flwr run` are all refused, and no process survives."""
+    import tomli_w
+
+    from fl_app.tooling.launch import APP_DIR
+    from fl_app.tooling.processes import exe, free_port
+
+    deployment = LocalDeployment(tls=certs, home=tmp_path / "flwr-home", supernode_auth=True)
+    outsider = tmp_path / "outsider-home"  # the submitter's FLWR_HOME: a plaintext connection
+    outsider.mkdir()
+    node = [exe("flower-supernode"), "--max-retries", "2", "--max-wait-time", "20",
+            "--node-config", "partition-id=0 num-partitions=2", "--host", "127.0.0.1"]
+    try:
+        deployment.start_superlink()
+        (outsider / "config.toml").write_text(tomli_w.dumps(
+            {"superlink": {"default": "plain", "plain": {"address": deployment.address, "insecure": True}}}))
+        keyless = deployment._spawn("keyless", [*node, "--superlink", deployment.address, "--root-certificates",
+                                                str(certs.ca), "--port", str(free_port())])
+        plain = deployment._spawn("plain", [*node, "--superlink", deployment.address, "--insecure",
+                                            "--port", str(free_port())])
+        submitted = subprocess.run([exe("flwr"), "run", str(APP_DIR), "plain"], capture_output=True, text=True,
+                                   env={**deployment.env, "FLWR_HOME": str(outsider)}, timeout=180)
+        for refused in (keyless, plain):
+            assert refused.proc.wait(timeout=180) != 0, refused.log.read_text()[-2000:]
+        listed = subprocess.run([exe("flwr"), "ls", deployment.connection, "--format", "json"],
+                                capture_output=True, text=True, env=deployment.env, cwd=deployment.home, timeout=120)
+    finally:
+        survivors = deployment.close()
+    assert survivors == [] and _leftovers(deployment.home) == []
+    assert submitted.returncode != 0, submitted.stdout[-2000:] + submitted.stderr[-2000:]
+    assert "SuperNode authentication is enabled" in keyless.log.read_text()
+    assert "Server disconnected without sending a response" in plain.log.read_text()
+    assert "Connection to the SuperLink is unavailable" in submitted.stdout + submitted.stderr
+    assert json.loads(listed.stdout)["runs"] == []  # nothing was submitted

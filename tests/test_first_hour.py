@@ -271,21 +271,24 @@ def test_missing_data_dir_fails_fast_and_writes_nothing(tmp_path, capsys):
 
 def test_runner_json_keeps_the_resolved_data_source(tmp_path, monkeypatch):
     data = tmp_path / "data"
-    data.mkdir()
+    (data / "mnist").mkdir(parents=True)
+    for split in ("train", "test"):
+        (data / "mnist" / f"{split}.parquet").touch()
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("FL_DATA_DIR", raising=False)
     saved = run_simulation.runner_record(args_for(["--strategy", "fedavg", "--data-dir", "data", "--out", "o"]))
     assert saved["data_dir"] == str(data.resolve())
     monkeypatch.setenv("FL_DATA_DIR", "data")  # a new shell may lack it, or have another one
     saved = run_simulation.runner_record(args_for(["--strategy", "fedavg", "--out", "o"]))
-    assert saved["data_dir"] == str(data.resolve())
+    assert saved["data_dir"] is None and saved["env_data_dir"] == str(data.resolve())
     out = tmp_path / "o"
     out.mkdir()
     (out / "runner.json").write_text(json.dumps(saved))
     monkeypatch.delenv("FL_DATA_DIR")
     monkeypatch.chdir(ROOT)
     resumed = args_for(["--resume", str(out)])
-    assert resumed.data_dir == str(data.resolve())
+    assert resumed.env_data_dir == str(data.resolve())
+    assert run_simulation.build_configs(resumed, out / "runs")[0][2]["data-dir"] == str(data.resolve())
 
 
 def test_fedbn_with_cnn_is_refused_naming_cnn_bn(tmp_path):
@@ -314,7 +317,8 @@ def test_summary_records_clients_data_source_versions_and_revision(tmp_path, mon
     assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?|unknown", summary["code_revision"])
     from fl_app.provenance import data_source
 
-    assert data_source(validate_config({"dataset": "mnist", "data-dir": str(tmp_path)})) == "hub:ylecun/mnist"
+    monkeypatch.delenv("FL_DATA_DIR", raising=False)
+    assert data_source(validate_config({"dataset": "mnist"})) == "hub:ylecun/mnist"  # no folder set
 
 
 def test_shared_data_fixture_honours_fl_data_dir(tmp_path, monkeypatch):

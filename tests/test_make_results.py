@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from fl_app.config import validate_config
+
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("make_results", ROOT / "scripts" / "make_results.py")
 mr = importlib.util.module_from_spec(_spec)
@@ -272,7 +274,8 @@ def test_collect_keeps_finished_runs_without_machine_paths(tmp_path):
     write_run(runs, "fedntd", 0, [0.9], finished=False)
     summary = json.loads((runs / "fedavg-seed0" / "summary.json").read_text())
     summary["config"].update({"data-dir": "/machine/data", "results-dir": "/machine/results"})
-    (runs / "fedavg-seed0" / "summary.json").write_text(json.dumps(summary))
+    summary.update(num_clients=10, config=validate_config({**summary["config"], "num-server-rounds": 3}))
+    (runs / "fedavg-seed0" / "summary.json").write_text(json.dumps(summary))  # the settings TOY fixes
     assert mr.main(["--experiments", str(exps), "--results", str(store), "--collect", str(source),
                     "--out", str(tmp_path / "docs" / "results.md")]) == 0
     kept = store / "toy" / "fedavg-seed0"

@@ -51,7 +51,7 @@ def test_unreadable_data_file_named(tmp_path):
 
 def test_more_partitions_than_samples(tmp_path):
     _tiny_parquet(tmp_path)
-    with pytest.raises(PartitionError, match="30 partitions requested but 'mnist' has only 20 training samples"):
+    with pytest.raises(PartitionError, match=r"30 partitions requested \(one per SuperNode\) but 'mnist' has only 20 training samples"):
         check_data(PartitionSpec(dataset="mnist", num_partitions=30, partitioner="iid", data_dir=str(tmp_path)))
 
 

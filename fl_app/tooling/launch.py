@@ -59,6 +59,7 @@ class LocalSimulation:
         self.close()
 
     def start(self, timeout: float = 60) -> None:
+        exe("flower-superexec")  # started by the SuperLink: refuse now, naming it, if it is missing
         command = [
             exe("flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
             "--control-api-address", f"127.0.0.1:{self.control_port}",

@@ -1,0 +1,77 @@
+"""Reading an experiment file (TOML, see experiments/): the one place its entries and their
+types are checked, for the runner (``run_simulation.py --config``) and for
+``scripts/make_results.py``.
+
+Every problem is a one-line ``ConfigError`` naming the file, the entry and the expected type,
+before anything is launched: a TOML syntax error, an unknown entry, ``clients = "10"`` (a
+string, not an integer), ``strategies = "fedavg,fedprox"`` (a string, which would otherwise be
+read letter by letter), a ``[run-config]`` that is not a table, ... The values of the
+run-config keys themselves are checked by ``fl_app.config.validate_config``.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from fl_app.config import ConfigError
+
+
+def _text(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _table(v: Any) -> bool:
+    return isinstance(v, dict)
+
+
+# entry -> (check, the expected type in words)
+ENTRIES: dict[str, tuple[Any, str]] = {
+    "name": (_text, "a string"),
+    "paper": (_text, "a string"),
+    "description": (_text, "a string"),
+    "reduction": (_text, "a string"),
+    "findings": (_text, "a string"),
+    "strategies": (lambda v: isinstance(v, list) and bool(v) and all(_text(s) for s in v),
+                   'a non-empty list of method names or labels, e.g. ["fedavg", "fedprox"]'),
+    "seeds": (lambda v: isinstance(v, list) and bool(v) and all(_int(s) for s in v),
+              "a non-empty list of integers, e.g. [0, 1]"),
+    "clients": (lambda v: _int(v) and v >= 1, "an integer >= 1, e.g. 10"),
+    "run-config": (_table, "a table of run-config keys ([run-config])"),
+    "methods": (lambda v: _table(v) and all(_table(t) for t in v.values()),
+                'tables of run-config keys, one per label ([methods."<label>"])'),
+    "grid": (_table, "a table of run-config keys to lists of values ([grid])"),
+    "paper-results": (lambda v: _table(v) and all(_number(x) for x in v.values()),
+                      "a table of label = accuracy (numbers)"),
+    "target-accuracy": (lambda v: _number(v) and 0 < v < 1, "a number between 0 and 1"),
+}
+
+
+def read_experiment(path: Path | str) -> dict:
+    """The experiment file's entries, checked; ``ConfigError`` (one line) on any problem."""
+    path = Path(path)
+    try:
+        exp = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"experiment file {path}: cannot be read ({exc.strerror or exc})") from exc
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"experiment file {path} is not valid TOML: {exc}") from exc
+    unknown = sorted(set(exp) - set(ENTRIES))
+    if unknown:
+        raise ConfigError(f"experiment file {path}: unknown entries {unknown}; valid: {sorted(ENTRIES)}")
+    for key, value in exp.items():
+        check, expected = ENTRIES[key]
+        if not check(value):
+            shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+            raise ConfigError(f"experiment file {path}: entry {key!r} = {shown} has the wrong type"
+                              f" ({type(value).__name__}); expected {expected}")
+    return exp
