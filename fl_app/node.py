@@ -158,7 +158,7 @@ class NodeClient(NumPyClient):
         if fault == "nan":
             reply = [np.full_like(a, np.nan) if np.issubdtype(a.dtype, np.floating) else a for a in reply]
         reply = attacked_reply(fault, reply, parameters, len(c.model.state_dict()),
-                               c.cfg["seed"], c.partition_id, server_round)
+                               c.cfg["seed"], c.partition_id, server_round, c.cfg)
         if mirror is not None and state.array_records:
             keep_from = int(config.get("checkpoint-round", 0)) if config.get("checkpoint-every") else server_round
             mirror.save(server_round, {n: r.to_numpy_ndarrays() for n, r in state.array_records.items()},
