@@ -273,6 +273,9 @@ class Screening:
             log.warning("round %d: screening = %s needs at least %d replies for screen-attackers = %d, got %d; "
                         "no update this round", server_round, self.mode,
                         min_replies(self.mode, self.attackers), self.attackers, len(clients))
+        if self.mode in SELECTION_MODES and len(clients) >= min_replies(self.mode, self.attackers):
+            log.info("round %d: %s (f = %d) dropped the updates of nodes %s", server_round, self.mode,
+                     self.attackers, [c.cid for (c, _), k in zip(accepted, d.keep) if not k])
         row["num_clipped"] = sum(f < 1.0 for f in d.factors)
         row["screen_bound"] = d.bound if d.bound is not None else ""
         row["screen_median_norm"] = d.median
