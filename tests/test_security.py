@@ -145,6 +145,17 @@ def test_table_cells_follow_each_method_and_f():
     assert defences("scaffold", 3) == ["clip", "reject", "krum", "multi-krum"]
     assert cells("scaffold", 3)[:2] == [("clean", "none"), ("scale-x10", "none")]
     assert len(cells("fedavg", 3)) == 1 + 3 * 7 and len(cells("scaffold", 1)) == 1 + 3 * 5
+    assert cells("fedavg", 3)[4:7] == [(a, "multi-krum") for a in ("scale-x10", "sign-flip", "adaptive")]
+    assert sorted(cells("fedavg", 1)) == sorted(set(cells("fedavg", 1)))  # each run once
+
+
+def test_shards_split_the_cells():
+    from scripts.security_table import shard
+
+    assert shard("1/3") == (1, 3)
+    for bad in ("3/3", "a/2", "1"):
+        with pytest.raises(ValueError):
+            shard(bad)
 
 
 def _record(attack, screening, acc, strategy="scaffold", f=3):
