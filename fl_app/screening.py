@@ -42,7 +42,7 @@ Byzantine-robust rules for a declared number of attackers f = ``screen-attackers
   of lowest score. The others are dropped whole, as ``reject`` drops a reply (extras
   included, counted in ``num_rejected``), so these two are allowed wherever ``reject`` is,
   SCAFFOLD included. For FedAvg the result is exactly Flower's ``aggregate_krum`` (its mean
-  of the kept replies weighted by examples; tests/test_screening.py checks this).
+  of the kept replies weighted by examples; tests/test_screening_robust.py checks this).
 - ``bulyan`` (El Mhamdi et al., ICML 2018): Flower's ``aggregate_bulyan`` with Krum as its
   selection rule: a robust value that replaces every reply's weights like ``median``, so it
   is allowed wherever ``median`` is.
@@ -197,8 +197,10 @@ def krum_keep(scores: list[float], mode: str, attackers: int) -> list[bool]:
     """Which replies Krum (the one of lowest score) or Multi-Krum (the n - f of lowest
     score, ties broken as Flower's ``aggregate_krum`` does) keeps."""
     n = len(scores)
-    to_keep = 1 if mode == "krum" else max(1, n - attackers)
-    best = set(np.argsort(scores)[::-1][n - to_keep:].tolist())
+    if mode == "krum":  # Flower: weights[np.argmin(scores)]
+        best = {int(np.argmin(scores))}
+    else:  # Flower: np.argsort(scores)[::-1][len(scores) - to_keep:]
+        best = set(np.argsort(scores)[::-1][n - max(1, n - attackers):].tolist())
     return [k in best for k in range(n)]
 
 
