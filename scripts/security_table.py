@@ -222,13 +222,15 @@ def table_lines(records: list[dict], strategy: str, attackers: int) -> list[str]
 
 
 def verdict_lines(records: list[dict], strategy: str, attackers: int, clean: float) -> list[str]:
-    """Per attack the best defence and its gap to clean; per defence the attacks it fails."""
-    lines, holds_all = [], True
+    """Per attack the best defence and its gap to clean; per defence the attacks it fails.
+    The acceptance is decided only when every attack has a defended run kept."""
+    lines, holds_all, undecided = [], True, False
     for attack in ATTACKS:
         scores = {d: final(records, attack, d) for d in defences(strategy, attackers)}
         scores = {d: v for d, v in scores.items() if v is not None}
         if not scores:
-            holds_all = False
+            undecided = True
+            lines.append(f"- {attack}: no defended run kept yet")
             continue
         best = max(scores, key=scores.get)
         gap = (scores[best] - clean) * 100
@@ -238,13 +240,16 @@ def verdict_lines(records: list[dict], strategy: str, attackers: int, clean: flo
                      f"{'within' if ok else 'NOT within'} {TOLERANCE * 100:.0f} points)")
     lines.append("")
     for d in defences(strategy, attackers):
-        fails = [f"{a} ({v:.3f})" for a in ATTACKS
-                 if (v := final(records, a, d)) is not None and v < clean - TOLERANCE]
-        holds = [a for a in ATTACKS if (v := final(records, a, d)) is not None and v >= clean - TOLERANCE]
+        kept = {a: v for a in ATTACKS if (v := final(records, a, d)) is not None}
+        if not kept:
+            continue
+        fails = [f"{a} ({v:.3f})" for a, v in kept.items() if v < clean - TOLERANCE]
+        holds = [a for a, v in kept.items() if v >= clean - TOLERANCE]
         lines.append(f"- `{d}` fails against: {', '.join(fails) or 'none'}; holds against: "
                      f"{', '.join(holds) or 'none'}")
+    verdict = "not decided (runs missing)" if undecided and holds_all else ("met" if holds_all else "NOT met")
     lines += ["", f"Acceptance (every attack within {TOLERANCE * 100:.0f} points of clean with its best "
-              f"defence): **{'met' if holds_all else 'NOT met'}**."]
+              f"defence): **{verdict}**."]
     return lines
 
 

@@ -182,3 +182,5 @@ def test_page_verdicts_come_from_the_kept_runs():
     assert "2 of 16 runs are not kept yet" in page  # krum for sign-flip and adaptive
     records[-2]["accuracy"][-1] = 0.86  # adaptive's multi-krum drops to 4 points below clean
     assert "**NOT met**" in render_page(records)
+    partial = render_page([r for r in records if not (r["attack"] == "adaptive" and r["screening"] != "none")])
+    assert "- adaptive: no defended run kept yet" in partial and "**not decided (runs missing)**" in partial
