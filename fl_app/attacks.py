@@ -1,4 +1,5 @@
-"""Model-poisoning attacks for testing defences (``inject-faults`` items ``scale``, ``flip``, ``noise``).
+"""Model-poisoning attacks for testing defences (``inject-faults`` items ``scale``, ``flip``, ``noise``,
+``adaptive``).
 
 Each attack rewrites a client's weight update Delta = w_k - w_t (w_t = the weights the client
 received, w_k = its trained weights) before the reply leaves the client:
@@ -7,7 +8,16 @@ received, w_k = its trained weights) before the reply leaves the client:
 - ``flip:<partition>[:<factor>]`` Delta -> -factor * Delta (factor > 0, default 1: a plain
   sign flip);
 - ``noise:<partition>:<norm>``    Delta -> Gaussian noise rescaled to L2 norm ``norm`` (> 0),
-  drawn from a generator seeded by (seed, partition, round), so a run repeats exactly.
+  drawn from a generator seeded by (seed, partition, round), so a run repeats exactly;
+- ``adaptive:<partition>[:<margin>]`` Delta -> -(margin * B / ||Delta||) * Delta (margin in
+  (0, 1], default 0.9): a sign flip scaled to stay just inside the run's screening bound B,
+  which the attacker knows from the run config and estimates with its own honest update norm
+  standing for the round's median: B = ``screen-clip-norm`` under ``clip`` when that is > 0,
+  else ``screen-clip-multiple`` x ||Delta|| under ``clip``, and ``screen-reject-multiple`` x
+  ||Delta|| under every other screening (the bound of ``reject``, the norm filter the
+  attacker must pass if the server adds one). With honest updates of similar norms it
+  passes ``reject`` and is not cut by ``clip``, while pulling against the honest direction
+  with up to that many times an honest client's weight.
 
 A suffix ``@R`` (R >= 1) starts the attack at round R (``scale:3:100@5``); without it the
 attack acts from round 1. Only floating-point arrays of the model state change (integer
@@ -23,9 +33,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-ATTACK_KINDS = ("scale", "flip", "noise")
+ATTACK_KINDS = ("scale", "flip", "noise", "adaptive")
 ATTACK_FORMS = ("scale:<partition>:<factor>[@<round>], flip:<partition>[:<factor>][@<round>], "
-                "noise:<partition>:<norm>[@<round>]")
+                "noise:<partition>:<norm>[@<round>], adaptive:<partition>[:<margin>][@<round>]")
+ADAPTIVE_MARGIN = 0.9  # default share of the screening bound an adaptive attacker uses
 
 
 @dataclass(frozen=True)
@@ -49,8 +60,8 @@ def parse_attack(item: str) -> tuple[int, Attack]:
     if not fields or not fields[0].isdigit():
         raise ValueError(f"{item!r}: the partition must be a non-negative integer")
     partition, numbers = int(fields[0]), fields[1:]
-    if kind == "flip" and not numbers:
-        numbers = ["1"]
+    if kind in ("flip", "adaptive") and not numbers:
+        numbers = ["1" if kind == "flip" else str(ADAPTIVE_MARGIN)]
     if len(numbers) != 1:
         raise ValueError(f"{item!r}: {kind} takes exactly one number after the partition")
     try:
@@ -61,14 +72,27 @@ def parse_attack(item: str) -> tuple[int, Attack]:
         raise ValueError(f"{item!r}: the number must be finite")
     if kind in ("flip", "noise") and value <= 0:
         raise ValueError(f"{item!r}: the {'factor' if kind == 'flip' else 'norm'} must be > 0")
+    if kind == "adaptive" and not 0 < value <= 1:
+        raise ValueError(f"{item!r}: the margin must be in (0, 1]")
     return partition, Attack(kind, value, from_round)
 
 
+def screening_bound(cfg: dict, own_norm: float) -> float:
+    """The update norm the run's screening lets through, as an adaptive attacker estimates it
+    from the run config with its own honest update norm standing for the round's median."""
+    if cfg.get("screening") == "clip":
+        if cfg.get("screen-clip-norm", 0.0) > 0:
+            return cfg["screen-clip-norm"]
+        return cfg.get("screen-clip-multiple", 1.0) * own_norm
+    return cfg.get("screen-reject-multiple", 3.0) * own_norm
+
+
 def attacked_reply(fault, reply: list[np.ndarray], received: list[np.ndarray], num_weights: int,
-                   seed: int, partition: int, server_round: int) -> list[np.ndarray]:
+                   seed: int, partition: int, server_round: int, cfg: dict | None = None) -> list[np.ndarray]:
     """``reply`` with its weight update poisoned when ``fault`` is an Attack active this round;
     otherwise ``reply`` itself. ``received`` holds what the server sent (w_t first),
-    ``num_weights`` is the number of model state arrays at the front of both lists."""
+    ``num_weights`` is the number of model state arrays at the front of both lists; ``cfg``
+    (the run config) gives the screening bound that ``adaptive`` stays inside."""
     if not isinstance(fault, Attack) or server_round < fault.from_round:
         return reply
     floating = [i for i in range(num_weights) if np.issubdtype(reply[i].dtype, np.floating)]
@@ -77,6 +101,10 @@ def attacked_reply(fault, reply: list[np.ndarray], received: list[np.ndarray], n
         new = {i: fault.value * d for i, d in deltas.items()}
     elif fault.kind == "flip":
         new = {i: -fault.value * d for i, d in deltas.items()}
+    elif fault.kind == "adaptive":
+        norm = math.sqrt(sum(float((d**2).sum()) for d in deltas.values()))
+        s = fault.value * screening_bound(cfg or {}, norm) / norm if norm > 0 else 0.0
+        new = {i: -s * d for i, d in deltas.items()}
     else:  # noise of L2 norm fault.value over all floating arrays
         rng = np.random.default_rng([seed, partition, server_round, 0xA77AC])
         new = {i: rng.standard_normal(d.shape) for i, d in deltas.items()}

@@ -28,7 +28,7 @@ def did_you_mean(value: object, choices) -> str:
 
 
 PARTITIONERS = ("dirichlet", "shard", "iid")
-SCREENING_MODES = ("none", "clip", "reject", "median", "trimmed-mean")
+SCREENING_MODES = ("none", "clip", "reject", "median", "trimmed-mean", "krum", "multi-krum", "bulyan")
 FAULT_FORMS = f"raise:<partition>, nan:<partition>, crash-after:<round>, {ATTACK_FORMS}"
 
 # General keys. Method-specific keys (prefixed by the method, e.g. ``ri-lambda``) are declared
@@ -72,7 +72,8 @@ GENERAL_KEYS: dict[str, Key] = {
     # "crash-after:3" makes the server die right after round 3 (its checkpoint written).
     # Poisoning attacks for testing defences (fl_app/attacks.py): "scale:3:100" multiplies the
     # weight update of partition 3 by 100, "flip:3" sends its negation, "noise:3:50" replaces it
-    # by Gaussian noise of norm 50; "@R" starts one at round R ("scale:3:100@5").
+    # by Gaussian noise of norm 50, "adaptive:3" sends a sign flip scaled to 0.9 x the screening
+    # bound; "@R" starts one at round R ("scale:3:100@5").
     "inject-faults": Key("", lambda v: _valid_faults(v), f"a comma list of {FAULT_FORMS}"),
     # Update screening before aggregation (fl_app/screening.py).
     "screening": Key("none", choices=SCREENING_MODES),
@@ -81,6 +82,8 @@ GENERAL_KEYS: dict[str, Key] = {
     "screen-reject-multiple": Key(3.0, at_least(1),
                                   ">= 1 (reject an update whose norm exceeds this x the round's median)"),
     "screen-trim": Key(0.2, lambda v: 0 <= v < 0.5, "in [0, 0.5) (share cut at each end by trimmed-mean)"),
+    "screen-attackers": Key(0, non_negative, ">= 0 (attackers f to resist: krum, multi-krum, bulyan; "
+                                             "trimmed-mean then cuts f at each end; 0 = undeclared)"),
     # Experiment trackers (fl_app/tracking.py): "none" or a comma list of tensorboard, mlflow, wandb
     "tracking": Key("tensorboard", lambda v: _valid_tracking(v),
                     "'none' or a comma list of tensorboard, mlflow, wandb"),

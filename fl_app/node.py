@@ -180,7 +180,7 @@ class NodeClient(NumPyClient):
         if fault == "nan":
             reply = [np.full_like(a, np.nan) if np.issubdtype(a.dtype, np.floating) else a for a in reply]
         return attacked_reply(fault, reply, parameters, len(c.model.state_dict()),
-                              c.cfg["seed"], c.partition_id, server_round)
+                              c.cfg["seed"], c.partition_id, server_round, c.cfg)
 
     def _save_state(self, mirror, on_disk: bool, config: dict, server_round: int) -> None:
         """Mirror the client's state to disk after the round; with ``client-state = "disk"``

@@ -33,6 +33,26 @@ floating extras are scaled by the same s_k, so clipping shrinks every contributi
 client to the server state by one factor (rejection being s_k = 0, no screening s_k = 1).
 Extras are not screened on their own norm: an attacker that sends a normal weight update
 with a poisoned delta c_i is not caught (see the README).
+
+Byzantine-robust rules for a declared number of attackers f = ``screen-attackers``:
+
+- ``krum`` / ``multi-krum`` (Blanchard et al., NeurIPS 2017): each reply's score is the sum of
+  the squared distances from its update to its n - f - 2 nearest other updates (n = the
+  round's replies); ``krum`` keeps the one reply of lowest score, ``multi-krum`` the n - f
+  of lowest score. The others are dropped whole, as ``reject`` drops a reply (extras
+  included, counted in ``num_rejected``), so these two are allowed wherever ``reject`` is,
+  SCAFFOLD included. For FedAvg the result is exactly Flower's ``aggregate_krum`` (its mean
+  of the kept replies weighted by examples; tests/test_screening_robust.py checks this).
+- ``bulyan`` (El Mhamdi et al., ICML 2018): Flower's ``aggregate_bulyan`` with Krum as its
+  selection rule: a robust value that replaces every reply's weights like ``median``, so it
+  is allowed wherever ``median`` is.
+- ``trimmed-mean`` with f >= 1 cuts exactly f replies at each end (``screen-trim`` is then
+  unused), so f attackers on one side are all cut.
+
+Each rule needs enough replies for its guarantee: ``krum`` / ``multi-krum`` n >= 2f + 3,
+``bulyan`` n >= 4f + 3, ``trimmed-mean`` n >= 2f + 2. A round with fewer accepted replies
+does not update the model (every reply is dropped, with a warning naming the rule and the
+count); f must be >= 1 for the three Byzantine rules (refused at validation otherwise).
 """
 
 from __future__ import annotations
@@ -48,26 +68,60 @@ from flwr.common import (
     ndarrays_to_parameters,
     parameters_to_ndarrays,
 )
-from flwr.server.strategy.aggregate import aggregate_median, aggregate_trimmed_avg
+from flwr.server.strategy.aggregate import (
+    aggregate_bulyan,
+    aggregate_krum,
+    aggregate_median,
+    aggregate_trimmed_avg,
+)
 
 from tasks.keys import ConfigError
 
 log = logging.getLogger("flwr.fl_drift")
 
-ROBUST_MODES = ("median", "trimmed-mean")
+ROBUST_MODES = ("median", "trimmed-mean", "bulyan")  # replace every reply's weights by a robust value
+SELECTION_MODES = ("krum", "multi-krum")  # keep some replies whole, drop the others
+BYZANTINE_MODES = ("krum", "multi-krum", "bulyan")  # need screen-attackers >= 1
+
+
+def allowed_modes(strategy_cls: type) -> tuple[str, ...]:
+    """The screening modes a strategy supports: its ``SCREENING``, plus the selection modes
+    where it allows ``reject`` (both drop whole replies) and ``bulyan`` where it allows
+    ``median`` (both replace the weights by a robust value)."""
+    declared = tuple(getattr(strategy_cls, "SCREENING", ("clip", "reject")))
+    extra = SELECTION_MODES if "reject" in declared else ()
+    extra += ("bulyan",) if "median" in declared else ()
+    return declared + extra
+
+
+def min_replies(mode: str, attackers: int) -> int:
+    """The fewest replies for which ``mode`` holds its guarantee against ``attackers``."""
+    if mode in SELECTION_MODES:
+        return 2 * attackers + 3
+    if mode == "bulyan":
+        return 4 * attackers + 3
+    if mode == "trimmed-mean" and attackers > 0:
+        return 2 * attackers + 2
+    return 1
 
 
 def check_screening(cfg: dict, strategy_cls: type) -> None:
-    """Refuse a screening mode the method's strategy does not declare in ``SCREENING``."""
+    """Refuse a screening mode the method's strategy does not support (``allowed_modes``),
+    and a Byzantine rule without a declared number of attackers."""
     mode = cfg["screening"]
     if mode == "none":
         return
-    allowed = tuple(getattr(strategy_cls, "SCREENING", ("clip", "reject")))
+    allowed = allowed_modes(strategy_cls)
     if mode not in allowed:
         why = getattr(strategy_cls, "SCREENING_WHY", "")
         raise ConfigError(
             f"run-config key 'screening' = {mode!r} is invalid for strategy {cfg['strategy']!r}"
             f"{': ' + why if why else ''}; valid choices for it: {', '.join(('none',) + allowed)}"
+        )
+    if mode in BYZANTINE_MODES and cfg.get("screen-attackers", 0) < 1:
+        raise ConfigError(
+            f"run-config key 'screen-attackers' = {cfg.get('screen-attackers', 0)!r} is invalid for "
+            f"screening = {mode!r}: declare the number of attackers f to resist (an integer >= 1)"
         )
 
 
@@ -106,15 +160,48 @@ def scale_update(arrays: list[np.ndarray], w_t: list[np.ndarray], s: float,
 
 
 def robust_weights(clients: list[list[np.ndarray]], w_t: list[np.ndarray], mode: str, trim: float,
-                   skip: frozenset[int] = frozenset()) -> dict[int, np.ndarray]:
-    """Coordinate-wise median or trimmed mean of the screened weight arrays, by index."""
+                   skip: frozenset[int] = frozenset(), attackers: int = 0) -> dict[int, np.ndarray]:
+    """Coordinate-wise median, trimmed mean or Bulyan (Flower's functions) of the screened
+    weight arrays, by index. With ``attackers`` = f >= 1 the trimmed mean cuts exactly f
+    replies at each end (its share (f + 1/2) / n floors to f in Flower's ``int(share * n)``)."""
     index = [i for i, ref in enumerate(w_t) if screened(i, ref, skip)]
     results = [([c[i] for i in index], 1) for c in clients]
     if mode == "median":
         values = aggregate_median(results)
+    elif mode == "bulyan":  # aggregate_bulyan pops from its list: it gets its own
+        values = aggregate_bulyan(list(results), attackers, aggregate_krum, to_keep=0)
+    elif attackers > 0:
+        values = aggregate_trimmed_avg(results, (attackers + 0.5) / len(results))
     else:
         values = aggregate_trimmed_avg(results, trim)
     return {i: np.asarray(v).astype(w_t[i].dtype) for i, v in zip(index, values)}
+
+
+def krum_scores(clients: list[list[np.ndarray]], w_t: list[np.ndarray], attackers: int,
+                skip: frozenset[int] = frozenset()) -> list[float]:
+    """Krum's score of each reply (Blanchard et al. 2017): the sum of the squared L2
+    distances from its screened arrays to those of its n - f - 2 nearest other replies
+    (at least 1, as in Flower's ``aggregate_krum``), in float64."""
+    index = [i for i, ref in enumerate(w_t) if screened(i, ref, skip)]
+    flat = np.stack([np.concatenate([c[i].astype(np.float64).ravel() for i in index]) for c in clients])
+    dist = np.array([[float(((a - b) ** 2).sum()) for b in flat] for a in flat])
+    nearest = max(1, len(clients) - attackers - 2)
+    scores = []
+    for k, row in enumerate(dist):
+        others = np.delete(row, k)
+        scores.append(float(np.sort(others)[:nearest].sum()))
+    return scores
+
+
+def krum_keep(scores: list[float], mode: str, attackers: int) -> list[bool]:
+    """Which replies Krum (the one of lowest score) or Multi-Krum (the n - f of lowest
+    score, ties broken as Flower's ``aggregate_krum`` does) keeps."""
+    n = len(scores)
+    if mode == "krum":  # Flower: weights[np.argmin(scores)]
+        best = {int(np.argmin(scores))}
+    else:  # Flower: np.argsort(scores)[::-1][len(scores) - to_keep:]
+        best = set(np.argsort(scores)[::-1][n - max(1, n - attackers):].tolist())
+    return [k in best for k in range(n)]
 
 
 @dataclass
@@ -130,22 +217,28 @@ class Decision:
 
 
 def decide(clients: list[list[np.ndarray]], w_t: list[np.ndarray], mode: str, clip_norm: float,
-           multiple: float, trim: float, skip: frozenset[int] = frozenset()) -> Decision:
-    """The screening of one round's replies (``clients``: each reply's arrays, weights first)."""
+           multiple: float, trim: float, skip: frozenset[int] = frozenset(), attackers: int = 0) -> Decision:
+    """The screening of one round's replies (``clients``: each reply's arrays, weights first).
+    Fewer replies than ``min_replies(mode, attackers)``: every reply is dropped."""
     norms = [update_norm(c[: len(w_t)], w_t, skip) for c in clients]
     median = float(np.median(norms)) if norms else 0.0
     keep = [True] * len(clients)
     factors = [1.0] * len(clients)
     bound = None
     robust: dict[int, np.ndarray] = {}
-    if mode == "clip":
+    weights = [c[: len(w_t)] for c in clients]
+    if clients and len(clients) < min_replies(mode, attackers):
+        keep = [False] * len(clients)
+    elif mode == "clip":
         bound = clip_norm if clip_norm > 0 else multiple * median
         factors = [clip_factor(n, bound) for n in norms]
     elif mode == "reject":
         bound = multiple * median
         keep = [n <= bound for n in norms]
+    elif mode in SELECTION_MODES and clients:
+        keep = krum_keep(krum_scores(weights, w_t, attackers, skip), mode, attackers)
     elif mode in ROBUST_MODES and clients:
-        robust = robust_weights([c[: len(w_t)] for c in clients], w_t, mode, trim, skip)
+        robust = robust_weights(weights, w_t, mode, trim, skip, attackers)
     return Decision(norms, keep, factors, bound, median, robust)
 
 
@@ -158,6 +251,7 @@ class Screening:
         self.clip_multiple = cfg["screen-clip-multiple"]
         self.reject_multiple = cfg["screen-reject-multiple"]
         self.trim = cfg["screen-trim"]
+        self.attackers = cfg.get("screen-attackers", 0)
         self.skip = frozenset(skip)
         self.w_t: list[np.ndarray] | None = None
 
@@ -176,16 +270,24 @@ class Screening:
             return accepted
         clients = [parameters_to_ndarrays(res.parameters) for _, res in accepted]
         multiple = self.clip_multiple if self.mode == "clip" else self.reject_multiple
-        d = decide(clients, self.w_t, self.mode, self.clip_norm, multiple, self.trim, self.skip)
+        d = decide(clients, self.w_t, self.mode, self.clip_norm, multiple, self.trim, self.skip, self.attackers)
+        if len(clients) < min_replies(self.mode, self.attackers):
+            log.warning("round %d: screening = %s needs at least %d replies for screen-attackers = %d, got %d; "
+                        "no update this round", server_round, self.mode,
+                        min_replies(self.mode, self.attackers), self.attackers, len(clients))
+        if self.mode in SELECTION_MODES and len(clients) >= min_replies(self.mode, self.attackers):
+            log.info("round %d: %s (f = %d) dropped the updates of nodes %s", server_round, self.mode,
+                     self.attackers, [c.cid for (c, _), k in zip(accepted, d.keep) if not k])
         row["num_clipped"] = sum(f < 1.0 for f in d.factors)
         row["screen_bound"] = d.bound if d.bound is not None else ""
         row["screen_median_norm"] = d.median
         out = []
         for (client, res), arrays, norm, keep, s in zip(accepted, clients, d.norms, d.keep, d.factors):
             if not keep:
-                log.warning("round %d: rejected the update of node %s: update norm %.4g > %.4g "
-                            "(%g x the median %.4g; screening = reject)",
-                            server_round, client.cid, norm, d.bound, multiple, d.median)
+                if self.mode == "reject":
+                    log.warning("round %d: rejected the update of node %s: update norm %.4g > %.4g "
+                                "(%g x the median %.4g; screening = reject)",
+                                server_round, client.cid, norm, d.bound, multiple, d.median)
                 continue
             if s < 1.0:
                 arrays = scale_update(arrays, self.w_t, s, self.skip)

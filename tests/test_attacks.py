@@ -100,3 +100,55 @@ def test_scaffold_client_attacks_its_weights_only():
         np.testing.assert_allclose(a - s, -5 * (h - s), rtol=1e-4, atol=1e-5)
     for h, a in zip(honest[2:], attacked[2:]):
         np.testing.assert_array_equal(a, h)
+
+
+# W_K - W_T: matrix [[1, 0], [0, -2]], vector [0, 1] -> ||Delta|| = sqrt(6)
+@pytest.mark.parametrize("cfg, norm", [
+    ({"screening": "reject", "screen-reject-multiple": 3.0}, 0.9 * 3.0 * 6**0.5),
+    ({"screening": "none", "screen-reject-multiple": 2.0}, 0.9 * 2.0 * 6**0.5),  # reject's bound by default
+    ({"screening": "clip", "screen-clip-multiple": 1.5, "screen-clip-norm": 0.0}, 0.9 * 1.5 * 6**0.5),
+    ({"screening": "clip", "screen-clip-norm": 2.0}, 0.9 * 2.0),
+])
+def test_adaptive_is_a_sign_flip_sized_to_the_screening_bound(cfg, norm):
+    a = attacked_reply(Attack("adaptive", 0.9), W_K, W_T, 3, 0, 0, 1, cfg)
+    delta = [x.astype(np.float64) - y for x, y in zip(a[:2], W_T[:2])]
+    assert np.linalg.norm(np.concatenate([d.ravel() for d in delta])) == pytest.approx(norm, rel=1e-6)
+    s = norm / 6**0.5  # Delta -> -s Delta
+    np.testing.assert_allclose(delta[0], -s * np.array([[1.0, 0.0], [0.0, -2.0]]), rtol=1e-6)
+    np.testing.assert_allclose(delta[1], -s * np.array([0.0, 1.0]), rtol=1e-6, atol=1e-7)
+    assert a[2] == 9
+
+
+def test_adaptive_parses_with_a_default_margin():
+    assert parse_faults("adaptive:3, adaptive:4:0.5@2") == {3: Attack("adaptive", 0.9), 4: Attack("adaptive", 0.5, 2)}
+    for bad in ("adaptive:3:0", "adaptive:3:1.5"):
+        with pytest.raises(ConfigError, match="margin must be in"):
+            validate_config({"inject-faults": bad})
+
+
+def test_three_adaptive_attackers_of_ten_pass_reject():
+    """Honest updates of norms 1 to 1.1 (IID clients' norms are close): each attacker scales its
+    own to 0.9 x 3 x its norm, under 3 x the round's median (which the 7 honest hold near 1.05),
+    so reject keeps all. (An attacker whose own norm exceeds the median by more than 1/0.9 is
+    caught: the margin is its slack for that estimate.)"""
+    from fl_app.screening import decide
+
+    rng = np.random.default_rng(1)
+    w_t = [np.zeros(50, np.float32)]
+    honest = []
+    for norm in np.linspace(1.0, 1.1, 10):
+        d = rng.normal(size=50)
+        honest.append([(d * norm / np.linalg.norm(d)).astype(np.float32)])
+    cfg = {"screening": "reject", "screen-reject-multiple": 3.0}
+    sent = honest[:7] + [attacked_reply(Attack("adaptive", 0.9), h, w_t, 1, 0, k, 1, cfg) for k, h in
+                         enumerate(honest[7:])]
+    d = decide(sent, w_t, "reject", 0.0, 3.0, 0.2)
+    assert d.keep == [True] * 10
+    assert max(d.norms[7:]) > 2.5 * d.median  # each attacker weighs ~2.7 honest clients
+
+
+def test_client_sends_the_adaptive_update():
+    sent, honest = _fit(FedAvgClient, "")
+    _, attacked = _fit(FedAvgClient, "adaptive:0:0.5")  # default screening: reject's bound 3
+    for s, h, a in zip(sent, honest, attacked):
+        np.testing.assert_allclose(a - s, -1.5 * (h - s), rtol=1e-4, atol=1e-5)

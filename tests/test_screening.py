@@ -210,8 +210,9 @@ def test_unsupported_combination_refused_at_validation(name, mode):
 
 
 def test_screening_keys_validated():
-    with pytest.raises(ConfigError, match="valid choices: none, clip, reject, median, trimmed-mean"):
-        validate_config({"screening": "krum"})
+    with pytest.raises(ConfigError, match="valid choices: none, clip, reject, median, trimmed-mean, krum, "
+                                          "multi-krum, bulyan"):
+        validate_config({"screening": "geomed"})
     with pytest.raises(ConfigError, match="screen-reject-multiple"):
         validate_config({"screen-reject-multiple": 0.5})
     with pytest.raises(ConfigError, match="screen-clip-multiple"):

@@ -133,3 +133,53 @@ def test_attack_and_screening_through_a_simulation(tmp_path):
     for row in rows:
         assert row["num_rejected"] == 1 and row["num_clients"] == 3 and row["num_clipped"] == 0
         assert row["screen_bound"] > 0 and row["screen_median_norm"] > 0
+
+
+# ------------------------------------------------------------------ scripts/security_table.py
+def test_table_cells_follow_each_method_and_f():
+    from scripts.security_table import cells, defences
+
+    assert defences("fedavg", 3) == ["clip", "reject", "median", "trimmed-mean", "krum", "multi-krum"]
+    assert defences("fedavg", 1)[-1] == "bulyan"  # 10 >= 4f + 3 only for f = 1
+    assert defences("scaffold", 3) == ["clip", "reject", "krum", "multi-krum"]
+    assert cells("scaffold", 3)[:2] == [("clean", "none"), ("scale-x10", "none")]
+    assert len(cells("fedavg", 3)) == 1 + 3 * 7 and len(cells("scaffold", 1)) == 1 + 3 * 5
+    assert cells("fedavg", 3)[4:7] == [(a, "multi-krum") for a in ("scale-x10", "sign-flip", "adaptive")]
+    assert sorted(cells("fedavg", 1)) == sorted(set(cells("fedavg", 1)))  # each run once
+
+
+def test_shards_split_the_cells():
+    from scripts.security_table import shard
+
+    assert shard("1/3") == (1, 3)
+    for bad in ("3/3", "a/2", "1"):
+        with pytest.raises(ValueError):
+            shard(bad)
+
+
+def _record(attack, screening, acc, strategy="scaffold", f=3):
+    return {"strategy": strategy, "attackers": f, "attack": attack, "screening": screening, "clients": 10,
+            "per_client": 400, "test_images": 2000, "setting": {"seed": 0}, "accuracy": [0.1, acc],
+            "num_rejected": [0, 0], "seconds": 60.0}
+
+
+def test_page_verdicts_come_from_the_kept_runs():
+    from scripts.security_table import render_page
+
+    records = [_record("clean", "none", 0.90)]
+    for attack in ("scale-x10", "sign-flip", "adaptive"):
+        records += [_record(attack, "none", 0.10), _record(attack, "clip", 0.50), _record(attack, "reject", 0.20),
+                    _record(attack, "multi-krum", 0.88)]
+    records.append(_record("scale-x10", "krum", 0.86))
+    page = render_page(records)
+    assert "| clean | 0.900 |" in page and "| sign-flip | 0.100 | 0.500 | 0.200 |  | 0.880 |" in page
+    assert "- adaptive: best defence `multi-krum` 0.880 (-2.0 points vs clean; within 3 points)" in page
+    assert "- `clip` fails against: scale-x10 (0.500), sign-flip (0.500), adaptive (0.500); holds against: none" \
+        in page
+    assert "- `krum` fails against: scale-x10 (0.860); holds against: none" in page
+    assert "Acceptance (every attack within 3 points of clean with its best defence): **met**" in page
+    assert "2 of 16 runs are not kept yet" in page  # krum for sign-flip and adaptive
+    records[-2]["accuracy"][-1] = 0.86  # adaptive's multi-krum drops to 4 points below clean
+    assert "**NOT met**" in render_page(records)
+    partial = render_page([r for r in records if not (r["attack"] == "adaptive" and r["screening"] != "none")])
+    assert "- adaptive: no defended run kept yet" in partial and "**not decided (runs missing)**" in partial
