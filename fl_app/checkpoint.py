@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fl_app.schema import ConfigError
+from tasks.keys import ConfigError
 
 CHECKPOINT = "checkpoint.npz"
 
