@@ -131,7 +131,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 EXPERIMENT_KEYS = {"name", "paper", "description", "reduction", "strategies", "seeds", "clients",
-                   "run-config", "methods", "grid", "paper-results", "target-accuracy", "findings"}
+                   "run-config", "methods", "grid", "paper-results", "target-accuracy", "findings", "claims"}
 
 
 def resolve_experiment(args: argparse.Namespace, parser: argparse.ArgumentParser) -> argparse.Namespace:

@@ -15,15 +15,15 @@ row per label (a method, a variant ``[methods."<label>"]`` or a grid point ``fed
 `target-accuracy` (first round at or above it; mean over the seeds that reached it), the final
 minimum per-class accuracy (drift made visible: the class the global model has forgotten most),
 the paper's number for the same cell and the seeds/rounds actually run; for a grid, the point with
-the highest best accuracy per label; one line per proposed method saying whether the paper's
-ordering holds here, against FedAvg and against the strongest baseline of the paper's table among
-the methods run; the accuracy curves (docs/results/<name>-accuracy.png) and the clients' update
+the highest best accuracy per label; one table row per ordering the paper claims (the file's
+`claims`, else the proposed methods against FedAvg and the paper's strongest baseline run): the
+mean paired difference over seeds with its 95% t interval and a verdict holds / refuted /
+undecided (fl_app/stats.py); the accuracy curves (docs/results/<name>-accuracy.png) and the clients' update
 diversity per round (docs/results/<name>-drift.png).
 
 The paper's number is compared with our best accuracy when the experiment's `paper` entry says
-the table reports the best accuracy (FedPGVC), else with our final accuracy. An ordering "holds"
-when our mean difference has the paper's sign; the line also says when the gap is smaller than
-the larger of the two standard deviations over seeds (then it is not a resolved difference).
+the table reports the best accuracy (FedPGVC), else with our final accuracy; the claims use the
+same metric.
 Methods or experiments without finished runs are listed as "not run yet"; no number is made up.
 """
 
@@ -42,7 +42,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from fl_app.registry import method_names  # noqa: E402
-from fl_app.report import drift_columns, mean_std, plot, plot_drift, read_metrics, read_summary  # noqa: E402
+from fl_app.report import (  # noqa: E402
+    accuracy_by_seed,
+    drift_columns,
+    mean_std,
+    plot,
+    plot_drift,
+    read_metrics,
+    read_summary,
+)
+from fl_app.stats import Claim, fmt_paired, paired_difference, parse_claims  # noqa: E402
 from fl_app.tooling.plan import check_axes, grid_points, label, resolve_rows, run_name  # noqa: E402
 
 STORE = ROOT / "docs" / "results" / "runs"
@@ -166,45 +175,49 @@ def uses_best(exp: dict) -> bool:
     return "best" in str(exp.get("paper", "")).lower()
 
 
-def ordering_lines(exp: dict, rows: dict[str, dict]) -> list[str]:
-    """Per proposed method: does the paper's sign of (proposed - baseline) hold here?"""
+def experiment_claims(exp: dict, rows: list[str]) -> list[Claim]:
+    """The experiment's ``claims`` (``"A > B (source)"``, fl_app.stats.parse_claims); without
+    them, the orderings its ``paper-results`` imply: each proposed method against FedAvg and
+    against the strongest baseline of the paper's table among the rows run, in the paper's
+    direction (source: the paper's two numbers)."""
+    if "claims" in exp:
+        return parse_claims(exp["claims"], rows)
     paper = exp.get("paper-results", {})
+    names = [m for m in exp.get("strategies", []) if m in paper and m in rows]
+    strongest = max((m for m in names if m not in PROPOSED), key=lambda m: paper[m], default=None)
+    derived = []
+    for p in (m for m in names if m in PROPOSED):
+        for b in dict.fromkeys(b for b in ("fedavg", strongest) if b in names and b != p):
+            rel = ">" if paper[p] >= paper[b] else "<"
+            derived.append(f"{p} {rel} {b} (paper-results: {paper[p]:.4f} vs {paper[b]:.4f})")
+    return parse_claims(derived, rows)
+
+
+def claim_lines(exp: dict, dirs: dict[str, list[Path]]) -> list[str]:
+    """One table row per claimed ordering: the paired difference (better - worse, per seed, on
+    the metric the paper reports) with its 95% t interval over seeds and the verdict."""
+    claims = experiment_claims(exp, list(dirs))
+    if not claims:
+        return []
     key = "best" if uses_best(exp) else "final"
-    baselines = [m for m in exp.get("strategies", []) if m not in PROPOSED and m in paper]
-    strongest = max(baselines, key=lambda m: paper[m], default=None)
-    lines = []
-    for p in (m for m in exp.get("strategies", []) if m in PROPOSED):
-        others = [b for b in dict.fromkeys(["fedavg", strongest]) if b and b in exp.get("strategies", [])]
-        parts = []
-        for b in others:
-            label = b if b != strongest else f"{b} (strongest baseline in the paper's table)"
-            if b == "fedavg" and b == strongest:
-                label = "fedavg (also the strongest baseline in the paper's table)"
-            parts.append(compare_pair(p, b, label, paper, rows, key))
-        if parts:
-            lines.append(f"- **{p}** ({key} accuracy): " + "; ".join(parts) + ".")
-    return lines
-
-
-def compare_pair(p: str, b: str, label: str, paper: dict, rows: dict[str, dict], key: str) -> str:
-    if p not in paper or b not in paper:
-        return f"vs {label}: the paper reports no number for both"
-    sign = _sign(paper[p] - paper[b])
-    rel = {1: ">", -1: "<", 0: "="}[sign]
-    claim = f"paper {p} {paper[p]:.4f} {rel} {b} {paper[b]:.4f}"
-    if rows[p]["seeds"] == 0 or rows[b]["seeds"] == 0:
-        return f"vs {label}: {claim}; here {NOT_RUN}"
-    (mp, sp), (mb, sb) = rows[p][key], rows[b][key]
-    if math.isnan(mp) or math.isnan(mb):
-        return f"vs {label}: {claim}; here no accuracy recorded"
-    ours = _sign(mp - mb)
-    verdict = "holds" if ours == sign else "does not hold"
-    note = " (gap within one std over seeds)" if abs(mp - mb) <= max(sp, sb) else ""
-    return f"vs {label}: {claim}; here {mp:.4f} vs {mb:.4f}, the ordering {verdict}{note}"
-
-
-def _sign(x: float) -> int:
-    return 0 if abs(x) < 1e-12 else (1 if x > 0 else -1)
+    paper = exp.get("paper-results", {})
+    lines = [f"Claimed orderings ({key} accuracy, paired by seed: same partition and client sampling; mean "
+             "difference better − worse with its 95% Student t interval over seeds; `holds` = interval above "
+             "0, `refuted` = below 0, `undecided` = contains 0 or fewer than 2 paired seeds):", "",
+             "| claim | source | paper | difference here [95% CI] | paired seeds | verdict |",
+             "|---|---|---|---|---|---|"]
+    for c in claims:
+        if c.better in paper and c.worse in paper:
+            pv = f"{paper[c.better] - paper[c.worse]:+.4f}"
+        else:
+            pv = "-"
+        a, b = (accuracy_by_seed(dirs[m], f"{key}_accuracy") for m in (c.better, c.worse))
+        if not a or not b:
+            lines.append(f"| {c.text()} | {c.source or '-'} | {pv} | {NOT_RUN} | 0 | {NOT_RUN} |")
+            continue
+        d = paired_difference(a, b)
+        lines.append(f"| {c.text()} | {c.source or '-'} | {pv} | {fmt_paired(d)} | {d.n} | **{d.verdict}** |")
+    return lines + [""]
 
 
 def section(path: Path, exp: dict, results: Path, figures: Path, md_dir: Path) -> list[str]:
@@ -253,9 +266,7 @@ def section(path: Path, exp: dict, results: Path, figures: Path, md_dir: Path) -
         lines += ["Runs stopped before their last round (final accuracy = the last round reached; a "
                   "round where too few clients return a finite update stops the run, see "
                   "`min-fit-fraction`):", ""] + stops + [""]
-    order = ordering_lines(exp, rows) if not exp.get("grid") else []
-    if order:
-        lines += ["Does the paper's ordering hold here?", ""] + order + [""]
+    lines += claim_lines(exp, dirs) if not exp.get("grid") else []
     if exp.get("findings"):  # written by whoever ran the config: causes, extra runs
         lines += [f"Findings: {exp['findings']}", ""]
     png = Path(figures) / f"{name}-accuracy.png"

@@ -1,5 +1,5 @@
-"""scripts/make_results.py on fabricated run folders: table values, rounds to target, ordering
-lines and "not run yet" (no training, no dataset)."""
+"""scripts/make_results.py on fabricated run folders: table values, rounds to target, claimed
+orderings with their paired intervals and "not run yet" (no training, no dataset)."""
 
 from __future__ import annotations
 
@@ -141,22 +141,57 @@ def test_table_values_and_rounds_to_target(report):
     assert overview.endswith(f" | {finished * 5 / 60:.1f} min |") and finished == 6
 
 
-def test_ordering_lines(report):
+def claim_row(sec: str, claim: str) -> list[str]:
+    return row(sec, claim)
+
+
+def test_claims_paired_interval_and_verdict(report):
+    """Without a `claims` list the paper-results imply the claims; each is a paired difference
+    with a 95% t interval, checked here against a hand computation."""
     text, _ = report
     toy = section(text, "toy")
-    line = next(l for l in toy.splitlines() if l.startswith("- **fedsol**"))
-    # vs FedAvg: paper 0.64 > 0.56, here 0.575 > 0.5 (final accuracy), gap 0.075 < std 0.177.
-    assert "(final accuracy)" in line
-    assert "paper fedsol 0.6400 > fedavg 0.5600; here 0.5750 vs 0.5000, the ordering holds (gap within one std" in line
+    assert "Does the paper's ordering hold" not in toy
+    # fedsol - fedavg final, per seed: 0.7 - 0.6 = 0.10, 0.45 - 0.4 = 0.05; mean 0.075,
+    # sd 0.035355, t(0.975, df 1) = 12.706: half width 12.706 * 0.035355 / sqrt(2) = 0.31765.
+    cells = claim_row(toy, "fedsol > fedavg")
+    assert cells[:3] + cells[4:] == ["fedsol > fedavg", "paper-results: 0.6400 vs 0.5600", "+0.0800", "2",
+                                     "**undecided**"]
+    mean, low, high = (float(x) for x in cells[3].replace("[", "").replace("]", "").replace(",", "").split())
+    assert (mean, low, high) == pytest.approx((0.075, 0.075 - 0.31765, 0.075 + 0.31765), abs=1.01e-4)
     # The strongest baseline of the paper's table (FedNTD 0.63) has no finished run.
-    assert "vs fedntd (strongest baseline in the paper's table): paper fedsol 0.6400 > fedntd 0.6300; here not run yet" in line
+    assert claim_row(toy, "fedsol > fedntd")[3:] == ["not run yet", "0", "not run yet"]
     best = section(text, "bestcell")
-    line = next(l for l in best.splitlines() if l.startswith("- **fedpgvc**"))
-    # "best" in the paper entry: compare best accuracies, 0.88 < 0.90 against the paper's >.
-    assert "(best accuracy)" in line
-    assert "fedavg (also the strongest baseline in the paper's table)" in line
-    assert "here 0.8800 vs 0.9000, the ordering does not hold" in line
-    assert "within one std" not in line
+    # "best" in the paper entry: best accuracies, 0.88 - 0.90 on one seed: no interval.
+    assert "(best accuracy, paired by seed" in best
+    assert claim_row(best, "fedpgvc > fedavg")[3:] == ["-0.0200 (1 seed, no interval)", "1", "**undecided**"]
+
+
+def test_explicit_claims_refuted_and_holds(tmp_path):
+    exps, results = tmp_path / "experiments", tmp_path / "results"
+    exps.mkdir()
+    (exps / "c.toml").write_text(GHOST.replace('name = "ghost"', 'name = "c"').replace(
+        "target-accuracy = 0.9", 'target-accuracy = 0.9\nclaims = ["fedgam > fedavg (Table 3)", '
+        '"fedavg < fedgam (Table 3 again)"]').replace("seeds = [0, 1]", "seeds = [0, 1, 2]"))
+    runs = results / "c" / "runs"
+    for seed, (a, g) in enumerate([(0.90, 0.85), (0.91, 0.87), (0.92, 0.86)]):
+        write_run(runs, "fedavg", seed, [a])
+        write_run(runs, "fedgam", seed, [g])
+    text = mr.make_results(exps, results, tmp_path / "r.md")
+    sec = section(text, "c")
+    # d = g - a = -0.05, -0.04, -0.06: mean -0.05, sd 0.01, t(df 2) = 4.303: half 0.024843.
+    assert claim_row(sec, "fedgam > fedavg")[1:] == ["Table 3", "+0.0300", "-0.0500 [-0.0748, -0.0252]", "3",
+                                                     "**refuted**"]
+    assert claim_row(sec, "fedgam > fedavg")[1] == "Table 3"
+    assert sec.count("| fedgam > fedavg |") == 2  # "fedavg < fedgam" is the same claim turned round
+
+
+def test_bad_claim_is_one_clear_error():
+    from fl_app.stats import parse_claims
+
+    with pytest.raises(ValueError, match=r"names 'fedsoll', not a row of the experiment; valid: \['fedavg'"):
+        parse_claims(["fedsoll > fedavg"], ["fedavg", "fedsol"])
+    with pytest.raises(ValueError, match="is invalid: write"):
+        parse_claims(["fedsol beats fedavg"], ["fedavg", "fedsol"])
 
 
 def test_not_run_yet_and_figures(report, tmp_path):
