@@ -106,6 +106,20 @@ def summarise_client_metrics(results: list[tuple[int, dict]]) -> dict[str, float
     return out
 
 
+def client_accuracy_stats(accuracies: list[float]) -> dict[str, float]:
+    """The clients' scores of the global model on their local test splits: unweighted mean and
+    population std over the clients (all of them evaluate: not a sample), and the mean of the
+    worst 10% (the ceil(K / 10) lowest accuracies, at least one client). NaN without scores."""
+    values = np.sort(np.asarray([a for a in accuracies if math.isfinite(a)], dtype=float))
+    if values.size == 0:
+        nan = float("nan")
+        return {"client_accuracy_mean": nan, "client_accuracy_std": nan, "client_accuracy_worst10": nan,
+                "client_eval_clients": 0}
+    worst = values[: max(1, math.ceil(values.size / 10))]
+    return {"client_accuracy_mean": float(values.mean()), "client_accuracy_std": float(values.std()),
+            "client_accuracy_worst10": float(worst.mean()), "client_eval_clients": int(values.size)}
+
+
 def evaluated_round(server_round: int, every: int, last_round: int) -> bool:
     """Server evaluation runs at round 0 (the initial model), every ``every`` rounds, and
     always at the last round, so a run's final accuracy is always measured."""
@@ -135,6 +149,7 @@ class RecordingStrategy(Strategy):
         self.last_checkpoint = 0
         self.screening = Screening(cfg, getattr(inner, "screen_skip", ()))
         self.participation = Participation(cfg)
+        self.pending: tuple | None = None  # a round whose row waits for the clients' evaluation
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.tracker = RunTracker(self.run_dir, cfg.get("tensorboard", True))
         if resume_from is not None:
@@ -231,10 +246,26 @@ class RecordingStrategy(Strategy):
         return ""
 
     def configure_evaluate(self, server_round: int, parameters: Parameters, client_manager: ClientManager):
-        return self.inner.configure_evaluate(server_round + self.offset, parameters, client_manager)
+        """Client-side evaluation (``client-test-fraction`` > 0) in the rounds the server
+        evaluates; Flower calls this after ``evaluate``, whose row then waits for the clients'
+        scores (``pending``). No instructions (no client-side evaluation): the row is closed."""
+        if self.pending is None:
+            return []
+        instructions = self.inner.configure_evaluate(server_round + self.offset, parameters, client_manager)
+        if not instructions:
+            self._close_round(*self.pending)
+        return instructions
 
     def aggregate_evaluate(self, server_round: int, results, failures):
-        return self.inner.aggregate_evaluate(server_round + self.offset, results, failures)
+        out = self.inner.aggregate_evaluate(server_round + self.offset, results, failures)
+        if self.pending is not None:
+            accuracies = [float(r.metrics["accuracy"]) for _, r in results
+                          if isinstance(r.metrics.get("accuracy"), (int, float))]
+            self.row.update(client_accuracy_stats(accuracies))
+            for failure in failures:
+                log.warning("round %d: a client failed to evaluate: %r", self.pending[0], failure)
+            self._close_round(*self.pending)
+        return out
 
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
         if server_round == 0 and self.offset:  # resumed: the checkpoint's model, already recorded
@@ -257,12 +288,22 @@ class RecordingStrategy(Strategy):
             log.info("initial model: test accuracy %.4f, loss %.4f", metrics.get("accuracy", float("nan")), loss)
             return result
         # Flower calls evaluate() after every round's fit, so the row is written here even
-        # when evaluation is skipped (its accuracy and loss cells stay empty).
+        # when evaluation is skipped (its accuracy and loss cells stay empty), or, when the
+        # clients evaluate too, once their scores are in (configure/aggregate_evaluate).
         if result is not None:
             loss, metrics = result
             self.row.update(test_loss=float(loss), test_accuracy=float(metrics.get("accuracy", float("nan"))))
             if "min_class_accuracy" in metrics:
                 self.row["min_class_accuracy"] = float(metrics["min_class_accuracy"])
+        if result is not None and self.cfg["client-test-fraction"] > 0:
+            self.pending = (server_round, parameters, result, per_class)
+            return result
+        self._close_round(server_round, parameters, result, per_class)
+        return result
+
+    def _close_round(self, server_round: int, parameters: Parameters, result, per_class) -> None:
+        """Write the round's row, log it, checkpoint, and finish after the last round."""
+        self.pending = None
         self.row["round_seconds"] = time.monotonic() - self.round_started
         self._write_row(self.row)
         self.tracker.log_round(self.row, per_class)
@@ -279,7 +320,6 @@ class RecordingStrategy(Strategy):
         if server_round >= self.num_rounds:
             self.finish()
         crash_if_injected(self.cfg, server_round)
-        return result
 
     def checkpoint(self, server_round: int, parameters: Parameters) -> None:
         state = self.inner.get_state() if hasattr(self.inner, "get_state") else {}

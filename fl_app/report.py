@@ -65,6 +65,7 @@ def compare(runs: dict[str, list[Path]]) -> list[dict]:
             "best_accuracy_mean": best[0], "best_accuracy_std": None if one else best[1],
             "seconds_mean": secs[0],
             **drift_columns(dirs),
+            **client_columns(dirs),
         })
     add_paired_columns(table, runs)
     return table
@@ -119,17 +120,20 @@ def write_comparison(table: list[dict], out: Path) -> None:
         writer.writerows(table)
     ref = table[0].get("paired_reference") if table else None
     paired = f" final − {ref}, paired (95% CI) |" if ref else ""
+    clients = any(client_cells(r) != "-" for r in table)
+    extra = (" client accuracy (final): mean / std / worst 10% |" if clients else "") + paired
     lines = [
         "| method | seeds | rounds | final accuracy | best accuracy | seconds/run "
-        "| update diversity (mean) | final min-class accuracy |" + paired,
-        "|---|---|---|---|---|---|---|---|" + ("---|" if ref else ""),
+        "| update diversity (mean) | final min-class accuracy |" + extra,
+        "|---|---|---|---|---|---|---|---|" + "---|" * (clients + bool(ref)),
     ]
     for r in table:
         lines.append(
             f"| {r['method']} | {r['seeds']} | {r['rounds']} | "
             f"{_pm(r['final_accuracy_mean'], r['final_accuracy_std'])} | "
             f"{_pm(r['best_accuracy_mean'], r['best_accuracy_std'])} | {r['seconds_mean']:.1f} |"
-            + _drift_cells(r) + (f" {_paired_cell(r, ref)} |" if ref else "")
+            + _drift_cells(r) + (f" {client_cells(r)} |" if clients else "")
+            + (f" {_paired_cell(r, ref)} |" if ref else "")
         )
     if ref:
         lines += ["", f"Paired column: per seed, the row's final accuracy minus {ref}'s on the same seed (same "
@@ -317,6 +321,30 @@ def drift_columns(dirs: list[Path]) -> dict[str, float]:
     mc = mean_std(final_min)
     return {"update_diversity_mean": mean_std(diversity)[0],
             "final_min_class_accuracy_mean": mc[0], "final_min_class_accuracy_std": mc[1]}
+
+
+CLIENT_COLUMNS = ("client_accuracy_mean", "client_accuracy_std", "client_accuracy_worst10")
+
+
+def client_columns(dirs: list[Path]) -> dict[str, float]:
+    """The per-client evaluation (``client-test-fraction``) of a row's last evaluated round:
+    ``final_<column>`` for the clients' mean, std and worst-10% accuracy, each the mean over
+    seeds; NaN where the runs lack the columns (client evaluation off)."""
+    per_seed: dict[str, list[float]] = {c: [] for c in CLIENT_COLUMNS}
+    for d in dirs:
+        rows = [r for r in read_metrics(d) if isinstance(r.get(CLIENT_COLUMNS[0]), (int, float))]
+        for c in CLIENT_COLUMNS:
+            if rows and isinstance(rows[-1].get(c), (int, float)):
+                per_seed[c].append(float(rows[-1][c]))
+    return {f"final_{c}": mean_std(v)[0] for c, v in per_seed.items()}
+
+
+def client_cells(r: dict) -> str:
+    """'mean / std / worst 10%' of the clients' final accuracies, '-' without client evaluation."""
+    values = [r.get(f"final_{c}", math.nan) for c in CLIENT_COLUMNS]
+    if not all(isinstance(v, float) and math.isfinite(v) for v in values):
+        return "-"
+    return " / ".join(f"{v:.4f}" for v in values)
 
 
 def band_curves(runs: dict[str, list[Path]], column: str) -> dict[str, tuple[np.ndarray, ...]]:

@@ -44,6 +44,8 @@ sys.path.insert(0, str(ROOT))
 from fl_app.registry import method_names  # noqa: E402
 from fl_app.report import (  # noqa: E402
     accuracy_by_seed,
+    client_cells,
+    client_columns,
     drift_columns,
     mean_std,
     plot,
@@ -149,6 +151,7 @@ def method_row(method: str, dirs: list[Path], target: float | None, paper_value:
         "reached": reached, "paper": paper_value, "stopped": stopped,
         "min_class": (drift.get("final_min_class_accuracy_mean", math.nan),
                       drift.get("final_min_class_accuracy_std", math.nan)),
+        **(client_columns(dirs) if dirs else {}),
     }
 
 
@@ -223,43 +226,16 @@ def claim_lines(exp: dict, dirs: dict[str, list[Path]]) -> list[str]:
 def section(path: Path, exp: dict, results: Path, figures: Path, md_dir: Path) -> list[str]:
     name = exp.get("name", path.stem)
     runs = runs_folder(results, name)
-    target = exp.get("target-accuracy")
-    paper = exp.get("paper-results", {})
-    rc = exp.get("run-config", {})
-    lines = [f"## {name}", "", f"Paper: {exp.get('paper', '?')}", ""]
-    if exp.get("description"):
-        lines += [exp["description"], ""]
-    if exp.get("reduction"):
-        lines += [f"Reduction: {exp['reduction']}", ""]
-    lines += [f"Config: `{path.as_posix()}`; planned {rc.get('num-server-rounds', '?')} rounds, seeds "
-              f"{exp.get('seeds', [0])}, {exp.get('clients', '?')} clients. Run with "
-              f"`FL_DATA_DIR=/path/to/data python run_simulation.py --config {path.as_posix()} --quiet`.", ""]
-
+    lines = section_header(path, exp)
     table = experiment_rows(exp)
     labels = [row for row, _, _ in table]
-    method_of = {row: strategy for row, _, strategy in table}
     dirs = {row: run_dirs(runs, row) for row in labels}
     if not any(dirs.values()):
         earlier = [f"Findings: {exp['findings']}", ""] if exp.get("findings") else []
         return lines + [f"**{NOT_RUN}.**", ""] + earlier
-    rows = {row: method_row(row, dirs[row], target, paper.get(row)) for row in labels}
-    key = "best" if uses_best(exp) else "final"
-    tt = f"rounds to {target:.0%}" if target else "rounds to target"
-    lines += [f"| method | final accuracy | best accuracy | {tt} | min-class accuracy (final) | paper ({key}) "
-              "| seeds | rounds |",
-              "|---|---|---|---|---|---|---|---|"]
-    for m in labels:
-        r = rows[m]
-        pv = f"{r['paper']:.4f}" if r["paper"] is not None else "-"
-        name_cell = f"**{m}**" if method_of[m] in PROPOSED else m
-        if r["seeds"] == 0:
-            lines.append(f"| {name_cell} | {NOT_RUN} | {NOT_RUN} | {NOT_RUN} | - | {pv} | 0 | - |")
-            continue
-        rounds = "/".join(str(x) for x in r["rounds"])
-        final = fmt_acc(r["final"], r["seeds"]) + (f" (stopped: {len(r['stopped'])}/{r['seeds']} seeds)" if r["stopped"] else "")
-        lines.append(f"| {name_cell} | {final} | {fmt_acc(r['best'], r['seeds'])} | "
-                     f"{fmt_rounds_to_target(r)} | {fmt_acc(r['min_class'], r['seeds'])} | {pv} | {r['seeds']} | {rounds} |")
-    lines.append("")
+    paper = exp.get("paper-results", {})
+    rows = {row: method_row(row, dirs[row], exp.get("target-accuracy"), paper.get(row)) for row in labels}
+    lines += results_table(exp, table, rows)
     lines += grid_winners(table, rows)
     stops = [f"- {run}: {why}" for m in labels if rows[m]["seeds"] for run, why in rows[m]["stopped"]]
     if stops:
@@ -276,6 +252,44 @@ def section(path: Path, exp: dict, results: Path, figures: Path, md_dir: Path) -
         lines += [f"![{name} accuracy]({_rel(png, md_dir)})", ""]
     lines += drift_figure(name, dirs, figures, md_dir)
     return lines
+
+
+def section_header(path: Path, exp: dict) -> list[str]:
+    """Title, the paper's cell, description, reduction and the planned runs of one experiment."""
+    rc = exp.get("run-config", {})
+    lines = [f"## {exp.get('name', path.stem)}", "", f"Paper: {exp.get('paper', '?')}", ""]
+    if exp.get("description"):
+        lines += [exp["description"], ""]
+    if exp.get("reduction"):
+        lines += [f"Reduction: {exp['reduction']}", ""]
+    return lines + [f"Config: `{path.as_posix()}`; planned {rc.get('num-server-rounds', '?')} rounds, seeds "
+                    f"{exp.get('seeds', [0])}, {exp.get('clients', '?')} clients. Run with "
+                    f"`FL_DATA_DIR=/path/to/data python run_simulation.py --config {path.as_posix()} --quiet`.", ""]
+
+
+def results_table(exp: dict, table: list[tuple[str, str, str]], rows: dict[str, dict]) -> list[str]:
+    """One row per label; the clients' accuracy column only when some run evaluated clients."""
+    target = exp.get("target-accuracy")
+    key = "best" if uses_best(exp) else "final"
+    tt = f"rounds to {target:.0%}" if target else "rounds to target"
+    clients = any(client_cells(r) != "-" for r in rows.values())
+    lines = [f"| method | final accuracy | best accuracy | {tt} | min-class accuracy (final) | paper ({key}) "
+             "| seeds | rounds |" + (" client accuracy (final): mean / std / worst 10% |" if clients else ""),
+             "|---|---|---|---|---|---|---|---|" + ("---|" if clients else "")]
+    for m, _, strategy in table:
+        r = rows[m]
+        pv = f"{r['paper']:.4f}" if r["paper"] is not None else "-"
+        name_cell = f"**{m}**" if strategy in PROPOSED else m
+        spread = f" {client_cells(r)} |" if clients else ""
+        if r["seeds"] == 0:
+            lines.append(f"| {name_cell} | {NOT_RUN} | {NOT_RUN} | {NOT_RUN} | - | {pv} | 0 | - |{spread}")
+            continue
+        rounds = "/".join(str(x) for x in r["rounds"])
+        final = fmt_acc(r["final"], r["seeds"]) + (f" (stopped: {len(r['stopped'])}/{r['seeds']} seeds)" if r["stopped"] else "")
+        lines.append(f"| {name_cell} | {final} | {fmt_acc(r['best'], r['seeds'])} | "
+                     f"{fmt_rounds_to_target(r)} | {fmt_acc(r['min_class'], r['seeds'])} | {pv} | {r['seeds']} | {rounds} |"
+                     + spread)
+    return lines + [""]
 
 
 def grid_winners(table: list[tuple[str, str, str]], rows: dict[str, dict]) -> list[str]:

@@ -316,3 +316,28 @@ def test_collect_keeps_finished_runs_without_machine_paths(tmp_path):
     text = json.dumps(json.loads((kept / "summary.json").read_text()))
     assert "/machine" not in text
     assert row(section((tmp_path / "docs" / "results.md").read_text(), "toy"), "fedavg")[2] == "0.6000"
+
+
+def test_client_accuracy_column_when_clients_evaluated(tmp_path):
+    """Runs with per-client evaluation (client-test-fraction) add the clients' final mean / std /
+    worst-10% accuracy, each the mean over seeds; experiments without them keep the old table."""
+    exps, results = tmp_path / "experiments", tmp_path / "results"
+    exps.mkdir()
+    (exps / "g.toml").write_text(GHOST.replace('name = "ghost"', 'name = "g"'))
+    runs = results / "g" / "runs"
+    for seed, (mean, std, worst) in enumerate([(0.8, 0.1, 0.6), (0.9, 0.2, 0.7)]):
+        for method in ("fedavg", "fedgam"):
+            d = runs / f"{method}-seed{seed}"
+            write_run(runs, method, seed, [0.5, 0.6])
+            text = (d / "metrics.csv").read_text().splitlines()
+            text[0] += ",client_accuracy_mean,client_accuracy_std,client_accuracy_worst10"
+            text[1] += ",0.1,0.1,0.1"
+            text[2] += f",{mean},{std},{worst}"
+            (d / "metrics.csv").write_text("\n".join(text) + "\n")
+    sec = section(mr.make_results(exps, results, tmp_path / "r.md"), "g")
+    assert "client accuracy (final): mean / std / worst 10%" in sec
+    assert row(sec, "fedavg")[-1] == "0.8500 / 0.1500 / 0.6500"
+
+
+def test_no_client_accuracy_column_without_client_evaluation(report):
+    assert "client accuracy" not in report[0]
