@@ -268,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         for row, seed, cfg in configs:
             print(f"ok: {row} seed {seed} -> {runs_dir / cfg['run-name']}")
+        from fl_app.tooling.estimate import describe
+
+        print(describe([validate_config(c) for _, _, c in configs], args.clients))
         return 0
     out.mkdir(parents=True, exist_ok=True)
     (out / "runner.json").write_text(json.dumps(runner_record(args), indent=1))

@@ -242,7 +242,7 @@ def section(path: Path, exp: dict, results: Path, figures: Path, md_dir: Path) -
         lines += ["Runs stopped before their last round (final accuracy = the last round reached; a "
                   "round where too few clients return a finite update stops the run, see "
                   "`min-fit-fraction`):", ""] + stops + [""]
-    lines += claim_lines(exp, dirs) if not exp.get("grid") else []
+    lines += claim_lines(exp, dirs) if not exp.get("grid") or "claims" in exp else []
     if exp.get("findings"):  # written by whoever ran the config: causes, extra runs
         lines += [f"Findings: {exp['findings']}", ""]
     png = Path(figures) / f"{name}-accuracy.png"

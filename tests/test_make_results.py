@@ -225,11 +225,14 @@ def test_real_experiment_files_are_valid(tmp_path):
         assert len(configs) == len(rows) * len(exp["seeds"])
         assert [(row, seed) for row, seed, _ in configs] == [(row, s) for row, _, _ in rows for s in exp["seeds"]]
         assert exp["reduction"]
-        if exp.get("grid"):  # a search: one seed per point is enough, no paper cell to compare with
+        labels = [row for row, _, _ in rows]
+        if exp.get("grid") and "claims" not in exp:  # a search: one seed per point, no paper cell
             assert "paper-results" not in exp
             continue
+        # a paper's table, or a paper's grid table (FedGAM Tables 4-5: paper cells keyed by row label)
         assert len(exp["seeds"]) >= 2
-        assert set(exp["paper-results"]) <= set(exp["strategies"])
+        assert set(exp["paper-results"]) <= set(labels)
+        assert mr.experiment_claims(exp, labels)
         assert 0 < exp["target-accuracy"] < 1
 
 
