@@ -254,14 +254,41 @@ def section(path: Path, exp: dict, results: Path, figures: Path, md_dir: Path) -
     return lines
 
 
+def budget(exp: dict) -> float:
+    """Training budget of an experiment: rounds x local epochs x participation (fraction-fit),
+    summed over its grid points (the file's [run-config] with each point of its [grid])."""
+    rc = exp.get("run-config", {})
+    total = 0.0
+    for point in grid_points(check_axes(exp.get("grid", {}), "[grid]")):
+        cfg = {**rc, **point}
+        total += cfg.get("num-server-rounds", 3) * cfg.get("local-epochs", 1) * cfg.get("fraction-fit", 0.5)
+    return total
+
+
+def budget_line(path: Path, exp: dict) -> list[str]:
+    """'Budget: x of the paper's' from the paper's own setting, experiments/paper/<file name>."""
+    paper_file = Path(path).parent / "paper" / Path(path).name
+    if not paper_file.is_file():
+        paper_file = ROOT / "experiments" / "paper" / Path(path).name
+    if not paper_file.is_file():
+        return []
+    paper = tomllib.loads(paper_file.read_text())
+    ours, theirs = budget(exp), budget(paper)
+    seeds = f"; seeds {len(exp.get('seeds', [0]))} (paper file: {len(paper.get('seeds', [0]))})"
+    return [f"Budget (rounds x local epochs x participation): {ours:g} against the paper's {theirs:g} "
+            f"(`{_display_path(paper_file).as_posix()}`), **{ours / theirs:.3g} of the paper's**{seeds}.", ""]
+
+
 def section_header(path: Path, exp: dict) -> list[str]:
-    """Title, the paper's cell, description, reduction and the planned runs of one experiment."""
+    """Title, the paper's cell, description, reduction, the budget as a fraction of the
+    paper's (``budget_line``) and the planned runs of one experiment."""
     rc = exp.get("run-config", {})
     lines = [f"## {exp.get('name', path.stem)}", "", f"Paper: {exp.get('paper', '?')}", ""]
     if exp.get("description"):
         lines += [exp["description"], ""]
     if exp.get("reduction"):
         lines += [f"Reduction: {exp['reduction']}", ""]
+    lines += budget_line(path, exp)
     return lines + [f"Config: `{path.as_posix()}`; planned {rc.get('num-server-rounds', '?')} rounds, seeds "
                     f"{exp.get('seeds', [0])}, {exp.get('clients', '?')} clients. Run with "
                     f"`FL_DATA_DIR=/path/to/data python run_simulation.py --config {path.as_posix()} --quiet`.", ""]

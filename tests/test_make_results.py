@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -344,3 +345,32 @@ def test_client_accuracy_column_when_clients_evaluated(tmp_path):
 
 def test_no_client_accuracy_column_without_client_evaluation(report):
     assert "client accuracy" not in report[0]
+
+
+def test_budget_fraction_by_hand(tmp_path):
+    """rounds x local epochs x participation, summed over grid points, against experiments/paper/."""
+    exp = {"run-config": {"num-server-rounds": 15, "fraction-fit": 0.1}, "grid": {"local-epochs": [1, 2, 3, 4]}}
+    assert mr.budget(exp) == pytest.approx(15 * 0.1 * (1 + 2 + 3 + 4))
+    (tmp_path / "paper").mkdir()
+    (tmp_path / "paper" / "x.toml").write_text('seeds = [0, 1, 2]\n[run-config]\nnum-server-rounds = 100\n'
+                                               'fraction-fit = 1.0\n[grid]\nlocal-epochs = [5, 10, 15, 20]\n')
+    line = mr.budget_line(tmp_path / "x.toml", {**exp, "seeds": [0, 1]})[0]
+    # ours 15, the paper's 100 x 1.0 x 50 = 5000: 0.003
+    assert "15 against the paper's 5000" in line and "**0.003 of the paper's**" in line and "seeds 2 (paper file: 3)" in line
+    assert mr.budget_line(tmp_path / "y.toml", exp) == []  # no paper file: no line
+
+
+def test_paper_settings_exist_and_build(tmp_path):
+    """Every reproduced table has its paper's exact setting in experiments/paper/, and each
+    builds its full list of run configs, as `run_simulation.py --check --config FILE` does."""
+    import run_simulation
+
+    tables = [f for f in (ROOT / "experiments").glob("*.toml") if "claims" in tomllib.loads(f.read_text())]
+    assert tables
+    for f in tables:
+        paper = ROOT / "experiments" / "paper" / f.name
+        assert paper.is_file(), f"no paper setting for {f.name}"
+        args = run_simulation.parse_args(["--config", str(paper)])
+        configs = run_simulation.build_configs(args, tmp_path)
+        assert len(configs) == len(mr.experiment_rows(args.experiment)) * len(args.experiment["seeds"])
+        assert args.experiment["name"] == f"paper-{f.stem}"
