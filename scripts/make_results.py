@@ -375,24 +375,34 @@ def make_results(experiments: Path, results: Path, out: Path) -> str:
         lines += [f"No experiment files in `{experiments}`.", ""]
     else:
         lines += ["| experiment | paper | finished runs | status | run time |", "|---|---|---|---|---|"]
-        for path, exp in exps:
-            name = exp.get("name", path.stem)
-            labels = [row for row, _, _ in experiment_rows(exp)]
-            planned = len(labels) * len(exp.get("seeds", [0]))
-            finished = [d for row in labels for d in run_dirs(runs_folder(results, name), row)]
-            done = len(finished)
-            status = NOT_RUN if done == 0 else ("complete" if done >= planned else "partial")
-            cell = str(exp.get("paper", "")).split(":")[0]
-            seconds = sum(read_summary(d).get("total_seconds") or 0 for d in finished)
-            spent = f"{seconds / 60:.1f} min" if done else "-"
-            lines.append(f"| [{name}](#{name}) | {cell} | {done}/{planned} | {status} | {spent} |")
-        lines.append("")
+        lines += [overview_row(path, exp, results) for path, exp in exps] + [""]
     for path, exp in exps:
         lines += section(_display_path(path), exp, results, figures, out.parent)
     out.parent.mkdir(parents=True, exist_ok=True)
     text = "\n".join(lines).rstrip() + "\n"
     out.write_text(text)
     return text
+
+
+def overview_row(path: Path, exp: dict, results: Path) -> str:
+    """The experiment's line of the overview: finished runs against the planned ones; runs
+    made with another number of rounds than the file now plans (an earlier budget) are counted
+    apart, so a raised budget shows as not complete until it is re-run."""
+    name = exp.get("name", path.stem)
+    labels = [row for row, _, _ in experiment_rows(exp)]
+    planned = len(labels) * len(exp.get("seeds", [0]))
+    finished = [d for row in labels for d in run_dirs(runs_folder(results, name), row)]
+    rounds = exp.get("run-config", {}).get("num-server-rounds")
+    earlier = [d for d in finished
+               if rounds is not None and read_summary(d).get("config", {}).get("num-server-rounds", rounds) != rounds]
+    done = len(finished) - len(earlier)
+    status = NOT_RUN if not finished else ("complete" if done >= planned else "partial")
+    if earlier:
+        status += f" ({len(earlier)} more runs from an earlier budget)"
+    cell = str(exp.get("paper", "")).split(":")[0]
+    seconds = sum(read_summary(d).get("total_seconds") or 0 for d in finished)
+    spent = f"{seconds / 60:.1f} min" if finished else "-"
+    return f"| [{name}](#{name}) | {cell} | {done}/{planned} | {status} | {spent} |"
 
 
 def _display_path(path: Path) -> Path:

@@ -374,3 +374,18 @@ def test_paper_settings_exist_and_build(tmp_path):
         configs = run_simulation.build_configs(args, tmp_path)
         assert len(configs) == len(mr.experiment_rows(args.experiment)) * len(args.experiment["seeds"])
         assert args.experiment["name"] == f"paper-{f.stem}"
+
+
+def test_runs_of_an_earlier_budget_are_counted_apart(tmp_path):
+    exps, results = tmp_path / "experiments", tmp_path / "results"
+    exps.mkdir()
+    (exps / "g.toml").write_text(GHOST.replace('name = "ghost"', 'name = "g"') + "\n[run-config]\nnum-server-rounds = 3\n")
+    runs = results / "g" / "runs"
+    write_run(runs, "fedavg", 0, [0.5, 0.6, 0.7])
+    write_run(runs, "fedgam", 0, [0.5, 0.6])
+    summary = json.loads((runs / "fedgam-seed0" / "summary.json").read_text())
+    summary["config"]["num-server-rounds"] = 2  # made when the file planned 2 rounds
+    (runs / "fedgam-seed0" / "summary.json").write_text(json.dumps(summary))
+    text = mr.make_results(exps, results, tmp_path / "r.md")
+    line = next(l for l in text.splitlines() if l.startswith("| [g]"))
+    assert "| 1/4 | partial (1 more runs from an earlier budget) |" in line
