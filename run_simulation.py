@@ -437,6 +437,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         for row, seed, cfg in configs:
             print(f"ok: {row} seed {seed} -> {out / 'runs' / cfg['run-name']}")
+        from fl_app.tooling.estimate import describe
+
+        print(describe([validate_config(c) for _, _, c in configs], args.clients))
         return 0
     gpus = plan(args, out)
     try:

@@ -33,7 +33,7 @@ from tasks.datasets import input_shape
 from tasks.local_files import load_local_file
 from tasks.models import Classifier, cached_model, default_device, get_weights, set_weights
 from tasks.optim import build_optimizer
-from tasks.partitioning import PartitionSpec, load_partition
+from tasks.partitioning import PartitionSpec, load_client_split, load_partition, split_tensors
 from tasks.train import batches, evaluate
 
 
@@ -55,19 +55,37 @@ class DriftClient(NumPyClient):
         self.device = default_device()
         self.model = cached_model(cfg["model"], input_shape(cfg["dataset"]), self.device)
         self._data: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._test_data: tuple[torch.Tensor, torch.Tensor] | None = None
 
     # ----------------------------------------------------------------- data and state
     @property
     def data(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """This client's partition (or its node's ``data-path``) on the device, loaded lazily."""
+        """The data this client trains on, on the device, loaded lazily: its partition (or its
+        node's ``data-path``), less its local test split when ``client-test-fraction`` > 0."""
         if self._data is None:
-            if self.data_path:
-                x, y = load_local_file(self.data_path, self.cfg["dataset"])
-            else:
-                spec = PartitionSpec.from_config(self.cfg, self.num_partitions)
-                x, y = load_partition(spec, self.partition_id)
-            self._data = (x.to(self.device), y.to(self.device))
+            self._load()
         return self._data
+
+    @property
+    def test_data(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The client's local test split (``client-test-fraction`` > 0), else its training data."""
+        if self._data is None:
+            self._load()
+        return self._test_data if self._test_data is not None else self._data
+
+    def _load(self) -> None:
+        fraction = self.cfg["client-test-fraction"]
+        if self.data_path:
+            x, y = load_local_file(self.data_path, self.cfg["dataset"])
+            train, test = split_tensors(x, y, fraction, self.cfg["seed"]) if fraction > 0 else ((x, y), None)
+        else:
+            spec = PartitionSpec.from_config(self.cfg, self.num_partitions)
+            if fraction > 0:
+                train, test = load_client_split(spec, self.partition_id, fraction)
+            else:
+                train, test = load_partition(spec, self.partition_id), None
+        self._data = tuple(t.to(self.device) for t in train)
+        self._test_data = tuple(t.to(self.device) for t in test) if test is not None else None
 
     def load_state(self, name: str) -> list[np.ndarray] | None:
         """Arrays saved under ``name`` in an earlier round on this node, or None."""
@@ -129,9 +147,10 @@ class DriftClient(NumPyClient):
         return self.reply(), len(x), metrics
 
     def evaluate(self, parameters: list[np.ndarray], config: dict) -> tuple[float, int, dict]:
-        """Loss and accuracy of the received model on this client's own data."""
+        """Loss and accuracy of the received model on this client's local test split (its
+        training data when ``client-test-fraction`` is 0)."""
         set_weights(self.model, self.receive(parameters))
-        x, y = self.data
+        x, y = self.test_data
         loss, acc = evaluate(self.model, x, y)
         return loss, len(x), {"accuracy": acc}
 

@@ -90,6 +90,9 @@ GENERAL_KEYS: dict[str, Key] = {
     "tensorboard": Key(True, None, "true or false (the older switch: false removes tensorboard from tracking)"),
     # Scale
     "evaluate-every": Key(1, at_least(1), ">= 1 (rounds between server evaluations; the last round always)"),
+    "client-test-fraction": Key(0.0, lambda v: 0 <= v < 1,
+                                "in [0, 1) (share of each client's partition held out as its local test split,"
+                                " scored with the global model; 0 = off)"),
     "client-state": Key("memory", choices=("memory", "disk")),
 }
 

@@ -107,6 +107,20 @@ def summarise_client_metrics(results: list[tuple[int, dict]]) -> dict[str, float
     return out
 
 
+def client_accuracy_stats(accuracies: list[float]) -> dict[str, float]:
+    """The clients' scores of the global model on their local test splits: unweighted mean and
+    population std over the clients (all of them evaluate: not a sample), and the mean of the
+    worst 10% (the ceil(K / 10) lowest accuracies, at least one client). NaN without scores."""
+    values = np.sort(np.asarray([a for a in accuracies if math.isfinite(a)], dtype=float))
+    if values.size == 0:
+        nan = float("nan")
+        return {"client_accuracy_mean": nan, "client_accuracy_std": nan, "client_accuracy_worst10": nan,
+                "client_eval_clients": 0}
+    worst = values[: max(1, math.ceil(values.size / 10))]
+    return {"client_accuracy_mean": float(values.mean()), "client_accuracy_std": float(values.std()),
+            "client_accuracy_worst10": float(worst.mean()), "client_eval_clients": int(values.size)}
+
+
 def evaluated_round(server_round: int, every: int, last_round: int) -> bool:
     """Server evaluation runs at round 0 (the initial model), every ``every`` rounds, and
     always at the last round, so a run's final accuracy is always measured."""
@@ -137,6 +151,7 @@ class RecordingStrategy(Strategy):
         self.screening = Screening(cfg, getattr(inner, "screen_skip", ()))
         self.participation = Participation(cfg)
         self.initial: dict[str, float] = {}  # the initial model's test accuracy and loss (round 0)
+        self.pending: tuple | None = None  # a round whose row waits for the clients' evaluation
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.tracker = RunTracker(self.run_dir, cfg)
         if resume_from is not None:
@@ -251,10 +266,26 @@ class RecordingStrategy(Strategy):
         return ""
 
     def configure_evaluate(self, server_round: int, parameters: Parameters, client_manager: ClientManager):
-        return self.inner.configure_evaluate(server_round + self.offset, parameters, client_manager)
+        """Client-side evaluation (``client-test-fraction`` > 0) in the rounds the server
+        evaluates; Flower calls this after ``evaluate``, whose row then waits for the clients'
+        scores (``pending``). No instructions (no client-side evaluation): the row is closed."""
+        if self.pending is None:
+            return []
+        instructions = self.inner.configure_evaluate(server_round + self.offset, parameters, client_manager)
+        if not instructions:
+            self.end_round(*self.pending)
+        return instructions
 
     def aggregate_evaluate(self, server_round: int, results, failures):
-        return self.inner.aggregate_evaluate(server_round + self.offset, results, failures)
+        out = self.inner.aggregate_evaluate(server_round + self.offset, results, failures)
+        if self.pending is not None:
+            accuracies = [float(r.metrics["accuracy"]) for _, r in results
+                          if isinstance(r.metrics.get("accuracy"), (int, float))]
+            self.row.update(client_accuracy_stats(accuracies))
+            for failure in failures:
+                log.warning("round %d: a client failed to evaluate: %r", self.pending[0], failure)
+            self.end_round(*self.pending)
+        return out
 
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
         """The server's evaluation of round ``server_round``; after round 0 also the end of the
@@ -281,14 +312,20 @@ class RecordingStrategy(Strategy):
                             "initial_loss": float(loss)}  # round 0 of the plots (fl_app/report.py)
             log.info("initial model: test accuracy %.4f, loss %.4f", self.initial["initial_accuracy"], loss)
             return result
+        self._record_test(result)
+        if result is not None and self.cfg["client-test-fraction"] > 0:
+            self.pending = (server_round, parameters, result, per_class)  # the row waits for the clients
+            return result
         self.end_round(server_round, parameters, result, per_class)
         return result
 
     def end_round(self, server_round: int, parameters: Parameters, result, per_class) -> None:
         """The end of a round, in order: write its row (even when evaluation was skipped: the
-        accuracy and loss cells stay empty), log it, checkpoint when due, finish the run after
+        accuracy and loss cells stay empty; with client-side evaluation once the clients' scores
+        are in, see ``aggregate_evaluate``), log it, checkpoint when due, finish the run after
         its last round, then crash if a crash is injected after this round."""
-        self._record_round(result, per_class)
+        self.pending = None
+        self._record_round(per_class)
         self._log_round(server_round, result is not None)
         if checkpoint_due(self.cfg["checkpoint-every"], server_round, self.num_rounds):
             self.checkpoint(server_round, parameters)
@@ -296,14 +333,17 @@ class RecordingStrategy(Strategy):
             self.finish()
         crash_if_injected(self.cfg, server_round)
 
-    def _record_round(self, result, per_class) -> None:
-        """The round's test metrics and duration into its row; the row to metrics.csv and the
-        tracker (per-class accuracy file, TensorBoard)."""
+    def _record_test(self, result) -> None:
+        """The server's test metrics of the round into its row (none when evaluation was skipped)."""
         if result is not None:
             loss, metrics = result
             self.row.update(test_loss=float(loss), test_accuracy=float(metrics.get("accuracy", float("nan"))))
             if "min_class_accuracy" in metrics:
                 self.row["min_class_accuracy"] = float(metrics["min_class_accuracy"])
+
+    def _record_round(self, per_class) -> None:
+        """The round's duration into its row; the row to metrics.csv and the tracker (per-class
+        accuracy file, TensorBoard)."""
         self.row["round_seconds"] = time.monotonic() - self.round_started
         self._write_row(self.row)
         self.tracker.log_round(self.row, per_class)

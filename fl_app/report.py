@@ -5,10 +5,13 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+
+from fl_app.stats import Paired, fmt_paired, paired_difference
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -59,7 +62,8 @@ def update_gaps(dirs: list[Path]) -> list[str]:
 
 
 def compare(runs: dict[str, list[Path]]) -> list[dict]:
-    """One row per method: final and best accuracy as mean and std over its seeds. Untrained
+    """One row per method: final and best accuracy as mean and std over its seeds, and (with
+    >= 2 seeds) the paired difference to the reference row (``add_paired_columns``). Untrained
     runs (summary ``untrained``: every round without a usable client update) are not a result:
     they are left out of the means and counted in ``untrained_runs``; ``update_gaps`` names the
     runs with such rounds (shown under comparison.md)."""
@@ -79,8 +83,49 @@ def compare(runs: dict[str, list[Path]]) -> list[dict]:
             "seconds_mean": secs[0],
             **drift_columns(dirs),
             "untrained_runs": len(summaries) - len(trained), "update_gaps": "; ".join(update_gaps(dirs)),
+            **client_columns(dirs),
         })
+    add_paired_columns(table, runs)
     return table
+
+
+def reference_row(labels: list[str]) -> str | None:
+    """The row every other row is compared with: ``fedavg`` when it ran, else the first row."""
+    return "fedavg" if "fedavg" in labels else (labels[0] if labels else None)
+
+
+def accuracy_by_seed(dirs: list[Path], key: str = "final_accuracy") -> dict[int, float]:
+    """{seed: the run's final (or best) accuracy} over the finished runs of one row; the seed
+    is the run's recorded config seed, else the ``-seed<N>`` ending of its folder name (runs
+    whose seed is neither are left out: they cannot be paired; untrained runs are no result
+    and are left out too)."""
+    out = {}
+    for d in dirs:
+        s = read_summary(d)
+        if s is not None and s.get("untrained"):
+            continue
+        seed = (s or {}).get("config", {}).get("seed")
+        if seed is None and re.search(r"-seed(\d+)$", Path(d).name):
+            seed = re.search(r"-seed(\d+)$", Path(d).name).group(1)
+        if s is not None and s.get(key) is not None and seed is not None:
+            out[int(seed)] = float(s[key])
+    return out
+
+
+def add_paired_columns(table: list[dict], runs: dict[str, list[Path]]) -> None:
+    """When some row has >= 2 seeds: per row, its final accuracy minus the reference row's
+    (``reference_row``), paired by seed, as the mean and its 95% t interval over the seeds
+    both ran (``fl_app.stats``); empty cells for the reference itself and for n < 2."""
+    ref = reference_row(list(runs))
+    if ref is None or max((r["seeds"] for r in table), default=0) < 2:
+        return
+    base = accuracy_by_seed(runs[ref])
+    for r in table:
+        p = paired_difference(accuracy_by_seed(runs[r["method"]]), base)
+        own = r["method"] == ref or p.n < 2
+        r.update({"paired_reference": ref, "paired_seeds": 0 if r["method"] == ref else p.n,
+                  "final_diff_mean": None if r["method"] == ref else p.mean,
+                  "final_diff_ci_low": None if own else p.low, "final_diff_ci_high": None if own else p.high})
 
 
 def _pm(mean: float, std: float | None) -> str:
@@ -97,18 +142,27 @@ def write_comparison(table: list[dict], out: Path) -> None:
         writer = csv.DictWriter(f, fieldnames=list(table[0]) if table else ["method"])
         writer.writeheader()
         writer.writerows(table)
+    ref = table[0].get("paired_reference") if table else None
+    paired = f" final − {ref}, paired (95% CI) |" if ref else ""
+    clients = any(client_cells(r) != "-" for r in table)
+    extra = (" client accuracy (final): mean / std / worst 10% |" if clients else "") + paired
     lines = [
         "| method | seeds | rounds | final accuracy | best accuracy | seconds/run "
-        "| update diversity (mean) | final min-class accuracy |",
-        "|---|---|---|---|---|---|---|---|",
+        "| update diversity (mean) | final min-class accuracy |" + extra,
+        "|---|---|---|---|---|---|---|---|" + "---|" * (clients + bool(ref)),
     ]
     for r in table:
         lines.append(
             f"| {r['method']}{' (!)' if r.get('update_gaps') else ''} | {r['seeds']} | {r['rounds']} | "
             f"{_pm(r['final_accuracy_mean'], r['final_accuracy_std'])} | "
             f"{_pm(r['best_accuracy_mean'], r['best_accuracy_std'])} | {r['seconds_mean']:.1f} |"
-            + _drift_cells(r)
+            + _drift_cells(r) + (f" {client_cells(r)} |" if clients else "")
+            + (f" {_paired_cell(r, ref)} |" if ref else "")
         )
+    if ref:
+        lines += ["", f"Paired column: per seed, the row's final accuracy minus {ref}'s on the same seed (same "
+                  "partition and client sampling), mean over seeds [95% Student t interval]; an interval "
+                  "that excludes 0 is a resolved difference."]
     if any(r["seeds"] == 1 for r in table):
         lines.append("")
         lines.append("Rows with 1 seed show no ± (no spread from n=1).")
@@ -130,6 +184,12 @@ def initial_row(run_dir: Path) -> list[dict]:
     summary = read_summary(run_dir) or {}
     row = {column: summary[key] for column, key in INITIAL.items() if isinstance(summary.get(key), (int, float))}
     return [{"round": 0, **row}] if row else []
+def _paired_cell(r: dict, ref: str) -> str:
+    if r["method"] == ref:
+        return "(reference)"
+    nan = [math.nan if r.get(k) is None else r[k] for k in ("final_diff_mean", "final_diff_ci_low",
+                                                             "final_diff_ci_high")]
+    return fmt_paired(Paired(r.get("paired_seeds", 0), *nan))
 
 
 def curves(runs: dict[str, list[Path]], column: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -300,6 +360,30 @@ def drift_columns(dirs: list[Path]) -> dict[str, float]:
     mc = mean_std(final_min)
     return {"update_diversity_mean": mean_std(diversity)[0],
             "final_min_class_accuracy_mean": mc[0], "final_min_class_accuracy_std": mc[1]}
+
+
+CLIENT_COLUMNS = ("client_accuracy_mean", "client_accuracy_std", "client_accuracy_worst10")
+
+
+def client_columns(dirs: list[Path]) -> dict[str, float]:
+    """The per-client evaluation (``client-test-fraction``) of a row's last evaluated round:
+    ``final_<column>`` for the clients' mean, std and worst-10% accuracy, each the mean over
+    seeds; NaN where the runs lack the columns (client evaluation off)."""
+    per_seed: dict[str, list[float]] = {c: [] for c in CLIENT_COLUMNS}
+    for d in dirs:
+        rows = [r for r in read_metrics(d) if isinstance(r.get(CLIENT_COLUMNS[0]), (int, float))]
+        for c in CLIENT_COLUMNS:
+            if rows and isinstance(rows[-1].get(c), (int, float)):
+                per_seed[c].append(float(rows[-1][c]))
+    return {f"final_{c}": mean_std(v)[0] for c, v in per_seed.items()}
+
+
+def client_cells(r: dict) -> str:
+    """'mean / std / worst 10%' of the clients' final accuracies, '-' without client evaluation."""
+    values = [r.get(f"final_{c}", math.nan) for c in CLIENT_COLUMNS]
+    if not all(isinstance(v, float) and math.isfinite(v) for v in values):
+        return "-"
+    return " / ".join(f"{v:.4f}" for v in values)
 
 
 def band_curves(runs: dict[str, list[Path]], column: str) -> dict[str, tuple[np.ndarray, ...]]:

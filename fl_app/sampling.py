@@ -126,6 +126,8 @@ class SeededClientManager(SimpleClientManager):
         if num_clients > len(cids):
             log.info("sampling failed: %d clients wanted, %d available", num_clients, len(cids))
             return []
+        if num_clients == len(cids):  # everyone (e.g. client-side evaluation): no draw used, so
+            return [self.clients[c] for c in cids]  # the fit sampling of later rounds is unchanged
         rng = np.random.default_rng([self.seed, self.draws])
         self.draws += 1
         chosen = sorted(rng.choice(len(cids), size=num_clients, replace=False))

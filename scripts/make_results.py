@@ -15,15 +15,15 @@ row per label (a method, a variant ``[methods."<label>"]`` or a grid point ``fed
 `target-accuracy` (first round at or above it; mean over the seeds that reached it), the final
 minimum per-class accuracy (drift made visible: the class the global model has forgotten most),
 the paper's number for the same cell and the seeds/rounds actually run; for a grid, the point with
-the highest best accuracy per label; one line per proposed method saying whether the paper's
-ordering holds here, against FedAvg and against the strongest baseline of the paper's table among
-the methods run; the accuracy curves (docs/results/<name>-accuracy.png) and the clients' update
+the highest best accuracy per label; one table row per ordering the paper claims (the file's
+`claims`, else the proposed methods against FedAvg and the paper's strongest baseline run): the
+mean paired difference over seeds with its 95% t interval and a verdict holds / refuted /
+undecided (fl_app/stats.py); the accuracy curves (docs/results/<name>-accuracy.png) and the clients' update
 diversity per round (docs/results/<name>-drift.png).
 
 The paper's number is compared with our best accuracy when the experiment's `paper` entry says
-the table reports the best accuracy (FedPGVC), else with our final accuracy. An ordering "holds"
-when our mean difference has the paper's sign; the line also says when the gap is smaller than
-the larger of the two standard deviations over seeds (then it is not a resolved difference).
+the table reports the best accuracy (FedPGVC), else with our final accuracy; the claims use the
+same metric.
 Methods or experiments without finished runs are listed as "not run yet"; no number is made up.
 """
 
@@ -42,7 +42,18 @@ sys.path.insert(0, str(ROOT))
 
 from fl_app.config import ConfigError, validate_config  # noqa: E402
 from fl_app.registry import method_names  # noqa: E402
-from fl_app.report import drift_columns, mean_std, plot, plot_drift, read_metrics, read_summary  # noqa: E402
+from fl_app.report import (  # noqa: E402
+    accuracy_by_seed,
+    client_cells,
+    client_columns,
+    drift_columns,
+    mean_std,
+    plot,
+    plot_drift,
+    read_metrics,
+    read_summary,
+)
+from fl_app.stats import Claim, fmt_paired, paired_difference, parse_claims  # noqa: E402
 from fl_app.tooling.experiment import read_experiment  # noqa: E402
 from fl_app.tooling.plan import check_axes, grid_points, label, resolve_rows, run_name  # noqa: E402
 
@@ -187,6 +198,7 @@ def method_row(method: str, dirs: list[Path], target: float | None, paper_value:
         "reached": reached, "paper": paper_value, "stopped": stopped,
         "min_class": (drift.get("final_min_class_accuracy_mean", math.nan),
                       drift.get("final_min_class_accuracy_std", math.nan)),
+        **(client_columns(dirs) if dirs else {}),
     }
 
 
@@ -213,96 +225,71 @@ def uses_best(exp: dict) -> bool:
     return "best" in str(exp.get("paper", "")).lower()
 
 
-def ordering_lines(exp: dict, rows: dict[str, dict]) -> list[str]:
-    """Per proposed method: does the paper's sign of (proposed - baseline) hold here?"""
+def experiment_claims(exp: dict, rows: list[str]) -> list[Claim]:
+    """The experiment's ``claims`` (``"A > B (source)"``, fl_app.stats.parse_claims); without
+    them, the orderings its ``paper-results`` imply: each proposed method against FedAvg and
+    against the strongest baseline of the paper's table among the rows run, in the paper's
+    direction (source: the paper's two numbers)."""
+    if "claims" in exp:
+        return parse_claims(exp["claims"], rows)
     paper = exp.get("paper-results", {})
+    names = [m for m in exp.get("strategies", []) if m in paper and m in rows]
+    strongest = max((m for m in names if m not in PROPOSED), key=lambda m: paper[m], default=None)
+    derived = []
+    for p in (m for m in names if m in PROPOSED):
+        for b in dict.fromkeys(b for b in ("fedavg", strongest) if b in names and b != p):
+            rel = ">" if paper[p] >= paper[b] else "<"
+            derived.append(f"{p} {rel} {b} (paper-results: {paper[p]:.4f} vs {paper[b]:.4f})")
+    return parse_claims(derived, rows)
+
+
+def claim_lines(exp: dict, dirs: dict[str, list[Path]]) -> list[str]:
+    """One table row per claimed ordering: the paired difference (better - worse, per seed, on
+    the metric the paper reports) with its 95% t interval over seeds and the verdict."""
+    claims = experiment_claims(exp, list(dirs))
+    if not claims:
+        return []
     key = "best" if uses_best(exp) else "final"
-    baselines = [m for m in exp.get("strategies", []) if m not in PROPOSED and m in paper]
-    strongest = max(baselines, key=lambda m: paper[m], default=None)
-    lines = []
-    for p in (m for m in exp.get("strategies", []) if m in PROPOSED):
-        others = [b for b in dict.fromkeys(["fedavg", strongest]) if b and b in exp.get("strategies", [])]
-        parts = []
-        for b in others:
-            label = b if b != strongest else f"{b} (strongest baseline in the paper's table)"
-            if b == "fedavg" and b == strongest:
-                label = "fedavg (also the strongest baseline in the paper's table)"
-            parts.append(compare_pair(p, b, label, paper, rows, key))
-        if parts:
-            lines.append(f"- **{p}** ({key} accuracy): " + "; ".join(parts) + ".")
-    return lines
-
-
-def compare_pair(p: str, b: str, label: str, paper: dict, rows: dict[str, dict], key: str) -> str:
-    if p not in paper or b not in paper:
-        return f"vs {label}: the paper reports no number for both"
-    sign = _sign(paper[p] - paper[b])
-    rel = {1: ">", -1: "<", 0: "="}[sign]
-    claim = f"paper {p} {paper[p]:.4f} {rel} {b} {paper[b]:.4f}"
-    if rows[p]["seeds"] == 0 or rows[b]["seeds"] == 0:
-        return f"vs {label}: {claim}; here {NOT_RUN}"
-    (mp, sp), (mb, sb) = rows[p][key], rows[b][key]
-    if math.isnan(mp) or math.isnan(mb):
-        return f"vs {label}: {claim}; here no accuracy recorded"
-    ours = _sign(mp - mb)
-    verdict = "holds" if ours == sign else "does not hold"
-    note = " (gap within one std over seeds)" if abs(mp - mb) <= max(sp, sb) else ""
-    return f"vs {label}: {claim}; here {mp:.4f} vs {mb:.4f}, the ordering {verdict}{note}"
-
-
-def _sign(x: float) -> int:
-    return 0 if abs(x) < 1e-12 else (1 if x > 0 else -1)
+    paper = exp.get("paper-results", {})
+    lines = [f"Claimed orderings ({key} accuracy, paired by seed: same partition and client sampling; mean "
+             "difference better − worse with its 95% Student t interval over seeds; `holds` = interval above "
+             "0, `refuted` = below 0, `undecided` = contains 0 or fewer than 2 paired seeds):", "",
+             "| claim | source | paper | difference here [95% CI] | paired seeds | verdict |",
+             "|---|---|---|---|---|---|"]
+    for c in claims:
+        if c.better in paper and c.worse in paper:
+            pv = f"{paper[c.better] - paper[c.worse]:+.4f}"
+        else:
+            pv = "-"
+        a, b = (accuracy_by_seed(dirs[m], f"{key}_accuracy") for m in (c.better, c.worse))
+        if not a or not b:
+            lines.append(f"| {c.text()} | {c.source or '-'} | {pv} | {NOT_RUN} | 0 | {NOT_RUN} |")
+            continue
+        d = paired_difference(a, b)
+        lines.append(f"| {c.text()} | {c.source or '-'} | {pv} | {fmt_paired(d)} | {d.n} | **{d.verdict}** |")
+    return lines + [""]
 
 
 def section(path: Path, exp: dict, results: Path, figures: Path, md_dir: Path) -> list[str]:
     name = exp.get("name", path.stem)
     runs = runs_folder(results, name)
-    target = exp.get("target-accuracy")
-    paper = exp.get("paper-results", {})
-    rc = exp.get("run-config", {})
-    lines = [f"## {name}", "", f"Paper: {exp.get('paper', '?')}", ""]
-    if exp.get("description"):
-        lines += [exp["description"], ""]
-    if exp.get("reduction"):
-        lines += [f"Reduction: {exp['reduction']}", ""]
-    lines += [f"Config: `{path.as_posix()}`; planned {rc.get('num-server-rounds', '?')} rounds, seeds "
-              f"{exp.get('seeds', [0])}, {exp.get('clients', '?')} clients. Run with "
-              f"`FL_DATA_DIR=/path/to/data python run_simulation.py --config {path.as_posix()} --quiet`.", ""]
-
+    lines = section_header(path, exp)
     table = experiment_rows(exp)
     labels = [row for row, _, _ in table]
-    method_of = {row: strategy for row, _, strategy in table}
     dirs = {row: run_dirs(runs, row) for row in labels}
     if not any(dirs.values()):
         earlier = [f"Findings: {exp['findings']}", ""] if exp.get("findings") else []
         return lines + [f"**{NOT_RUN}.**", ""] + earlier
-    rows = {row: method_row(row, dirs[row], target, paper.get(row)) for row in labels}
-    key = "best" if uses_best(exp) else "final"
-    tt = f"rounds to {target:.0%}" if target else "rounds to target"
-    lines += [f"| method | final accuracy | best accuracy | {tt} | min-class accuracy (final) | paper ({key}) "
-              "| seeds | rounds |",
-              "|---|---|---|---|---|---|---|---|"]
-    for m in labels:
-        r = rows[m]
-        pv = f"{r['paper']:.4f}" if r["paper"] is not None else "-"
-        name_cell = f"**{m}**" if method_of[m] in PROPOSED else m
-        if r["seeds"] == 0:
-            lines.append(f"| {name_cell} | {NOT_RUN} | {NOT_RUN} | {NOT_RUN} | - | {pv} | 0 | - |")
-            continue
-        rounds = "/".join(str(x) for x in r["rounds"])
-        final = fmt_acc(r["final"], r["seeds"]) + (f" (stopped: {len(r['stopped'])}/{r['seeds']} seeds)" if r["stopped"] else "")
-        lines.append(f"| {name_cell} | {final} | {fmt_acc(r['best'], r['seeds'])} | "
-                     f"{fmt_rounds_to_target(r)} | {fmt_acc(r['min_class'], r['seeds'])} | {pv} | {r['seeds']} | {rounds} |")
-    lines.append("")
+    paper = exp.get("paper-results", {})
+    rows = {row: method_row(row, dirs[row], exp.get("target-accuracy"), paper.get(row)) for row in labels}
+    lines += results_table(exp, table, rows)
     lines += grid_winners(table, rows)
     stops = [f"- {run}: {why}" for m in labels if rows[m]["seeds"] for run, why in rows[m]["stopped"]]
     if stops:
         lines += ["Runs stopped before their last round (final accuracy = the last round reached; a "
                   "round where too few clients return a finite update stops the run, see "
                   "`min-fit-fraction`):", ""] + stops + [""]
-    order = ordering_lines(exp, rows) if not exp.get("grid") else []
-    if order:
-        lines += ["Does the paper's ordering hold here?", ""] + order + [""]
+    lines += claim_lines(exp, dirs) if not exp.get("grid") or "claims" in exp else []
     if exp.get("findings"):  # written by whoever ran the config: causes, extra runs
         lines += [f"Findings: {exp['findings']}", ""]
     png = Path(figures) / f"{name}-accuracy.png"
@@ -312,6 +299,71 @@ def section(path: Path, exp: dict, results: Path, figures: Path, md_dir: Path) -
         lines += [f"![{name} accuracy]({_rel(png, md_dir)})", ""]
     lines += drift_figure(name, dirs, figures, md_dir)
     return lines
+
+
+def budget(exp: dict) -> float:
+    """Training budget of an experiment: rounds x local epochs x participation (fraction-fit),
+    summed over its grid points (the file's [run-config] with each point of its [grid])."""
+    rc = exp.get("run-config", {})
+    total = 0.0
+    for point in grid_points(check_axes(exp.get("grid", {}), "[grid]")):
+        cfg = {**rc, **point}
+        total += cfg.get("num-server-rounds", 3) * cfg.get("local-epochs", 1) * cfg.get("fraction-fit", 0.5)
+    return total
+
+
+def budget_line(path: Path, exp: dict) -> list[str]:
+    """'Budget: x of the paper's' from the paper's own setting, experiments/paper/<file name>."""
+    paper_file = Path(path).parent / "paper" / Path(path).name
+    if not paper_file.is_file():
+        paper_file = ROOT / "experiments" / "paper" / Path(path).name
+    if not paper_file.is_file():
+        return []
+    paper = read_experiment(paper_file)
+    ours, theirs = budget(exp), budget(paper)
+    seeds = f"; seeds {len(exp.get('seeds', [0]))} (paper file: {len(paper.get('seeds', [0]))})"
+    return [f"Budget (rounds x local epochs x participation): {ours:g} against the paper's {theirs:g} "
+            f"(`{_display_path(paper_file).as_posix()}`), **{ours / theirs:.3g} of the paper's**{seeds}.", ""]
+
+
+def section_header(path: Path, exp: dict) -> list[str]:
+    """Title, the paper's cell, description, reduction, the budget as a fraction of the
+    paper's (``budget_line``) and the planned runs of one experiment."""
+    rc = exp.get("run-config", {})
+    lines = [f"## {exp.get('name', path.stem)}", "", f"Paper: {exp.get('paper', '?')}", ""]
+    if exp.get("description"):
+        lines += [exp["description"], ""]
+    if exp.get("reduction"):
+        lines += [f"Reduction: {exp['reduction']}", ""]
+    lines += budget_line(path, exp)
+    return lines + [f"Config: `{path.as_posix()}`; planned {rc.get('num-server-rounds', '?')} rounds, seeds "
+                    f"{exp.get('seeds', [0])}, {exp.get('clients', '?')} clients. Run with "
+                    f"`FL_DATA_DIR=/path/to/data python run_simulation.py --config {path.as_posix()} --quiet`.", ""]
+
+
+def results_table(exp: dict, table: list[tuple[str, str, str]], rows: dict[str, dict]) -> list[str]:
+    """One row per label; the clients' accuracy column only when some run evaluated clients."""
+    target = exp.get("target-accuracy")
+    key = "best" if uses_best(exp) else "final"
+    tt = f"rounds to {target:.0%}" if target else "rounds to target"
+    clients = any(client_cells(r) != "-" for r in rows.values())
+    lines = [f"| method | final accuracy | best accuracy | {tt} | min-class accuracy (final) | paper ({key}) "
+             "| seeds | rounds |" + (" client accuracy (final): mean / std / worst 10% |" if clients else ""),
+             "|---|---|---|---|---|---|---|---|" + ("---|" if clients else "")]
+    for m, _, strategy in table:
+        r = rows[m]
+        pv = f"{r['paper']:.4f}" if r["paper"] is not None else "-"
+        name_cell = f"**{m}**" if strategy in PROPOSED else m
+        spread = f" {client_cells(r)} |" if clients else ""
+        if r["seeds"] == 0:
+            lines.append(f"| {name_cell} | {NOT_RUN} | {NOT_RUN} | {NOT_RUN} | - | {pv} | 0 | - |{spread}")
+            continue
+        rounds = "/".join(str(x) for x in r["rounds"])
+        final = fmt_acc(r["final"], r["seeds"]) + (f" (stopped: {len(r['stopped'])}/{r['seeds']} seeds)" if r["stopped"] else "")
+        lines.append(f"| {name_cell} | {final} | {fmt_acc(r['best'], r['seeds'])} | "
+                     f"{fmt_rounds_to_target(r)} | {fmt_acc(r['min_class'], r['seeds'])} | {pv} | {r['seeds']} | {rounds} |"
+                     + spread)
+    return lines + [""]
 
 
 def grid_winners(table: list[tuple[str, str, str]], rows: dict[str, dict]) -> list[str]:
@@ -370,24 +422,34 @@ def make_results(experiments: Path, results: Path, out: Path) -> str:
         lines += [f"No experiment files in `{experiments}`.", ""]
     else:
         lines += ["| experiment | paper | finished runs | status | run time |", "|---|---|---|---|---|"]
-        for path, exp in exps:
-            name = exp.get("name", path.stem)
-            labels = [row for row, _, _ in experiment_rows(exp)]
-            planned = len(labels) * len(exp.get("seeds", [0]))
-            finished = [d for row in labels for d in run_dirs(runs_folder(results, name), row)]
-            done = len(finished)
-            status = NOT_RUN if done == 0 else ("complete" if done >= planned else "partial")
-            cell = str(exp.get("paper", "")).split(":")[0]
-            seconds = sum(read_summary(d).get("total_seconds") or 0 for d in finished)
-            spent = f"{seconds / 60:.1f} min" if done else "-"
-            lines.append(f"| [{name}](#{name}) | {cell} | {done}/{planned} | {status} | {spent} |")
-        lines.append("")
+        lines += [overview_row(path, exp, results) for path, exp in exps] + [""]
     for path, exp in exps:
         lines += section(_display_path(path), exp, results, figures, out.parent)
     out.parent.mkdir(parents=True, exist_ok=True)
     text = "\n".join(lines).rstrip() + "\n"
     out.write_text(text)
     return text
+
+
+def overview_row(path: Path, exp: dict, results: Path) -> str:
+    """The experiment's line of the overview: finished runs against the planned ones; runs
+    made with another number of rounds than the file now plans (an earlier budget) are counted
+    apart, so a raised budget shows as not complete until it is re-run."""
+    name = exp.get("name", path.stem)
+    labels = [row for row, _, _ in experiment_rows(exp)]
+    planned = len(labels) * len(exp.get("seeds", [0]))
+    finished = [d for row in labels for d in run_dirs(runs_folder(results, name), row)]
+    rounds = exp.get("run-config", {}).get("num-server-rounds")
+    earlier = [d for d in finished
+               if rounds is not None and read_summary(d).get("config", {}).get("num-server-rounds", rounds) != rounds]
+    done = len(finished) - len(earlier)
+    status = NOT_RUN if not finished else ("complete" if done >= planned else "partial")
+    if earlier:
+        status += f" ({len(earlier)} more runs from an earlier budget)"
+    cell = str(exp.get("paper", "")).split(":")[0]
+    seconds = sum(read_summary(d).get("total_seconds") or 0 for d in finished)
+    spent = f"{seconds / 60:.1f} min" if finished else "-"
+    return f"| [{name}](#{name}) | {cell} | {done}/{planned} | {status} | {spent} |"
 
 
 def _display_path(path: Path) -> Path:

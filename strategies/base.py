@@ -32,12 +32,14 @@ def trainable_mask(cfg: dict) -> list[bool]:
 def fedavg_kwargs(cfg: dict, initial_parameters: Parameters, evaluate_fn: Callable) -> dict:
     """Keyword arguments of Flower's FedAvg shared by every method.
 
-    Evaluation is centralized (``evaluate_fn`` on the server's test split), so no client
-    is asked to evaluate.
+    Evaluation is centralized (``evaluate_fn`` on the server's test split); with
+    ``client-test-fraction`` > 0 every client also scores the global model on its local test
+    split (``fraction_evaluate`` 1: all connected clients; the rounds are chosen by
+    ``fl_app.recording.RecordingStrategy.configure_evaluate``), else no client is asked.
     """
     return dict(
         fraction_fit=cfg["fraction-fit"],
-        fraction_evaluate=0.0,
+        fraction_evaluate=1.0 if cfg["client-test-fraction"] > 0 else 0.0,
         min_fit_clients=cfg["min-fit-clients"],
         min_evaluate_clients=1,
         min_available_clients=cfg["min-available-clients"],

@@ -9,6 +9,7 @@ SuperNode decodes each client's images once, not every round. A partitioning tha
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
@@ -94,14 +95,54 @@ def federated_dataset(spec: PartitionSpec):
 @functools.lru_cache(maxsize=256)
 def load_partition(spec: PartitionSpec, partition_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Client ``partition_id``'s training data as (x, y) CPU tensors, decoded once per process."""
+    if spec.dataset == "synthetic":
+        from tasks.synthetic import synthetic_partition
+
+        _check_partition_id(spec, partition_id)
+        return synthetic_partition(spec, partition_id)
+    return to_tensors(_partition_rows(spec, partition_id), DATASETS[spec.dataset])
+
+
+@functools.lru_cache(maxsize=256)
+def load_client_split(spec: PartitionSpec, partition_id: int, test_fraction: float) -> tuple[tuple, tuple]:
+    """((x, y) to train on, (x, y) of the client's local test split): ``test_fraction`` of the
+    partition held out by the Hugging Face ``Dataset.train_test_split`` of the flwr-datasets
+    partition (seeded by the run's seed, so every method holds out the same examples), the
+    training data being the rest. The synthetic dataset's tensors are cut by ``split_tensors``."""
+    if spec.dataset == "synthetic":
+        return split_tensors(*load_partition(spec, partition_id), test_fraction, spec.seed)
+    rows = _partition_rows(spec, partition_id)
+    if len(rows) < 2:
+        raise PartitionError(f"partition {partition_id} has {len(rows)} example(s): too few for a local test "
+                             f"split (client-test-fraction = {test_fraction}); raise min-partition-size")
+    parts = rows.train_test_split(test_size=test_fraction, seed=spec.seed)
+    info = DATASETS[spec.dataset]
+    return to_tensors(parts["train"], info), to_tensors(parts["test"], info)
+
+
+def split_tensors(x: torch.Tensor, y: torch.Tensor, test_fraction: float, seed: int) -> tuple[tuple, tuple]:
+    """((x, y) train, (x, y) test): a seeded random ceil(test_fraction * n) examples held out
+    (at least one, and at least one left to train on), for data that is already tensors."""
+    n = len(y)
+    if n < 2:
+        raise PartitionError(f"{n} example(s): too few for a local test split (client-test-fraction = "
+                             f"{test_fraction})")
+    n_test = min(max(1, math.ceil(test_fraction * n)), n - 1)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    test, train = order[:n_test], order[n_test:]
+    return (x[train], y[train]), (x[test], y[test])
+
+
+def _check_partition_id(spec: PartitionSpec, partition_id: int) -> None:
     if not 0 <= partition_id < spec.num_partitions:
         raise PartitionError(
             f"partition-id {partition_id} is out of range for num-partitions {spec.num_partitions}"
         )
-    if spec.dataset == "synthetic":
-        from tasks.synthetic import synthetic_partition
 
-        return synthetic_partition(spec, partition_id)
+
+def _partition_rows(spec: PartitionSpec, partition_id: int):
+    """The flwr-datasets partition (a Hugging Face Dataset) of a hub or local-parquet dataset."""
+    _check_partition_id(spec, partition_id)
     try:
         fds = federated_dataset(spec)
         part = fds.load_partition(partition_id, "train")
@@ -119,7 +160,7 @@ def load_partition(spec: PartitionSpec, partition_id: int) -> tuple[torch.Tensor
             f"partition {partition_id} of {spec.num_partitions} ({spec.partitioner}) is empty; "
             "raise min-partition-size, raise alpha or use fewer clients"
         )
-    return to_tensors(part, DATASETS[spec.dataset])
+    return part
 
 
 def load_test(spec: PartitionSpec) -> tuple[torch.Tensor, torch.Tensor]:

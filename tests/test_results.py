@@ -142,3 +142,41 @@ def test_drop_rate_is_reproducible(tmp_path):
         dropped.append((kept, strategy.row["num_dropped"]))
     assert dropped[0] == dropped[1]
     assert 0 < dropped[0][1] < 20 and len(dropped[0][0]) == 20 - dropped[0][1]
+
+
+def test_comparison_paired_difference_against_fedavg(tmp_path):
+    """With >= 2 seeds, comparison.md/.csv carry each row's final accuracy minus FedAvg's on the
+    same seed: mean and 95% t interval (hand computation below); FedAvg is the reference even
+    when it is not the first row."""
+    finals = {"fedprox": [0.80, 0.86, 0.83], "fedavg": [0.78, 0.85, 0.80]}
+    runs = {}
+    for method, values in finals.items():
+        for seed, final in enumerate(values):
+            d = tmp_path / f"{method}-seed{seed}"
+            d.mkdir()
+            (d / "summary.json").write_text(json.dumps({"final_accuracy": final, "best_accuracy": final,
+                                                        "total_seconds": 1.0, "rounds": 3,
+                                                        "config": {"seed": seed}}))
+            runs.setdefault(method, []).append(d)
+    table = compare(runs)
+    prox = table[0]
+    # d = 0.02, 0.01, 0.03: mean 0.02, sd 0.01, t(0.975, df 2) = 4.303: half 4.303 * 0.01 / sqrt(3) = 0.024843
+    assert prox["paired_reference"] == "fedavg" and prox["paired_seeds"] == 3
+    assert abs(prox["final_diff_mean"] - 0.02) < 1e-12
+    assert abs(prox["final_diff_ci_low"] - (0.02 - 0.024843)) < 1e-6
+    assert abs(prox["final_diff_ci_high"] - (0.02 + 0.024843)) < 1e-6
+    assert table[1]["final_diff_mean"] is None  # the reference itself
+    write_comparison(table, tmp_path / "out")
+    md = (tmp_path / "out" / "comparison.md").read_text()
+    assert "final − fedavg, paired (95% CI)" in md and "+0.0200 [-0.0048, +0.0448]" in md
+    header = (tmp_path / "out" / "comparison.csv").read_text().splitlines()[0]
+    assert header.endswith("paired_reference,paired_seeds,final_diff_mean,final_diff_ci_low,final_diff_ci_high")
+
+
+def test_comparison_without_a_second_seed_has_no_paired_columns(tmp_path):
+    d = tmp_path / "fedprox-seed0"
+    d.mkdir()
+    (d / "summary.json").write_text(json.dumps({"final_accuracy": 0.5, "best_accuracy": 0.5,
+                                                "total_seconds": 1.0, "rounds": 3, "config": {"seed": 0}}))
+    table = compare({"fedprox": [d], "fedavg": [d]})
+    assert "final_diff_mean" not in table[0]

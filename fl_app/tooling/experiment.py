@@ -53,6 +53,8 @@ ENTRIES: dict[str, tuple[Any, str]] = {
     "paper-results": (lambda v: _table(v) and all(_number(x) for x in v.values()),
                       "a table of label = accuracy (numbers)"),
     "target-accuracy": (lambda v: _number(v) and 0 < v < 1, "a number between 0 and 1"),
+    "claims": (lambda v: isinstance(v, list) and all(_text(c) for c in v),
+               'a list of the paper\'s orderings, e.g. ["fedgam > fedavg (Table 3)"]'),
 }
 
 

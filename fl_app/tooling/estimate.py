@@ -1,0 +1,111 @@
+"""Estimated run time of a comparison on this machine, printed by ``run_simulation.py --check``.
+
+An estimate, not a measurement: a short probe times a few local SGD steps of each model the
+runs use (one thread, the configured batch size, random inputs) and the server's forward pass;
+the arithmetic then counts what a run does:
+
+    run = START + rounds * (ceil(K * C) clients * steps * step * cost / parallel + eval)
+    steps = local-epochs * ceil((N_train / K) / batch-size)
+    eval = N_test * forward-per-example                (the server's test split, every round)
+
+with K clients, C = fraction-fit, N_train / N_test the dataset's split sizes (an even share per
+client: Dirichlet splits vary around it), ``cost`` the method's local step relative to plain SGD
+(``STEP_COST``: two forward-backward passes for the sharpness-aware methods, ...), ``parallel``
+the clients trained at once (CPU cores, one per client as run_simulation's default), START the
+launch of one run (about 12 s measured, see experiments/fedgam-mnist-dir03.toml). A loaded
+machine makes the probe, and so the estimate, slower.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+
+START_SECONDS = 12.0
+TRAIN_SIZE = {"mnist": 60000, "fashion_mnist": 60000, "cifar10": 50000, "cifar100": 50000}
+TEST_SIZE = {"mnist": 10000, "fashion_mnist": 10000, "cifar10": 10000, "cifar100": 10000}
+SYNTHETIC_PER_CLIENT = 100  # tasks/synthetic.py: lognormal(4, 2) + 50 examples a device, median about 105
+# A local step's cost relative to one SGD step: ratios of the measured run times in
+# docs/results (FedGAM-CV, FedSMOO, FedSAM 110-130 s against FedAvg 66-82 s; RI-FedAvg 120 s
+# against 88-104 s), or the passes the method makes (MOON: three forward passes, one backward).
+STEP_COST = {"fedsam": 2.0, "fedasam": 2.0, "fedsmoo": 2.0, "fedgam": 2.0, "fedgam-cv": 2.0, "fedsol": 2.0,
+             "moon": 1.5, "fedntd": 1.3, "ri-fedavg": 1.3}
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Measured on this machine: seconds per local training step (one thread, one batch)
+    and seconds per example of the server's forward pass."""
+
+    step_seconds: float
+    forward_seconds_per_example: float
+
+
+def local_steps(cfg: dict, clients: int) -> int:
+    """Local steps of one client in one round (an even share of the training split)."""
+    n = SYNTHETIC_PER_CLIENT if cfg["dataset"] == "synthetic" else TRAIN_SIZE[cfg["dataset"]] / clients
+    return cfg["local-epochs"] * max(1, math.ceil(n / cfg["batch-size"]))
+
+
+def run_seconds(cfg: dict, clients: int, probe: Probe, parallel: int) -> float:
+    """Estimated seconds of one run of ``cfg`` (see the module docstring for the formula)."""
+    per_round = max(cfg["min-fit-clients"], math.ceil(clients * cfg["fraction-fit"]))
+    train = per_round * local_steps(cfg, clients) * probe.step_seconds * STEP_COST.get(cfg["strategy"], 1.0)
+    evaluate = TEST_SIZE.get(cfg["dataset"], 1000) * probe.forward_seconds_per_example
+    return START_SECONDS + cfg["num-server-rounds"] * (train / max(1, parallel) + evaluate)
+
+
+def measure(cfg: dict, steps: int = 5) -> Probe:
+    """Time ``steps`` SGD steps (after one warm-up step) of the configured model on random
+    inputs of the configured batch size, and one forward pass of 256 examples; one thread."""
+    import torch
+
+    from tasks.datasets import input_shape
+    from tasks.models import build_model
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        shape = input_shape(cfg["dataset"])
+        model = build_model(cfg["model"], shape)
+        x = torch.randn(cfg["batch-size"], *_dims(shape))
+        y = torch.randint(0, shape.classes, (cfg["batch-size"],))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for i in range(steps + 1):
+            if i == 1:
+                started = time.perf_counter()
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        step = (time.perf_counter() - started) / steps
+        with torch.no_grad():
+            xs = torch.randn(256, *_dims(shape))
+            started = time.perf_counter()
+            model(xs)
+            forward = (time.perf_counter() - started) / 256
+    finally:
+        torch.set_num_threads(threads)
+    return Probe(step, forward)
+
+
+def _dims(shape) -> tuple[int, ...]:
+    return (shape.size,) if shape.channels == 0 else (shape.channels, shape.size, shape.size)
+
+
+def describe(configs: list[dict], clients: int, parallel: int | None = None) -> str:
+    """The estimate for a list of validated run configs, one probe per (dataset, model, batch)."""
+    parallel = parallel or os.cpu_count() or 1
+    probes: dict[tuple, Probe] = {}
+    total = 0.0
+    for cfg in configs:
+        key = (cfg["dataset"], cfg["model"], cfg["batch-size"])
+        if key not in probes:
+            probes[key] = measure(cfg)
+        total += run_seconds(cfg, clients, probes[key], parallel)
+    measured = "; ".join(f"{m} on {d}, batch {b}: {p.step_seconds * 1000:.1f} ms/step"
+                         for (d, m, b), p in probes.items())
+    return (f"estimated run time on this machine: {total / 60:.0f} min for {len(configs)} runs "
+            f"(an estimate from a probe, {measured}; {parallel} clients in parallel; "
+            f"{START_SECONDS:.0f} s start-up per run)")

@@ -1,0 +1,34 @@
+"""fl_app/tooling/estimate.py: the run-time arithmetic, by hand (the probe is machine-dependent)."""
+
+import pytest
+
+from fl_app.config import validate_config
+from fl_app.tooling.estimate import START_SECONDS, Probe, describe, local_steps, run_seconds
+
+
+def test_run_seconds_by_hand():
+    cfg = validate_config({"strategy": "fedavg", "dataset": "mnist", "num-server-rounds": 45, "fraction-fit": 0.1,
+                           "local-epochs": 2, "batch-size": 64})
+    # 100 clients: 600 examples each, ceil(600 / 64) = 10 batches x 2 epochs = 20 steps
+    assert local_steps(cfg, 100) == 20
+    probe = Probe(step_seconds=0.015, forward_seconds_per_example=1e-5)
+    # per round: 10 clients x 20 steps x 15 ms / 2 in parallel = 1.5 s, plus 10000 x 1e-5 = 0.1 s eval
+    assert run_seconds(cfg, 100, probe, parallel=2) == pytest.approx(START_SECONDS + 45 * 1.6)
+    two_pass = {**cfg, "strategy": "fedgam-cv"}  # two forward-backward passes a step
+    assert run_seconds(two_pass, 100, probe, parallel=2) == pytest.approx(START_SECONDS + 45 * 3.1)
+
+
+def test_min_fit_clients_and_synthetic():
+    cfg = validate_config({"dataset": "synthetic", "model": "logreg", "num-server-rounds": 2, "fraction-fit": 0.1,
+                           "min-fit-clients": 3, "min-available-clients": 10, "batch-size": 32,
+                           "local-epochs": 1})
+    assert local_steps(cfg, 10) == 4  # about 100 examples per synthetic client: ceil(100 / 32)
+    probe = Probe(0.01, 0.0)
+    assert run_seconds(cfg, 10, probe, parallel=1) == pytest.approx(START_SECONDS + 2 * 3 * 4 * 0.01)
+
+
+def test_describe_probes_once_per_model_and_says_it_is_an_estimate():
+    cfg = validate_config({"dataset": "synthetic", "model": "logreg", "num-server-rounds": 1})
+    text = describe([cfg, {**cfg, "seed": 1}], clients=4, parallel=2)
+    assert text.startswith("estimated run time on this machine:") and "for 2 runs" in text
+    assert text.count("ms/step") == 1 and "an estimate" in text
