@@ -100,6 +100,69 @@ def _kind(pid: int) -> str:
     return argv[0].rsplit("/", 1)[-1] if argv else "?"
 
 
+class StartPhases(threading.Thread):
+    """When each part of a simulated run's start appears, in seconds since ``t0`` (launch).
+
+    Two sources: the processes of the run (read from /proc every ``every`` seconds; a process's
+    own start time comes from its /proc stat, so it is exact to the kernel's 10 ms whatever the
+    polling interval; a Ray worker becoming ``ray::ClientAppActor`` is seen at the next poll)
+    and the run's output lines (``line()``, stamped on arrival: Flower's ``[INIT]``,
+    ``[ROUND 1]``, the first ``configure_fit`` of round 1 = its fit instructions sent, and the
+    first ``aggregate_fit`` = round 1's last reply in). Polling stops at ``[ROUND 2]``.
+    """
+
+    LINES = (("[INIT]", "ServerApp started ([INIT])"),
+             ("Starting evaluation of initial", "round-0 evaluation begins"),
+             ("[ROUND 1]", "round 1 begins ([ROUND 1])"),
+             ("configure_fit", "round 1 fit instructions sent (first fit)"),
+             ("aggregate_fit", "round 1 replies in (aggregate_fit)"),
+             ("[ROUND 2]", "round 2 begins"))
+
+    def __init__(self, root: int, t0: float, every: float = 0.3):
+        super().__init__(daemon=True)
+        self.root, self.t0, self.every = root, t0, every
+        self.events: dict[str, float] = {}
+        self._halt = threading.Event()
+        self._lock = threading.Lock()
+        self._boot = _boot_time() - (time.time() - time.perf_counter())  # boot time on perf_counter's clock
+        self._tick = os.sysconf("SC_CLK_TCK")
+
+    def mark(self, name: str, at: float | None = None) -> None:
+        with self._lock:
+            self.events.setdefault(name, (time.perf_counter() if at is None else at) - self.t0)
+
+    def line(self, text: str) -> None:
+        for needle, name in self.LINES:
+            if needle in text:
+                self.mark(name)
+                if needle == "[ROUND 2]":
+                    self._halt.set()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            for pid, (start, _) in descendants([self.root]).items():
+                kind = _kind(pid)
+                if pid == self.root or kind == "?":
+                    continue
+                if kind == "ray::ClientAppActor.run" or kind.startswith("ray::ClientAppActor"):
+                    self.mark("first Ray actor named (ClientAppActor)")
+                    continue
+                self.mark(f"process started: {kind}", self._boot + int(start) / self._tick)
+            self._halt.wait(self.every)
+
+    def stop(self) -> dict[str, float]:
+        self._halt.set()
+        self.join()
+        return dict(sorted(self.events.items(), key=lambda kv: kv[1]))
+
+
+def _boot_time() -> float:
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("btime"):
+            return float(line.split()[1])
+    return 0.0
+
+
 def loadavg() -> float:
     return float(Path("/proc/loadavg").read_text().split()[0])
 
@@ -220,16 +283,28 @@ def simulation(args: argparse.Namespace) -> dict:
     # as run_simulation.py does: a partitioning that cannot be made fails here, with its reason
     check_data(PartitionSpec.from_config(validate_config(run_config(args, results)), args.clients))
     t0 = time.perf_counter()
+    phases = StartPhases(os.getpid(), t0)
+    phases.start()
     with LocalSimulation() as sim:
         started = time.perf_counter()
+        phases.mark("SuperLink healthy", started)
         mem = TreeMemory(os.getpid())
         mem.start()
+
+        def on_line(text: str) -> None:
+            phases.line(text)
+            if args.verbose:
+                print(text)
+
         rc = sim.run(run_config(args, results), num_supernodes=args.clients,
                      cpus_per_client=args.cpus_per_client, gpus_per_client=args.gpus_per_client,
-                     on_line=(print if args.verbose else None))
+                     on_line=on_line)
         run_s = time.perf_counter() - started
+        phases.mark("flwr run returned")
         memory = mem.stop()
     total = time.perf_counter() - t0
+    phases.mark("SuperLink and its processes stopped")
+    start_phases = phases.stop()
     run_dir = Path(results) / "bench"
     if rc != 0 or not (run_dir / "summary.json").exists():
         raise SystemExit(f"simulation failed (exit {rc}); --verbose shows its output")
@@ -241,7 +316,30 @@ def simulation(args: argparse.Namespace) -> dict:
             "round_s": [float(r["round_seconds"]) for r in rows],
             "fit_phase_s": [float(r["fit_phase_seconds"]) for r in rows],
             "client_fit_s": [float(r["fit_seconds_mean"]) * int(r["num_clients"]) for r in rows],
-            "final_accuracy": float(rows[-1]["test_accuracy"]), **memory}
+            "final_accuracy": float(rows[-1]["test_accuracy"]), "start_phases": start_phases, **memory}
+
+
+def parallel_actors(args: argparse.Namespace) -> int:
+    """How many clients Ray runs at once: CPUs / cpus-per-client, and with
+    ``--gpus-per-client`` F > 0 at most (visible GPUs) / F as well."""
+    actors = max(1, int((os.cpu_count() or 1) // args.cpus_per_client))
+    if args.gpus_per_client > 0:
+        import torch
+
+        actors = min(actors, max(1, int(torch.cuda.device_count() // args.gpus_per_client)))
+    return actors
+
+
+def check_devices(args: argparse.Namespace) -> None:
+    """``--gpus-per-client`` F > 0 needs CUDA: said in one line before anything starts."""
+    if args.gpus_per_client < 0:
+        raise SystemExit(f"--gpus-per-client {args.gpus_per_client}: must be >= 0 (0 = CPU only)")
+    if args.gpus_per_client > 0:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit(f"--gpus-per-client {args.gpus_per_client}: no CUDA device here "
+                             "(torch.cuda.is_available() is False); use 0 on a CPU-only machine")
 
 
 def round_breakdown(args: argparse.Namespace, b: dict) -> dict:
@@ -258,7 +356,7 @@ def round_breakdown(args: argparse.Namespace, b: dict) -> dict:
     from fl_app.config import validate_config
     from tasks.partitioning import PartitionSpec, federated_dataset
 
-    actors = max(1, int((os.cpu_count() or 1) // args.cpus_per_client))
+    actors = parallel_actors(args)
     fds = federated_dataset(PartitionSpec.from_config(validate_config(run_config(args, tempfile.gettempdir())), args.clients))
     sizes = [len(fds.load_partition(i, "train")) for i in range(args.clients)]
     out = {"actors": actors, "fit_phase": 0.0, "ideal": 0.0, "fifo": 0.0, "round": 0.0, "n": 0}
@@ -304,6 +402,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def print_start_phases(events: dict[str, float]) -> None:
+    """The start of a simulated run, event by event: seconds since launch and since the event before."""
+    print("    start-up, seconds since launch (+ since the event before):", flush=True)
+    before = 0.0
+    for name, at in events.items():
+        print(f"      {at:7.2f} s  (+{at - before:5.2f})  {name}", flush=True)
+        before = at
+    first_fit = events.get("round 1 fit instructions sent (first fit)")
+    if first_fit is not None:
+        print(f"    seconds before round 1's first fit: {first_fit:.2f} (target <= 5)", flush=True)
+
+
 def one_pass(args: argparse.Namespace) -> dict:
     """(a) and/or (b) once; with both, the ratio b / a."""
     report: dict = {}
@@ -328,6 +438,7 @@ def one_pass(args: argparse.Namespace) -> dict:
               f" (PSS {b['peak_pss_mib']:.0f}, {b['procs_at_peak']} processes; sampler {b['sampler_cpu_s']:.1f} s CPU), load {report['load_before_b']:.2f}",
               flush=True)
         print(f"    peak PSS MiB by process kind: {b['peak_pss_mib_by_process']}", flush=True)
+        print_start_phases(b["start_phases"])
         if len(b["round_s"]) > 1:
             d = report["round_breakdown"] = round_breakdown(args, b)
             print(f"    per round from round 2 (mean): {d['round']:.2f} s = fit phase {d['fit_phase']:.2f} s"
@@ -351,6 +462,7 @@ def one_pass(args: argparse.Namespace) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    check_devices(args)
     if args.mode == "plain-child":
         Path(args.json).write_text(json.dumps(plain(args)))
         return 0
@@ -367,9 +479,28 @@ def main(argv=None) -> int:
         report["ratio_wall_median"] = statistics.median(ratios)
         print(f"end-to-end ratio per pass: {', '.join(f'{r:.3f}' for r in ratios)}; median "
               f"{report['ratio_wall_median']:.3f}", flush=True)
+    print_acceptance(report["passes"])
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
     return 0
+
+
+def print_acceptance(passes: list[dict]) -> None:
+    """The issue's four targets, each as the median over the passes (the load is printed too:
+    only an idle machine's numbers are meant to be held against them)."""
+    sims = [p["sim"] for p in passes if "sim" in p]
+    if not sims:
+        return
+    first_fit = [s["start_phases"].get("round 1 fit instructions sent (first fit)") for s in sims]
+    first_fit = [t for t in first_fit if t is not None]
+    rows = [("median end to end b/a", [p["ratio_wall"] for p in passes if "ratio_wall" in p], "<= 1.15"),
+            ("median over the rounds b/a", [p["ratio_rounds"] for p in passes if "ratio_rounds" in p], "<= 1.05"),
+            ("median seconds from launch to round 1's first fit", first_fit, "<= 5"),
+            ("peak PSS of the whole run (MiB, max over passes)", [max(s["peak_pss_mib"] for s in sims)], "<= 1536")]
+    print(f"acceptance (load now {loadavg():.2f}):", flush=True)
+    for name, values, target in rows:
+        shown = f"{statistics.median(values):.2f}" if values else "n/a (needs --mode both)"
+        print(f"    {name}: {shown} (target {target})", flush=True)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ metric) is the ClientApp's: ``fl_app.node.NodeClient`` wraps every method client
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,21 @@ from tasks.models import Classifier, cached_model, default_device, get_weights, 
 from tasks.optim import build_optimizer
 from tasks.partitioning import PartitionSpec, load_client_split, load_partition, split_tensors
 from tasks.train import batches, evaluate
+
+
+@functools.lru_cache(maxsize=256)
+def partition_on_device(
+    spec: PartitionSpec, partition_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Partition ``partition_id`` on ``device``, copied there once per process.
+
+    Flower builds a new client object for every message, so without this a GPU actor would
+    copy the partition host-to-device again in every round. On CPU ``.to`` returns the decoded
+    tensors themselves (no copy, no extra memory). Callers must not write into the tensors:
+    batches are taken by indexing (a copy), augmentation returns new tensors.
+    """
+    x, y = load_partition(spec, partition_id)
+    return x.to(device), y.to(device)
 
 
 class DriftClient(NumPyClient):
@@ -82,8 +98,8 @@ class DriftClient(NumPyClient):
             spec = PartitionSpec.from_config(self.cfg, self.num_partitions)
             if fraction > 0:
                 train, test = load_client_split(spec, self.partition_id, fraction)
-            else:
-                train, test = load_partition(spec, self.partition_id), None
+            else:  # the whole partition, on the device once per process
+                train, test = partition_on_device(spec, self.partition_id, self.device), None
         self._data = tuple(t.to(self.device) for t in train)
         self._test_data = tuple(t.to(self.device) for t in test) if test is not None else None
 
