@@ -70,11 +70,11 @@ if __name__ == "__main__" and missing_data_dir(sys.argv[1:]):
     sys.exit(2)
 
 
-from fl_app.checkpoint import CHECKPOINT, load_checkpoint
 from fl_app.config import ConfigError, parse_override, validate_config
-from fl_app.preflight import check_data_dir, check_nodes
 from fl_app.registry import get_method, method_names
-from fl_app.report import compare, plot, plot_curves, plot_drift, read_summary, write_comparison
+from fl_app.results.report import compare, plot, plot_curves, plot_drift, read_summary, write_comparison
+from fl_app.server.checkpoint import CHECKPOINT, load_checkpoint
+from fl_app.server.preflight import check_data_dir, check_nodes
 from fl_app.tooling.experiment import read_experiment
 from fl_app.tooling.launch import LocalSimulation
 from fl_app.tooling.plan import check_axes, grid_points, label, parse_grid, resolve_rows, run_name
@@ -323,7 +323,7 @@ def plan(args: argparse.Namespace, out: Path) -> float:
     (default: 0, or a share of the GPU when CUDA is present)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "runner.json").write_text(json.dumps(runner_record(args), indent=1))
-    from fl_app.provenance import code_revision
+    from fl_app.server.provenance import code_revision
 
     os.environ.setdefault("FL_DRIFT_REVISION", code_revision())  # the installed app has no .git
     if args.gpus_per_client is not None:

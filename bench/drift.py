@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Server-side cost of the per-round diagnostics: the drift columns (fl_app/drift.py) and
+"""Server-side cost of the per-round diagnostics: the drift columns (fl_app/server/drift.py) and
 the per-class accuracy of the server evaluation, against a round's time.
 
 Not a test; run by hand:
@@ -28,9 +28,9 @@ import numpy as np
 import torch
 from flwr.common import ndarrays_to_parameters
 
-from fl_app.drift import round_drift
-from fl_app.recording import _views
-from fl_app.report import read_metrics
+from fl_app.results.report import read_metrics
+from fl_app.server.drift import round_drift
+from fl_app.server.recording import _views
 from tasks.datasets import input_shape, resolve_data_dir
 from tasks.models import build_model, get_weights
 from tasks.partitioning import load_test_split

@@ -14,7 +14,7 @@ Per-client state that must survive rounds lives in ``context.state`` (``load_sta
 
 ``fit`` is the method's local training and nothing else. What a node does around it (fault
 injection, the on-disk state mirror, start-up warm-up, timing, the ``state_arrays_in``
-metric) is the ClientApp's: ``fl_app.node.NodeClient`` wraps every method client.
+metric) is the ClientApp's: ``fl_app.node.node_client.NodeClient`` wraps every method client.
 """
 
 from __future__ import annotations

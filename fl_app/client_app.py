@@ -8,7 +8,7 @@ from flwr.client.mod import fixedclipping_mod
 from flwr.common import Context
 
 from fl_app.config import validate_config
-from fl_app.node import NodeClient, match_threads_to_cpu_share
+from fl_app.node.node_client import NodeClient, match_threads_to_cpu_share
 from fl_app.registry import get_method
 
 

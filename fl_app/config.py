@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from fl_app.attacks import ATTACK_FORMS, ATTACK_KINDS, Attack, parse_attack
+from fl_app.node.faults import FAULT_FORMS, parse_faults
 from tasks.catalogue import DATASET_NAMES as DATASETS
 from tasks.keys import ConfigError, Key, at_least, non_negative, positive, unit_interval
 from tasks.models import FLAT_MODELS, IMAGE_MODELS, MODELS
@@ -29,7 +29,6 @@ def did_you_mean(value: object, choices) -> str:
 
 PARTITIONERS = ("dirichlet", "shard", "iid")
 SCREENING_MODES = ("none", "clip", "reject", "median", "trimmed-mean", "krum", "multi-krum", "bulyan")
-FAULT_FORMS = f"raise:<partition>, nan:<partition>, crash-after:<round>, {ATTACK_FORMS}"
 
 # General keys. Method-specific keys (prefixed by the method, e.g. ``ri-lambda``) are declared
 # as ``CONFIG_KEYS`` of the method's client or strategy class and merged in by ``spec()``.
@@ -70,12 +69,12 @@ GENERAL_KEYS: dict[str, Key] = {
     # Fault injection for studying (and testing) failures: "raise:0,nan:3" makes the client of
     # partition 0 raise and the one of partition 3 return NaN weights, every round;
     # "crash-after:3" makes the server die right after round 3 (its checkpoint written).
-    # Poisoning attacks for testing defences (fl_app/attacks.py): "scale:3:100" multiplies the
+    # Poisoning attacks for testing defences (fl_app/node/attacks.py): "scale:3:100" multiplies the
     # weight update of partition 3 by 100, "flip:3" sends its negation, "noise:3:50" replaces it
     # by Gaussian noise of norm 50, "adaptive:3" sends a sign flip scaled to 0.9 x the screening
     # bound; "@R" starts one at round R ("scale:3:100@5").
     "inject-faults": Key("", lambda v: _valid_faults(v), f"a comma list of {FAULT_FORMS}"),
-    # Update screening before aggregation (fl_app/screening.py).
+    # Update screening before aggregation (fl_app/server/screening.py).
     "screening": Key("none", choices=SCREENING_MODES),
     "screen-clip-norm": Key(0.0, non_negative, ">= 0 (clip bound; 0 = screen-clip-multiple x the round's median norm)"),
     "screen-clip-multiple": Key(1.0, positive, "> 0 (clip bound = this x the round's median update norm)"),
@@ -84,7 +83,7 @@ GENERAL_KEYS: dict[str, Key] = {
     "screen-trim": Key(0.2, lambda v: 0 <= v < 0.5, "in [0, 0.5) (share cut at each end by trimmed-mean)"),
     "screen-attackers": Key(0, non_negative, ">= 0 (attackers f to resist: krum, multi-krum, bulyan; "
                                              "trimmed-mean then cuts f at each end; 0 = undeclared)"),
-    # Experiment trackers (fl_app/tracking.py): "none" or a comma list of tensorboard, mlflow, wandb
+    # Experiment trackers (fl_app/server/tracking.py): "none" or a comma list of tensorboard, mlflow, wandb
     "tracking": Key("tensorboard", lambda v: _valid_tracking(v),
                     "'none' or a comma list of tensorboard, mlflow, wandb"),
     "tensorboard": Key(True, None, "true or false (the older switch: false removes tensorboard from tracking)"),
@@ -108,7 +107,7 @@ def _valid_faults(text: str) -> bool:
 
 
 def _valid_tracking(text: str) -> bool:
-    from fl_app.tracking import parse_tracking
+    from fl_app.server.tracking import parse_tracking
 
     try:
         parse_tracking(text)
@@ -125,26 +124,6 @@ def _valid_augment(text: str) -> bool:
         return True
     except ValueError:
         return False
-
-
-def parse_faults(text: str) -> dict[int | str, str | int | Attack]:
-    """'raise:0,nan:3,crash-after:2,scale:4:100@2' ->
-    {0: 'raise', 3: 'nan', 'crash-after': 2, 4: Attack('scale', 100.0, 2)}.
-    A bad item raises ValueError naming it."""
-    faults: dict = {}
-    for item in filter(None, (t.strip() for t in text.split(","))):
-        kind, _, number = item.partition(":")
-        if kind in ATTACK_KINDS:
-            partition, attack = parse_attack(item)
-            faults[partition] = attack
-            continue
-        if kind not in ("raise", "nan", "crash-after") or not number.strip().isdigit():
-            raise ValueError(f"{item!r}: unknown kind {kind!r} or a missing integer")
-        if kind == "crash-after":
-            faults[kind] = int(number)
-        else:
-            faults[int(number)] = kind
-    return faults
 
 
 def spec() -> dict[str, Key]:
@@ -223,7 +202,7 @@ def validate_config(raw: Mapping[str, Any], strategies: tuple[str, ...] | None =
             )
         cfg[name] = value
     from fl_app.registry import METHODS
-    from fl_app.screening import check_screening
+    from fl_app.server.screening import check_screening
 
     if cfg["strategy"] in METHODS:
         cfg = METHODS[cfg["strategy"]].strategy.resolve_config(cfg)

@@ -10,14 +10,14 @@ import numpy as np
 from flwr.common import Context, ndarrays_to_parameters
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 
-from fl_app.checkpoint import Checkpoint, load_checkpoint
 from fl_app.config import ConfigError, validate_config
-from fl_app.preflight import check_data_dir, loud
-from fl_app.recording import RecordingStrategy
 from fl_app.registry import get_method
-from fl_app.report import read_metrics
-from fl_app.sampling import SeededClientManager
-from fl_app.startup import ServerStartup
+from fl_app.results.report import read_metrics
+from fl_app.server.checkpoint import Checkpoint, load_checkpoint
+from fl_app.server.preflight import check_data_dir, loud
+from fl_app.server.recording import RecordingStrategy
+from fl_app.server.sampling import SeededClientManager
+from fl_app.server.startup import ServerStartup
 from strategies.base import fedavg_kwargs
 from tasks.datasets import DataUnavailableError, PartitionError, input_shape
 from tasks.models import build_model, default_device, get_weights, set_weights
@@ -37,7 +37,7 @@ def run_name(cfg: dict) -> str:
 def make_evaluate_fn(cfg: dict, startup: ServerStartup):
     """Centralized evaluation of the global weights on the test split, every round. Its first
     call (round 0, once the nodes are connected) is where the server's start-up completes:
-    ``start_up`` holds the steps (``fl_app/startup.py``)."""
+    ``start_up`` holds the steps (``fl_app/server/startup.py``)."""
     device = default_device()
     model = build_model(cfg["model"], input_shape(cfg["dataset"])).to(device)
     test_data: list = []

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fl_app.report import read_metrics  # noqa: E402
+from fl_app.results.report import read_metrics  # noqa: E402
 from fl_app.tooling.deploy import TLS, LocalDeployment  # noqa: E402
 
 

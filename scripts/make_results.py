@@ -18,7 +18,7 @@ the paper's number for the same cell and the seeds/rounds actually run; for a gr
 the highest best accuracy per label; one table row per ordering the paper claims (the file's
 `claims`, else the proposed methods against FedAvg and the paper's strongest baseline run): the
 mean paired difference over seeds with its 95% t interval and a verdict holds / refuted /
-undecided (fl_app/stats.py); the accuracy curves (docs/results/<name>-accuracy.png) and the clients' update
+undecided (fl_app/results/stats.py); the accuracy curves (docs/results/<name>-accuracy.png) and the clients' update
 diversity per round (docs/results/<name>-drift.png).
 
 The paper's number is compared with our best accuracy when the experiment's `paper` entry says
@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from fl_app.config import ConfigError, validate_config  # noqa: E402
 from fl_app.registry import method_names  # noqa: E402
-from fl_app.report import (  # noqa: E402
+from fl_app.results.report import (  # noqa: E402
     accuracy_by_seed,
     client_cells,
     client_columns,
@@ -53,7 +53,7 @@ from fl_app.report import (  # noqa: E402
     read_metrics,
     read_summary,
 )
-from fl_app.stats import Claim, fmt_paired, paired_difference, parse_claims  # noqa: E402
+from fl_app.results.stats import Claim, fmt_paired, paired_difference, parse_claims  # noqa: E402
 from fl_app.tooling.experiment import read_experiment  # noqa: E402
 from fl_app.tooling.plan import check_axes, grid_points, label, resolve_rows, run_name  # noqa: E402
 
@@ -125,7 +125,7 @@ def expected_runs(exp: dict) -> dict[str, dict]:
 
 def setting_problems(run_dir: Path, summary: dict, expected: dict[str, dict], source: Path) -> list[str]:
     """How a finished run differs from what its experiment file fixes (empty: it matches); an
-    untrained run (``fl_app/recording.py``) is refused too: its accuracy is the initial model's."""
+    untrained run (``fl_app/server/recording.py``) is refused too: its accuracy is the initial model's."""
     where = f"{source}: run {run_dir.name}"
     if run_dir.name not in expected:
         return [f"{where} is not a (row, seed) of the experiment file (expected one of {sorted(expected)})"]
@@ -226,7 +226,7 @@ def uses_best(exp: dict) -> bool:
 
 
 def experiment_claims(exp: dict, rows: list[str]) -> list[Claim]:
-    """The experiment's ``claims`` (``"A > B (source)"``, fl_app.stats.parse_claims); without
+    """The experiment's ``claims`` (``"A > B (source)"``, fl_app.results.stats.parse_claims); without
     them, the orderings its ``paper-results`` imply: each proposed method against FedAvg and
     against the strongest baseline of the paper's table among the rows run, in the paper's
     direction (source: the paper's two numbers)."""
@@ -387,7 +387,7 @@ def grid_winners(table: list[tuple[str, str, str]], rows: dict[str, dict]) -> li
 
 
 def drift_figure(name: str, dirs: dict[str, list[Path]], figures: Path, md_dir: Path) -> list[str]:
-    """The experiment's update-diversity plot (fl_app.report.plot_drift), or nothing when its
+    """The experiment's update-diversity plot (fl_app.results.report.plot_drift), or nothing when its
     runs predate the drift columns."""
     png = Path(figures) / f"{name}-drift.png"
     png.parent.mkdir(parents=True, exist_ok=True)

@@ -13,8 +13,8 @@ own pieces: every client is the method's real client behind ``NodeClient`` (whic
 applies ``screening``), and the test accuracy is the server's evaluation. All 10 clients are
 sampled every round; the attackers are partitions 0 .. f-1. Attacks: ``scale-x10``
 (``scale:k:10``), ``sign-flip`` (``flip:k``), ``adaptive`` (``adaptive:k``: a sign flip sized to
-0.9 x the screening bound, fl_app/attacks.py). Defences: every screening the method supports
-(fl_app/screening.py), with ``screen-attackers`` = f; Bulyan only where 10 >= 4f + 3.
+0.9 x the screening bound, fl_app/node/attacks.py). Defences: every screening the method supports
+(fl_app/server/screening.py), with ``screen-attackers`` = f; Bulyan only where 10 >= 4f + 3.
 
 Each finished run is kept as one JSON file in ``docs/results/security/`` (a run already kept is
 not run again, so an interrupted table resumes), and the page is generated from those files
@@ -47,10 +47,10 @@ from flwr.server.client_manager import SimpleClientManager  # noqa: E402
 from flwr.server.client_proxy import ClientProxy  # noqa: E402
 
 from fl_app.config import validate_config  # noqa: E402
-from fl_app.node import NodeClient  # noqa: E402
-from fl_app.recording import RecordingStrategy  # noqa: E402
+from fl_app.node.node_client import NodeClient  # noqa: E402
 from fl_app.registry import METHODS  # noqa: E402
-from fl_app.screening import allowed_modes, min_replies  # noqa: E402
+from fl_app.server.recording import RecordingStrategy  # noqa: E402
+from fl_app.server.screening import allowed_modes, min_replies  # noqa: E402
 from strategies.base import fedavg_kwargs  # noqa: E402
 from tasks.datasets import input_shape  # noqa: E402
 from tasks.models import build_model, get_weights, set_weights  # noqa: E402
@@ -291,12 +291,12 @@ def render_page(records: list[dict]) -> str:
 
 
 ABOUT = [
-    "Attacks (`inject-faults`, fl_app/attacks.py): `scale-x10` multiplies each attacker's update by 10; "
+    "Attacks (`inject-faults`, fl_app/node/attacks.py): `scale-x10` multiplies each attacker's update by 10; "
     "`sign-flip` sends its negation; `adaptive` sends its negation scaled to 0.9 x the screening bound "
     "(3 x its own update norm under `reject`, the clip bound under `clip`), so that it stays just "
     "inside the norm filter.",
     "",
-    "Defences (`screening`, fl_app/screening.py, with `screen-attackers` = f): `clip` and `reject` are "
+    "Defences (`screening`, fl_app/server/screening.py, with `screen-attackers` = f): `clip` and `reject` are "
     "norm filters (bound: 1 x, resp. 3 x the round's median update norm): by their documented rule they "
     "stop updates that are too large, not updates that point the wrong way at an ordinary norm, so a "
     "sign flip at an honest norm or the adaptive attacker passes them. `median`, `trimmed-mean` (f cut "

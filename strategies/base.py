@@ -35,7 +35,7 @@ def fedavg_kwargs(cfg: dict, initial_parameters: Parameters, evaluate_fn: Callab
     Evaluation is centralized (``evaluate_fn`` on the server's test split); with
     ``client-test-fraction`` > 0 every client also scores the global model on its local test
     split (``fraction_evaluate`` 1: all connected clients; the rounds are chosen by
-    ``fl_app.recording.RecordingStrategy.configure_evaluate``), else no client is asked.
+    ``fl_app.server.recording.RecordingStrategy.configure_evaluate``), else no client is asked.
     """
     return dict(
         fraction_fit=cfg["fraction-fit"],
@@ -54,7 +54,7 @@ class FromConfig:
     """Mixin: the run-config keys a method adds, and how to build it from a run config."""
 
     CONFIG_KEYS: dict[str, Key] = {}
-    # Update screening modes (fl_app/screening.py) this method supports besides "none".
+    # Update screening modes (fl_app/server/screening.py) this method supports besides "none".
     # Clipping and rejection act on the replies before any aggregation, so every method has
     # them; "median" and "trimmed-mean" replace a mean of the client weights and are only
     # declared by methods whose aggregation is one (SCREENING_WHY says why not, if not).
@@ -64,7 +64,7 @@ class FromConfig:
     screen_skip: tuple[int, ...] = ()
     # How the server weights client k when it averages the replies: False, p_k = n_k / sum n
     # (Flower's FedAvg); True, p_k = 1/K (the plain mean: FedDyn's Algorithm 1, DP-FedAvg's
-    # noise calibration). The app's drift columns (fl_app/drift.py) weight clients the same way.
+    # noise calibration). The app's drift columns (fl_app/server/drift.py) weight clients the same way.
     UNIFORM_MEAN: bool = False
 
     @classmethod

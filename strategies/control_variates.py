@@ -106,7 +106,7 @@ class ControlVariateStrategy(DriftFedAvg):
         return f"{type(self).__name__}(cv_divisor={self.cv_divisor!r})"
 
     def get_state(self) -> dict[str, list[np.ndarray]]:
-        """Server state for checkpoints (``fl_app/checkpoint.py``): c."""
+        """Server state for checkpoints (``fl_app/server/checkpoint.py``): c."""
         return {"cv-c": [a.copy() for a in self.c]}
 
     def set_state(self, state: dict[str, list[np.ndarray]]) -> None:

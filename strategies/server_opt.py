@@ -11,7 +11,7 @@ FedAvg clients. What this module adds around Flower's classes:
 - ``configure_fit`` re-reads the global model w_t from what the server sends: Flower's
   classes keep their own copy of it (FedOpt's ``current_weights``, FedAvgM's
   ``initial_parameters``). In a plain run both are the same arrays; after the server discards a
-  non-finite aggregate (``fl_app/recording.py``) or on resume only the model sent is right.
+  non-finite aggregate (``fl_app/server/recording.py``) or on resume only the model sent is right.
 """
 
 from __future__ import annotations

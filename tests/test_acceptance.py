@@ -11,7 +11,7 @@ import math
 import pytest
 
 from fl_app.registry import method_names
-from fl_app.report import read_metrics
+from fl_app.results.report import read_metrics
 from fl_app.tooling.launch import LocalSimulation
 
 pytestmark = pytest.mark.slow

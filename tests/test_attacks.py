@@ -1,4 +1,4 @@
-"""inject-faults attacks (fl_app/attacks.py): parsing, and what each does to a reply."""
+"""inject-faults attacks (fl_app/node/attacks.py): parsing, and what each does to a reply."""
 
 import numpy as np
 import pytest
@@ -6,9 +6,10 @@ import torch
 
 from clients.fedavg import FedAvgClient
 from clients.scaffold import ScaffoldClient
-from fl_app.attacks import Attack, attacked_reply
-from fl_app.config import ConfigError, parse_faults, validate_config
-from fl_app.node import NodeClient
+from fl_app.config import ConfigError, validate_config
+from fl_app.node.attacks import Attack, attacked_reply
+from fl_app.node.faults import parse_faults
+from fl_app.node.node_client import NodeClient
 from tests.conftest import make_client
 
 W_T = [np.array([[1.0, 2.0], [3.0, 4.0]], np.float32), np.array([0.5, -0.5], np.float32), np.array(7, np.int64)]
@@ -131,7 +132,7 @@ def test_three_adaptive_attackers_of_ten_pass_reject():
     own to 0.9 x 3 x its norm, under 3 x the round's median (which the 7 honest hold near 1.05),
     so reject keeps all. (An attacker whose own norm exceeds the median by more than 1/0.9 is
     caught: the margin is its slack for that estimate.)"""
-    from fl_app.screening import decide
+    from fl_app.server.screening import decide
 
     rng = np.random.default_rng(1)
     w_t = [np.zeros(50, np.float32)]

@@ -12,8 +12,8 @@ import torch
 from flwr.common import Code, EvaluateRes, Status
 
 from fl_app.config import validate_config
-from fl_app.recording import client_accuracy_stats
-from fl_app.report import read_metrics
+from fl_app.results.report import read_metrics
+from fl_app.server.recording import client_accuracy_stats
 from tasks.partition_spec import PartitionSpec
 from tasks.partitioning import load_client_split, load_partition, split_tensors
 from tests.test_results import FakeManager, FakeProxy, fit_res, make_strategy
@@ -98,7 +98,7 @@ def test_off_by_default_asks_no_client(tmp_path):
 def test_client_evaluation_leaves_the_fit_sampling_unchanged():
     """Evaluating every client between fit rounds uses no draw of the seeded sampler, so a run
     with client evaluation samples the same clients for fit as one without it."""
-    from fl_app.sampling import SeededClientManager
+    from fl_app.server.sampling import SeededClientManager
     from tests.test_pairing import Proxy
 
     def fit_draws(evaluate_all: bool) -> list[list[int]]:
@@ -141,7 +141,7 @@ def test_tiny_run_writes_client_columns(tmp_path):
 def test_comparison_carries_the_client_columns(tmp_path):
     import json
 
-    from fl_app.report import compare, write_comparison
+    from fl_app.results.report import compare, write_comparison
 
     dirs = []
     for seed, worst in enumerate([0.4, 0.6]):

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+import fl_app.node.node_client as node
 from clients.control_variates import CI_STATE
 from clients.feddyn import FedDynClient
 from clients.scaffold import ScaffoldClient
-from fl_app import node
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights
 from tests.conftest import fake_context, make_client
@@ -75,7 +75,7 @@ def test_deployed_supernode_keeps_context_state(monkeypatch, tmp_path):
 
 def test_state_is_read_back_from_the_newest_file(in_simulation, tmp_path):
     run_rounds(ScaffoldClient, "disk", tmp_path, rounds=2)
-    from fl_app.checkpoint import ClientStateMirror
+    from fl_app.node.state_mirror import ClientStateMirror
 
     saved = ClientStateMirror(str(tmp_path), "partition-0").load(2)
     assert set(saved) == {CI_STATE} and len(saved[CI_STATE]) == 2 and np.any(saved[CI_STATE][0])

@@ -14,7 +14,7 @@ from clients.fedgam_cv import FedGAMCVClient
 from clients.fedpvr import FedPVRClient
 from clients.scaffold import ScaffoldClient
 from fl_app.config import validate_config
-from fl_app.recording import RecordingStrategy
+from fl_app.server.recording import RecordingStrategy
 from strategies.base import fedavg_kwargs
 from strategies.fedgam_cv import FedGAMCVStrategy
 from strategies.fedpvr import FedPVRStrategy

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from fl_app.registry import METHODS
-from fl_app.report import read_metrics
+from fl_app.results.report import read_metrics
 from fl_app.tooling.deploy import TLS, LocalDeployment
 from fl_app.tooling.procfs import alive, descendants, processes_with_env
 from tests.conftest import ROOT, find_data_dir

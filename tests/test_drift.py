@@ -1,4 +1,4 @@
-"""Drift diagnostics (fl_app/drift.py) against hand computations, and their columns in metrics.csv."""
+"""Drift diagnostics (fl_app/server/drift.py) against hand computations, and their columns in metrics.csv."""
 
 import csv
 import math
@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 
-from fl_app import drift
+import fl_app.server.drift as drift
 from fl_app.config import validate_config
-from fl_app.drift import (
+from fl_app.registry import get_method, method_names
+from fl_app.server.drift import (
     aggregation_weights,
     diversity,
     drift_metrics,
@@ -18,8 +19,7 @@ from fl_app.drift import (
     layout,
     round_drift,
 )
-from fl_app.recording import RecordingStrategy
-from fl_app.registry import get_method, method_names
+from fl_app.server.recording import RecordingStrategy
 from strategies.base import DriftFedAvg, fedavg_kwargs
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights
@@ -79,7 +79,7 @@ def test_plain_mean_methods_drift_columns_are_unweighted(method):
 
 def test_drift_weights_follow_each_strategy_class_declaration():
     """The weighting is read from the registered strategy class, for every method: none is
-    named in fl_app/drift.py."""
+    named in fl_app/server/drift.py."""
     for name in method_names():
         uniform = get_method(name).strategy.UNIFORM_MEAN
         want = [1 / 3] * 3 if uniform else [0.5, 0.25, 0.25]

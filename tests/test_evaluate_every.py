@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from fl_app.config import ConfigError, validate_config
-from fl_app.recording import evaluated_round
-from fl_app.report import curves, plot
+from fl_app.results.report import curves, plot
+from fl_app.server.recording import evaluated_round
 from tests.test_results import FakeManager, FakeProxy, fit_res, make_strategy
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,10 +12,10 @@ from clients.feddyn import STATE as G_STATE
 from clients.feddyn import FedDynClient
 from clients.fedsam import FedSAMClient
 from clients.fedsmoo import MU_STATE, FedSMOOClient
-from fl_app.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from fl_app.config import ConfigError, validate_config
-from fl_app.node import NodeClient
-from fl_app.recording import RecordingStrategy
+from fl_app.node.node_client import NodeClient
+from fl_app.server.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from fl_app.server.recording import RecordingStrategy
 from strategies.base import fedavg_kwargs
 from strategies.feddyn import FedDynStrategy
 from strategies.fedsmoo import FedSMOOStrategy

@@ -17,8 +17,8 @@ import pytest
 import run_simulation
 from fl_app.config import ConfigError, parse_override, validate_config
 from fl_app.registry import method_names
-from fl_app.report import compare, curve_stats, plot, plot_curves, write_comparison
-from fl_app.sampling import NotEnoughNodes, SeededClientManager
+from fl_app.results.report import compare, curve_stats, plot, plot_curves, write_comparison
+from fl_app.server.sampling import NotEnoughNodes, SeededClientManager
 from fl_app.tooling.listing import listing
 from fl_app.tooling.plan import label, parse_grid, run_name
 from fl_app.tooling.quiet import is_noise
@@ -208,7 +208,7 @@ def test_plot_statistics_band_and_flat_noise(tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from fl_app.report import _draw
+    from fl_app.results.report import _draw
 
     fig, ax = plt.subplots()
     _draw(ax, curve_stats(flat, "ri_mean"), "ri")
@@ -299,8 +299,8 @@ def test_fedbn_with_cnn_is_refused_naming_cnn_bn(tmp_path):
 # ---- records ------------------------------------------------------------------------------------
 
 def test_summary_records_clients_data_source_versions_and_revision(tmp_path, monkeypatch):
-    from fl_app.recording import RecordingStrategy
     from fl_app.registry import get_method
+    from fl_app.server.recording import RecordingStrategy
     from strategies.base import fedavg_kwargs
 
     monkeypatch.delenv("FL_DRIFT_REVISION", raising=False)
@@ -315,7 +315,7 @@ def test_summary_records_clients_data_source_versions_and_revision(tmp_path, mon
     assert summary["data_source"] == "synthetic"
     assert set(summary["versions"]) >= {"python", "flwr", "torch"}
     assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?|unknown", summary["code_revision"])
-    from fl_app.provenance import data_source
+    from fl_app.server.provenance import data_source
 
     monkeypatch.delenv("FL_DATA_DIR", raising=False)
     assert data_source(validate_config({"dataset": "mnist"})) == "hub:ylecun/mnist"  # no folder set

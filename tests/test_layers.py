@@ -7,7 +7,13 @@ a cycle cannot hide behind a lazy import. Allowed edges, with no exception:
   ``tasks.keys``, included: every layer imports them downwards);
 - ``clients`` and ``strategies`` import ``tasks`` and their own package; never each other:
   what both sides of a method must agree on lives in ``tasks``;
-- ``fl_app`` (the composition root) imports anything.
+- ``fl_app`` (the composition root) imports anything below it, and inside it the rooms import
+  one way too (``FL_APP_LAYERS``, top to bottom): ``fl_app.tooling`` (the runner's and
+  deployment's tools, outside a Flower run) -> the entry points (``server_app``,
+  ``client_app``) -> ``config`` (the run-config schema) -> ``fl_app.server`` (the round loop's wrapper and its steps) and
+  ``fl_app.results`` (reading finished runs) -> ``fl_app.node`` (what a node does around a
+  method's client) -> ``fl_app.registry`` (the method catalogue). A room imports its own
+  modules and the rooms below it, never one above or beside it.
 
 Within one package the module graph must be acyclic, and a method module never borrows from a
 sibling method module except through the package's shared modules.
@@ -21,6 +27,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("fl_app", "strategies", "clients", "tasks")
 KEYS = "tasks.keys"
+FL_APP_LAYERS = (
+    ("fl_app.tooling",),
+    ("fl_app.server_app", "fl_app.client_app", "fl_app"),
+    ("fl_app.config",),
+    ("fl_app.server", "fl_app.results"),
+    ("fl_app.node",),
+    ("fl_app.registry",),
+)
 ALLOWED = {
     "tasks": {"tasks"},
     "clients": {"clients", "tasks"},
@@ -52,7 +66,7 @@ def our_imports(path: Path) -> set[str]:
 
 
 def import_graph() -> dict[str, set[str]]:
-    modules = {module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).glob("*.py")}
+    modules = {module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         # "from pkg.mod import obj" names pkg.mod.obj: keep the longest prefix that is a module
@@ -75,6 +89,35 @@ def test_no_upward_or_sideways_imports():
                 continue
             bad.append(f"{module} imports {target}")
     assert not bad, "imports against the layering:\n" + "\n".join(sorted(bad))
+
+
+def fl_app_room(module: str) -> tuple[int, str]:
+    """(layer index, room) of an fl_app module: the longest room name that prefixes it."""
+    rooms = [(i, room) for i, layer in enumerate(FL_APP_LAYERS) for room in layer
+             if module == room or module.startswith(room + ".")]
+    return max(rooms, key=lambda r: len(r[1]))
+
+
+def test_fl_app_rooms_import_downwards():
+    """Inside fl_app: a module imports its own room or a room in a lower layer."""
+    bad = []
+    for module, targets in import_graph().items():
+        if not module.startswith("fl_app"):
+            continue
+        layer, room = fl_app_room(module)
+        for target in targets:
+            if not target.startswith("fl_app"):
+                continue
+            t_layer, t_room = fl_app_room(target)
+            if t_room != room and t_layer <= layer:
+                bad.append(f"{module} ({room}) imports {target} ({t_room})")
+    assert not bad, "fl_app rooms importing upwards or sideways:\n" + "\n".join(sorted(bad))
+
+
+def test_every_fl_app_module_has_a_room():
+    """A new module or folder under fl_app/ is placed in the room order on purpose."""
+    mods = [m for m in import_graph() if m.startswith("fl_app")]
+    assert mods and all(fl_app_room(m) for m in mods)
 
 
 def test_key_declarations_are_a_leaf():

@@ -189,7 +189,7 @@ def test_explicit_claims_refuted_and_holds(tmp_path):
 
 
 def test_bad_claim_is_one_clear_error():
-    from fl_app.stats import parse_claims
+    from fl_app.results.stats import parse_claims
 
     with pytest.raises(ValueError, match=r"names 'fedsoll', not a row of the experiment; valid: \['fedavg'"):
         parse_claims(["fedsoll > fedavg"], ["fedavg", "fedsol"])

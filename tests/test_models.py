@@ -15,7 +15,7 @@ from torch import nn
 
 from clients.fedbn import bn_indices
 from fl_app.config import ConfigError, validate_config
-from fl_app.node import NodeClient
+from fl_app.node.node_client import NodeClient
 from fl_app.registry import get_method
 from strategies.base import fedavg_kwargs
 from tasks.datasets import input_shape
@@ -214,7 +214,7 @@ def sim():
     ("vgg11", "mnist", "crop"),
 ])
 def test_flwr_run_two_rounds(sim, shared_data, tmp_path, model, dataset, augment):
-    from fl_app.report import read_metrics
+    from fl_app.results.report import read_metrics
 
     data = _tiny_data_dir(shared_data, tmp_path, dataset)
     cfg = {"strategy": "fedavg", "dataset": dataset, "model": model, "augment": augment,

@@ -1,4 +1,4 @@
-"""NodeClient (fl_app/node.py): the node's work around a method's fit, in the right order."""
+"""NodeClient (fl_app/node/node_client.py): the node's work around a method's fit, in the right order."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 
+import fl_app.node.node_client as node
 from clients.base import DriftClient
 from clients.control_variates import CI_STATE
 from clients.fedavg import FedAvgClient
 from clients.scaffold import ScaffoldClient
-from fl_app import node
-from fl_app.checkpoint import ClientStateMirror
-from fl_app.node import NodeClient
+from fl_app.node.node_client import NodeClient
+from fl_app.node.state_mirror import ClientStateMirror
 from tests.conftest import fake_context, make_client
 
 

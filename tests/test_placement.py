@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fl_app.placement import read_ray_nodes, record_ray_nodes
+from fl_app.server.placement import read_ray_nodes, record_ray_nodes
 from tests.test_results import FakeManager, FakeProxy, fit_res, make_strategy
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from fl_app.placement import read_ray_nodes
-from fl_app.report import read_metrics, read_summary
+from fl_app.results.report import read_metrics, read_summary
+from fl_app.server.placement import read_ray_nodes
 from fl_app.tooling.processes import Managed, exe, free_port, stop_processes
 from fl_app.tooling.procfs import processes_with_env
 from tests.conftest import ROOT

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from fl_app.config import ConfigError, validate_config
-from fl_app.report import read_metrics, read_summary
+from fl_app.results.report import read_metrics, read_summary
 from fl_app.tooling.launch import LocalSimulation
 from tasks.datasets import DataUnavailableError, PartitionError
 from tasks.partitioning import PartitionSpec, check_data
@@ -161,7 +161,7 @@ def test_reply_views_equal_flowers_decoding():
     arrays Flower's own decoding gives (dtypes, shapes, Fortran order, 0-d)."""
     from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 
-    from fl_app.recording import _views
+    from fl_app.server.recording import _views
 
     rng = np.random.default_rng(0)
     arrays = [rng.standard_normal((4, 3, 5, 5)).astype(np.float32), np.arange(7, dtype=np.int64),
@@ -182,7 +182,7 @@ def test_non_finite_aggregate_is_discarded(tmp_path):
     from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
     from flwr.server.strategy import FedAvg
 
-    from fl_app.recording import RecordingStrategy
+    from fl_app.server.recording import RecordingStrategy
 
     class Proxy:
         def __init__(self, cid):

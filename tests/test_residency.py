@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import clients.base
-from fl_app import node
+import fl_app.node.node_client as node
 from fl_app.config import validate_config
 from fl_app.registry import get_method
 from tasks import models, partitioning

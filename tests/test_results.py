@@ -7,8 +7,8 @@ import numpy as np
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 
 from fl_app.config import validate_config
-from fl_app.recording import RecordingStrategy, summarise_client_metrics
-from fl_app.report import compare, read_metrics, read_summary, write_comparison
+from fl_app.results.report import compare, read_metrics, read_summary, write_comparison
+from fl_app.server.recording import RecordingStrategy, summarise_client_metrics
 from strategies.base import DriftFedAvg, fedavg_kwargs
 
 
@@ -117,7 +117,7 @@ def test_comparison_mean_std_over_seeds(tmp_path):
 def test_too_few_successes_stop_the_run_with_a_clear_error(tmp_path):
     import pytest
 
-    from fl_app.participation import RunAborted
+    from fl_app.server.participation import RunAborted
 
     strategy, w0 = make_strategy(tmp_path, **{"min-fit-fraction": 0.75})
     manager = FakeManager(4)

@@ -3,7 +3,7 @@
 import pytest
 from flwr.common import Code, GetPropertiesRes, Status
 
-from fl_app.sampling import NotEnoughNodes, SeededClientManager
+from fl_app.server.sampling import NotEnoughNodes, SeededClientManager
 
 
 class Proxy:

@@ -1,4 +1,4 @@
-"""Update screening (fl_app/screening.py) against hand computations, through RecordingStrategy,
+"""Update screening (fl_app/server/screening.py) against hand computations, through RecordingStrategy,
 and its per-method capability."""
 
 import logging
@@ -9,10 +9,10 @@ import pytest
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 
 from fl_app.config import ConfigError, validate_config
-from fl_app.recording import RecordingStrategy
 from fl_app.registry import METHODS
-from fl_app.report import read_metrics
-from fl_app.screening import (
+from fl_app.results.report import read_metrics
+from fl_app.server.recording import RecordingStrategy
+from fl_app.server.screening import (
     clip_factor,
     decide,
     robust_weights,

@@ -1,4 +1,4 @@
-"""Byzantine-robust screening (fl_app/screening.py): Krum / Multi-Krum, Bulyan and the trimmed mean
+"""Byzantine-robust screening (fl_app/server/screening.py): Krum / Multi-Krum, Bulyan and the trimmed mean
 sized from a declared number of attackers f, against hand computations and Flower's own
 ``aggregate_krum`` / ``aggregate_bulyan``; the config checks; SCAFFOLD keeps Krum's replies whole."""
 
@@ -8,7 +8,7 @@ from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.strategy.aggregate import aggregate_krum
 
 from fl_app.config import ConfigError, validate_config
-from fl_app.screening import decide, krum_keep, krum_scores, min_replies, robust_weights
+from fl_app.server.screening import decide, krum_keep, krum_scores, min_replies, robust_weights
 from tests.test_screening import W_T, client
 
 # five updates on the float vector (the matrix update 0): four honest near (1, 1), one far
@@ -108,7 +108,7 @@ def test_config_refusals_are_one_line(cfg, words):
 
 def test_krum_on_scaffold_drops_the_attackers_delta_c():
     """Krum keeps or drops a reply whole: SCAFFOLD's delta c_i (after the weights) follows it."""
-    from fl_app.screening import Screening
+    from fl_app.server.screening import Screening
     from tests.helpers_baselines import fit_res
     from tests.test_screening import FakeProxy
 

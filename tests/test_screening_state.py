@@ -12,8 +12,8 @@ from flwr.server.client_manager import SimpleClientManager
 from clients.feddyn import FedDynClient
 from clients.scaffold import ScaffoldClient
 from fl_app.config import validate_config
-from fl_app.node import NodeClient
-from fl_app.recording import RecordingStrategy
+from fl_app.node.node_client import NodeClient
+from fl_app.server.recording import RecordingStrategy
 from strategies.base import fedavg_kwargs
 from strategies.feddyn import FedDynStrategy
 from strategies.scaffold import ScaffoldStrategy

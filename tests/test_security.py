@@ -19,8 +19,8 @@ from flwr.server.client_manager import SimpleClientManager
 
 from clients.fedavg import FedAvgClient
 from fl_app.config import validate_config
-from fl_app.node import NodeClient
-from fl_app.recording import RecordingStrategy
+from fl_app.node.node_client import NodeClient
+from fl_app.server.recording import RecordingStrategy
 from strategies.base import DriftFedAvg, fedavg_kwargs
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights, set_weights
@@ -120,7 +120,7 @@ def test_screening_costs_nothing_without_an_attacker(shared_data, one_thread):
 def test_attack_and_screening_through_a_simulation(tmp_path):
     """The run-config keys reach both sides of a real Flower simulation: partition 0 scales its
     update by 100 (client side) and the server rejects it every round (server side)."""
-    from fl_app.report import read_metrics
+    from fl_app.results.report import read_metrics
     from fl_app.tooling.launch import LocalSimulation
 
     cfg = {"strategy": "fedavg", "dataset": "synthetic", "model": "logreg", "num-server-rounds": 2,

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from fl_app.registry import method_names
-from fl_app.report import read_metrics, read_summary
+from fl_app.results.report import read_metrics, read_summary
 from fl_app.tooling.launch import LocalSimulation
 from fl_app.tooling.procfs import processes_with_env
 from tests.conftest import ROOT, find_data_dir

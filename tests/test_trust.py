@@ -85,7 +85,7 @@ def half_folder(tmp_path: Path, shared_data: Path) -> Path:
 
 
 def test_a_data_folder_missing_a_split_is_refused_naming_the_file(tmp_path, shared_data, monkeypatch, capsys):
-    from fl_app.preflight import check_data_dir
+    from fl_app.server.preflight import check_data_dir
     from tasks.datasets import DataUnavailableError
     from tasks.partition_spec import PartitionSpec
     from tasks.partitioning import federated_dataset
@@ -107,7 +107,7 @@ def test_a_data_folder_missing_a_split_is_refused_naming_the_file(tmp_path, shar
 # ---- 4. checkpoints are checked before use ----------------------------------------------------------
 
 def small_checkpoint(run_dir: Path, model: str = "mlp"):
-    from fl_app.checkpoint import Checkpoint, save_checkpoint
+    from fl_app.server.checkpoint import Checkpoint, save_checkpoint
     from tasks.datasets import input_shape
     from tasks.models import build_model, get_weights
 
@@ -117,7 +117,7 @@ def small_checkpoint(run_dir: Path, model: str = "mlp"):
 
 
 def test_a_checkpoint_of_another_model_is_refused_naming_file_and_fix(tmp_path):
-    from fl_app.checkpoint import CheckpointError, load_checkpoint
+    from fl_app.server.checkpoint import CheckpointError, load_checkpoint
     from fl_app.server_app import server_fn
     from tests.conftest import fake_context
 
@@ -130,7 +130,7 @@ def test_a_checkpoint_of_another_model_is_refused_naming_file_and_fix(tmp_path):
 
 
 def test_a_truncated_or_altered_checkpoint_is_one_line_naming_file_and_fix(tmp_path, capsys):
-    from fl_app.checkpoint import CheckpointError, load_checkpoint
+    from fl_app.server.checkpoint import CheckpointError, load_checkpoint
 
     shapes = small_checkpoint(tmp_path / "r")
     path = tmp_path / "r" / "checkpoint.npz"
@@ -167,7 +167,7 @@ def recorded_run(run_dir: Path, rounds_ok: list[bool]) -> Path:
     from flwr.server.strategy import FedAvg
 
     from fl_app.config import validate_config
-    from fl_app.recording import RecordingStrategy
+    from fl_app.server.recording import RecordingStrategy
 
     class Proxy:
         cid = "0"
@@ -186,7 +186,7 @@ def recorded_run(run_dir: Path, rounds_ok: list[bool]) -> Path:
 
 
 def test_rounds_without_any_update_are_flagged_and_untrained_runs_are_no_result(tmp_path):
-    from fl_app.report import compare, read_summary, write_comparison
+    from fl_app.results.report import compare, read_summary, write_comparison
 
     dead = read_summary(recorded_run(tmp_path / "dead-seed0", [False, False]))
     assert dead["rounds_without_update"] == [1, 2] and dead["untrained"] is True
@@ -306,7 +306,7 @@ def test_a_federation_larger_than_the_data_is_refused_before_any_node_is_asked(s
     """`flwr run` with num-supernodes = 100000: the ServerApp's start-up refuses it in one
     fl-drift line instead of polling every node."""
     from fl_app.config import validate_config
-    from fl_app.startup import ServerStartup
+    from fl_app.server.startup import ServerStartup
     from tasks.datasets import PartitionError
 
     class Nodes:  # the client manager as Flower fills it: every simulated node registered

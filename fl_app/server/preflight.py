@@ -12,8 +12,8 @@ import contextlib
 import logging
 from pathlib import Path
 
-from fl_app.config import ConfigError
 from tasks.datasets import local_parquet_files, resolve_data_dir
+from tasks.keys import ConfigError
 
 log = logging.getLogger("flwr.fl_drift")
 

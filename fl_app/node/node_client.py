@@ -11,7 +11,7 @@ its local training only; around it ``NodeClient.fit``:
    method reads it in ``receive``;
 4. lets a start-up warm-up finish, then runs the method's ``fit``;
 5. adds ``state_arrays_in`` (stateful methods only: 0 in a node's first round);
-6. poisons the reply (``nan`` and the attacks of ``fl_app.attacks``) after the method's
+6. poisons the reply (``nan`` and the attacks of ``fl_app.node.attacks``) after the method's
    ``end_round``, so the method's own state stays honest;
 7. writes the state mirror, and with ``client-state = "disk"`` clears ``context.state``;
 8. adds ``ray_node`` (in a Ray worker) and ``fit_seconds`` (the client's share of the round).
@@ -30,10 +30,10 @@ import torch
 from flwr.client import NumPyClient
 
 from clients.base import DriftClient
-from fl_app.attacks import attacked_reply
-from fl_app.background import in_background
-from fl_app.checkpoint import ClientStateMirror
-from fl_app.config import parse_faults
+from fl_app.node.attacks import attacked_reply
+from fl_app.node.background import in_background
+from fl_app.node.faults import parse_faults
+from fl_app.node.state_mirror import ClientStateMirror
 from tasks.partitioning import PartitionSpec, federated_dataset
 
 _THREADS_MATCHED = False
@@ -175,7 +175,7 @@ class NodeClient(NumPyClient):
         return carried
 
     def _faulted_reply(self, fault: str | None, reply: list, parameters: list, server_round: int) -> list:
-        """The reply as an injected ``nan`` fault or attack (fl_app/attacks.py) leaves it."""
+        """The reply as an injected ``nan`` fault or attack (fl_app/node/attacks.py) leaves it."""
         c = self.client
         if fault == "nan":
             reply = [np.full_like(a, np.nan) if np.issubdtype(a.dtype, np.floating) else a for a in reply]

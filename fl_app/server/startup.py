@@ -1,5 +1,5 @@
 """The server's start-up between ``flwr run`` and round 1, as explicit steps that overlap with
-the nodes' own start-up (``fl_app/background.py``):
+the nodes' own start-up (``fl_app/node/background.py``):
 
 1. ``begin()`` (in ``server_fn``): start decoding the test split in the background. A real
    dataset's test split does not depend on the partitioning, so it is decoded while Ray and the
@@ -7,7 +7,7 @@ the nodes' own start-up (``fl_app/background.py``):
 2. ``test_split()`` (at round 0's evaluation, Flower's first call once it registers the nodes):
    ask the nodes for their partition ids in the background and return the decoded test split.
    The nodes are asked as soon as Flower knows them, since their first message starts their
-   warm-up (``fl_app.node.start_warm_up``); asking from ``server_fn`` would come before Flower
+   warm-up (``fl_app.node.node_client.start_warm_up``); asking from ``server_fn`` would come before Flower
    registers any node.
 3. ``ready()`` (after round 0 is evaluated): wait for the nodes' answers and check the
    partitioning they reported (``check_data``), before round 1.
@@ -22,8 +22,8 @@ from concurrent.futures import Future
 
 import torch
 
-from fl_app.background import in_background
-from fl_app.sampling import SeededClientManager
+from fl_app.node.background import in_background
+from fl_app.server.sampling import SeededClientManager
 from tasks.datasets import resolve_data_dir
 from tasks.partitioning import PartitionSpec, check_data, check_partition_count, load_test, load_test_split
 

@@ -17,7 +17,7 @@ def code_revision(where: Path | None = None) -> str:
     ``$FL_DRIFT_REVISION`` wins: the runner sets it from its checkout. Flower runs the app from
     an installed copy without git metadata, so a plain ``flwr run`` looks in the working
     directory too (where the SuperLink was started), and trusts it only when its
-    ``fl_app/provenance.py`` is this very file."""
+    ``fl_app/server/provenance.py`` is this very file."""
     if os.environ.get("FL_DRIFT_REVISION"):
         return os.environ["FL_DRIFT_REVISION"]
     here = Path(__file__).resolve()

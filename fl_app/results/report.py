@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fl_app.stats import Paired, fmt_paired, paired_difference
+from fl_app.results.stats import Paired, fmt_paired, paired_difference
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -115,7 +115,7 @@ def accuracy_by_seed(dirs: list[Path], key: str = "final_accuracy") -> dict[int,
 def add_paired_columns(table: list[dict], runs: dict[str, list[Path]]) -> None:
     """When some row has >= 2 seeds: per row, its final accuracy minus the reference row's
     (``reference_row``), paired by seed, as the mean and its 95% t interval over the seeds
-    both ran (``fl_app.stats``); empty cells for the reference itself and for n < 2."""
+    both ran (``fl_app.results.stats``); empty cells for the reference itself and for n < 2."""
     ref = reference_row(list(runs))
     if ref is None or max((r["seeds"] for r in table), default=0) < 2:
         return

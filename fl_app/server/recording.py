@@ -6,8 +6,8 @@ round_seconds, fit_phase_seconds (sampling to the last reply), then the method's
 (client metrics as ``<name>_mean/_min/_max``, e.g. ``fit_seconds_mean``; server metrics as
 reported). At the last round it writes ``summary.json`` (with the initial model's
 ``initial_accuracy`` and ``initial_loss``, round 0 of the plots; absent after a resume).
-Every method also gets the drift columns of ``fl_app/drift.py`` (from the accepted replies,
-before aggregation) and ``min_class_accuracy``; ``fl_app/tracking.py`` writes the per-class
+Every method also gets the drift columns of ``fl_app/server/drift.py`` (from the accepted replies,
+before aggregation) and ``min_class_accuracy``; ``fl_app/server/tracking.py`` writes the per-class
 accuracy file and sends the run to the trackers of ``tracking`` (TensorBoard, MLflow, W&B).
 
 It is also the one place the run's reliability rules are applied, whatever the method; each
@@ -15,15 +15,15 @@ rule lives in its own module and is called from here once:
 - a result whose arrays contain NaN/Inf, or whose count or shapes differ from what was sent,
   is rejected before the wrapped strategy sees it (``num_rejected``); an aggregate that is
   not finite is discarded and the previous global model kept;
-- failed clients (raised, timed out) are counted (``num_failures``); ``fl_app/participation.py``
+- failed clients (raised, timed out) are counted (``num_failures``); ``fl_app/server/participation.py``
   drops clients (``drop-rate``, ``num_dropped``) and stops the run with ``RunAborted`` when
   fewer than ``min-fit-fraction`` of the sampled clients succeed;
-- ``screening`` (``fl_app/screening.py``) clips, rejects or robustly replaces the accepted
+- ``screening`` (``fl_app/server/screening.py``) clips, rejects or robustly replaces the accepted
   updates before the wrapped strategy sees them (``num_clipped``, ``screen_bound``);
-- every ``checkpoint-every`` rounds it writes a checkpoint (``fl_app/checkpoint.py``); a
+- every ``checkpoint-every`` rounds it writes a checkpoint (``fl_app/server/checkpoint.py``); a
   resumed run continues at the checkpoint's round (``offset``);
 - ``inject-faults = "crash-after:<round>"`` crashes the server after that round
-  (``fl_app/faults.py``).
+  (``fl_app/server/crash.py``).
 """
 
 from __future__ import annotations
@@ -44,14 +44,14 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
-from fl_app.checkpoint import Checkpoint, checkpoint_due, save_checkpoint
-from fl_app.drift import round_drift
-from fl_app.faults import crash_if_injected
-from fl_app.participation import Participation, RunAborted
-from fl_app.placement import record_ray_nodes
-from fl_app.provenance import run_facts
-from fl_app.screening import Screening
-from fl_app.tracking import RunTracker
+from fl_app.server.checkpoint import Checkpoint, checkpoint_due, save_checkpoint
+from fl_app.server.crash import crash_if_injected
+from fl_app.server.drift import round_drift
+from fl_app.server.participation import Participation, RunAborted
+from fl_app.server.placement import record_ray_nodes
+from fl_app.server.provenance import run_facts
+from fl_app.server.screening import Screening
+from fl_app.server.tracking import RunTracker
 
 log = logging.getLogger("flwr.fl_drift")
 
@@ -174,7 +174,7 @@ class RecordingStrategy(Strategy):
         server_round += self.offset
         self.client_manager = client_manager
         self.round_started = time.monotonic()
-        self.sent_weights = _views(parameters)  # w_t, for the drift columns (fl_app/drift.py)
+        self.sent_weights = _views(parameters)  # w_t, for the drift columns (fl_app/server/drift.py)
         self.row = {"round": server_round, "num_clients": 0, "num_failures": 0,
                     "num_rejected": 0, "num_dropped": 0}
         instructions = self.inner.configure_fit(server_round, parameters, client_manager)
@@ -222,7 +222,7 @@ class RecordingStrategy(Strategy):
         return accepted
 
     def _stop_on_shortfall(self, server_round: int, accepted: int, replied: int, failed: int) -> None:
-        """Raise ``RunAborted`` when too few sampled clients succeeded (fl_app/participation.py)."""
+        """Raise ``RunAborted`` when too few sampled clients succeeded (fl_app/server/participation.py)."""
         reason = self.participation.shortfall(server_round, accepted, replied, failed)
         if reason:
             # The rounds so far are a result (a method that diverges is an outcome to report),
@@ -309,7 +309,7 @@ class RecordingStrategy(Strategy):
         if server_round == 0:
             loss, metrics = result
             self.initial = {"initial_accuracy": float(metrics.get("accuracy", float("nan"))),
-                            "initial_loss": float(loss)}  # round 0 of the plots (fl_app/report.py)
+                            "initial_loss": float(loss)}  # round 0 of the plots (fl_app/results/report.py)
             log.info("initial model: test accuracy %.4f, loss %.4f", self.initial["initial_accuracy"], loss)
             return result
         self._record_test(result)
@@ -404,7 +404,7 @@ class RecordingStrategy(Strategy):
         sampled client failed or was rejected, which ``min-fit-fraction = 0`` lets a run
         survive): the global model did not change in them. ``untrained`` is true when that
         holds for every round, so the accuracies are the initial model's and not a result
-        (``fl_app/report.py`` leaves such runs out of the comparison's means)."""
+        (``fl_app/results/report.py`` leaves such runs out of the comparison's means)."""
         empty = [r["round"] for r in self.rows if r.get("num_clients") == 0]
         accs = [r["test_accuracy"] for r in self.rows if isinstance(r.get("test_accuracy"), float)]
         finite = [a for a in accs if math.isfinite(a)]

@@ -1,0 +1,64 @@
+"""A client's ``context.state`` arrays mirrored on disk, per round, so a resumed run (or a
+simulation with ``client-state = "disk"``) gives each client back the state it had."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+
+
+def atomic_savez(path: Path, arrays: dict[str, np.ndarray]) -> Path:
+    """Write ``arrays`` to ``path`` so a reader sees the old file or the whole new one, never a
+    part (temp file, fsync, rename): a crash mid-write cannot corrupt a checkpoint or a state file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+class ClientStateMirror:
+    """One client's ``context.state`` arrays on disk, per round, for resuming."""
+
+    PATTERN = re.compile(r"round-(\d+)\.npz$")
+
+    def __init__(self, run_dir: str, client: str):
+        self.dir = Path(run_dir) / "client-state" / client
+
+    def _files(self) -> list[tuple[int, Path]]:
+        if not self.dir.exists():
+            return []
+        found = [(int(m.group(1)), p) for p in self.dir.iterdir() if (m := self.PATTERN.search(p.name))]
+        return sorted(found)
+
+    def save(self, server_round: int, state: dict[str, list[np.ndarray]], keep_from: int) -> None:
+        """Write this round's state; drop files no resume can need (older than the newest
+        file at or before ``keep_from``, the last checkpointed round)."""
+        arrays = {}
+        for name, values in state.items():
+            arrays.update({f"{name}\x1f{i}": np.asarray(a) for i, a in enumerate(values)})
+        atomic_savez(self.dir / f"round-{server_round}.npz", arrays)
+        files = self._files()
+        keep = [r for r, _ in files if r <= keep_from]
+        floor = max(keep) if keep else None
+        for r, p in files:
+            if floor is not None and r < floor:
+                p.unlink(missing_ok=True)
+
+    def load(self, up_to_round: int) -> dict[str, list[np.ndarray]] | None:
+        """The newest saved state from a round <= ``up_to_round``."""
+        candidates = [(r, p) for r, p in self._files() if r <= up_to_round]
+        if not candidates:
+            return None
+        state: dict[str, dict[int, np.ndarray]] = {}
+        with np.load(candidates[-1][1]) as data:
+            for key in data.files:
+                name, i = key.rsplit("\x1f", 1)
+                state.setdefault(name, {})[int(i)] = data[key]
+        return {name: [d[i] for i in sorted(d)] for name, d in state.items()}
