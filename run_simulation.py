@@ -126,10 +126,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         return args
     if args.resume:
         args = argparse.Namespace(**{"grid": [], "verbose": False, "check": False, "list": None,
-                                     "env_data_dir": None, **read_runner_record(args.resume, p),
+                                     "env_data_dir": None, "cwd": None, **read_runner_record(args.resume, p),
                                      "resume": args.resume, "out": args.resume, "quiet": args.quiet})
     else:
         args.env_data_dir = resolve_data_dir("")  # recorded in runner.json: a new shell may differ
+        args.cwd = os.getcwd()  # relative data-dir values resolve against it, on --resume too
     return resolve_experiment(args, p)
 
 
@@ -217,7 +218,9 @@ def build_configs(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str, i
             for seed in args.seeds:
                 raw = {**base, **keys, **command_line, **point, "strategy": strategy, "seed": seed,
                        "results-dir": str(runs_dir), "run-name": run_name(row, seed)}
-                raw["data-dir"] = resolve_data_dir(str(raw.get("data-dir", "")), args.env_data_dir)
+                given = str(raw.get("data-dir", ""))
+                given = str(Path(args.cwd or ".", given)) if given and args.cwd else given
+                raw["data-dir"] = resolve_data_dir(given, args.env_data_dir)
                 cfg = validate_config(raw)
                 check_data_dir(cfg)
                 check_nodes(cfg, args.clients)
@@ -281,12 +284,14 @@ def check_checkpoints(configs: list[tuple[str, int, dict]], runs_dir: Path) -> N
 def runner_record(args: argparse.Namespace) -> dict:
     """The arguments saved in runner.json for --resume, with what a new shell would resolve
     differently made explicit: ``--data-dir`` and the experiment file by absolute path, and the
-    ``$FL_DATA_DIR`` of this shell as ``env_data_dir``. The two data sources are kept apart, so
+    ``$FL_DATA_DIR`` of this shell as ``env_data_dir``, and the working directory (``cwd``) that
+    an experiment file's relative ``data-dir`` was meant from. The two data sources are kept apart, so
     a resume replays the same precedence (an experiment file's ``data-dir`` still beats
     ``$FL_DATA_DIR``) and therefore the same configuration."""
     saved = {k: v for k, v in vars(args).items() if k not in ("resume", "experiment", "list", "check")}
     saved["data_dir"] = resolve_data_dir(args.data_dir) if args.data_dir else None
     saved["env_data_dir"] = args.env_data_dir
+    saved["cwd"] = args.cwd
     if saved.get("config"):
         saved["config"] = str(Path(saved["config"]).resolve())
     return saved

@@ -70,6 +70,23 @@ def test_resume_of_an_experiment_with_data_dir_and_fl_data_dir_keeps_its_runs(tm
     assert run_simulation.changed_runs(again, out / "runs", resumed.env_data_dir) == []
 
 
+def test_resume_from_another_folder_keeps_a_relative_data_dir(tmp_path, monkeypatch):
+    """An experiment file's relative data-dir means the folder the comparison was started
+    from, also when --resume is run from elsewhere."""
+    (tmp_path / "mine").mkdir()
+    monkeypatch.chdir(tmp_path)
+    exp = write_experiment(tmp_path / "exp.toml", SYNTH_EXPERIMENT.format(data="mine"))
+    out = tmp_path / "out"
+    args = run_simulation.parse_args(["--config", str(exp), "--out", str(out)])
+    configs = run_simulation.build_configs(args, out / "runs")
+    assert configs[0][2]["data-dir"] == str(tmp_path / "mine")
+    out.mkdir()
+    (out / "runner.json").write_text(json.dumps(run_simulation.runner_record(args)))
+    monkeypatch.chdir(ROOT)
+    resumed = run_simulation.parse_args(["--resume", str(out)])
+    assert run_simulation.build_configs(resumed, out / "runs")[0][2]["data-dir"] == str(tmp_path / "mine")
+
+
 def test_no_message_advises_deleting_run_folders():
     for path in [Path(run_simulation.__file__), *Path(run_simulation.__file__).parent.glob("fl_app/**/*.py")]:
         assert "delete" not in path.read_text().replace("deleted in ``close()``", ""), path
