@@ -53,22 +53,25 @@ def rows(path: Path) -> list[dict]:
 
 
 def compare(before: Path, after: Path) -> int:
+    """Compare every run of ``before`` with its namesake in ``after``; 1 if any differs."""
     names = sorted(p.name for p in before.iterdir() if (p / "metrics.csv").is_file())
     if not names:
         print(f"no runs under {before}")
         return 1
+    status = 0
     for name in names:
         a, b = rows(before / name / "metrics.csv"), rows(after / name / "metrics.csv")
-        if a != b:
-            for i, (ra, rb) in enumerate(zip(a, b)):
-                diff = {k: (ra.get(k), rb.get(k)) for k in set(ra) | set(rb) if ra.get(k) != rb.get(k)}
-                if diff:
-                    print(f"{name}: row {i} differs: {diff}")
-                    return 1
+        if len(a) != len(b):
             print(f"{name}: {len(a)} rows before, {len(b)} after")
-            return 1
-        print(f"{name}: {len(a)} rows, {len(a[0]) if a else 0} columns compared: identical")
-    return 0
+            status = 1
+            continue
+        differ = sorted({k for ra, rb in zip(a, b) for k in set(ra) | set(rb) if ra.get(k) != rb.get(k)})
+        if differ:
+            print(f"{name}: columns that differ: {', '.join(differ)}")
+            status = 1
+        else:
+            print(f"{name}: {len(a)} rows, {len(a[0]) if a else 0} columns compared: identical")
+    return status
 
 
 def main() -> int:
