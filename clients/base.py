@@ -61,6 +61,10 @@ class DriftClient(NumPyClient):
     (``server-round`` and method values such as FedProx's ``proximal_mu``).
     """
 
+    # A local step's cost relative to one SGD step, one forward-backward pass a step, plain SGD; read by the
+    # run-time estimate of `run_simulation.py --check` (fl_app/tooling/estimate.py).
+    STEP_COST = 1.0
+
     def __init__(self, cfg: dict, context: Context, partition_id: int, num_partitions: int):
         self.cfg = cfg
         self.context = context

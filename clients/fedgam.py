@@ -36,6 +36,9 @@ from tasks.keys import Key, non_negative, positive
 
 
 class FedGAMClient(DriftClient):
+    # A local step's cost relative to one SGD step, two or more forward-backward passes a step; read by the
+    # run-time estimate of `run_simulation.py --check` (fl_app/tooling/estimate.py).
+    STEP_COST = 2.0
     # Shared with FedGAM-CV (docs/methods.md defaults: rho 0.02, alpha 0.2; the "reference" GAM
     # step: grad_norm_rho 0.2, betas 1, -1, 1, grad_gamma 0.03)
     CONFIG_KEYS = {

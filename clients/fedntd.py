@@ -33,6 +33,9 @@ def ntd_loss(local_logits: torch.Tensor, global_logits: torch.Tensor, y: torch.T
 
 
 class FedNTDClient(DriftClient):
+    # A local step's cost relative to one SGD step, a forward pass of the global model beside the local one; read by the
+    # run-time estimate of `run_simulation.py --check` (fl_app/tooling/estimate.py).
+    STEP_COST = 1.3
     CONFIG_KEYS = {  # the paper's defaults beta = 1, tau = 1
         "ntd-beta": Key(1.0, non_negative, ">= 0"),
         "ntd-tau": Key(1.0, positive, "> 0"),

@@ -18,6 +18,9 @@ from tasks.keys import Key, positive
 
 
 class FedSAMClient(DriftClient):
+    # A local step's cost relative to one SGD step, two passes: ascent, then descent; read by the
+    # run-time estimate of `run_simulation.py --check` (fl_app/tooling/estimate.py).
+    STEP_COST = 2.0
     # rho 0.05-0.5 in the literature; 0.05 is SAM's usual CIFAR value (FedSOL's table used 0.1)
     CONFIG_KEYS = {"sam-rho": Key(0.05, positive, "> 0 (SAM radius)")}
 

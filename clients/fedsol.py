@@ -83,6 +83,9 @@ def proximal_kl(local_logits: torch.Tensor, global_logits: torch.Tensor, tempera
 
 
 class FedSOLClient(DriftClient):
+    # A local step's cost relative to one SGD step, two passes: proximal, then perturbed; read by the
+    # run-time estimate of `run_simulation.py --check` (fl_app/tooling/estimate.py).
+    STEP_COST = 2.0
     CONFIG_KEYS = {
         "fedsol-rho": Key(1.0, positive, "> 0 (base perturbation strength rho)"),
         "fedsol-temperature": Key(3.0, positive, "> 0 (softmax temperature of the proximal KL)"),

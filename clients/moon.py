@@ -41,6 +41,9 @@ def moon_contrastive(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor
 
 
 class MoonClient(DriftClient):
+    # A local step's cost relative to one SGD step, three forward passes, one backward; read by the
+    # run-time estimate of `run_simulation.py --check` (fl_app/tooling/estimate.py).
+    STEP_COST = 1.5
     CONFIG_KEYS = {  # mu: default 1 (the MOON paper's range 1-5); temperature 0.5
         "moon-mu": Key(1.0, non_negative, ">= 0"),
         "moon-temperature": Key(0.5, positive, "> 0"),

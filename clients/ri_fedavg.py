@@ -39,6 +39,10 @@ def _seed(*parts: int) -> int:
 class RIFedAvgClient(DriftClient):
     """Local SGD with the roughness-scaled proximal term 2 * lambda * I_k * (w - w_t)."""
 
+    # A local step's cost relative to one SGD step, the roughness index's loss evaluations; read by the
+    # run-time estimate of `run_simulation.py --check` (fl_app/tooling/estimate.py).
+    STEP_COST = 1.3
+
     CONFIG_KEYS = {  # defaults as in the paper's Sec. V-A
         "ri-lambda": Key(0.1, non_negative, ">= 0 (regularisation strength lambda)"),
         "ri-directions": Key(10, at_least(1), ">= 1 (random directions M)"),

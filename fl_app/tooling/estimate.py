@@ -10,7 +10,8 @@ the arithmetic then counts what a run does:
 
 with K clients, C = fraction-fit, N_train / N_test the dataset's split sizes (an even share per
 client: Dirichlet splits vary around it), ``cost`` the method's local step relative to plain SGD
-(``STEP_COST``: two forward-backward passes for the sharpness-aware methods, ...), ``parallel``
+(the method client's ``STEP_COST``, set from the measured run times in docs/results:
+two forward-backward passes for the sharpness-aware methods, ...), ``parallel``
 the clients trained at once (CPU cores, one per client as run_simulation's default), START the
 launch of one run (about 12 s measured, see experiments/fedgam-mnist-dir03.toml). A loaded
 machine makes the probe, and so the estimate, slower.
@@ -23,15 +24,12 @@ import os
 import time
 from dataclasses import dataclass
 
+from fl_app.registry import get_method
+
 START_SECONDS = 12.0
 TRAIN_SIZE = {"mnist": 60000, "fashion_mnist": 60000, "cifar10": 50000, "cifar100": 50000}
 TEST_SIZE = {"mnist": 10000, "fashion_mnist": 10000, "cifar10": 10000, "cifar100": 10000}
 SYNTHETIC_PER_CLIENT = 100  # tasks/synthetic.py: lognormal(4, 2) + 50 examples a device, median about 105
-# A local step's cost relative to one SGD step: ratios of the measured run times in
-# docs/results (FedGAM-CV, FedSMOO, FedSAM 110-130 s against FedAvg 66-82 s; RI-FedAvg 120 s
-# against 88-104 s), or the passes the method makes (MOON: three forward passes, one backward).
-STEP_COST = {"fedsam": 2.0, "fedasam": 2.0, "fedsmoo": 2.0, "fedgam": 2.0, "fedgam-cv": 2.0, "fedsol": 2.0,
-             "moon": 1.5, "fedntd": 1.3, "ri-fedavg": 1.3}
 
 
 @dataclass(frozen=True)
@@ -52,7 +50,7 @@ def local_steps(cfg: dict, clients: int) -> int:
 def run_seconds(cfg: dict, clients: int, probe: Probe, parallel: int) -> float:
     """Estimated seconds of one run of ``cfg`` (see the module docstring for the formula)."""
     per_round = max(cfg["min-fit-clients"], math.ceil(clients * cfg["fraction-fit"]))
-    train = per_round * local_steps(cfg, clients) * probe.step_seconds * STEP_COST.get(cfg["strategy"], 1.0)
+    train = per_round * local_steps(cfg, clients) * probe.step_seconds * get_method(cfg["strategy"]).client.STEP_COST
     evaluate = TEST_SIZE.get(cfg["dataset"], 1000) * probe.forward_seconds_per_example
     return START_SECONDS + cfg["num-server-rounds"] * (train / max(1, parallel) + evaluate)
 
