@@ -35,22 +35,18 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 from flwr.common import (  # noqa: E402
-    Code,
     Context,
-    FitRes,
     RecordDict,
-    Status,
-    ndarrays_to_parameters,
-    parameters_to_ndarrays,  # noqa: E402
+    ndarrays_to_parameters,  # noqa: E402
 )
 from flwr.server.client_manager import SimpleClientManager  # noqa: E402
-from flwr.server.client_proxy import ClientProxy  # noqa: E402
 
 from fl_app.config import validate_config  # noqa: E402
 from fl_app.node.node_client import NodeClient  # noqa: E402
 from fl_app.registry import METHODS  # noqa: E402
 from fl_app.server.recording import RecordingStrategy  # noqa: E402
 from fl_app.server.screening import allowed_modes, min_replies  # noqa: E402
+from fl_app.tooling.inprocess import InProcessProxy  # noqa: E402
 from strategies.base import fedavg_kwargs  # noqa: E402
 from tasks.datasets import input_shape  # noqa: E402
 from tasks.models import build_model, get_weights, set_weights  # noqa: E402
@@ -67,30 +63,6 @@ RUN_ORDER = ("multi-krum", "trimmed-mean", "reject", "clip", "median", "krum", "
 TOLERANCE = 0.03  # the acceptance target: within 3 points of the clean run
 SETTING = {"dataset": "mnist", "model": "cnn-small", "partitioner": "iid", "learning-rate": 0.05,
            "local-epochs": 1, "batch-size": 32, "seed": 0}
-
-
-class Proxy(ClientProxy):
-    """Hands a FitIns to a NodeClient in this process, as Flower's transport would."""
-
-    def __init__(self, cid: str, node: NodeClient):
-        super().__init__(cid)
-        self.node = node
-
-    def fit(self, ins, timeout, group_id):
-        arrays, n, metrics = self.node.fit(parameters_to_ndarrays(ins.parameters), ins.config)
-        return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), n, metrics)
-
-    def get_properties(self, ins, timeout, group_id):
-        raise NotImplementedError
-
-    def get_parameters(self, ins, timeout, group_id):
-        raise NotImplementedError
-
-    def evaluate(self, ins, timeout, group_id):
-        raise NotImplementedError
-
-    def reconnect(self, ins, timeout, group_id):
-        raise NotImplementedError
 
 
 class Everyone(SimpleClientManager):
@@ -160,7 +132,7 @@ def one_run(cfg: dict, parts, test) -> dict:
         context = Context(run_id=0, node_id=k, node_config={}, state=RecordDict(), run_config={})
         client = method.client(cfg, context, partition_id=k, num_partitions=CLIENTS)
         client._data = parts[k]
-        manager.register(Proxy(str(k), NodeClient(client)))
+        manager.register(InProcessProxy(str(k), NodeClient(client)))
     parameters = ndarrays_to_parameters(w0)
     for t in range(1, cfg["num-server-rounds"] + 1):
         instructions = strategy.configure_fit(t, parameters, manager)

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 from flwr.app import RecordDict
-from flwr.common import Code, Context, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
-from flwr.server.client_proxy import ClientProxy
+from flwr.common import Context
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from fl_app.config import validate_config  # noqa: E402
+from fl_app.tooling.inprocess import InProcessProxy  # noqa: E402
 
 SHARED_DATA = ROOT.parent / "shared" / "data"
 
@@ -53,25 +53,4 @@ def make_client(client_cls, overrides: dict, x: torch.Tensor, y: torch.Tensor, c
     return client
 
 
-class Proxy(ClientProxy):
-    """Hands the FitIns to a real NumPyClient, as Flower's transport would."""
-
-    def __init__(self, cid: str, client):
-        super().__init__(cid)
-        self.client = client
-
-    def fit(self, ins, timeout, group_id):
-        arrays, n, metrics = self.client.fit(parameters_to_ndarrays(ins.parameters), ins.config)
-        return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), n, metrics)
-
-    def get_properties(self, ins, timeout, group_id):
-        raise NotImplementedError
-
-    def get_parameters(self, ins, timeout, group_id):
-        raise NotImplementedError
-
-    def evaluate(self, ins, timeout, group_id):
-        raise NotImplementedError
-
-    def reconnect(self, ins, timeout, group_id):
-        raise NotImplementedError
+Proxy = InProcessProxy  # hands the FitIns to a real NumPyClient, as Flower's transport would
