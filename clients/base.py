@@ -40,17 +40,22 @@ from tasks.train import batches, evaluate
 
 @functools.lru_cache(maxsize=256)
 def partition_on_device(
-    spec: PartitionSpec, partition_id: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Partition ``partition_id`` on ``device``, copied there once per process.
+    spec: PartitionSpec, partition_id: int, device: torch.device, test_fraction: float = 0.0
+) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor] | None]:
+    """(train, local test) of partition ``partition_id`` on ``device``, copied there once per
+    process; the local test split is None when ``test_fraction`` is 0 (the client trains on
+    the whole partition).
 
     Flower builds a new client object for every message, so without this a GPU actor would
     copy the partition host-to-device again in every round. On CPU ``.to`` returns the decoded
     tensors themselves (no copy, no extra memory). Callers must not write into the tensors:
     batches are taken by indexing (a copy), augmentation returns new tensors.
     """
+    if test_fraction > 0:
+        train, test = load_client_split(spec, partition_id, test_fraction)
+        return tuple(t.to(device) for t in train), tuple(t.to(device) for t in test)
     x, y = load_partition(spec, partition_id)
-    return x.to(device), y.to(device)
+    return (x.to(device), y.to(device)), None
 
 
 class DriftClient(NumPyClient):
@@ -100,10 +105,7 @@ class DriftClient(NumPyClient):
             train, test = split_tensors(x, y, fraction, self.cfg["seed"]) if fraction > 0 else ((x, y), None)
         else:
             spec = PartitionSpec.from_config(self.cfg, self.num_partitions)
-            if fraction > 0:
-                train, test = load_client_split(spec, self.partition_id, fraction)
-            else:  # the whole partition, on the device once per process
-                train, test = partition_on_device(spec, self.partition_id, self.device), None
+            train, test = partition_on_device(spec, self.partition_id, self.device, fraction)
         self._data = tuple(t.to(self.device) for t in train)
         self._test_data = tuple(t.to(self.device) for t in test) if test is not None else None
 
