@@ -1,8 +1,15 @@
 """FedAvgM (Hsu et al., 2019): server momentum on the mean update (Flower's FedAvgM).
 
-v <- beta v + (w_t - mean_k w_k) (v = the first pseudo-gradient in round 1), then
-w_{t+1} = w_t - eta v, with eta = ``server-lr`` and beta = ``server-momentum``. The steady-state
-step is eta / (1 - beta) times the mean update, so a larger beta usually wants a smaller eta.
+- Client: FedAvg's (plain local SGD); the [server-optimiser rules](#server-optimisers) apply.
+- Server: v ← β v + (w_t − Σ_k p_k w_k) (v = the first pseudo-gradient in round 1), then
+  w_{t+1} = w_t − η v (no Nesterov), Flower's `FedAvgM`.
+- State: v on the server (checkpointed). Clients: none.
+- Keys: `server-lr` η (1.0, > 0; the key FedPGVC's η_g also uses, with the same meaning),
+  `server-momentum` β (0.9, in [0, 1)). η = 1, β = 0 is FedAvg. The steady-state step is
+  η/(1 − β) times the mean update, so a larger β usually wants a smaller η.
+
+Summary: client - | server server momentum on the mean update | client state - | server state
+momentum v | traffic -
 """
 
 from __future__ import annotations
