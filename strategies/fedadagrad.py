@@ -14,6 +14,7 @@ Summary: client - | server Adagrad step on the mean update | client state - | se
 
 from flwr.server.strategy import FedAdagrad
 
+from strategies.base import MEAN_OF_WEIGHTS
 from strategies.server_opt import FEDOPT_KEYS, FedOptFromConfig
 
 
@@ -21,3 +22,4 @@ class FedAdagradStrategy(FedOptFromConfig, FedAdagrad):
     """Flower's FedAdagrad; m_t and v_t checkpointed."""
 
     CONFIG_KEYS = {key: FEDOPT_KEYS[key] for key in ("fedopt-eta", "fedopt-tau")}
+    SCREENING = MEAN_OF_WEIGHTS  # the step starts from Flower's weighted mean of the weights

@@ -14,8 +14,11 @@ traffic -
 
 from flwr.server.strategy import FedAdam
 
+from strategies.base import MEAN_OF_WEIGHTS
 from strategies.server_opt import FedOptFromConfig
 
 
 class FedAdamStrategy(FedOptFromConfig, FedAdam):
     """Flower's FedAdam; m_t and v_t checkpointed."""
+
+    SCREENING = MEAN_OF_WEIGHTS  # the step starts from Flower's weighted mean of the weights

@@ -17,6 +17,7 @@ from __future__ import annotations
 from flwr.common import Parameters
 from flwr.server.strategy import FedAvgM
 
+from strategies.base import MEAN_OF_WEIGHTS
 from strategies.server_opt import SERVER_LR, ServerOptimiser
 from tasks.keys import Key
 
@@ -29,6 +30,7 @@ class FedAvgMStrategy(ServerOptimiser, FedAvgM):
         "server-momentum": Key(0.9, lambda v: 0 <= v < 1, "in [0, 1) (FedAvgM server momentum beta)"),
     }
     STATE = ("momentum_vector",)
+    SCREENING = MEAN_OF_WEIGHTS  # the step starts from Flower's weighted mean of the weights
 
     @classmethod
     def from_config(cls, cfg: dict, **kwargs):

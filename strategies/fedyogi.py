@@ -11,8 +11,11 @@ traffic -
 
 from flwr.server.strategy import FedYogi
 
+from strategies.base import MEAN_OF_WEIGHTS
 from strategies.server_opt import FedOptFromConfig
 
 
 class FedYogiStrategy(FedOptFromConfig, FedYogi):
     """Flower's FedYogi; m_t and v_t checkpointed."""
+
+    SCREENING = MEAN_OF_WEIGHTS  # the step starts from Flower's weighted mean of the weights
