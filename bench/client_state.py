@@ -36,7 +36,7 @@ def holding_state(clients: int, fraction: float, rounds: int, seed: int = 0) -> 
     return len({p for draw in range(rounds) for p in sampled_partitions(seed, draw, clients, fraction)})
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True)
     p.add_argument("--methods", default="scaffold,feddyn")
@@ -50,27 +50,31 @@ def main(argv=None) -> int:
                         "clients 10 samples each)")
     p.add_argument("--lock", help="run each simulation under flock LOCK (shared machines)")
     p.add_argument("--table", action="store_true", help="only print the table of the finished cells")
-    args = p.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    methods, sizes = args.methods.split(","), [int(n) for n in args.clients.split(",")]
-    if not args.table:
-        for method in methods:
-            for n in sizes:
-                for mode in ("memory", "disk"):
-                    path = cell(out, method, n, mode)
-                    if path.exists():
-                        continue
-                    command = [sys.executable, str(ROOT / "bench" / "overhead.py"), "--mode", "sim",
-                               "--clients", str(n), "--fraction", str(args.fraction), "--rounds", str(args.rounds),
-                               "--model", args.model, "--set", f"strategy='{method}'",
-                               "--set", f"client-state='{mode}'", "--json", str(path)]
-                    for text in args.overrides or ["partitioner='shard'"]:
-                        command[-2:-2] = ["--set", text]
-                    if args.lock:
-                        command = ["flock", args.lock, *command]
-                    print(f"{method} {n} clients, state in {mode}", flush=True)
-                    subprocess.run(command, check=True)
+    return p.parse_args(argv)
+
+
+def run_cells(args: argparse.Namespace, out: Path, methods: list[str], sizes: list[int]) -> None:
+    """One bench/overhead.py simulation per (method, client count, state mode) not yet run."""
+    for method in methods:
+        for n in sizes:
+            for mode in ("memory", "disk"):
+                path = cell(out, method, n, mode)
+                if path.exists():
+                    continue
+                command = [sys.executable, str(ROOT / "bench" / "overhead.py"), "--mode", "sim",
+                           "--clients", str(n), "--fraction", str(args.fraction), "--rounds", str(args.rounds),
+                           "--model", args.model, "--set", f"strategy='{method}'",
+                           "--set", f"client-state='{mode}'", "--json", str(path)]
+                for text in args.overrides or ["partitioner='shard'"]:
+                    command[-2:-2] = ["--set", text]
+                if args.lock:
+                    command = ["flock", args.lock, *command]
+                print(f"{method} {n} clients, state in {mode}", flush=True)
+                subprocess.run(command, check=True)
+
+
+def print_table(args: argparse.Namespace, out: Path, methods: list[str], sizes: list[int]) -> None:
+    """The markdown table of the finished cells."""
     print(f"| method | clients | clients per round | clients holding state after {args.rounds} rounds "
           "| peak PSS, state in memory (MiB) | peak PSS, state on disk (MiB) | difference (MiB) "
           "| seconds (memory / disk) |")
@@ -90,6 +94,16 @@ def main(argv=None) -> int:
                     if len(runs) == 2 else "-")
             print(f"| {method} | {n} | {max(int(n * args.fraction), 1)} | {holding_state(n, args.fraction, args.rounds)} "
                   f"| {pss.get('memory', '-')} | {pss.get('disk', '-')} | {diff} | {secs} |")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    methods, sizes = args.methods.split(","), [int(n) for n in args.clients.split(",")]
+    if not args.table:
+        run_cells(args, out, methods, sizes)
+    print_table(args, out, methods, sizes)
     return 0
 
 

@@ -129,23 +129,11 @@ def _median_seconds(fn, reps: int = 15) -> float:
     return statistics.median(times)
 
 
-def pass_costs(model_name: str, shape, batch: int, ri_samples: int) -> dict[str, float]:
-    """Measured costs of the passes the methods add, same model and threads, as the methods
-    run them: seconds per sample of a training step (forward, backward, SGD step), of a
-    second forward+backward at the same weights (SAM-style methods), of a no-grad forward
-    and of a body-only forward (MOON), at batch ``batch``, of RI-FedAvg's evaluation
-    (``functional_call`` at a perturbed point, ``batch`` examples at a time, as the client
-    does on CPU); and seconds per in-place elementwise pass over all weights (the
-    O(#params) gradient edits). The median of 15 repetitions after 3 warm-ups."""
+def training_passes(model, x, y) -> dict:
+    """A training step (forward, backward, SGD step), the same with a second forward+backward
+    at the same weights (SAM-style methods), a no-grad forward and a body-only forward (MOON)."""
     import torch.nn.functional as F
 
-    from tasks.roughness import _point, model_loss_fn
-
-    model = build_model(model_name, shape, seed=0)
-    gen = torch.Generator().manual_seed(0)
-    dims = (shape.channels, shape.size, shape.size) if shape.channels else (shape.size,)
-    x = torch.randn(batch, *dims, generator=gen)
-    y = torch.randint(0, shape.classes, (batch,), generator=gen)
     params = list(model.parameters())
     opt = torch.optim.SGD(params, lr=1e-3)
 
@@ -174,25 +162,36 @@ def pass_costs(model_name: str, shape, batch: int, ri_samples: int) -> dict[str,
         with torch.no_grad():
             model.body(x)
 
-    x_ri = torch.randn(ri_samples, *dims, generator=gen)
-    y_ri = torch.randint(0, shape.classes, (ri_samples,), generator=gen)
+    return {"step": step, "step_two_passes": step_two_passes, "forward": forward, "body": body}
+
+
+def ri_pass(model, x_ri, y_ri, direction, batch: int):
+    """One of RI-FedAvg's evaluations: ``functional_call`` at a perturbed point, ``batch``
+    examples at a time, as the client does on CPU."""
+    from tasks.roughness import _point, model_loss_fn
+
     center = {n: p.detach() for n, p in model.named_parameters()}
-    direction = {n: torch.randn((1, *p.shape), generator=gen) for n, p in center.items()}
 
     def ri_point():
         model.eval()
         with torch.no_grad():
             model_loss_fn(model, x_ri, y_ri, batch_size=batch)(_point(center, direction, 0, torch.tensor(1e-3)))
 
+    return ri_point
+
+
+def weight_passes(model, model_name: str, shape) -> tuple:
+    """A state round trip (what a method with per-client state pays once per round per
+    model-sized state: save it into ``context.state``, an ArrayRecord, and read it back into
+    a model) and one in-place elementwise pass over all weights (the O(#params) gradient edits)."""
     from flwr.app import ArrayRecord
 
     from tasks.models import set_weights
 
+    params = list(model.parameters())
     other = build_model(model_name, shape, seed=1)
 
     def state_round_trip():
-        """What a method with per-client state pays once per round per model-sized state:
-        save it into ``context.state`` (an ArrayRecord) and read it back into a model."""
         record = ArrayRecord(numpy_ndarrays=get_weights(model))
         set_weights(other, record.to_numpy_ndarrays())
 
@@ -203,11 +202,33 @@ def pass_costs(model_name: str, shape, batch: int, ri_samples: int) -> dict[str,
             for g, p in zip(grads, params):
                 g.add_(p)
 
+    return state_round_trip, weights_pass
+
+
+def pass_costs(model_name: str, shape, batch: int, ri_samples: int) -> dict[str, float]:
+    """Measured costs of the passes the methods add, same model and threads, as the methods
+    run them: seconds per sample of a training step (forward, backward, SGD step), of a
+    second forward+backward at the same weights (SAM-style methods), of a no-grad forward
+    and of a body-only forward (MOON), at batch ``batch``, of RI-FedAvg's evaluation
+    (``functional_call`` at a perturbed point, ``batch`` examples at a time, as the client
+    does on CPU); and seconds per in-place elementwise pass over all weights (the
+    O(#params) gradient edits). The median of 15 repetitions after 3 warm-ups."""
+    model = build_model(model_name, shape, seed=0)
+    gen = torch.Generator().manual_seed(0)
+    dims = (shape.channels, shape.size, shape.size) if shape.channels else (shape.size,)
+    x = torch.randn(batch, *dims, generator=gen)
+    y = torch.randint(0, shape.classes, (batch,), generator=gen)
+    passes = training_passes(model, x, y)
+    x_ri = torch.randn(ri_samples, *dims, generator=gen)
+    y_ri = torch.randint(0, shape.classes, (ri_samples,), generator=gen)
+    direction = {n: torch.randn((1, *p.shape), generator=gen) for n, p in model.named_parameters()}
+    ri_point = ri_pass(model, x_ri, y_ri, direction, batch)
+    state_round_trip, weights_pass = weight_passes(model, model_name, shape)
     return {
-        "step": _median_seconds(step) / batch,
-        "second_pass": (_median_seconds(step_two_passes) - _median_seconds(step)) / batch,
-        "forward": _median_seconds(forward) / batch,
-        "body": _median_seconds(body) / batch,
+        "step": _median_seconds(passes["step"]) / batch,
+        "second_pass": (_median_seconds(passes["step_two_passes"]) - _median_seconds(passes["step"])) / batch,
+        "forward": _median_seconds(passes["forward"]) / batch,
+        "body": _median_seconds(passes["body"]) / batch,
         "ri": _median_seconds(ri_point) / ri_samples,
         "weights_pass": _median_seconds(weights_pass),
         "state_round_trip": _median_seconds(state_round_trip),
@@ -276,7 +297,7 @@ def fit_config(method: str, cfg: dict, rnd: int) -> dict:
     return config
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--model", default="cnn-small")
@@ -286,8 +307,12 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 = one Ray actor's share with cpus-per-client=1)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--data-dir", default=os.environ.get("FL_DATA_DIR", str(ROOT.parent / "shared" / "data")))
-    args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    return p.parse_args(argv)
+
+
+def base_config(args: argparse.Namespace) -> dict:
+    """The run config every method's clients share; ``--set model=/dataset=`` win over the
+    defaults (``args.model`` follows)."""
     from fl_app.config import parse_override
 
     base = {"dataset": "mnist", "model": args.model, "data-dir": str(Path(args.data_dir).resolve()),
@@ -295,24 +320,26 @@ def main(argv=None) -> int:
     for text in args.set:
         k, v = parse_override(text)
         base[k] = v
-    args.model, dataset = base["model"], base["dataset"]  # --set model=/dataset= win over the defaults
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    spec = PartitionSpec.from_config(validate_config(base), args.clients)
-    sizes = [len(load_partition(spec, pid)[1]) for pid in args.partitions]
-    n_k = float(np.mean(sizes))
-    print(f"load {Path('/proc/loadavg').read_text().split()[0]}, torch {torch.__version__}, {args.threads} thread(s); "
-          f"{dataset} {args.model}, partitions {args.partitions} of {args.clients} (n_k = {sizes}), E=1, B=32", flush=True)
+    args.model = base["model"]
+    return base
 
-    # one client object per (method, partition), after an untimed round-1 fit (state, warm-up)
-    entries = []  # (label, method, model, clients)
-    models = sorted({NEEDS_MODEL.get(m, args.model) for m in methods})
+
+def bench_entries(methods: list[str], model_name: str) -> list[tuple[str, str, str]]:
+    """(label, method, model) to time: FedAvg on every model some method needs (its reference),
+    then every other method on its model."""
+    entries = []
+    models = sorted({NEEDS_MODEL.get(m, model_name) for m in methods})
     for model in models:
-        if model != args.model or "fedavg" in methods:
-            entries.append((f"fedavg[{model}]" if model != args.model else "fedavg", "fedavg", model))
+        if model != model_name or "fedavg" in methods:
+            entries.append((f"fedavg[{model}]" if model != model_name else "fedavg", "fedavg", model))
     for m in methods:
         if m != "fedavg":
-            entries.append((m, m, NEEDS_MODEL.get(m, args.model)))
-    weights = {model: get_weights(build_model(model, input_shape(dataset), seed=0)) for model in models}
+            entries.append((m, m, NEEDS_MODEL.get(m, model_name)))
+    return entries
+
+
+def warm_clients(entries, base: dict, args: argparse.Namespace, weights: dict) -> dict:
+    """One client object per (entry, partition), after an untimed round-1 fit (state, warm-up)."""
     clients = {}
     for label, method, model in entries:
         clients[label] = []
@@ -320,33 +347,40 @@ def main(argv=None) -> int:
             cfg, client = make_client(method, {**base, "model": model}, pid, args.clients)
             client.fit([w.copy() for w in weights[model]], fit_config(method, cfg, 1))
             clients[label].append((cfg, client))
+    return clients
+
+
+def time_fits(entries, clients: dict, weights: dict, reps: int) -> dict[str, list[float]]:
+    """Seconds of each entry's round-2 fits over its partitions, once per rep."""
     times: dict[str, list[float]] = {label: [] for label, _, _ in entries}
-    for rep in range(args.reps):
+    for rep in range(reps):
         for label, method, model in entries:
             t0 = time.perf_counter()
             for cfg, client in clients[label]:
                 client.fit([w.copy() for w in weights[model]], fit_config(method, cfg, 2))
             times[label].append(time.perf_counter() - t0)
-        print(f"rep {rep + 1}/{args.reps} done, load {Path('/proc/loadavg').read_text().split()[0]}", flush=True)
+        print(f"rep {rep + 1}/{reps} done, load {Path('/proc/loadavg').read_text().split()[0]}", flush=True)
+    return times
 
-    cfg0 = validate_config({**base, "strategy": "fedavg"})
-    pred = predictions(cfg0, args.model, n_k)
-    costs = pass_costs(args.model, input_shape(dataset), base["batch-size"], int(min(cfg0["ri-samples"], n_k)))
-    fedavg_per_sample = statistics.median(times["fedavg"]) / (cfg0["local-epochs"] * sum(sizes))
-    cal = calibrated(cfg0, costs, fedavg_per_sample, n_k)
-    print(f"\nF = {pred['_f'][0]:,} forward MACs per sample ({args.model}); measured per sample: "
+
+def print_costs(pred: dict, costs: dict, model_name: str, fedavg_per_sample: float) -> None:
+    print(f"\nF = {pred['_f'][0]:,} forward MACs per sample ({model_name}); measured per sample: "
           f"training step {costs['step'] * 1e6:.0f} us, second forward+backward {costs['second_pass'] * 1e6:.0f} us, "
           f"forward {costs['forward'] * 1e6:.0f} us (= {costs['forward'] / costs['step']:.2f} step; pass count "
           f"assumes 0.33), body forward {costs['body'] * 1e6:.0f} us, RI evaluation {costs['ri'] * 1e6:.0f} us; "
           f"one pass over the weights {costs['weights_pass'] * 1e3:.2f} ms, a state round trip "
           f"{costs['state_round_trip'] * 1e3:.1f} ms; FedAvg fit "
           f"{fedavg_per_sample * 1e6:.0f} us per training sample")
-    print(f"\n| method | s per round ({len(args.partitions)} clients) | measured / FedAvg | predicted: pass count (3F)"
+
+
+def print_table(entries, times: dict, pred: dict, cal: dict, model_name: str, num_partitions: int) -> None:
+    """Measured against predicted cost per method, and how many predictions fall within 10%."""
+    print(f"\n| method | s per round ({num_partitions} clients) | measured / FedAvg | predicted: pass count (3F)"
           " | predicted: calibrated | within 10%: pass count / calibrated | why predicted |")
     print("|---|---|---|---|---|---|---|")
     hits = {"pass count": 0, "calibrated": 0}
     for label, method, model in entries:
-        ref = "fedavg" if model == args.model else f"fedavg[{model}]"
+        ref = "fedavg" if model == model_name else f"fedavg[{model}]"
         med = statistics.median(times[label])
         # each rep's ratio to the FedAvg run of the same rep, then the median: drift in the
         # machine's speed between reps cancels within a rep
@@ -364,6 +398,32 @@ def main(argv=None) -> int:
     n = sum(1 for label, method, _ in entries if label == method)
     print(f"\nwithin 10%: {hits['pass count']}/{n} of the pass-count prediction, {hits['calibrated']}/{n} of the "
           "calibrated one")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    base = base_config(args)
+    dataset = base["dataset"]
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    spec = PartitionSpec.from_config(validate_config(base), args.clients)
+    sizes = [len(load_partition(spec, pid)[1]) for pid in args.partitions]
+    n_k = float(np.mean(sizes))
+    print(f"load {Path('/proc/loadavg').read_text().split()[0]}, torch {torch.__version__}, {args.threads} thread(s); "
+          f"{dataset} {args.model}, partitions {args.partitions} of {args.clients} (n_k = {sizes}), E=1, B=32", flush=True)
+
+    entries = bench_entries(methods, args.model)
+    models = sorted({model for _, _, model in entries})
+    weights = {model: get_weights(build_model(model, input_shape(dataset), seed=0)) for model in models}
+    clients = warm_clients(entries, base, args, weights)
+    times = time_fits(entries, clients, weights, args.reps)
+
+    cfg0 = validate_config({**base, "strategy": "fedavg"})
+    pred = predictions(cfg0, args.model, n_k)
+    costs = pass_costs(args.model, input_shape(dataset), base["batch-size"], int(min(cfg0["ri-samples"], n_k)))
+    fedavg_per_sample = statistics.median(times["fedavg"]) / (cfg0["local-epochs"] * sum(sizes))
+    print_costs(pred, costs, args.model, fedavg_per_sample)
+    print_table(entries, times, pred, calibrated(cfg0, costs, fedavg_per_sample, n_k), args.model, len(args.partitions))
     return 0
 
 

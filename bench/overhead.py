@@ -193,17 +193,54 @@ def sampled_partitions(seed: int, draw: int, num_partitions: int, fraction: floa
 
 
 # ------------------------------------------------------------------ (a) plain PyTorch
+def plain_local_fit(model, global_state: dict, x, y, cfg: dict, pid: int, rnd: int) -> None:
+    """One client's local training from ``global_state``, as the simulation's FedAvg client:
+    the clients' optimiser, the round's learning rate, batches shuffled by (seed, partition, round)."""
+    import torch
+    import torch.nn.functional as F
+
+    from tasks.optim import build_optimizer
+    from tasks.train import batches
+
+    model.load_state_dict(global_state)
+    lr = cfg["learning-rate"] * cfg["lr-decay"] ** (rnd - 1)
+    opt = build_optimizer(model.parameters(), cfg, lr)  # the clients' optimiser
+    gen = torch.Generator().manual_seed(hash((cfg["seed"], pid, rnd)) & 0x7FFFFFFF)
+    model.train()
+    for _ in range(cfg["local-epochs"]):
+        for xb, yb in batches(x, y, cfg["batch-size"], gen):
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(model(xb), yb).backward()
+            opt.step()
+
+
+def plain_round(model, global_state: dict, spec, cfg: dict, chosen: list[int], rnd: int, device) -> dict:
+    """The chosen clients train one after another; the new global state is their n_k-weighted mean."""
+    import torch
+
+    from tasks.partitioning import load_partition
+
+    total = 0
+    summed = {k: torch.zeros_like(v) for k, v in global_state.items()}
+    for pid in chosen:
+        x, y = (t.to(device) for t in load_partition(spec, pid))
+        plain_local_fit(model, global_state, x, y, cfg, pid, rnd)
+        with torch.no_grad():
+            for k, v in model.state_dict().items():
+                summed[k] += v * len(x)
+        total += len(x)
+    return {k: v / total for k, v in summed.items()}
+
+
 def plain(args: argparse.Namespace) -> dict:
     """The simulation's FedAvg work with no Flower: one process, weights stay tensors."""
     import torch
-    import torch.nn.functional as F
 
     from fl_app.config import validate_config
     from tasks.datasets import input_shape
     from tasks.models import build_model, default_device
-    from tasks.optim import build_optimizer
-    from tasks.partitioning import PartitionSpec, check_data, load_partition, load_test
-    from tasks.train import batches, evaluate
+    from tasks.partitioning import PartitionSpec, check_data, load_test
+    from tasks.train import evaluate
 
     if int(args.plain_threads):
         torch.set_num_threads(int(args.plain_threads))
@@ -222,25 +259,7 @@ def plain(args: argparse.Namespace) -> dict:
     for rnd in range(1, cfg["num-server-rounds"] + 1):
         t0 = time.perf_counter()
         chosen = sampled_partitions(cfg["seed"], rnd - 1, args.clients, cfg["fraction-fit"], cfg["min-fit-clients"])
-        total = 0
-        summed = {k: torch.zeros_like(v) for k, v in global_state.items()}
-        for pid in chosen:
-            x, y = (t.to(device) for t in load_partition(spec, pid))
-            model.load_state_dict(global_state)
-            lr = cfg["learning-rate"] * cfg["lr-decay"] ** (rnd - 1)
-            opt = build_optimizer(model.parameters(), cfg, lr)  # the clients' optimiser
-            gen = torch.Generator().manual_seed(hash((cfg["seed"], pid, rnd)) & 0x7FFFFFFF)
-            model.train()
-            for _ in range(cfg["local-epochs"]):
-                for xb, yb in batches(x, y, cfg["batch-size"], gen):
-                    opt.zero_grad(set_to_none=True)
-                    F.cross_entropy(model(xb), yb).backward()
-                    opt.step()
-            with torch.no_grad():
-                for k, v in model.state_dict().items():
-                    summed[k] += v * len(x)
-            total += len(x)
-        global_state = {k: v / total for k, v in summed.items()}
+        global_state = plain_round(model, global_state, spec, cfg, chosen, rnd, device)
         t_fit = time.perf_counter() - t0
         model.load_state_dict(global_state)
         accuracy.append(evaluate(model, x_test, y_test)[1])

@@ -1,8 +1,30 @@
-"""DP-FedAvg: central differential privacy with fixed clipping (McMahan et al., ICLR 2018),
-built from Flower's strategy wrappers.
+"""DP-FedAvg: central differential privacy with fixed clipping (McMahan et al., ICLR 2018), built
+from Flower's strategy wrappers.
 
-Client: plain local SGD. In ``dp-mode = "client"`` Flower's ``fixedclipping_mod``
-(added in fl_app/client_app.py for these runs) clips the update; nothing here changes.
+- `dp-mode = "client"` (default): Flower's `DifferentialPrivacyClientSideFixedClipping`
+  sends the clipping norm C and Flower's `fixedclipping_mod` on the ClientApp (added in
+  `fl_app/client_app.py` for these runs only) clips the client's update w_k − w_t to norm C.
+  `dp-mode = "server"`: `DifferentialPrivacyServerSideFixedClipping` clips each update on the
+  server.
+- Server (`strategies/dp_fedavg.py`): the unweighted mean of the clipped updates, plus Gaussian
+  noise of standard deviation z · C / m on the aggregate (z the noise multiplier, m the number of
+  clients sampled in the round).
+- Client: plain local SGD; nothing in the client class changes (the clipping is the mod's).
+- State: the server counts the rounds released and the sampling rate q = m / N for the
+  accountant. Keys: `dp-mode` (`client` | `server`, default `client`), `dp-noise-multiplier`
+  z (0.1, ≥ 0), `dp-clipping-norm` C (1.0, > 0), `dp-delta` δ (1e-5, in (0, 1)).
+- Server metrics: `dp_noise_std`, and `dp_epsilon`: ε at δ after the rounds so far, from the
+  Rényi-DP bound of the Poisson-subsampled Gaussian mechanism at q = m / N (integer orders
+  2..256). Omitted when z = 0.
+- Readings: the mean is unweighted because the wrappers' noise z · C / m is calibrated to the
+  sensitivity C / m of a uniform mean (an n_k-weighted mean can have sensitivity up to C). m is
+  the number of clients actually sampled in the round. The accountant assumes Poisson sampling
+  while Flower samples a fixed number of clients, so ε is an approximation, as in McMahan et
+  al. z = 0.1 gives little privacy; raise it for real use. Models with integer buffers (BN's
+  batch counter) are refused, since integers can be neither clipped nor noised.
+
+Summary: client update clipped (client mode) | server clipping, noise, uniform mean | client
+state - | server state accountant | traffic -
 """
 
 from clients.base import DriftClient

@@ -1,13 +1,21 @@
 """FedASAM: adaptive SAM (Kwon et al., ICML 2021) as the local optimiser (Caldarola, Caputo,
 Ciccone, ECCV 2022).
 
-eps = rho T^2 g / ||T g|| with T = |w| + eta elementwise for weight tensors and T = 1 for
-biases (as the official ASAM code does: it normalises parameters whose name contains
-"weight" only); otherwise as FedSAM.
+- Client, per batch: with T = |w| + η_A elementwise for weight tensors and T = 1 for biases,
 
-Own keys (the run config is one flat namespace and ASAM's radius is ~10x SAM's): defaults
-rho 0.5, eta 0.01 are the ASAM paper's (Kwon et al. 2021) CIFAR values. Server: Flower's
-FedAvg (n_k-weighted mean, ``DriftFedAvg``); every ``asam-*`` key is read here.
+  ```
+  ε = ρ T² ⊙ g / ‖T ⊙ g‖,     d = ∇f(w + ε; b), applied at w
+  ```
+
+  otherwise as FedSAM.
+- Server: the weighted mean (Flower's FedAvg, `DriftFedAvg`). State: none.
+- Keys: `asam-rho` ρ (0.5, > 0), `asam-eta` η_A (0.01, ≥ 0): the ASAM paper's (Kwon et al.)
+  CIFAR values. They have their own keys because the run config is one flat namespace and
+  ASAM's radius is about ten times SAM's. Every `asam-*` key is read by the client.
+- Reading: biases are not rescaled (T = 1), as in the official ASAM code, which rescales only
+  parameters named `weight`.
+
+Summary: client adaptive SAM gradient | server - | client state - | server state - | traffic -
 """
 
 from __future__ import annotations

@@ -1,9 +1,12 @@
 """FedAvg: local SGD, weighted mean (McMahan et al., AISTATS 2017).
 
-Client: plain local SGD; the base client is exactly that.
+- Client: d = g at every step: plain local SGD, which the base client (`DriftClient`) is
+  exactly.
+- Server: w_{t+1} = Σ_k p_k w_k, Flower's FedAvg (`DriftFedAvg`, registered directly in
+  `fl_app/registry.py`).
+- State: none. Keys: none of its own (the general keys only).
 
-Server: Flower's FedAvg, the n_k-weighted mean of the client weights (``DriftFedAvg``, registered
-directly in fl_app/registry.py).
+Summary: client - | server - | client state - | server state - | traffic -
 """
 
 from clients.base import DriftClient

@@ -1,11 +1,33 @@
 """FedDyn: dynamic regularisation, a linear term that makes the stationary points of the local
 objectives agree with those of the global one (Acar et al., ICLR 2021, Algorithm 1).
 
-Local objective  L_k(w) - <g_k, w> + (alpha/2) ||w - w_t||^2, so every step uses
-grad CE(w) - g_k + alpha (w - w_t). After local training (w_k = final local weights)
-    g_k <- g_k - alpha (w_k - w_t)
-which is the first-order condition of the local objective at w_k. g_k starts at zero and
-lives in ``context.state`` (over the trainable parameters, in ``model.parameters()`` order).
+- Client k, with its gradient memory g_k (zeros at first):
+
+  ```
+  local objective   f(w) − ⟨g_k, w⟩ + (α/2) ‖w − w_t‖²
+  every step        d = g − g_k + α (w − w_t)
+  after K steps     g_k ← g_k − α (w_k − w_t)
+  ```
+
+  (the update of g_k is the first-order condition of the local objective at w_k, the client's
+  final weights).
+- Server, with h (zeros at first), `strategies/feddyn.py`:
+
+  ```
+  h       ← h − α (1/N) Σ_{k∈S_t} (w_k − w_t)
+  w_{t+1} = (1/|S_t|) Σ_{k∈S_t} w_k − h / α
+  ```
+
+- State: g_k per client (trainable parameters, in `model.parameters()` order, in
+  `context.state`), h on the server. Nothing travels besides the model. Fit metric
+  `feddyn_grad_norm` (‖g_k‖), server metric `feddyn_h_norm` (‖h‖).
+- Keys: `feddyn-alpha` α (0.01, > 0).
+- Readings: the mean is the paper's unweighted one. h covers the trainable parameters; buffers
+  (BN statistics) take the plain mean without correction, since no client gradient memory
+  exists for them. N is read when the round's clients are sampled.
+
+Summary: client − g_k + α (w − w_t) | server unweighted mean + h correction | client state g_k |
+server state h | traffic -
 """
 
 from __future__ import annotations

@@ -1,29 +1,38 @@
 """FedGAM: gradient-norm-aware minimisation (GAM, Zhang et al., CVPR 2023) in the local update
 (Xu, Ma, Dai, Wu, Zhou, Mathematics 2024, Algorithm 1).
 
-``gam-variant = "paper"`` (default) is the paper's Eq. 19, two forward/backward passes on the
-same batch:  G = grad f(w) + alpha * rho * grad f(w + rho * g/||g||),  g = grad f(w).
-Note that at the paper's defaults (rho 0.02, alpha 0.2) the second term is scaled by
-alpha * rho = 0.004, so the step is very close to plain SGD; this is what Eq. 19 says.
+- Client, `gam-variant = "paper"` (default, the paper's Eq. 19), two passes on the same batch:
 
-``gam-variant = "reference"`` is the GAM optimiser step of Zhang et al. (CVPR 2023), which the
-paper's public code calls (non-adaptive form; four passes on the same batch; gam-rho plays
-grad_rho, ``alpha`` is not used). Our reading of that step, with r1 = gam-rho,
-r2 = gam-norm-rho, b1..b3 = gam-beta1..3, gamma = gam-gamma:
+  ```
+  g = ∇f(w; b),     G = g + α ρ ∇f(w + ρ g/‖g‖; b)
+  ```
 
-1. g0 = grad f(w);  g1 = grad f(w + r1 g0/||g0||)
-2. d = g1 - g0 (the gradient of the gradient norm, up to scale);
-   w2 = w + r2 d/||d||;  g2 = grad f(w2)
-3. g3 = grad f(w2 + r1 g2/||g2||)
-4. u = b1 g1 + b3 g3 (the update direction), m = g0 + |b2| g2;
-   G = u - gamma * (m - <m,u>/||u||^2 u)  (minus gamma times the part of m orthogonal to u)
-5. the base optimiser (our SGD) steps with G at w.
+  At the defaults α ρ = 0.004, so the step is close to plain SGD; this is what Eq. 19 says.
+- Client, `gam-variant = "reference"`: the GAM optimiser step of Zhang et al. that the paper's
+  public code calls (our reading of its non-adaptive form, four passes on the same batch;
+  `gam-rho` plays GAM's grad_rho and α is not used). With r1 = `gam-rho`, r2 = `gam-norm-rho`,
+  b1..b3 = `gam-beta1..3`, γ = `gam-gamma`:
 
-BatchNorm running statistics are updated by the first (unperturbed) pass only.
+  ```
+  g0 = ∇f(w);              g1 = ∇f(w + r1 g0/‖g0‖)
+  w2 = w + r2 (g1 − g0)/‖g1 − g0‖;                g2 = ∇f(w2)
+  g3 = ∇f(w2 + r1 g2/‖g2‖)
+  u  = b1 g1 + b3 g3,      m = g0 + |b2| g2
+  G  = u − γ (m − (⟨m, u⟩/‖u‖²) u)     (u minus γ times the part of m orthogonal to u)
+  ```
 
-Server: Flower's FedAvg, the n_k-weighted mean of the client weights (``DriftFedAvg``; the
-paper's Algorithm 1 uses a plain mean; fl-drift takes the weighted mean unless a method needs
-another, docs/methods.md). Every ``gam-*`` key is read by the client.
+  (g1 − g0 is the gradient of the gradient norm, up to scale; u is the update direction) and
+  the base optimiser (the run's SGD) steps with G at w.
+- Server: the weighted mean (Flower's FedAvg, `DriftFedAvg`). State: none. Every `gam-*` key is
+  read by the client.
+- Keys: `gam-rho` ρ (0.02, > 0), `gam-alpha` α (0.2, ≥ 0), `gam-variant` (`paper` |
+  `reference`, default `paper`), `gam-norm-rho` (0.2), `gam-beta1` (1.0), `gam-beta2` (−1.0),
+  `gam-beta3` (1.0), `gam-gamma` (0.03): the paper's and GAM's defaults.
+- Readings: the paper's Algorithm 1 averages with a plain mean; the weighted mean is used here,
+  as for every method that does not need another. BatchNorm statistics are updated by the first
+  (unperturbed) pass only.
+
+Summary: client GAM gradient | server - | client state - | server state - | traffic -
 """
 
 from __future__ import annotations

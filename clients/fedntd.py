@@ -1,12 +1,19 @@
-"""FedNTD: not-true distillation, which keeps the global model's knowledge of the classes a
-client lacks (Lee et al., NeurIPS 2022).
+"""FedNTD: not-true distillation, which keeps the global model's knowledge of the classes a client
+lacks (Lee et al., NeurIPS 2022).
 
-loss = CE(z, y) + beta * tau^2 * KL(q_g || q_l), where q = softmax(logits_nt / tau) over the
-not-true classes (the true-class column removed per sample), KL with reduction batchmean,
-and the global logits come from a frozen eval-mode copy of w_t.
+- Client: with z_l the local logits, z_g the logits of a frozen eval-mode copy of w_t, and
+  q = softmax(z_nt / τ) over the not-true classes (each sample's true-class logit removed),
 
-The change is all on the client; the server is Flower's FedAvg (n_k-weighted mean,
-``DriftFedAvg``).
+  ```
+  loss = CE(z_l, y) + β τ² KL(q_g ‖ q_l)      (KL averaged over the batch: batchmean)
+  ```
+
+- Server: the weighted mean (Flower's FedAvg, `DriftFedAvg`): the change is all on the client.
+  State: none.
+- Keys: `ntd-beta` β (1.0, ≥ 0), `ntd-tau` τ (1.0, > 0), the paper's defaults.
+
+Summary: client + β τ² KL on not-true classes | server - | client state - | server state - |
+traffic -
 """
 
 from __future__ import annotations

@@ -1,20 +1,33 @@
-"""FedPGVC: a gradient penalty on the last layers, where heterogeneity makes gradient norms
-vary most ("Harnessing Heterogeneity: Improving Convergence Through Partial Variance Control
-in Federated Learning", TMLR 2026).
+"""FedPGVC: a gradient penalty on the last layers, where heterogeneity makes gradient norms vary
+most ("Harnessing Heterogeneity: Improving Convergence Through Partial Variance Control in
+Federated Learning", TMLR 2026).
 
-A mask selects the parameters of the last ``pgvc-layers`` Linear layers. On every batch,
-from ONE forward pass with per-sample losses loss_b:
-- every parameter gets g = grad mean_b(loss_b) (plain SGD outside the mask, Eq. 13);
-- masked parameters additionally get rho = (1/B) sum_b loss_b * grad loss_b (Eq. 14), the
-  gradient of 0.5 * mean_b(loss_b^2), so they step with g + rho (the update analysed in the
-  paper's convergence proof, Appendix Eq. 20). The masked layers thus minimise
-  mean(loss) + 0.5 * mean(loss^2), up-weighting high-loss samples as the WDRO motivation
-  intends.
+- Client, per batch, from one forward pass with per-sample losses ℓ_b: every parameter gets
+  g = ∇ mean_b ℓ_b (plain SGD outside the mask, Eq. 13); the parameters of the last
+  `pgvc-layers` Linear layers (the mask) also get (Eq. 14)
 
-The main text's Eq. 15, y <- y - eta * rho * g (element-wise), is NOT used: since
-rho is roughly loss * g, the step is about eta * loss * g^2 >= 0 for every weight, i.e. every
-masked weight moves in the same direction regardless of the gradient's sign, which is not a
-descent direction.
+  ```
+  r = (1/B) Σ_b ℓ_b ∇ℓ_b  =  ∇ (1/2) mean_b ℓ_b²
+  ```
+
+  and step with g + r. The masked layers thus minimise mean(ℓ) + (1/2) mean(ℓ²), which
+  up-weights high-loss samples, as the paper's distributionally robust (WDRO) motivation
+  intends; the other layers take plain SGD steps.
+- Server: w_{t+1} = (1 − η_g) w_t + η_g Σ_k p_k w_k, η_g = `server-lr`; η_g = 1 is the plain
+  weighted mean (`strategies/fedpgvc.py`).
+- State: none.
+- Keys: `pgvc-layers` (2, ≥ 1: the last two Linear layers), `server-lr` η_g (1.0, > 0). Every
+  experiment of the paper uses Adam (`optimizer = "adam"`). A model with fewer Linear layers
+  than `pgvc-layers` is refused before training.
+- Readings: the step g + r is the update the paper's convergence proof analyses (Appendix
+  Eq. 20). The main text's update, w ← w − η r ⊙ g (Eq. 15), is not used: since r is roughly
+  ℓ g, that step is about η ℓ g² ≥ 0 for every weight, so every masked weight would move the
+  same way whatever the sign of its gradient, which is not a descent direction. The mean is
+  n_k-weighted although Eq. 16 writes a plain mean, and η_g multiplies the mean as written above
+  (Eq. 16 omits it), so that η_g = 1 is the paper's plain averaging.
+
+Summary: client gradient penalty on the last layers | server optional server lr | client state
+- | server state - | traffic -
 """
 
 from __future__ import annotations

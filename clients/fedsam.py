@@ -1,11 +1,14 @@
 """FedSAM: sharpness-aware minimisation (Foret et al., ICLR 2021) as the local optimiser (Qu et
 al., ICML 2022; Caldarola, Caputo, Ciccone, ECCV 2022).
 
-Per batch: g = grad f(w); eps = rho g/||g|| (norm over all trainable parameters); the
-optimiser steps at w with grad f(w + eps). The weights go back to w by copy
-(``clients.perturbation.perturbed``); BN statistics count the unperturbed pass only.
+- Client, per batch: g = ∇f(w; b); ε = ρ g / ‖g‖ (the norm over all trainable parameters);
+  d = ∇f(w + ε; b), applied at w. The weights go back to w by copy
+  (`clients.perturbation.perturbed`) and BN statistics count the unperturbed pass only (the
+  [perturbation rules](#sharpness-and-perturbation)).
+- Server: the weighted mean (Flower's FedAvg, `DriftFedAvg`). State: none.
+- Keys: `sam-rho` ρ (0.05, > 0; the papers use 0.05 to 0.5), read by the client.
 
-Server: Flower's FedAvg (n_k-weighted mean, ``DriftFedAvg``); ``sam-rho`` is read here.
+Summary: client SAM gradient | server - | client state - | server state - | traffic -
 """
 
 from __future__ import annotations

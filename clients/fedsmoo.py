@@ -2,29 +2,61 @@
 global perturbation s through a per-client dual variable μ_i (Sun, Shen, Chen, Ding, Tao,
 ICML 2023).
 
-Paper: "Dynamic Regularized Sharpness Aware Minimization in Federated Learning: Approaching
-Global Consistency and Smooth Landscape". The client's part, with mu_i its dual:
+The paper: "Dynamic Regularized Sharpness Aware Minimization in Federated Learning: Approaching
+Global Consistency and Smooth Landscape". α is the FedDyn coefficient (the paper's 1/β), ρ the
+SAM radius, f the plain mini-batch cross-entropy; norms are over the whole trainable parameter
+vector.
 
-Per local step on batch b, with f the plain minibatch cross-entropy and norms over the whole
-trainable parameter vector:
-    g = grad f(w; b);  v = g - mu_i - s;  shat = rho v / (||v|| + 1e-12);
-    mu_i <- mu_i + shat - s;
-    gtil = grad f(w + shat; b)          (same batch; weights restored by copy, as FedSAM);
-    d = gtil + alpha (h_i - w_t);  clipped to norm ``smoo-clip-norm`` when > 0;
-    the optimiser gets d + alpha w      (plus the run's weight decay, momentum as usual).
-After the K steps: h_i <- h_i + (w_K - w_t), and the reply is w_K followed by one array per
-trainable parameter (state_dict order):
-    ``smoo-s = paper``: stil_i = mu_i - shat_K (the paper's s-tilde);
-    ``smoo-s = code``:  mu_i (the authors' FL-Simulator code, whose server normalises mean mu_i);
-    ``smoo-s = none``:  zeros; s and mu_i stay zero (plain SAM inside FedDyn).
-The server sends the model state arrays followed by s (zeros in round 1), as SCAFFOLD's c.
+- Client state (in `context.state`, zeros at first, never reset): h_i, the running sum of the
+  client's own updates (FedDyn's g_k = −α h_i), and μ_i. Two model-sized arrays per client.
+- Server → client: the model, then s (one array per trainable parameter in state_dict order,
+  zeros in round 1), as SCAFFOLD's c travels.
+- Client, every step on batch b:
 
-Reused, not rewritten: the SAM step is ``FedSAMClient.train_step`` (only its perturbation
-differs), the dynamic regulariser is ``FedDynClient``'s (h_i is kept as FedDyn's
-g_k = -alpha h_i in ``context.state``: alpha h_i is all the local step uses), the s transport
-is the control-variate one. Consequences tested in tests/test_fedsmoo.py: rho = 0 is exactly
-the FedDyn client, alpha = 0 with ``none`` exactly the FedSAM client. mu_i lives in
-``context.state`` too (zeros at first, never reset). Fit metric ``smoo_mu_norm`` = ||mu_i||.
+  ```
+  g  = ∇f(w; b)
+  v  = g − μ_i − s;          ŝ = ρ v / (‖v‖ + 1e-12)
+  μ_i ← μ_i + (ŝ − s)
+  g̃  = ∇f(w + ŝ; b)                       (same batch, weights restored by copy)
+  d  = g̃ + α (h_i − w_t)                  (optionally clipped to norm smoo-clip-norm)
+  gradient handed to the optimiser:  d + α w  =  g̃ + α (w − w_t + h_i)
+  ```
+
+  The run's weight decay is added as usual (α w is not added a second time as decay); momentum,
+  if any, acts on this gradient.
+- Client, after the K steps: h_i ← h_i + (w_K − w_t); s̃_i = μ_i − ŝ_last (μ_i after its last
+  update). Client → server: w_K, then s̃_i (one array per trainable parameter).
+- Server (`strategies/fedsmoo.py`), over the clients that replied, with H (zeros at first):
+
+  ```
+  H       ← H + (1/N) Σ_{i∈S_t} (w_i − w_t)
+  w_{t+1} = (1/|S_t|) Σ_{i∈S_t} w_i + H
+  s       = ρ Σ_i s̃_i / ‖Σ_i s̃_i‖          (s = 0 when the sum is 0)
+  ```
+
+  This is the FedDyn server (H = −h / α) written without dividing by α, so α = 0 is allowed.
+- Keys: `smoo-rho` ρ (0.1, ≥ 0), `smoo-alpha` α (0.1, ≥ 0; the paper uses 0.01 for
+  CIFAR-100), `smoo-s` (`paper` | `code` | `none`, default `paper`), `smoo-clip-norm` (0 = off).
+- Options: `smoo-s = "paper"` is the algorithm above. `"code"` follows the authors' code
+  (FL-Simulator): the client replies μ_i instead of s̃_i and the server sets
+  s = ρ · mean_i μ_i / ‖mean_i μ_i‖. `"none"` holds s and μ_i at zero (the client replies zeros):
+  plain SAM inside FedDyn. The authors' code also clips d at norm 10 (`smoo-clip-norm = 10`);
+  the default leaves it off.
+- Reused, not rewritten: the SAM step is `FedSAMClient.train_step` (only its perturbation
+  differs), the dynamic regulariser is `FedDynClient`'s (h_i is kept as FedDyn's g_k = −α h_i in
+  `context.state`: α h_i is all the local step uses), the transport of s is the control-variate
+  one.
+- Reductions: ρ = 0 gives exactly the FedDyn client and server (for α > 0); α = 0 with
+  `smoo-s = "none"` gives exactly the FedSAM client's local update (the server still adds H, so
+  the global model differs from FedSAM's from round 2 on; both reductions are tested in
+  `tests/test_fedsmoo.py`).
+- Metrics: server `smoo_s_norm` (‖s‖) and `smoo_H_norm` (‖H‖ over the trainable entries); fit
+  metrics `smoo_mu_norm` (‖μ_i‖) and `feddyn_grad_norm` (the norm of the FedDyn client's state,
+  as for `feddyn`).
+- Readings: the means are unweighted, as in FedDyn.
+
+Summary: client SAM towards global s + FedDyn term | server FedDyn server + s | client state
+h_i, μ_i | server state H, s | traffic s down, s̃_i up
 """
 
 from __future__ import annotations

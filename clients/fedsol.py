@@ -1,31 +1,45 @@
-"""FedSOL: the local gradient is taken at weights perturbed along the gradient of a proximal
-loss, which makes local learning orthogonal to what would change the proximal objective
-(Lee, Jeong, Kim, Oh, Yun, CVPR 2024).
+"""FedSOL: the local gradient is taken at weights perturbed along the gradient of a proximal loss,
+which makes local learning orthogonal to what would change the proximal objective (Lee, Jeong,
+Kim, Oh, Yun, CVPR 2024).
 
-Per batch (docs/methods.md, "fedsol"):
-1. L_p = KL(p_global || p_local), p = softmax(logits / T), reduction batchmean; the global
-   logits come from a frozen eval-mode copy of w_g. g_p = grad of L_p w.r.t. the perturbed
-   parameters: the classifier head (``fedsol-perturb = "head"``, the paper's default) or all.
-   It is back-propagated from d L_p/d logits = (p_local - p_global) / (T B), which is exactly
-   zero when both models give the same logits (autograd through kl_div leaves ~1e-9 noise
-   there, which the normalisation in 3. would blow up to a rho-sized random perturbation).
-2. Lambda_m = |w_m - w_g,m| / (||w_m - w_g,m||_2 + 1e-12) per parameter tensor m (Eq. 7,
-   ``fedsol-radius = "layer"``), or per axis, Lambda = F.normalize(|w - w_g|, dim=0), each
-   slice along dim 0 of a tensor scaled to unit norm (``"axis"``, the authors' code), or 1
-   with ``fedsol-adaptive = false``. Lambda = 0 while w == w_g, so the round's first step is
-   plain SGD.
-3. eps = rho * Lambda (.) g_p / (||g_p||_2 + 1e-12), the norm over the perturbed set (Eq. 8).
-4. w <- w + eps; g = grad CE(w + eps; batch) for every parameter; w restored by copy; the
-   optimiser steps with g (Eq. 6).
-The paper's text (Lee et al., CVPR 2024) is ``fedsol-perturb = "head"`` + ``fedsol-radius =
-"layer"`` (the defaults); the authors' code, which produced the paper's tables, is
-``fedsol-perturb = "all"`` + ``fedsol-radius = "axis"``: it perturbs every layer by
-F.normalize(|w - w_g|, dim=0) * g_p * rho / (||g_p|| + 1e-12), ||g_p|| over the whole model.
-With head perturbation the body's forward is shared between the passes (the body does not
-depend on the head, so this is the same gradient at lower cost). Reports the mean L_p over
-the round's batches as ``prox_loss``; ``train_loss`` is CE at the unperturbed weights.
-Server: Flower's FedAvg (n_k-weighted mean, ``DriftFedAvg``); every ``fedsol-*`` key is read
-here.
+- Client, per batch, with p = softmax(logits / T) and the global logits from a frozen eval-mode
+  copy of w_g = w_t:
+  1. L_p = KL(p_global ‖ p_local), averaged over the batch (batchmean); g_p = ∇L_p with respect
+     to the perturbed parameters (the classifier head, `fedsol-perturb = "head"`, or all
+     parameters, `"all"`);
+  2. the radius Λ: with Δ = |w − w_g| (elementwise) for each perturbed tensor,
+     - `fedsol-radius = "layer"` (default, the paper's Eq. 7): Λ = Δ / ‖Δ‖₂, the norm over the
+       whole tensor;
+     - `fedsol-radius = "axis"` (the authors' code): Λ = Δ normalised along the tensor's first
+       axis, Λ[i, j, ...] = Δ[i, j, ...] / ‖Δ[:, j, ...]‖₂ (PyTorch's `F.normalize(Δ, dim=0)`;
+       for a bias vector the two agree);
+     - `fedsol-adaptive = false`: Λ = 1;
+
+     Λ = 0 while w = w_g, so the round's first step is plain SGD;
+  3. ε = ρ Λ ⊙ g_p / ‖g_p‖, the norm over the perturbed set (Eq. 8);
+  4. d = ∇CE(w + ε; b) for every parameter, applied at w (Eq. 6; the weights go back to w by
+     copy).
+- Server: the weighted mean (Flower's FedAvg, `DriftFedAvg`). State: none (the global copy is
+  rebuilt each round).
+- Fit metric `prox_loss` (mean L_p over the round); `train_loss` is the CE at the unperturbed
+  weights.
+- Keys: `fedsol-rho` ρ (1.0, > 0; the paper's best range is 0.5 to 2), `fedsol-temperature` T
+  (3.0, > 0), `fedsol-perturb` (`head` | `all`, default `head`), `fedsol-radius` (`layer` |
+  `axis`, default `layer`), `fedsol-adaptive` (true). The paper's optimiser is SGD with
+  `momentum = 0.9`, `weight-decay = 1e-5`, `lr-decay = 0.99`.
+- Readings: the paper's text perturbs the classifier head with a per-tensor radius (the
+  defaults); the authors' code, which produced the paper's tables, perturbs every layer with the
+  per-axis radius, ε = F.normalize(|w − w_g|, dim=0) ⊙ g_p ρ / (‖g_p‖ + 1e-12) with ‖g_p‖ over
+  the whole model. Both are available: `fedsol-perturb = "all"` with `fedsol-radius = "axis"` is
+  the code's perturbation. g_p is back-propagated from its closed form ∂L_p/∂logits =
+  (p_local − p_global) / (T · batch size), which is exactly zero when the two models agree
+  (autograd through the KL leaves about 1e-9 of rounding there, which the normalisation in step 3
+  would blow up to a ρ-sized random perturbation). With head perturbation the body's forward
+  pass is shared between the two passes (the body does not depend on the head, so the gradient
+  is the same at lower cost).
+
+Summary: client CE gradient at a proximal perturbation | server - | client state - | server
+state - | traffic -
 """
 
 from __future__ import annotations

@@ -1,22 +1,33 @@
-"""MOON: model-contrastive learning, pulling the local representation towards the global
-model's and away from the client's previous local model's (Li, He, Song, CVPR 2021).
+"""MOON: model-contrastive learning, pulling the local representation towards the global model's
+and away from the client's previous local model's (Li, He, Song, CVPR 2021).
 
-loss = CE + mu * l_con, l_con = -log( e^{sim(z, z_g)/T} / (e^{sim(z, z_g)/T} + e^{sim(z, z_p)/T}) ),
-sim = cosine, z = model.body(x) of the local model, z_g of the frozen global model w_t
-(positive), z_p of this client's model from the end of its previous round (negative),
-kept in ``context.state``.
+- Client: with z = the local model's representation of x (the output of `model.body`, the
+  input of the classifier), z_g that of the frozen global model w_t (positive) and z_p that of
+  the client's own model at the end of its previous round (negative), sim the cosine similarity
+  and T the temperature,
 
-A client's first round (no previous model of its own) trains with CE only, as Flower's MOON
-baseline does. The reference codes differ there only for a client that first joins after
-round 1: the official MOON code (Li et al., CVPR 2021) then uses the client's untrained local
-network (its own random initialisation, kept in the pool of all parties' networks) as the
-negative, and the FedSOL code (Lee et al., CVPR 2024) the initial global model w_0; both are a
-real negative with a non-zero gradient, so such a client's first update differs from
-fl-drift's. In round 1 all three agree: the official MOON code has no negative yet (the loss
-is zero) and in the FedSOL code the negative w_0 equals the positive w_t (a constant log 2).
+  ```
+  ℓ_con = −log( exp(sim(z, z_g)/T) / (exp(sim(z, z_g)/T) + exp(sim(z, z_p)/T)) )
+  loss  = CE + μ ℓ_con                               (both averaged over the batch)
+  ```
 
-The change is all on the client; the server is Flower's FedAvg (n_k-weighted mean,
-``DriftFedAvg``).
+- Server: the weighted mean (Flower's FedAvg, `DriftFedAvg`): the change is all on the client.
+- State: the client's model from the end of its last round, in `context.state`.
+- Keys: `moon-mu` μ (1.0, ≥ 0; the MOON paper uses 1 to 5, the FedSOL authors' code 0.1),
+  `moon-temperature` T (0.5, > 0).
+- Readings: the representation is the body's output; no separate projection head is added.
+  The first time a client is sampled it has no previous model and trains with CE alone, as
+  Flower's MOON baseline does. The reference codes differ there only for a client that first
+  joins after round 1: the official MOON code (Li et al., CVPR 2021) then uses the client's
+  untrained local network (its own random initialisation, kept in the pool of all parties'
+  networks) as the negative, and the FedSOL code (Lee et al., CVPR 2024) the initial global
+  model w_0; both are a real negative with a non-zero gradient, so such a client's first update
+  differs from fl-drift's. In round 1 all three agree: the official MOON code has no negative
+  yet (the loss is zero) and in the FedSOL code the negative w_0 equals the positive w_t (a
+  constant log 2).
+
+Summary: client + μ model-contrastive loss | server - | client state previous local model |
+server state - | traffic -
 """
 
 from __future__ import annotations

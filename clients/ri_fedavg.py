@@ -1,23 +1,38 @@
 """RI-FedAvg: a proximal term scaled by the roughness of the client's loss landscape
 (Partohaghighi, Marcia, West, Chen, arXiv 2026).
 
-Once per round, before local training, the client measures the Roughness Index I_k of its
-local loss around the received w_t (``tasks.roughness``), reports it as the fit metric
-``ri``, and then trains on F_k(w) + lambda * I_k * ||w - w_t||^2, i.e. every SGD step uses
-grad l(w; b) + 2 * lambda * I_k * (w - w_t) (Eqs. 10-11).
+- Client, once per round before training, measures the Roughness Index I_k of its loss around
+  w_t on a fixed sample of its data (`tasks.roughness`):
+  1. draw M directions d_i ~ N(0, I) over all trainable parameters and scale each to unit
+     norm over the whole parameter vector;
+  2. evaluate f_i(s_j) = F_k(w_t + s_j d_i) at s_j = −l + j · 2l/m, j = 0..m (m + 1 points);
+  3. TV_i = Σ_j |f_i(s_{j+1}) − f_i(s_j)|, A_i = max_j f_i − min_j f_i,
+     T_i = TV_i / (2l · max(A_i, 1e-12)), so a flat profile gives T_i = 0;
+  4. I_k = std_i(T_i) / mean_i(T_i) (population standard deviation), clipped to [0, I_max]
+     (the paper's Assumption 5; I_k = 0 when every T_i is 0).
 
-Choices where the paper leaves room: the index is measured on one fixed
-sample of ``ri-samples`` local examples (a seeded subset, the same for every evaluation,
-so the total variation measures the landscape, not sampling noise); the sample is drawn
-once per (seed, partition) so the index's evolution over rounds reflects the model only.
-The M directions are seeded per (seed, partition, round): runs are reproducible. Model in
-eval mode and no grad for the evaluations; I_k is clipped to [0, ri-max] (Assumption 5).
-``ri-float64`` (default off, the paper's setting) evaluates the losses in float64: at
-l = 0.01 the loss changes along a unit direction of a large model are near float32
-rounding, and a float32 index then partly measures rounding noise.
+  Then it trains on F_k(w) + λ I_k ‖w − w_t‖², that is d = g + 2 λ I_k (w − w_t) (Eqs. 10-11),
+  with I_k fixed for the round.
+- Server: the weighted mean (Algorithm 1; `DriftFedAvg`).
+- State: none. What travels: I_k as the fit metric `ri` (`ri_mean/_min/_max` in `metrics.csv`;
+  `run_simulation.py` draws `roughness.png`).
+- Keys: `ri-lambda` λ (0.1, ≥ 0), `ri-directions` M (10), `ri-interval` l (0.01, > 0),
+  `ri-points` m (19), `ri-max` I_max (10.0), `ri-samples` (128: the size of the fixed sample),
+  `ri-chunk` (−1: perturbed models per batched `vmap` call; −1 = 1 on CPU, 20 on CUDA; 0 = all
+  at once; 1 = one at a time without `vmap`), `ri-float64` (false, the paper's setting).
+- Readings: the paper does not say on which data the index is measured. Here it is one fixed,
+  seeded sample of `ri-samples` local examples, drawn once per (`seed`, partition) and used for
+  every evaluation, so the total variation measures the landscape rather than batch-sampling
+  noise and the index's evolution over rounds reflects the model only. The directions are seeded
+  per (`seed`, partition, round), so runs are reproducible. The model is in eval mode, without
+  gradients, for the evaluations. At l = 0.01 the loss changes along a unit direction of a large
+  model are close to float32 rounding, so a float32 index partly measures rounding noise;
+  `ri-float64 = true` evaluates the losses in float64 (the index then comes out close to 0, and
+  the method close to FedAvg). The cost is M (m + 1) forward passes on the sample per client per
+  round.
 
-Server: plain FedAvg (n_k-weighted mean, Algorithm 1; ``DriftFedAvg``). The recorder writes
-the clients' ``ri`` as ``ri_mean/ri_min/ri_max`` per round.
+Summary: client + 2λ I_k (w − w_t) | server - | client state - | server state - | traffic I_k as
+a fit metric
 """
 
 from __future__ import annotations

@@ -269,7 +269,7 @@ def parse_override(text: str) -> tuple[str, Any]:
 def toml_table() -> str:
     """The ``[tool.flwr.app.config]`` body for pyproject.toml, generated from ``spec()``.
 
-    Regenerate after adding a key: ``python -c "from fl_app.config import toml_table; print(toml_table())"``.
+    Regenerated in place after adding a key by ``python -m fl_app.tooling.listing generate``.
     """
     return "\n".join(f"{name} = {toml_value(key.default)}" for name, key in spec().items())
 

@@ -50,15 +50,22 @@ def fedavg_kwargs(cfg: dict, initial_parameters: Parameters, evaluate_fn: Callab
     )
 
 
+# Update screening modes (fl_app/server/screening.py) a strategy supports besides "none".
+# Clipping and rejection act on the replies before any aggregation, so every method can have
+# them; "median" and "trimmed-mean" replace a mean of the client weights, so only a server whose
+# aggregation is such a mean (possibly followed by a step from w_t) supports them.
+REPLIES_ONLY = ("clip", "reject")
+MEAN_OF_WEIGHTS = ("clip", "reject", "median", "trimmed-mean")
+
+
 class FromConfig:
     """Mixin: the run-config keys a method adds, and how to build it from a run config."""
 
     CONFIG_KEYS: dict[str, Key] = {}
-    # Update screening modes (fl_app/server/screening.py) this method supports besides "none".
-    # Clipping and rejection act on the replies before any aggregation, so every method has
-    # them; "median" and "trimmed-mean" replace a mean of the client weights and are only
-    # declared by methods whose aggregation is one (SCREENING_WHY says why not, if not).
-    SCREENING: tuple[str, ...] = ("clip", "reject")
+    # Every registered strategy class declares SCREENING in its own body, REPLIES_ONLY or
+    # MEAN_OF_WEIGHTS (or none, ()), so that support for median is a decision, not an inherited
+    # default (tests/test_screening.py); SCREENING_WHY says why a mode is refused.
+    SCREENING: tuple[str, ...] = REPLIES_ONLY
     SCREENING_WHY: str = "its aggregation is not a mean of the client weights"
     # Positions of state arrays the server does not aggregate (client-local): not screened.
     screen_skip: tuple[int, ...] = ()
@@ -92,7 +99,7 @@ class DriftFedAvg(FromConfig, FedAvg):
     """
 
     global_weights: list[np.ndarray] | None = None
-    SCREENING = ("clip", "reject", "median", "trimmed-mean")  # FedAvg's weighted mean of weights
+    SCREENING = MEAN_OF_WEIGHTS  # FedAvg's weighted mean of weights
 
     def configure_fit(self, server_round, parameters, client_manager):
         self.global_weights = parameters_to_ndarrays(parameters)

@@ -64,7 +64,7 @@ class ControlVariateStrategy(DriftFedAvg):
     cv_param_names = staticmethod(trainable_param_names)
     # "participants": D = |S_t| (FedGAM-CV Eq. 22); "total": D = N (SCAFFOLD, FedPVR).
     CV_DIVISOR = "total"
-    SCREENING = ("clip", "reject")
+    # the reason its subclasses (each declaring SCREENING = REPLIES_ONLY) refuse median
     SCREENING_WHY = ("the server control variate c is updated by a sum of the clients' delta c_i; "
                      "a median of the weights alone would leave c open to one client")
 

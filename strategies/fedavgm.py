@@ -1,8 +1,15 @@
 """FedAvgM (Hsu et al., 2019): server momentum on the mean update (Flower's FedAvgM).
 
-v <- beta v + (w_t - mean_k w_k) (v = the first pseudo-gradient in round 1), then
-w_{t+1} = w_t - eta v, with eta = ``server-lr`` and beta = ``server-momentum``. The steady-state
-step is eta / (1 - beta) times the mean update, so a larger beta usually wants a smaller eta.
+- Client: FedAvg's (plain local SGD); the [server-optimiser rules](#server-optimisers) apply.
+- Server: v ← β v + (w_t − Σ_k p_k w_k) (v = the first pseudo-gradient in round 1), then
+  w_{t+1} = w_t − η v (no Nesterov), Flower's `FedAvgM`.
+- State: v on the server (checkpointed). Clients: none.
+- Keys: `server-lr` η (1.0, > 0; the key FedPGVC's η_g also uses, with the same meaning),
+  `server-momentum` β (0.9, in [0, 1)). η = 1, β = 0 is FedAvg. The steady-state step is
+  η/(1 − β) times the mean update, so a larger β usually wants a smaller η.
+
+Summary: client - | server server momentum on the mean update | client state - | server state
+momentum v | traffic -
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ from __future__ import annotations
 from flwr.common import Parameters
 from flwr.server.strategy import FedAvgM
 
+from strategies.base import MEAN_OF_WEIGHTS
 from strategies.server_opt import SERVER_LR, ServerOptimiser
 from tasks.keys import Key
 
@@ -22,6 +30,7 @@ class FedAvgMStrategy(ServerOptimiser, FedAvgM):
         "server-momentum": Key(0.9, lambda v: 0 <= v < 1, "in [0, 1) (FedAvgM server momentum beta)"),
     }
     STATE = ("momentum_vector",)
+    SCREENING = MEAN_OF_WEIGHTS  # the step starts from Flower's weighted mean of the weights
 
     @classmethod
     def from_config(cls, cfg: dict, **kwargs):

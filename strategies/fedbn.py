@@ -17,7 +17,7 @@ import numpy as np
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 
 from strategies.arrays import cast_like
-from strategies.base import DriftFedAvg
+from strategies.base import MEAN_OF_WEIGHTS, DriftFedAvg
 from tasks.datasets import input_shape
 from tasks.keys import ConfigError
 from tasks.layout import bn_indices
@@ -29,6 +29,8 @@ BN_VARIANT = {name[: -len("-bn")]: name for name in MODELS if name.endswith("-bn
 
 class FedBNStrategy(DriftFedAvg):
     """FedAvg on non-BN entries; BN entries of the sent model never change."""
+
+    SCREENING = MEAN_OF_WEIGHTS  # the weighted mean of the non-BN entries (BN entries: screen_skip)
 
     def __init__(self, *, bn: list[int], **kwargs):
         super().__init__(**kwargs)

@@ -19,7 +19,7 @@ import numpy as np
 from flwr.common import ndarrays_to_parameters
 
 from strategies.arrays import cast_like, total_clients
-from strategies.base import DriftFedAvg, trainable_mask
+from strategies.base import REPLIES_ONLY, DriftFedAvg, trainable_mask
 from tasks.keys import Key, positive
 
 
@@ -28,7 +28,7 @@ class FedDynStrategy(DriftFedAvg):
 
     CONFIG_KEYS = {"feddyn-alpha": Key(0.01, positive, "> 0")}
     UNIFORM_MEAN = True  # Algorithm 1's plain mean (FedSMOO, a subclass, shares it)
-    SCREENING = ("clip", "reject")
+    SCREENING = REPLIES_ONLY
     SCREENING_WHY = ("w = mean(w_k) - h/alpha with h accumulating the sum of the client drifts: a "
                      "coordinate-wise median of the weights would not match the h it updates")
 

@@ -8,8 +8,10 @@ the paper's full participation). Its trade-off alpha has its own key, ``gam-cv-a
 ``gam-alpha`` defaults to 0.2; every other gam-* key is shared with FedGAM.
 """
 
+from strategies.base import REPLIES_ONLY
 from strategies.control_variates import ControlVariateStrategy
 
 
 class FedGAMCVStrategy(ControlVariateStrategy):
     CV_DIVISOR = "participants"
+    SCREENING = REPLIES_ONLY  # c moves by the clients' delta c_i (SCREENING_WHY)

@@ -15,7 +15,7 @@ import numpy as np
 from flwr.common import ndarrays_to_parameters
 
 from strategies.arrays import cast_like
-from strategies.base import DriftFedAvg, trainable_mask
+from strategies.base import REPLIES_ONLY, DriftFedAvg, trainable_mask
 from tasks.keys import ConfigError
 
 
@@ -30,7 +30,7 @@ def normaliser(tau: int, momentum: float) -> float:
 class FedNovaStrategy(DriftFedAvg):
     """w_t - tau_eff * sum p_k (w_t - w_k) / a_k; needs ``num_steps`` from every client."""
 
-    SCREENING = ("clip", "reject")
+    SCREENING = REPLIES_ONLY
     SCREENING_WHY = ("its aggregation is a mean of updates normalised by each client's step count, "
                      "not a mean of the client weights")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 
-from strategies.base import DriftFedAvg
+from strategies.base import MEAN_OF_WEIGHTS, DriftFedAvg
 from strategies.server_opt import SERVER_LR
 from tasks.datasets import input_shape
 from tasks.keys import ConfigError, Key, at_least
@@ -21,6 +21,7 @@ from tasks.models import build_model, last_layers_param_names
 class FedPGVCStrategy(DriftFedAvg):
     """Weighted mean of client weights, mixed with the current global weights by eta_g."""
 
+    SCREENING = MEAN_OF_WEIGHTS  # (1 - eta_g) w_t + eta_g times the weighted mean of the weights
     CONFIG_KEYS = {
         "pgvc-layers": Key(2, at_least(1), ">= 1 (last Linear layers under the gradient penalty)"),
         "server-lr": SERVER_LR,

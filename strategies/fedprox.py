@@ -2,7 +2,7 @@
 
 from flwr.server.strategy import FedProx
 
-from strategies.base import FromConfig
+from strategies.base import MEAN_OF_WEIGHTS, FromConfig
 from tasks.keys import Key, non_negative
 
 
@@ -10,7 +10,7 @@ class FedProxStrategy(FromConfig, FedProx):
     """Weighted mean like FedAvg; adds ``proximal_mu`` to every fit config."""
 
     CONFIG_KEYS = {"proximal-mu": Key(0.01, non_negative, ">= 0")}
-    SCREENING = ("clip", "reject", "median", "trimmed-mean")  # FedAvg's weighted mean of weights
+    SCREENING = MEAN_OF_WEIGHTS  # FedAvg's weighted mean of weights
 
     @classmethod
     def from_config(cls, cfg: dict, **kwargs):

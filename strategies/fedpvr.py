@@ -2,6 +2,7 @@
 ``pvr-layers`` Linear layers only (default 1: the classifier head); the other layers take
 plain SGD steps. Server as SCAFFOLD: weighted mean, c <- c + (1/N) sum delta c_i."""
 
+from strategies.base import REPLIES_ONLY
 from strategies.control_variates import ControlVariateStrategy
 from tasks.keys import Key, at_least
 from tasks.layout import pvr_param_names
@@ -10,4 +11,5 @@ from tasks.layout import pvr_param_names
 class FedPVRStrategy(ControlVariateStrategy):
     CONFIG_KEYS = {"pvr-layers": Key(1, at_least(1), ">= 1 (last Linear layers with control variates)")}
     CV_DIVISOR = "total"
+    SCREENING = REPLIES_ONLY  # c moves by the clients' delta c_i (SCREENING_WHY)
     cv_param_names = staticmethod(pvr_param_names)

@@ -25,6 +25,7 @@ import numpy as np
 from flwr.common import ndarrays_to_parameters
 
 from strategies.arrays import restored_like
+from strategies.base import REPLIES_ONLY
 from strategies.control_variates import send_with_extras, split_replies
 from strategies.feddyn import FedDynStrategy
 from tasks.datasets import input_shape
@@ -35,6 +36,9 @@ from tasks.models import build_model
 S_MODES = ("paper", "code", "none")  # what a client replies and how s is formed
 
 class FedSMOOStrategy(FedDynStrategy):
+    SCREENING = REPLIES_ONLY
+    SCREENING_WHY = ("w = mean(w_k) + H with H accumulating the sum of the client drifts, and s formed from the "
+                     "clients' extra arrays: a coordinate-wise median of the weights would match neither")
     CONFIG_KEYS = {
         "smoo-rho": Key(0.1, non_negative, ">= 0 (SAM radius rho; 0 = FedDyn)"),
         "smoo-alpha": Key(0.1, non_negative, ">= 0 (FedDyn coefficient alpha; 0 = no dynamic regulariser)"),

@@ -45,9 +45,6 @@ class ServerOptimiser(FromConfig):
     """
 
     STATE: tuple[str, ...] = ()
-    # The clients' weights are averaged (Flower's FedAvg) before the server step, so a robust
-    # replacement of that mean (screening median / trimmed-mean) applies as for FedAvg.
-    SCREENING = ("clip", "reject", "median", "trimmed-mean")
 
     def get_state(self) -> dict[str, list[np.ndarray]]:
         return {name: [np.array(a) for a in getattr(self, name)] for name in self.STATE

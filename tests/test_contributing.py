@@ -1,7 +1,9 @@
 """docs/contributing.md stays true: its worked example (``fedmom-example``) is at most four
 files, and exactly the code blocks it shows, registered in place of the real registry line
 (monkeypatched, so the example never becomes a method of the product), build a method that
-validates, lists with a complete description and runs its own two-round test in process."""
+validates, lists with a complete description, gets its README row, docs/methods.md section and
+pyproject keys from the one generate command, declares its screening decision, and runs its own
+two-round test in process."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import types
 from pathlib import Path
 
 from fl_app import registry
-from fl_app.tooling.listing import listing
+from fl_app.tooling.listing import listing, methods_doc, readme_methods_table, toml_table
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "contributing.md"
 BLOCK = re.compile(r"^```python file=(\S+)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
@@ -63,3 +65,34 @@ def test_the_example_registers_lists_and_runs_two_rounds(monkeypatch, tmp_path):
     assert description.startswith("FedMom-example: ") and description.endswith(".")
     assert any(line.split()[:1] == [NAME] and description in line for line in listing("methods").splitlines())
     example_tests.test_two_rounds_follow_the_momentum_rule(tmp_path)
+
+
+def test_the_page_names_the_one_generate_command():
+    text = DOC.read_text(encoding="utf-8")
+    assert "python -m fl_app.tooling.listing generate" in text
+    for generated in ("README", "docs/methods.md", "pyproject"):
+        assert generated in text
+
+
+def test_the_generated_files_take_the_example_from_its_four_files(monkeypatch, tmp_path):
+    """What ``python -m fl_app.tooling.listing generate`` would write with the example
+    registered: its README row, its docs/methods.md summary row and section (its client
+    module's docstring), its keys in pyproject's table; no other file to edit."""
+    register_example(monkeypatch)
+    method = registry.get_method(NAME)
+    doc = methods_doc()
+    assert f"| [`{NAME}`](#{NAME}) | - | heavy-ball step on the mean update |" in doc
+    section = doc.split(f"### {NAME}\n\n", 1)[1].split("\n### ", 1)[0]
+    assert " ".join(section.split("\n\n")[0].split()) == registry.description(method)
+    assert "`fedmom-beta`" in section and "`fedmom-server-lr`" in section and "Summary:" not in section
+    assert f"[`{NAME}`](docs/methods.md#{NAME})" in readme_methods_table()
+    assert {"fedmom-beta = 0.9", "fedmom-server-lr = 1.0"} <= set(toml_table().splitlines())
+
+
+def test_the_example_decides_its_screening(monkeypatch):
+    from tests.test_screening import depends_only_on_the_mean, probe_config
+
+    register_example(monkeypatch)
+    strategy = registry.get_method(NAME).strategy
+    assert "SCREENING" in vars(strategy) and "median" in strategy.SCREENING
+    assert depends_only_on_the_mean(strategy, probe_config(strategy))

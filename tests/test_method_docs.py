@@ -1,8 +1,11 @@
-"""One description per method, written once: the first paragraph of its client module's
-docstring (``fl_app.registry.description``). ``--list methods`` prints it, the README's method
-table is generated from it, and the first paragraph of the method's docs/methods.md section
-must equal it, for every registered method (a method added to the registry is covered without
-editing this file). ``--list models`` prints a complete sentence for every model."""
+"""One description per method, written once: its own module's docstring (its client module, or
+its strategy module where the client is another method's). Its first paragraph
+(``fl_app.registry.description``) is what ``--list methods`` prints and what the README's method
+table shows; the whole docstring is the method's section of docs/methods.md, its ``Summary:``
+line the method's row of the summary table there. Both files' generated parts must equal what
+``python -m fl_app.tooling.listing generate`` writes, for every registered method (a method
+added to the registry is covered without editing this file or docs/methods.md). ``--list
+models`` prints a complete sentence for every model."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import pytest
 from clients.fedavg import FedAvgClient
 from fl_app import registry
 from fl_app.registry import METHODS, Method, description
-from fl_app.tooling.listing import listing, readme_methods_table
+from fl_app.tooling.listing import GENERATED, current_part, listing, methods_doc, readme_methods_table, split_summary
 from strategies.base import DriftFedAvg
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,8 +47,9 @@ def test_methods_doc_sections_open_with_the_description():
     first = methods_doc_first_paragraphs()
     drifted = [f"{name}:\n  docstring: {description(m)}\n  docs:      {first.get(name)}"
                for name, m in METHODS.items() if first.get(name) != description(m)]
-    assert not drifted, ("docs/methods.md sections whose first paragraph differs from the client module's "
-                         "docstring (write it once, in the docstring, and copy it here):\n" + "\n".join(drifted))
+    assert not drifted, ("docs/methods.md sections whose first paragraph differs from the method module's "
+                         "docstring (edit the docstring, then `python -m fl_app.tooling.listing generate`):\n"
+                         + "\n".join(drifted))
 
 
 def test_readme_methods_table_is_the_generated_one():
@@ -53,7 +57,45 @@ def test_readme_methods_table_is_the_generated_one():
     assert match, "README has no generated methods table (markers missing)"
     assert match.group(1) == readme_methods_table(), (
         "README's methods table is out of date: regenerate it with "
-        "`python -m fl_app.tooling.listing readme-table`")
+        "`python -m fl_app.tooling.listing generate`")
+
+
+def test_methods_doc_is_the_generated_one():
+    assert current_part(GENERATED["methods-doc"]) == methods_doc(), (
+        "docs/methods.md's generated part differs from the module docstrings: edit the docstring, "
+        "not the page, and regenerate with `python -m fl_app.tooling.listing generate`")
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_methods_doc_section_is_the_whole_docstring(name):
+    """Each section is the method's module docstring whole, less the Summary paragraph, which
+    becomes its row of the summary table; the section names every key the method declares."""
+    doc = registry.documentation(METHODS[name])
+    body, fields = split_summary(name, doc)
+    text = methods_doc()
+    assert f"### {name}\n\n{body}" in text
+    assert f"| [`{name}`](#{name}) | " + " | ".join(fields) + " |" in text
+    assert " ".join(body.split("\n\n")[0].split()) == description(METHODS[name])
+    named = [key for key in registry.config_keys(METHODS[name])  # a key, or its family: `gam-*`
+             if f"`{key}`" in body or f"`{key.split('-')[0]}-*`" in body]
+    assert named == list(registry.config_keys(METHODS[name])), f"{name}: its docstring does not name all its keys"
+
+
+def test_a_docstring_without_a_summary_line_is_refused_by_name():
+    with pytest.raises(ValueError, match="'some-method'.*Summary: client"):
+        split_summary("some-method", "Some method: a sentence.\n\n- Client: d = g.")
+    with pytest.raises(ValueError, match="'some-method'"):  # a field missing
+        split_summary("some-method", "Text.\n\nSummary: client - | server - | client state - | traffic -")
+    body, fields = split_summary("m", "Text.\n\nSummary: client + x | server -\n| client state a, b | server state"
+                                      " - | traffic c down")
+    assert body == "Text." and fields == ["+ x", "-", "a, b", "-", "c down"]
+
+
+def test_every_generated_part_is_up_to_date():
+    """README's method table, docs/methods.md's methods and pyproject's run-config table: one
+    command regenerates all three."""
+    stale = [f"{part.path.name} ({what})" for what, part in GENERATED.items() if current_part(part) != part.make()]
+    assert not stale, "out of date, regenerate with `python -m fl_app.tooling.listing generate`: " + ", ".join(stale)
 
 
 def test_readme_methods_table_links_every_method_to_its_section():

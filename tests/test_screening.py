@@ -13,6 +13,7 @@ from fl_app.registry import METHODS
 from fl_app.results.report import read_metrics
 from fl_app.server.recording import RecordingStrategy
 from fl_app.server.screening import (
+    allowed_modes,
     clip_factor,
     decide,
     robust_weights,
@@ -179,34 +180,118 @@ def test_metrics_csv_has_the_screening_columns(tmp_path):
 
 
 # ------------------------------------------------------------------------ per-method capability
-WEIGHT_MEAN = {"fedavg", "fedprox", "ri-fedavg", "fedpgvc", "fedbn", "fedntd", "moon", "fedsol", "fedgam",
-               "fedsam", "fedasam",
-               # server optimisers: their step starts from Flower's weighted mean of the weights
-               "fedavgm", "fedadam", "fedyogi", "fedadagrad"}
-CLIP_REJECT_ONLY = {"feddyn", "fednova", "scaffold", "fedpvr", "fedgam-cv", "fedsmoo"}
-NONE_ONLY = {"dp-fedavg"}
+# No list of method names: each registered strategy class declares its decision (SCREENING),
+# and the maths is checked against the declaration.
+STRATEGIES = sorted({m.strategy for m in METHODS.values()}, key=lambda cls: cls.__name__)
+MEAN_MODES = {"median", "trimmed-mean"}  # replace a mean of the client weights
 
 
-def test_every_method_has_a_decided_capability():
-    """A new method must be placed here, so its screening support is a decision, not a default."""
-    assert set(METHODS) == WEIGHT_MEAN | CLIP_REJECT_ONLY | NONE_ONLY
-    for name, method in METHODS.items():
-        modes = set(method.strategy.SCREENING)
-        if name in WEIGHT_MEAN:
-            assert modes == {"clip", "reject", "median", "trimmed-mean"}, name
-        elif name in CLIP_REJECT_ONLY:
-            assert modes == {"clip", "reject"}, name
-        else:
-            assert modes == set(), name
+@pytest.mark.parametrize("cls", STRATEGIES, ids=lambda cls: cls.__name__)
+def test_every_registered_strategy_decides_its_screening(cls):
+    """SCREENING in the class's own body, so that support for median is a decision, not a
+    default inherited from the class it extends; a refusal says why."""
+    assert "SCREENING" in vars(cls), (
+        f"{cls.__name__} inherits SCREENING: declare REPLIES_ONLY or MEAN_OF_WEIGHTS (strategies/base.py) in its body")
+    modes = set(cls.SCREENING)
+    assert modes <= {"clip", "reject"} | MEAN_MODES
+    assert not modes & MEAN_MODES or modes >= MEAN_MODES, "median and trimmed-mean come together"
+    if modes != {"clip", "reject"} | MEAN_MODES:
+        assert cls.SCREENING_WHY, f"{cls.__name__} refuses some screening without saying why"
 
 
-@pytest.mark.parametrize("name, mode", [("feddyn", "median"), ("scaffold", "trimmed-mean"),
-                                        ("fednova", "median"), ("dp-fedavg", "clip")])
-def test_unsupported_combination_refused_at_validation(name, mode):
-    with pytest.raises(ConfigError) as err:
-        validate_config({"strategy": name, "screening": mode})
-    msg = str(err.value)
-    assert f"'screening' = {mode!r}" in msg and name in msg and "valid choices for it: none" in msg
+class Everyone:
+    """A client manager that hands out every proxy."""
+
+    def __init__(self, n):
+        self.proxies = [FakeProxy(str(i)) for i in range(n)]
+
+    def num_available(self):
+        return len(self.proxies)
+
+    def sample(self, num_clients, min_num_clients=None, criterion=None):
+        return list(self.proxies)
+
+
+PROBE_SIZES = [10, 20, 30]
+# Moving the three replies by (d, -2d, d) keeps both their n_k-weighted mean (10 - 40 + 30 = 0)
+# and their plain mean: a server that is a mean of the weights cannot tell the two sets apart.
+PROBE_SHIFT = [1.0, -2.0, 1.0]
+PROBE_STEPS = [3, 5, 9]
+
+
+def probe_config(cls) -> dict:
+    """A config the strategy accepts: logistic regression on synthetic data, else a model with
+    batch norm (a server such as FedBN's refuses a model without it)."""
+    name = next(n for n, m in METHODS.items() if m.strategy is cls)
+    for setting in ({"dataset": "synthetic", "model": "logreg"}, {"dataset": "mnist", "model": "cnn-bn"}):
+        cfg = validate_config({"strategy": name, "fraction-fit": 1.0, "min-fit-clients": 3,
+                               "min-available-clients": 3, **setting})
+        try:
+            cls.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters([]), None))
+        except ConfigError:
+            continue
+        return cfg
+    raise AssertionError(f"no probe config for {cls.__name__}")
+
+
+def aggregate_once(cls, cfg, w_t, replies):
+    strategy = cls.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w_t), None))
+    instructions = strategy.configure_fit(1, ndarrays_to_parameters(w_t), Everyone(len(replies)))
+    results = [(proxy, fit_res(r, n, num_steps=k, train_loss=1.0))  # unequal step counts too
+               for (proxy, _), r, n, k in zip(instructions, replies, PROBE_SIZES, PROBE_STEPS)]
+    params, _ = strategy.aggregate_fit(1, results, [])
+    return parameters_to_ndarrays(params)
+
+
+def depends_only_on_the_mean(cls, cfg) -> bool:
+    """Does the strategy's new model depend on the replies only through their mean? Two reply
+    sets with the same weighted and plain means must give the same model."""
+    from strategies.base import configured_model
+    from tasks.models import get_weights
+
+    w_t = get_weights(configured_model(cfg))
+    rng = np.random.default_rng(0)
+    replies = [[w + rng.normal(0, 0.1, w.shape).astype(w.dtype) if np.issubdtype(w.dtype, np.floating) else w
+                for w in w_t] for _ in PROBE_SIZES]
+    shift = [rng.normal(0, 0.5, w.shape).astype(w.dtype) if np.issubdtype(w.dtype, np.floating) else 0 * w
+             for w in w_t]
+    moved = [[r + np.asarray(c * s, r.dtype) for r, s in zip(reply, shift)] for reply, c in zip(replies, PROBE_SHIFT)]
+    a, b = aggregate_once(cls, cfg, w_t, replies), aggregate_once(cls, cfg, w_t, moved)
+    return all(np.allclose(x, y, rtol=1e-4, atol=1e-5) for x, y in zip(a, b))
+
+
+class FirstReply(DriftFedAvg):
+    """Not a mean: the new model is the first reply."""
+
+    def aggregate_fit(self, server_round, results, failures):
+        return results[0][1].parameters, {}
+
+
+def test_the_probe_tells_a_mean_from_another_server():
+    cfg = validate_config({"dataset": "synthetic", "model": "logreg", "fraction-fit": 1.0, "min-fit-clients": 3,
+                           "min-available-clients": 3})
+    assert depends_only_on_the_mean(DriftFedAvg, cfg)
+    assert not depends_only_on_the_mean(FirstReply, cfg)
+
+
+@pytest.mark.parametrize("cls", [c for c in STRATEGIES if MEAN_MODES <= set(c.SCREENING)], ids=lambda c: c.__name__)
+def test_a_server_that_allows_median_is_a_mean_of_the_weights(cls):
+    """median / trimmed-mean replace every reply's weights by one robust value, which is right
+    only where the server's new model depends on the replies through their mean alone (the mean
+    itself, or a step from w_t towards it); a server that is not such a mean must refuse them."""
+    assert depends_only_on_the_mean(cls, probe_config(cls)), (
+        f"{cls.__name__} declares median but its aggregation is not a mean of the client weights")
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_every_unsupported_mode_is_refused_at_validation(name):
+    """Each method refuses, naming itself and its choices, every mode its strategy does not allow."""
+    allowed = set(allowed_modes(METHODS[name].strategy))
+    for mode in sorted(({"clip", "reject"} | MEAN_MODES) - allowed):
+        with pytest.raises(ConfigError) as err:
+            validate_config({"strategy": name, "screening": mode})
+        msg = str(err.value)
+        assert f"'screening' = {mode!r}" in msg and name in msg and "valid choices for it: none" in msg
 
 
 def test_screening_keys_validated():
