@@ -25,8 +25,8 @@ from tasks.keys import Key, non_negative
 
 
 class FedGAMCVClient(ControlVariateClient, FedGAMClient):
-    # FedGAM's keys (its gradient is inherited) and FedGAM-CV's own alpha
-    CONFIG_KEYS = {**FedGAMClient.CONFIG_KEYS,
+    # FedGAM's keys (its gradient is inherited) but its alpha, which gam_alpha() replaces by FedGAM-CV's own
+    CONFIG_KEYS = {**{k: v for k, v in FedGAMClient.CONFIG_KEYS.items() if k != "gam-alpha"},
                    "gam-cv-alpha": Key(0.4, non_negative, ">= 0 (FedGAM-CV trade-off alpha)")}
 
     def gam_alpha(self) -> float:

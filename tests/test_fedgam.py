@@ -56,6 +56,9 @@ def test_paper_defaults_are_rho_002_alpha_02():
     assert keys["gam-rho"].default == 0.02 and keys["gam-alpha"].default == 0.2
     assert keys["gam-variant"].default == "paper"
     assert FedGAMCVClient.CONFIG_KEYS["gam-cv-alpha"].default == 0.4
+    # FedGAM-CV reads its own alpha, so FedGAM's is not listed among its keys (--list, README)
+    assert "gam-alpha" not in FedGAMCVClient.CONFIG_KEYS
+    assert set(FedGAMClient.CONFIG_KEYS) - {"gam-alpha"} <= set(FedGAMCVClient.CONFIG_KEYS)
 
 
 def test_reference_update_is_the_gam_optimiser_step():
