@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ sys.path.insert(0, str(ROOT))
 
 from fl_app.config import validate_config  # noqa: E402
 from fl_app.tooling.inprocess import InProcessProxy  # noqa: E402
+from fl_app.tooling.procfs import processes_with_env  # noqa: E402
 
 SHARED_DATA = ROOT.parent / "shared" / "data"
 
@@ -35,10 +38,91 @@ def private_cache(tmp_path_factory):
 @pytest.fixture
 def shared_data() -> Path:
     """The offline data folder (MNIST and CIFAR-10 parquet): $FL_DATA_DIR, else beside the checkout."""
+    return _offline_data()
+
+
+def _offline_data() -> Path:
     found = find_data_dir()
     if not (found / "mnist" / "train.parquet").exists():
         pytest.skip(f"offline data not found at {found} (set FL_DATA_DIR)")
     return found
+
+
+SMALL_MNIST = {"train": 6000, "test": 1000}
+
+
+@pytest.fixture(scope="session")
+def small_mnist(tmp_path_factory) -> Path:
+    """A data folder with a seeded sample of the real MNIST files (``SMALL_MNIST`` rows of each
+    split), written once per session: for end-to-end runs that check Flower's plumbing, not what
+    full MNIST learns. Decoding and training on 60,000 images is most of such a run's cost beyond
+    Flower's and Ray's start-up, and in a deployment every ClientApp process decodes its data anew."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    source = _offline_data() / "mnist"
+    folder = tmp_path_factory.mktemp("small-data")
+    (folder / "mnist").mkdir()
+    rng = np.random.default_rng(0)
+    for split, rows in SMALL_MNIST.items():
+        table = pq.read_table(source / f"{split}.parquet")
+        keep = np.sort(rng.choice(table.num_rows, size=rows, replace=False))
+        pq.write_table(table.take(keep), folder / "mnist" / f"{split}.parquet")
+    return folder
+
+
+def leftovers(home: Path) -> list[int]:
+    """PIDs of processes that still have ``home`` as FLWR_HOME, after up to 15 s for them to go."""
+    deadline = time.monotonic() + 15
+    while (left := processes_with_env("FLWR_HOME", str(home))) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
+
+
+@pytest.fixture(scope="session")
+def sim():
+    """One private SuperLink in simulation mode for the session's end-to-end runs (its start is
+    paid once); stopped at the end with every process it started, checked by PID and FLWR_HOME."""
+    from fl_app.tooling.launch import LocalSimulation
+
+    os.environ.setdefault("FL_DATA_DIR", str(find_data_dir()))
+    simulation = LocalSimulation()
+    simulation.start()
+    yield simulation
+    assert simulation.close() == [], "processes survived the simulation"
+    assert leftovers(simulation.home) == [], "a process with the simulation's FLWR_HOME survived"
+
+
+@dataclass
+class SimulatedRun:
+    rc: int
+    lines: list[str]
+    run_dir: Path
+    config: dict
+    num_supernodes: int
+
+
+@pytest.fixture(scope="session")
+def simulated(sim, tmp_path_factory):
+    """``simulated(name, config, num_supernodes)``: the run ``name`` through the session's
+    simulation, launched at its first request and then shared: tests that assert different
+    things about the same run (every method's end-to-end check, the same-seed check, the resume
+    test's uninterrupted run) read one run instead of each launching its own (about 20 s of
+    Flower's and Ray's start-up per run). Asking for a name with another config is an error."""
+    root = tmp_path_factory.mktemp("simulated")
+    runs: dict[str, SimulatedRun] = {}
+
+    def run(name: str, config: dict, num_supernodes: int) -> SimulatedRun:
+        if name not in runs:
+            lines: list[str] = []
+            rc = sim.run({**config, "results-dir": str(root), "run-name": name}, num_supernodes=num_supernodes,
+                         on_line=lines.append)
+            runs[name] = SimulatedRun(rc, lines, root / name, dict(config), num_supernodes)
+        shared = runs[name]
+        assert (shared.config, shared.num_supernodes) == (config, num_supernodes), f"run {name!r} asked for twice"
+        return shared
+
+    return run
 
 
 def fake_context(run_config: dict | None = None) -> Context:

@@ -17,6 +17,7 @@ from fl_app.tooling.launch import LocalSimulation
 from tasks.datasets import DataUnavailableError, PartitionError
 from tasks.partitioning import PartitionSpec, check_data
 from tests.conftest import ROOT
+from tests.test_simulation import SUPERNODES, simulated_config
 
 
 def _tiny_parquet(folder, columns=("image", "label"), rows=20):
@@ -93,18 +94,11 @@ def test_bad_fault_spec_rejected():
 
 
 # ------------------------------------------------------------------- end-to-end behaviour
-@pytest.fixture(scope="module")
-def sim():
-    simulation = LocalSimulation()
-    simulation.start()
-    yield simulation
-    simulation.close()
-
-
-def test_raising_and_nan_clients_do_not_corrupt_the_run(sim, shared_data, tmp_path):
+# (`sim`, the session's SuperLink, and `small_mnist` are fixtures in tests/conftest.py)
+def test_raising_and_nan_clients_do_not_corrupt_the_run(sim, small_mnist, tmp_path):
     """Partition 0 raises every round, partition 1 returns NaN weights every round."""
     cfg = {"strategy": "fedavg", "dataset": "mnist", "model": "lenet", "num-server-rounds": 2,
-           "fraction-fit": 1.0, "learning-rate": 0.05, "data-dir": str(shared_data),
+           "fraction-fit": 1.0, "learning-rate": 0.05, "data-dir": str(small_mnist),
            "inject-faults": "raise:0,nan:1", "results-dir": str(tmp_path), "run-name": "faults"}
     assert sim.run(cfg, num_supernodes=5) == 0
     rows = read_metrics(tmp_path / "faults")
@@ -127,26 +121,28 @@ def test_too_many_failures_stop_the_run(sim, tmp_path):
 
 
 @pytest.mark.parametrize("method", ["fedavg", "scaffold"])
-def test_resume_matches_uninterrupted(method, tmp_path):
+def test_resume_matches_uninterrupted(simulated, method, tmp_path, request):
     """Crash a 6-round run after round 3 (injected server crash: synthetic rounds are too fast
     to interrupt from outside at a known point), resume it, and compare rounds 4-6 with an
-    uninterrupted run."""
-    cfg = {"strategy": method, "dataset": "synthetic", "model": "logreg", "num-server-rounds": 6,
-           "fraction-fit": 0.5, "learning-rate": 0.05, "results-dir": str(tmp_path)}
-    with LocalSimulation() as sim:
-        assert sim.run({**cfg, "run-name": "full"}, num_supernodes=6) == 0
-    assert not sim.home.exists()  # its temporary FLWR_HOME is deleted after good runs
-    full = read_metrics(tmp_path / "full")
+    uninterrupted run: the method's run of tests/test_simulation.py (same config, the session's
+    SuperLink)."""
+    cfg = simulated_config(method, request)
+    assert cfg["num-server-rounds"] == 6
+    full = simulated(method, cfg, SUPERNODES)
+    assert full.rc == 0, "\n".join(full.lines[-30:])
+    full = read_metrics(full.run_dir)
+    cfg = {**cfg, "results-dir": str(tmp_path), "run-name": "cut"}
 
     with LocalSimulation() as sim:
-        sim.run({**cfg, "run-name": "cut", "inject-faults": "crash-after:3"}, num_supernodes=6)
+        sim.run({**cfg, "inject-faults": "crash-after:3"}, num_supernodes=SUPERNODES)
     assert read_summary(tmp_path / "cut") is None
     assert len(read_metrics(tmp_path / "cut")) == 3
     if method == "scaffold":  # client state was mirrored for the resume
         assert any((tmp_path / "cut" / "client-state").rglob("round-*.npz"))
 
     with LocalSimulation() as sim:  # a fresh SuperLink: nothing survives in memory
-        assert sim.run({**cfg, "run-name": "cut", "resume": True}, num_supernodes=6) == 0
+        assert sim.run({**cfg, "resume": True}, num_supernodes=SUPERNODES) == 0
+    assert not sim.home.exists()  # its temporary FLWR_HOME is deleted after good runs
     resumed = read_metrics(tmp_path / "cut")
     assert [r["round"] for r in resumed] == [1, 2, 3, 4, 5, 6]
     for a, b in zip(full[3:], resumed[3:]):
