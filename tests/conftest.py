@@ -12,10 +12,12 @@ import pytest
 import torch
 from flwr.app import RecordDict
 from flwr.common import Context
+from flwr.server.client_proxy import ClientProxy
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from fl_app.client_app import client_fn  # noqa: E402
 from fl_app.config import validate_config  # noqa: E402
 from fl_app.tooling.inprocess import InProcessProxy  # noqa: E402
 from fl_app.tooling.procfs import processes_with_env  # noqa: E402
@@ -138,3 +140,50 @@ def make_client(client_cls, overrides: dict, x: torch.Tensor, y: torch.Tensor, c
 
 
 Proxy = InProcessProxy  # hands the FitIns to a real NumPyClient, as Flower's transport would
+
+
+class AppProxy(ClientProxy):
+    """One node served as the ClientApp serves it, in this process: every message builds the
+    client anew with ``fl_app.client_app.client_fn`` on the node's own Context (node config, run
+    config, ``context.state``). Left out: Flower's transport and the ClientApp's mods."""
+
+    def __init__(self, cid: str, context: Context):
+        super().__init__(cid)
+        self.context = context
+
+    def get_properties(self, ins, timeout, group_id):
+        return client_fn(self.context).get_properties(ins)
+
+    def fit(self, ins, timeout, group_id):
+        return client_fn(self.context).fit(ins)
+
+    def evaluate(self, ins, timeout, group_id):
+        return client_fn(self.context).evaluate(ins)
+
+    def get_parameters(self, ins, timeout, group_id):
+        raise NotImplementedError
+
+    def reconnect(self, ins, timeout, group_id):
+        raise NotImplementedError
+
+
+def serve_in_process(run_config: dict, nodes: int) -> None:
+    """One run with no Ray and no SuperLink: the ServerApp's ``server_fn`` components on Flower's
+    own server loop (``flwr.server.Server``), ``nodes`` new nodes (partition k of ``nodes``, empty
+    ``context.state``) served by ``AppProxy``. Exceptions of the server (an injected crash,
+    ``RunAborted``) propagate. Clients fit one at a time: in one process they share the cached
+    model (``tasks.models.cached_model``), as the clients of one Ray actor do."""
+    from flwr.server.server import Server
+
+    from fl_app.server_app import server_fn
+
+    components = server_fn(Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config=run_config))
+    manager = components.client_manager
+    for k in range(nodes):  # node ids in another order than the partitions
+        node_config = {"partition-id": k, "num-partitions": nodes}
+        context = Context(run_id=0, node_id=900 - 7 * k, node_config=node_config, state=RecordDict(),
+                          run_config=run_config)
+        manager.register(AppProxy(str(900 - 7 * k), context))
+    server = Server(client_manager=manager, strategy=components.strategy)
+    server.set_max_workers(1)
+    server.fit(components.config.num_rounds, timeout=None)

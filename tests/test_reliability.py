@@ -120,7 +120,9 @@ def test_too_many_failures_stop_the_run(sim, tmp_path):
     assert summary["rounds"] == 0 and "1 failed" in summary["stopped"] and "min-fit-fraction = 0.9" in summary["stopped"]
 
 
-@pytest.mark.parametrize("method", ["fedavg", "scaffold"])
+# FedAvg's resume takes the same path as SCAFFOLD's (checkpointed weights and sampler draws) without
+# the strategy and client state, and is checked in one process (tests/test_resume.py) with them.
+@pytest.mark.parametrize("method", [pytest.param("fedavg", marks=pytest.mark.slow), "scaffold"])
 def test_resume_matches_uninterrupted(simulated, method, tmp_path, request):
     """Crash a 6-round run after round 3 (injected server crash: synthetic rounds are too fast
     to interrupt from outside at a known point), resume it, and compare rounds 4-6 with an
