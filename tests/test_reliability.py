@@ -16,7 +16,7 @@ from fl_app.results.report import read_metrics, read_summary
 from fl_app.tooling.launch import LocalSimulation
 from tasks.datasets import DataUnavailableError, PartitionError
 from tasks.partitioning import PartitionSpec, check_data
-from tests.conftest import ROOT
+from tests.conftest import ROOT, serve_in_process
 from tests.test_simulation import SUPERNODES, simulated_config
 
 
@@ -109,6 +109,24 @@ def test_raising_and_nan_clients_do_not_corrupt_the_run(sim, small_mnist, tmp_pa
     assert rows[-1]["test_accuracy"] > 0.2  # 10 classes: well above chance
 
 
+def test_too_many_failures_stop_the_run_in_process(tmp_path):
+    """The ServerApp and ClientApp in one process (``serve_in_process``, no Ray): a node's
+    injected ``raise`` is a failure, and one failure in four breaks min-fit-fraction = 0.9: the
+    run stops in round 1 with the reason, and summary.json records it."""
+    from fl_app.server.participation import RunAborted
+
+    cfg = {"strategy": "fedavg", "dataset": "synthetic", "model": "logreg", "num-server-rounds": 3,
+           "fraction-fit": 1.0, "min-fit-fraction": 0.9, "inject-faults": "raise:0", "tracking": "none",
+           "results-dir": str(tmp_path), "run-name": "abort"}
+    with pytest.raises(RunAborted, match=r"only 3 of 4 sampled clients .*1 failed.*min-fit-fraction = 0.9"):
+        serve_in_process(cfg, 4)
+    summary = read_summary(tmp_path / "abort")  # the stop is recorded, with its reason
+    assert summary["rounds"] == 0 and "1 failed" in summary["stopped"] and "min-fit-fraction = 0.9" in summary["stopped"]
+
+
+@pytest.mark.slow  # one Flower simulation; test_too_many_failures_stop_the_run_in_process (above) runs the same
+# ServerApp and ClientApp without Ray, and test_resume_matches_uninterrupted[scaffold] checks that a
+# ServerApp's exception reaches the output `flwr run` streams
 def test_too_many_failures_stop_the_run(sim, tmp_path):
     cfg = {"strategy": "fedavg", "dataset": "synthetic", "model": "logreg", "num-server-rounds": 3,
            "fraction-fit": 1.0, "min-fit-fraction": 0.9, "inject-faults": "raise:0",
@@ -135,8 +153,10 @@ def test_resume_matches_uninterrupted(simulated, method, tmp_path, request):
     full = read_metrics(full.run_dir)
     cfg = {**cfg, "results-dir": str(tmp_path), "run-name": "cut"}
 
+    lines: list[str] = []
     with LocalSimulation() as sim:
-        sim.run({**cfg, "inject-faults": "crash-after:3"}, num_supernodes=SUPERNODES)
+        sim.run({**cfg, "inject-faults": "crash-after:3"}, num_supernodes=SUPERNODES, on_line=lines.append)
+    assert any("injected crash after round 3" in line for line in lines)  # the ServerApp's error reaches the user
     assert read_summary(tmp_path / "cut") is None
     assert len(read_metrics(tmp_path / "cut")) == 3
     if method == "scaffold":  # client state was mirrored for the resume
