@@ -50,27 +50,38 @@ def _offline_data() -> Path:
     return found
 
 
-SMALL_MNIST = {"train": 6000, "test": 1000}
-
-
 @pytest.fixture(scope="session")
-def small_mnist(tmp_path_factory) -> Path:
-    """A data folder with a seeded sample of the real MNIST files (``SMALL_MNIST`` rows of each
-    split), written once per session: for end-to-end runs that check Flower's plumbing, not what
-    full MNIST learns. Decoding and training on 60,000 images is most of such a run's cost beyond
-    Flower's and Ray's start-up, and in a deployment every ClientApp process decodes its data anew."""
+def mnist_sample(tmp_path_factory):
+    """``mnist_sample(train, test)``: a data folder with a seeded sample of the real MNIST files
+    (``train`` and ``test`` rows), written once per session and size: for end-to-end runs that
+    check Flower's plumbing, not what full MNIST learns. Decoding and training on 60,000 images
+    is most of such a run's cost beyond Flower's and Ray's start-up, and in a deployment every
+    ClientApp process decodes its data anew."""
     import numpy as np
     import pyarrow.parquet as pq
 
-    source = _offline_data() / "mnist"
-    folder = tmp_path_factory.mktemp("small-data")
-    (folder / "mnist").mkdir()
-    rng = np.random.default_rng(0)
-    for split, rows in SMALL_MNIST.items():
-        table = pq.read_table(source / f"{split}.parquet")
-        keep = np.sort(rng.choice(table.num_rows, size=rows, replace=False))
-        pq.write_table(table.take(keep), folder / "mnist" / f"{split}.parquet")
-    return folder
+    made: dict[tuple[int, int], Path] = {}
+
+    def sample(train: int, test: int) -> Path:
+        if (train, test) not in made:
+            source = _offline_data() / "mnist"
+            folder = tmp_path_factory.mktemp(f"mnist-{train}-{test}")
+            (folder / "mnist").mkdir()
+            rng = np.random.default_rng(0)
+            for split, rows in (("train", train), ("test", test)):
+                table = pq.read_table(source / f"{split}.parquet")
+                keep = np.sort(rng.choice(table.num_rows, size=rows, replace=False))
+                pq.write_table(table.take(keep), folder / "mnist" / f"{split}.parquet")
+            made[train, test] = folder
+        return made[train, test]
+
+    return sample
+
+
+@pytest.fixture(scope="session")
+def small_mnist(mnist_sample) -> Path:
+    """6,000 training and 1,000 test images of MNIST (``mnist_sample``)."""
+    return mnist_sample(6000, 1000)
 
 
 def leftovers(home: Path) -> list[int]:

@@ -27,10 +27,12 @@ NEEDS = {
 }
 
 
-def test_flwr_run_fedprox_on_mnist(sim, shared_data, tmp_path):
-    """The foundation acceptance run, scaled down: 2 rounds of FedProx on 10 Dirichlet clients."""
+def test_flwr_run_fedprox_on_mnist(sim, mnist_sample, tmp_path):
+    """The foundation acceptance run, scaled down: 2 rounds of FedProx on 10 Dirichlet clients
+    of a 12,000-image sample of MNIST (0.61 test accuracy after round 2; on full MNIST 0.87 in
+    about twice the time; on 6,000 images lenet is still at chance)."""
     rc = sim.run({"strategy": "fedprox", "dataset": "mnist", "model": "lenet", "num-server-rounds": 2,
-                  "fraction-fit": 0.5, "learning-rate": 0.05, "data-dir": str(shared_data),
+                  "fraction-fit": 0.5, "learning-rate": 0.05, "data-dir": str(mnist_sample(12000, 1000)),
                   "results-dir": str(tmp_path), "run-name": "prox"}, num_supernodes=10)
     assert rc == 0
     rows = read_metrics(tmp_path / "prox")
