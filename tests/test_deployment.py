@@ -4,6 +4,7 @@ The same ServerApp/ClientApp as in simulation. Each deployment starts its own Su
 SuperNodes (``fl_app/tooling/deploy.py``: private FLWR_HOME, free ports, no runtime dependency
 installation) and checks that no process it started outlives it. The nodes read the session's
 MNIST sample (``small_mnist`` in conftest.py): every ClientApp process decodes its data anew.
+The killed-node deployment runs in a background thread while the mixed-nodes test runs its own.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,10 +104,101 @@ def deploy_and_run(tmp_path: Path, tls: TLS, nodes: list[Node], run_config: dict
     return rc, output, deployment
 
 
-def test_node_local_file_and_partition_and_bad_path(small_mnist, tmp_path, certs):
+class NodeKiller:
+    """Once the server logs round 1's result, SIGKILLs SuperNode ``index`` and everything under
+    it (SuperExec, ClientApp) as soon as its round-2 ClientApp runs: a device that dies
+    mid-training without telling the SuperLink."""
+
+    def __init__(self, index: int):
+        self.index = index
+        self.thread: threading.Thread | None = None
+        self.killed: dict[int, tuple[str, str]] = {}
+        self.done = threading.Event()  # set once the node's tree is killed
+
+    def __call__(self, deployment: LocalDeployment, line: str) -> None:
+        if self.thread is None and "round 1/3:" in line:
+            node = deployment.supernodes[self.index]
+            self.thread = threading.Thread(target=self._kill, args=(node.proc.pid,), daemon=True)
+            self.thread.start()
+
+    def _kill(self, pid: int) -> None:
+        before = set(descendants([pid]))
+        deadline = time.monotonic() + 60  # else kill it anyway, between tasks
+        while time.monotonic() < deadline:
+            tree = descendants([pid])
+            if any(name.startswith("flwr-clientapp") and p not in before for p, (_, name) in tree.items()):
+                time.sleep(0.5)
+                break
+            time.sleep(0.1)
+        self.killed = descendants([pid])
+        for child in self.killed:
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.done.set()
+
+
+@dataclass
+class KilledRun:
+    rc: int
+    output: str
+    deployment: LocalDeployment
+    killer: NodeKiller
+    results: Path
+
+
+def _run_killed(small_mnist: Path, tmp_path: Path, certs: TLS, killer: NodeKiller) -> KilledRun:
+    nodes = [Node({"partition-id": i, "num-partitions": 20}) for i in range(3)]
+    rc, output, deployment = deploy_and_run(
+        tmp_path, certs, nodes,
+        {"strategy": STATEFUL, "num-server-rounds": 3, "min-available-clients": 3, "run-name": "kill"},
+        small_mnist, watch=killer,
+    )
+    return KilledRun(rc, output, deployment, killer, tmp_path / "results" / "kill")
+
+
+@pytest.fixture(scope="module")
+def killed_deployment(small_mnist, tmp_path_factory, certs):
+    """Three rounds of SCAFFOLD (client state in context.state) on three TLS SuperNodes with
+    MNIST partitions; one node dies (SIGKILL of its whole tree) while training in round 2.
+
+    Two tests read this one deployment: the node's death and the state the surviving nodes keep
+    over TLS (``killed_run``). It runs in a background thread from the module's first test on,
+    so that the other deployment test can run while its SuperLink waits (about 60 s, with the
+    machine idle) for the dead node's missed heartbeats. It has its own SuperLink, FLWR_HOME and
+    ports, and stops every process it started before its result is read; the module waits for it.
+    Yields (future of the ``KilledRun``, the ``NodeKiller``)."""
+    killer = NodeKiller(2)
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="killed-deployment")
+    future = pool.submit(_run_killed, small_mnist, tmp_path_factory.mktemp("killed"), certs, killer)
+    yield future, killer
+    pool.shutdown(wait=True)
+
+
+@pytest.fixture
+def killed_run(killed_deployment) -> KilledRun:
+    future, _ = killed_deployment
+    return future.result()
+
+
+def wait_for_the_kill(killed_deployment, timeout: float = 420) -> None:
+    """Until the killed deployment's node is dead (its SuperLink then waits for the heartbeats)
+    or that deployment has ended."""
+    future, killer = killed_deployment
+    deadline = time.monotonic() + timeout
+    while not (killer.done.wait(1) or future.done()) and time.monotonic() < deadline:
+        pass
+
+
+def test_node_local_file_and_partition_and_bad_path(killed_deployment, small_mnist, tmp_path, certs):
     """One node reads its own parquet file, one a partition; a node with a bad data-path fails
     its round with an error naming the path, and the run goes on without it. The SuperLink
-    authenticates SuperNodes: the three registered ones join, an unregistered one is refused."""
+    authenticates SuperNodes: the three registered ones join, an unregistered one is refused.
+
+    Starts once the killed deployment (``killed_deployment``) has killed its node, to run while
+    that deployment waits for Flower's heartbeat timeout."""
+    wait_for_the_kill(killed_deployment)
     table = pq.read_table(small_mnist / "mnist" / "train.parquet")
     rows = np.random.default_rng(0).choice(table.num_rows, size=256, replace=False)
     own = tmp_path / "node-data" / "mnist-own.parquet"
@@ -129,66 +222,6 @@ def test_node_local_file_and_partition_and_bad_path(small_mnist, tmp_path, certs
     assert "Failed to activate SuperNode" in stranger.read_text()
     # the ServerApp's log (streamed by `flwr run`) names the error and the path
     assert any("LocalDataError" in line and str(missing) in line for line in output.splitlines()), output
-
-
-class NodeKiller:
-    """Once the server logs round 1's result, SIGKILLs SuperNode ``index`` and everything under
-    it (SuperExec, ClientApp) as soon as its round-2 ClientApp runs: a device that dies
-    mid-training without telling the SuperLink."""
-
-    def __init__(self, index: int):
-        self.index = index
-        self.thread: threading.Thread | None = None
-        self.killed: dict[int, tuple[str, str]] = {}
-
-    def __call__(self, deployment: LocalDeployment, line: str) -> None:
-        if self.thread is None and "round 1/3:" in line:
-            node = deployment.supernodes[self.index]
-            self.thread = threading.Thread(target=self._kill, args=(node.proc.pid,), daemon=True)
-            self.thread.start()
-
-    def _kill(self, pid: int) -> None:
-        before = set(descendants([pid]))
-        deadline = time.monotonic() + 60  # else kill it anyway, between tasks
-        while time.monotonic() < deadline:
-            tree = descendants([pid])
-            if any(name.startswith("flwr-clientapp") and p not in before for p, (_, name) in tree.items()):
-                time.sleep(0.5)
-                break
-            time.sleep(0.1)
-        self.killed = descendants([pid])
-        for child in self.killed:
-            try:
-                os.kill(child, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-
-@dataclass
-class KilledRun:
-    rc: int
-    output: str
-    deployment: LocalDeployment
-    killer: NodeKiller
-    results: Path
-
-
-@pytest.fixture(scope="module")
-def killed_run(small_mnist, tmp_path_factory, certs) -> KilledRun:
-    """Three rounds of SCAFFOLD (client state in context.state) on three TLS SuperNodes with
-    MNIST partitions; one node dies (SIGKILL of its whole tree) while training in round 2.
-
-    Two tests read this one deployment: the node's death (about 60 s of it is Flower's
-    heartbeat timeout) and the state the surviving nodes keep over TLS."""
-    tmp_path = tmp_path_factory.mktemp("killed")
-    nodes = [Node({"partition-id": i, "num-partitions": 20}) for i in range(3)]
-    killer = NodeKiller(2)
-    rc, output, deployment = deploy_and_run(
-        tmp_path, certs, nodes,
-        {"strategy": STATEFUL, "num-server-rounds": 3, "min-available-clients": 3, "run-name": "kill"},
-        small_mnist, watch=killer,
-    )
-    return KilledRun(rc, output, deployment, killer, tmp_path / "results" / "kill")
 
 
 def test_tls_deployment_keeps_client_state(killed_run):
