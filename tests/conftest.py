@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import os
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 from flwr.app import RecordDict
 from flwr.common import Context
+from flwr.server.client_proxy import ClientProxy
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from fl_app.client_app import client_fn  # noqa: E402
 from fl_app.config import validate_config  # noqa: E402
 from fl_app.tooling.inprocess import InProcessProxy  # noqa: E402
+from fl_app.tooling.procfs import processes_with_env  # noqa: E402
 
 SHARED_DATA = ROOT.parent / "shared" / "data"
 
@@ -35,10 +40,102 @@ def private_cache(tmp_path_factory):
 @pytest.fixture
 def shared_data() -> Path:
     """The offline data folder (MNIST and CIFAR-10 parquet): $FL_DATA_DIR, else beside the checkout."""
+    return _offline_data()
+
+
+def _offline_data() -> Path:
     found = find_data_dir()
     if not (found / "mnist" / "train.parquet").exists():
         pytest.skip(f"offline data not found at {found} (set FL_DATA_DIR)")
     return found
+
+
+@pytest.fixture(scope="session")
+def mnist_sample(tmp_path_factory):
+    """``mnist_sample(train, test)``: a data folder with a seeded sample of the real MNIST files
+    (``train`` and ``test`` rows), written once per session and size: for end-to-end runs that
+    check Flower's plumbing, not what full MNIST learns. Decoding and training on 60,000 images
+    is most of such a run's cost beyond Flower's and Ray's start-up, and in a deployment every
+    ClientApp process decodes its data anew."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    made: dict[tuple[int, int], Path] = {}
+
+    def sample(train: int, test: int) -> Path:
+        if (train, test) not in made:
+            source = _offline_data() / "mnist"
+            folder = tmp_path_factory.mktemp(f"mnist-{train}-{test}")
+            (folder / "mnist").mkdir()
+            rng = np.random.default_rng(0)
+            for split, rows in (("train", train), ("test", test)):
+                table = pq.read_table(source / f"{split}.parquet")
+                keep = np.sort(rng.choice(table.num_rows, size=rows, replace=False))
+                pq.write_table(table.take(keep), folder / "mnist" / f"{split}.parquet")
+            made[train, test] = folder
+        return made[train, test]
+
+    return sample
+
+
+@pytest.fixture(scope="session")
+def small_mnist(mnist_sample) -> Path:
+    """6,000 training and 1,000 test images of MNIST (``mnist_sample``)."""
+    return mnist_sample(6000, 1000)
+
+
+def leftovers(home: Path) -> list[int]:
+    """PIDs of processes that still have ``home`` as FLWR_HOME, after up to 15 s for them to go."""
+    deadline = time.monotonic() + 15
+    while (left := processes_with_env("FLWR_HOME", str(home))) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
+
+
+@pytest.fixture(scope="session")
+def sim():
+    """One private SuperLink in simulation mode for the session's end-to-end runs (its start is
+    paid once); stopped at the end with every process it started, checked by PID and FLWR_HOME."""
+    from fl_app.tooling.launch import LocalSimulation
+
+    os.environ.setdefault("FL_DATA_DIR", str(find_data_dir()))
+    simulation = LocalSimulation()
+    simulation.start()
+    yield simulation
+    assert simulation.close() == [], "processes survived the simulation"
+    assert leftovers(simulation.home) == [], "a process with the simulation's FLWR_HOME survived"
+
+
+@dataclass
+class SimulatedRun:
+    rc: int
+    lines: list[str]
+    run_dir: Path
+    config: dict
+    num_supernodes: int
+
+
+@pytest.fixture(scope="session")
+def simulated(sim, tmp_path_factory):
+    """``simulated(name, config, num_supernodes)``: the run ``name`` through the session's
+    simulation, launched at its first request and then shared: tests that assert different
+    things about the same run (every method's end-to-end check, the same-seed check, the resume
+    test's uninterrupted run) read one run instead of each launching its own (about 20 s of
+    Flower's and Ray's start-up per run). Asking for a name with another config is an error."""
+    root = tmp_path_factory.mktemp("simulated")
+    runs: dict[str, SimulatedRun] = {}
+
+    def run(name: str, config: dict, num_supernodes: int) -> SimulatedRun:
+        if name not in runs:
+            lines: list[str] = []
+            rc = sim.run({**config, "results-dir": str(root), "run-name": name}, num_supernodes=num_supernodes,
+                         on_line=lines.append)
+            runs[name] = SimulatedRun(rc, lines, root / name, dict(config), num_supernodes)
+        shared = runs[name]
+        assert (shared.config, shared.num_supernodes) == (config, num_supernodes), f"run {name!r} asked for twice"
+        return shared
+
+    return run
 
 
 def fake_context(run_config: dict | None = None) -> Context:
@@ -54,3 +151,50 @@ def make_client(client_cls, overrides: dict, x: torch.Tensor, y: torch.Tensor, c
 
 
 Proxy = InProcessProxy  # hands the FitIns to a real NumPyClient, as Flower's transport would
+
+
+class AppProxy(ClientProxy):
+    """One node served as the ClientApp serves it, in this process: every message builds the
+    client anew with ``fl_app.client_app.client_fn`` on the node's own Context (node config, run
+    config, ``context.state``). Left out: Flower's transport and the ClientApp's mods."""
+
+    def __init__(self, cid: str, context: Context):
+        super().__init__(cid)
+        self.context = context
+
+    def get_properties(self, ins, timeout, group_id):
+        return client_fn(self.context).get_properties(ins)
+
+    def fit(self, ins, timeout, group_id):
+        return client_fn(self.context).fit(ins)
+
+    def evaluate(self, ins, timeout, group_id):
+        return client_fn(self.context).evaluate(ins)
+
+    def get_parameters(self, ins, timeout, group_id):
+        raise NotImplementedError
+
+    def reconnect(self, ins, timeout, group_id):
+        raise NotImplementedError
+
+
+def serve_in_process(run_config: dict, nodes: int) -> None:
+    """One run with no Ray and no SuperLink: the ServerApp's ``server_fn`` components on Flower's
+    own server loop (``flwr.server.Server``), ``nodes`` new nodes (partition k of ``nodes``, empty
+    ``context.state``) served by ``AppProxy``. Exceptions of the server (an injected crash,
+    ``RunAborted``) propagate. Clients fit one at a time: in one process they share the cached
+    model (``tasks.models.cached_model``), as the clients of one Ray actor do."""
+    from flwr.server.server import Server
+
+    from fl_app.server_app import server_fn
+
+    components = server_fn(Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config=run_config))
+    manager = components.client_manager
+    for k in range(nodes):  # node ids in another order than the partitions
+        node_config = {"partition-id": k, "num-partitions": nodes}
+        context = Context(run_id=0, node_id=900 - 7 * k, node_config=node_config, state=RecordDict(),
+                          run_config=run_config)
+        manager.register(AppProxy(str(900 - 7 * k), context))
+    server = Server(client_manager=manager, strategy=components.strategy)
+    server.set_max_workers(1)
+    server.fit(components.config.num_rounds, timeout=None)

@@ -48,10 +48,11 @@ def test_split_tensors_is_seeded_disjoint_and_complete():
 
 
 @pytest.mark.parametrize("dataset", ["synthetic", "mnist"])
-def test_client_split_cuts_the_partition(dataset, shared_data):
-    """Train and test together are exactly the partition; the same seed gives the same cut."""
-    spec = PartitionSpec(dataset=dataset, num_partitions=10, alpha=0.5, seed=1,
-                         data_dir=str(shared_data) if dataset != "synthetic" else "")
+def test_client_split_cuts_the_partition(dataset, request):
+    """Train and test together are exactly the partition; the same seed gives the same cut.
+    MNIST: the session's sample of it (conftest.py), as the check compares every pixel."""
+    data_dir = str(request.getfixturevalue("small_mnist")) if dataset != "synthetic" else ""
+    spec = PartitionSpec(dataset=dataset, num_partitions=10, alpha=0.5, seed=1, data_dir=data_dir)
     x, y = load_partition(spec, 2)
     (xtr, ytr), (xte, yte) = load_client_split(spec, 2, 0.2)
     assert len(yte) == math.ceil(0.2 * len(y)) and len(ytr) + len(yte) == len(y)

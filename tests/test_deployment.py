@@ -1,8 +1,10 @@
 """Real deployment on loopback: a TLS SuperLink, SuperNodes with node-local data, `flwr run`.
 
-The same ServerApp/ClientApp as in simulation. Each test starts its own SuperLink and
+The same ServerApp/ClientApp as in simulation. Each deployment starts its own SuperLink and
 SuperNodes (``fl_app/tooling/deploy.py``: private FLWR_HOME, free ports, no runtime dependency
-installation) and checks that no process it started outlives it.
+installation) and checks that no process it started outlives it. The nodes read the session's
+MNIST sample (``small_mnist`` in conftest.py): every ClientApp process decodes its data anew.
+The killed-node deployment runs in a background thread while the mixed-nodes test runs its own.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +30,7 @@ from fl_app.registry import METHODS
 from fl_app.results.report import read_metrics
 from fl_app.tooling.deploy import TLS, LocalDeployment
 from fl_app.tooling.procfs import alive, descendants, processes_with_env
-from tests.conftest import ROOT, find_data_dir
+from tests.conftest import ROOT
 
 pytestmark = pytest.mark.skipif(
     shutil.which("flower-superlink") is None and not (Path(sys.executable).parent / "flower-superlink").exists(),
@@ -65,13 +68,14 @@ def _leftovers(home: Path) -> list[int]:
     return left
 
 
-def deploy_and_run(tmp_path: Path, tls: TLS, nodes: list[Node], run_config: dict, auth: bool = False,
+def deploy_and_run(tmp_path: Path, tls: TLS, nodes: list[Node], run_config: dict, data: Path, auth: bool = False,
                    watch=None, timeout: float = TIMEOUT):
-    """Start SuperLink + SuperNodes, run, stop everything; returns (rc, output, deployment).
+    """Start SuperLink + SuperNodes (partitions from ``data``), run, stop everything; returns
+    (rc, output, deployment).
 
     ``watch(deployment, line)`` sees every streamed line of the run (e.g. to kill a node)."""
     deployment = LocalDeployment(tls=tls, home=tmp_path / "flwr-home", supernode_auth=auth,
-                                 extra_env={"FL_DATA_DIR": str(find_data_dir())})
+                                 extra_env={"FL_DATA_DIR": str(data)})
     lines: list[str] = []
     try:
         deployment.start_superlink()
@@ -100,59 +104,6 @@ def deploy_and_run(tmp_path: Path, tls: TLS, nodes: list[Node], run_config: dict
     return rc, output, deployment
 
 
-def test_tls_deployment_keeps_client_state(shared_data, tmp_path, certs):
-    """Two rounds of a stateful method on two TLS SuperNodes with MNIST partitions."""
-    nodes = [Node({"partition-id": 0, "num-partitions": 20}), Node({"partition-id": 1, "num-partitions": 20})]
-    rc, output, deployment = deploy_and_run(
-        tmp_path, certs, nodes,
-        {"strategy": STATEFUL, "num-server-rounds": 2, "min-available-clients": 2, "run-name": "state"},
-    )
-    assert rc == 0, output[-3000:]
-    # TLS end to end: the SuperLink served HTTPS with our certificate, nodes verified it
-    link_log = (deployment.home / "superlink.log").read_text()
-    assert "--ssl-certfile" in link_log and "--insecure" not in link_log
-    assert all("--root-certificates" in (deployment.home / f"supernode-{i}.log").read_text() for i in range(2))
-    rows = read_metrics(tmp_path / "results" / "state")
-    assert [r["round"] for r in rows] == [1, 2]
-    assert all(r["num_clients"] == 2 and r["num_failures"] == 0 for r in rows)
-    # context.state on the SuperNodes: nothing carried into round 1, c_i carried into round 2
-    assert rows[0]["state_arrays_in_max"] == 0
-    assert rows[1]["state_arrays_in_min"] > 0
-    assert rows[1]["ci_norm_min"] > 0
-    # the check above is only meaningful if we saw (and stopped) the whole process tree
-    names = {name for _, name in deployment.seen.values()}
-    assert any(n.startswith("flower-superex") for n in names), names  # comm: 15 chars
-
-
-def test_node_local_file_and_partition_and_bad_path(shared_data, tmp_path, certs):
-    """One node reads its own parquet file, one a partition; a node with a bad data-path fails
-    its round with an error naming the path, and the run goes on without it. The SuperLink
-    authenticates SuperNodes: the three registered ones join, an unregistered one is refused."""
-    table = pq.read_table(shared_data / "mnist" / "train.parquet")
-    rows = np.random.default_rng(0).choice(table.num_rows, size=256, replace=False)
-    own = tmp_path / "node-data" / "mnist-own.parquet"
-    own.parent.mkdir()
-    pq.write_table(table.take(rows), own)
-    missing = tmp_path / "node-data" / "does-not-exist.parquet"
-    nodes = [Node({"data-path": str(own)}, "own"), Node({"partition-id": 3, "num-partitions": 20}, "part"),
-             Node({"data-path": str(missing)}, "bad"),
-             Node({"partition-id": 4, "num-partitions": 20}, "stranger", registered=False)]
-    rc, output, deployment = deploy_and_run(
-        tmp_path, certs, nodes,
-        {"strategy": "fedavg", "num-server-rounds": 1, "min-available-clients": 3,
-         "min-fit-clients": 3, "run-name": "mixed"},
-        auth=True,
-    )
-    assert rc == 0, output[-3000:]
-    rows = read_metrics(tmp_path / "results" / "mixed")
-    assert [r["round"] for r in rows] == [1]
-    assert rows[0]["num_clients"] == 2 and rows[0]["num_failures"] == 1  # 3 sampled, not 4
-    stranger = deployment.home / "supernode-3.log"
-    assert "Failed to activate SuperNode" in stranger.read_text()
-    # the ServerApp's log (streamed by `flwr run`) names the error and the path
-    assert any("LocalDataError" in line and str(missing) in line for line in output.splitlines()), output
-
-
 class NodeKiller:
     """Once the server logs round 1's result, SIGKILLs SuperNode ``index`` and everything under
     it (SuperExec, ClientApp) as soon as its round-2 ClientApp runs: a device that dies
@@ -162,6 +113,7 @@ class NodeKiller:
         self.index = index
         self.thread: threading.Thread | None = None
         self.killed: dict[int, tuple[str, str]] = {}
+        self.done = threading.Event()  # set once the node's tree is killed
 
     def __call__(self, deployment: LocalDeployment, line: str) -> None:
         if self.thread is None and "round 1/3:" in line:
@@ -184,28 +136,129 @@ class NodeKiller:
                 os.kill(child, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        self.done.set()
 
 
-def test_supernode_killed_mid_round(shared_data, tmp_path, certs):
+@dataclass
+class KilledRun:
+    rc: int
+    output: str
+    deployment: LocalDeployment
+    killer: NodeKiller
+    results: Path
+
+
+def _run_killed(small_mnist: Path, tmp_path: Path, certs: TLS, killer: NodeKiller) -> KilledRun:
+    nodes = [Node({"partition-id": i, "num-partitions": 20}) for i in range(3)]
+    rc, output, deployment = deploy_and_run(
+        tmp_path, certs, nodes,
+        {"strategy": STATEFUL, "num-server-rounds": 3, "min-available-clients": 3, "run-name": "kill"},
+        small_mnist, watch=killer,
+    )
+    return KilledRun(rc, output, deployment, killer, tmp_path / "results" / "kill")
+
+
+@pytest.fixture(scope="module")
+def killed_deployment(small_mnist, tmp_path_factory, certs):
+    """Three rounds of SCAFFOLD (client state in context.state) on three TLS SuperNodes with
+    MNIST partitions; one node dies (SIGKILL of its whole tree) while training in round 2.
+
+    Two tests read this one deployment: the node's death and the state the surviving nodes keep
+    over TLS (``killed_run``). It runs in a background thread from the module's first test on,
+    so that the other deployment test can run while its SuperLink waits (about 60 s, with the
+    machine idle) for the dead node's missed heartbeats. It has its own SuperLink, FLWR_HOME and
+    ports, and stops every process it started before its result is read; the module waits for it.
+    Yields (future of the ``KilledRun``, the ``NodeKiller``)."""
+    killer = NodeKiller(2)
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="killed-deployment")
+    future = pool.submit(_run_killed, small_mnist, tmp_path_factory.mktemp("killed"), certs, killer)
+    yield future, killer
+    pool.shutdown(wait=True)
+
+
+@pytest.fixture
+def killed_run(killed_deployment) -> KilledRun:
+    future, _ = killed_deployment
+    return future.result()
+
+
+def wait_for_the_kill(killed_deployment, timeout: float = 420) -> None:
+    """Until the killed deployment's node is dead (its SuperLink then waits for the heartbeats)
+    or that deployment has ended."""
+    future, killer = killed_deployment
+    deadline = time.monotonic() + timeout
+    while not (killer.done.wait(1) or future.done()) and time.monotonic() < deadline:
+        pass
+
+
+def test_node_local_file_and_partition_and_bad_path(killed_deployment, small_mnist, tmp_path, certs):
+    """One node reads its own parquet file, one a partition; a node with a bad data-path fails
+    its round with an error naming the path, and the run goes on without it. The SuperLink
+    authenticates SuperNodes: the three registered ones join, an unregistered one is refused.
+
+    Starts once the killed deployment (``killed_deployment``) has killed its node, to run while
+    that deployment waits for Flower's heartbeat timeout."""
+    wait_for_the_kill(killed_deployment)
+    table = pq.read_table(small_mnist / "mnist" / "train.parquet")
+    rows = np.random.default_rng(0).choice(table.num_rows, size=256, replace=False)
+    own = tmp_path / "node-data" / "mnist-own.parquet"
+    own.parent.mkdir()
+    pq.write_table(table.take(rows), own)
+    missing = tmp_path / "node-data" / "does-not-exist.parquet"
+    nodes = [Node({"data-path": str(own)}, "own"), Node({"partition-id": 3, "num-partitions": 20}, "part"),
+             Node({"data-path": str(missing)}, "bad"),
+             Node({"partition-id": 4, "num-partitions": 20}, "stranger", registered=False)]
+    rc, output, deployment = deploy_and_run(
+        tmp_path, certs, nodes,
+        {"strategy": "fedavg", "num-server-rounds": 1, "min-available-clients": 3,
+         "min-fit-clients": 3, "run-name": "mixed"},
+        small_mnist, auth=True,
+    )
+    assert rc == 0, output[-3000:]
+    rows = read_metrics(tmp_path / "results" / "mixed")
+    assert [r["round"] for r in rows] == [1]
+    assert rows[0]["num_clients"] == 2 and rows[0]["num_failures"] == 1  # 3 sampled, not 4
+    stranger = deployment.home / "supernode-3.log"
+    assert "Failed to activate SuperNode" in stranger.read_text()
+    # the ServerApp's log (streamed by `flwr run`) names the error and the path
+    assert any("LocalDataError" in line and str(missing) in line for line in output.splitlines()), output
+
+
+def test_tls_deployment_keeps_client_state(killed_run):
+    """A stateful method on TLS SuperNodes: context.state lives on the SuperNodes between rounds."""
+    assert killed_run.rc == 0, killed_run.output[-3000:]
+    deployment = killed_run.deployment
+    # TLS end to end: the SuperLink served HTTPS with our certificate, nodes verified it
+    link_log = (deployment.home / "superlink.log").read_text()
+    assert "--ssl-certfile" in link_log and "--insecure" not in link_log
+    assert all("--root-certificates" in (deployment.home / f"supernode-{i}.log").read_text() for i in range(3))
+    rows = read_metrics(killed_run.results)
+    assert [r["round"] for r in rows] == [1, 2, 3]
+    assert rows[0]["num_clients"] == 3 and rows[0]["num_failures"] == 0  # every node trained in round 1
+    # context.state on the SuperNodes: nothing carried into round 1, c_i carried into rounds 2
+    # and 3 by every node that replied (the killed node's round-2 reply never comes)
+    assert rows[0]["state_arrays_in_max"] == 0
+    for r in rows[1:]:
+        assert r["state_arrays_in_min"] > 0 and r["ci_norm_min"] > 0
+    # the check above is only meaningful if we saw (and stopped) the whole process tree
+    names = {name for _, name in deployment.seen.values()}
+    assert any(n.startswith("flower-superex") for n in names), names  # comm: 15 chars
+
+
+def test_supernode_killed_mid_round(killed_run):
     """One of three SuperNodes dies (SIGKILL of its whole tree) while training in round 2.
 
     Flower's SuperLink marks it offline after two missed heartbeats (30 s apart) and answers
     its pending train message with a "Node Unavailable" error: round 2 aggregates the other
     two and counts one failure. Round 3 samples only the two nodes left (the sampler does not
     wait for min-available-clients again once the run has started), and the run finishes."""
-    nodes = [Node({"partition-id": i, "num-partitions": 60}) for i in range(3)]
-    killer = NodeKiller(2)
-    rc, output, _ = deploy_and_run(
-        tmp_path, certs, nodes,
-        {"strategy": "fedavg", "num-server-rounds": 3, "min-available-clients": 3, "run-name": "kill"},
-        watch=killer, timeout=300,
-    )
+    rc, output, killer = killed_run.rc, killed_run.output, killed_run.killer
     assert rc == 0, output[-3000:]
     assert killer.thread is not None and not killer.thread.is_alive()
     names = {name for _, name in killer.killed.values()}
     assert "flower-supernod" in names and any(n.startswith("flower-superex") for n in names), names
     assert alive(killer.killed) == []
-    run_dir = tmp_path / "results" / "kill"
+    run_dir = killed_run.results
     rows = read_metrics(run_dir)
     assert [r["round"] for r in rows] == [1, 2, 3]
     assert rows[0]["num_clients"] == 3 and rows[0]["num_failures"] == 0

@@ -16,7 +16,8 @@ from fl_app.results.report import read_metrics, read_summary
 from fl_app.tooling.launch import LocalSimulation
 from tasks.datasets import DataUnavailableError, PartitionError
 from tasks.partitioning import PartitionSpec, check_data
-from tests.conftest import ROOT
+from tests.conftest import ROOT, serve_in_process
+from tests.test_simulation import SUPERNODES, simulated_config
 
 
 def _tiny_parquet(folder, columns=("image", "label"), rows=20):
@@ -93,18 +94,11 @@ def test_bad_fault_spec_rejected():
 
 
 # ------------------------------------------------------------------- end-to-end behaviour
-@pytest.fixture(scope="module")
-def sim():
-    simulation = LocalSimulation()
-    simulation.start()
-    yield simulation
-    simulation.close()
-
-
-def test_raising_and_nan_clients_do_not_corrupt_the_run(sim, shared_data, tmp_path):
+# (`sim`, the session's SuperLink, and `small_mnist` are fixtures in tests/conftest.py)
+def test_raising_and_nan_clients_do_not_corrupt_the_run(sim, small_mnist, tmp_path):
     """Partition 0 raises every round, partition 1 returns NaN weights every round."""
     cfg = {"strategy": "fedavg", "dataset": "mnist", "model": "lenet", "num-server-rounds": 2,
-           "fraction-fit": 1.0, "learning-rate": 0.05, "data-dir": str(shared_data),
+           "fraction-fit": 1.0, "learning-rate": 0.05, "data-dir": str(small_mnist),
            "inject-faults": "raise:0,nan:1", "results-dir": str(tmp_path), "run-name": "faults"}
     assert sim.run(cfg, num_supernodes=5) == 0
     rows = read_metrics(tmp_path / "faults")
@@ -115,6 +109,24 @@ def test_raising_and_nan_clients_do_not_corrupt_the_run(sim, shared_data, tmp_pa
     assert rows[-1]["test_accuracy"] > 0.2  # 10 classes: well above chance
 
 
+def test_too_many_failures_stop_the_run_in_process(tmp_path):
+    """The ServerApp and ClientApp in one process (``serve_in_process``, no Ray): a node's
+    injected ``raise`` is a failure, and one failure in four breaks min-fit-fraction = 0.9: the
+    run stops in round 1 with the reason, and summary.json records it."""
+    from fl_app.server.participation import RunAborted
+
+    cfg = {"strategy": "fedavg", "dataset": "synthetic", "model": "logreg", "num-server-rounds": 3,
+           "fraction-fit": 1.0, "min-fit-fraction": 0.9, "inject-faults": "raise:0", "tracking": "none",
+           "results-dir": str(tmp_path), "run-name": "abort"}
+    with pytest.raises(RunAborted, match=r"only 3 of 4 sampled clients .*1 failed.*min-fit-fraction = 0.9"):
+        serve_in_process(cfg, 4)
+    summary = read_summary(tmp_path / "abort")  # the stop is recorded, with its reason
+    assert summary["rounds"] == 0 and "1 failed" in summary["stopped"] and "min-fit-fraction = 0.9" in summary["stopped"]
+
+
+@pytest.mark.slow  # one Flower simulation; test_too_many_failures_stop_the_run_in_process (above) runs the same
+# ServerApp and ClientApp without Ray, and test_resume_matches_uninterrupted[scaffold] checks that a
+# ServerApp's exception reaches the output `flwr run` streams
 def test_too_many_failures_stop_the_run(sim, tmp_path):
     cfg = {"strategy": "fedavg", "dataset": "synthetic", "model": "logreg", "num-server-rounds": 3,
            "fraction-fit": 1.0, "min-fit-fraction": 0.9, "inject-faults": "raise:0",
@@ -126,27 +138,33 @@ def test_too_many_failures_stop_the_run(sim, tmp_path):
     assert summary["rounds"] == 0 and "1 failed" in summary["stopped"] and "min-fit-fraction = 0.9" in summary["stopped"]
 
 
-@pytest.mark.parametrize("method", ["fedavg", "scaffold"])
-def test_resume_matches_uninterrupted(method, tmp_path):
+# FedAvg's resume takes the same path as SCAFFOLD's (checkpointed weights and sampler draws) without
+# the strategy and client state, and is checked in one process (tests/test_resume.py) with them.
+@pytest.mark.parametrize("method", [pytest.param("fedavg", marks=pytest.mark.slow), "scaffold"])
+def test_resume_matches_uninterrupted(simulated, method, tmp_path, request):
     """Crash a 6-round run after round 3 (injected server crash: synthetic rounds are too fast
     to interrupt from outside at a known point), resume it, and compare rounds 4-6 with an
-    uninterrupted run."""
-    cfg = {"strategy": method, "dataset": "synthetic", "model": "logreg", "num-server-rounds": 6,
-           "fraction-fit": 0.5, "learning-rate": 0.05, "results-dir": str(tmp_path)}
-    with LocalSimulation() as sim:
-        assert sim.run({**cfg, "run-name": "full"}, num_supernodes=6) == 0
-    assert not sim.home.exists()  # its temporary FLWR_HOME is deleted after good runs
-    full = read_metrics(tmp_path / "full")
+    uninterrupted run: the method's run of tests/test_simulation.py (same config, the session's
+    SuperLink)."""
+    cfg = simulated_config(method, request)
+    assert cfg["num-server-rounds"] == 6
+    full = simulated(method, cfg, SUPERNODES)
+    assert full.rc == 0, "\n".join(full.lines[-30:])
+    full = read_metrics(full.run_dir)
+    cfg = {**cfg, "results-dir": str(tmp_path), "run-name": "cut"}
 
+    lines: list[str] = []
     with LocalSimulation() as sim:
-        sim.run({**cfg, "run-name": "cut", "inject-faults": "crash-after:3"}, num_supernodes=6)
+        sim.run({**cfg, "inject-faults": "crash-after:3"}, num_supernodes=SUPERNODES, on_line=lines.append)
+    assert any("injected crash after round 3" in line for line in lines)  # the ServerApp's error reaches the user
     assert read_summary(tmp_path / "cut") is None
     assert len(read_metrics(tmp_path / "cut")) == 3
     if method == "scaffold":  # client state was mirrored for the resume
         assert any((tmp_path / "cut" / "client-state").rglob("round-*.npz"))
 
     with LocalSimulation() as sim:  # a fresh SuperLink: nothing survives in memory
-        assert sim.run({**cfg, "run-name": "cut", "resume": True}, num_supernodes=6) == 0
+        assert sim.run({**cfg, "resume": True}, num_supernodes=SUPERNODES) == 0
+    assert not sim.home.exists()  # its temporary FLWR_HOME is deleted after good runs
     resumed = read_metrics(tmp_path / "cut")
     assert [r["round"] for r in resumed] == [1, 2, 3, 4, 5, 6]
     for a, b in zip(full[3:], resumed[3:]):

@@ -56,11 +56,11 @@ def test_no_warm_up_outside_a_simulation_actor(monkeypatch):
     assert node._WARM_UP is None
 
 
-def test_partition_query_warms_up_the_process_once(shared_data, monkeypatch):
+def test_partition_query_warms_up_the_process_once(small_mnist, monkeypatch):
     monkeypatch.setattr(node, "_WARM_UP", None)
     monkeypatch.setattr(node, "in_ray_worker", lambda: True)  # as in a Ray actor of the simulation
     monkeypatch.setattr(node, "ray_node_id", lambda: "node-a")  # no Ray imported in this process
-    cfg = validate_config({"dataset": "mnist", "model": "cnn-small", "data-dir": str(shared_data),
+    cfg = validate_config({"dataset": "mnist", "model": "cnn-small", "data-dir": str(small_mnist),
                            "alpha": 0.7, "seed": 5, "checkpoint-every": 0})
     spec = PartitionSpec.from_config(cfg, 13)
     federated_dataset.cache_clear()
@@ -160,14 +160,14 @@ def test_a_failed_check_is_not_remembered(tmp_path):
         data.check_data(spec)
 
 
-def test_remembered_dirichlet_assignment_gives_the_same_partitions(shared_data, tmp_path, monkeypatch):
+def test_remembered_dirichlet_assignment_gives_the_same_partitions(small_mnist, tmp_path, monkeypatch):
     """A client process reads the Dirichlet assignment check_data kept instead of cutting
     again; its partitions are exactly those of a fresh cut."""
     import tasks.partition_cache as cache
     import tasks.partitioning as data
 
     monkeypatch.setenv("FL_DRIFT_CACHE", str(tmp_path / "cache"))
-    spec = PartitionSpec(dataset="mnist", num_partitions=30, alpha=0.3, seed=5, data_dir=str(shared_data))
+    spec = PartitionSpec(dataset="mnist", num_partitions=30, alpha=0.3, seed=5, data_dir=str(small_mnist))
     for fn in (data.federated_dataset, data.load_partition):
         fn.cache_clear()
     assert cache.remembered_indices(spec) is None
@@ -183,20 +183,20 @@ def test_remembered_dirichlet_assignment_gives_the_same_partitions(shared_data, 
     for pid, (x, y) in zip((0, 7, 29), want):
         x2, y2 = data.load_partition(spec, pid)
         assert torch.equal(x, x2) and torch.equal(y, y2)
-    other = PartitionSpec(dataset="mnist", num_partitions=30, alpha=0.3, seed=6, data_dir=str(shared_data))
+    other = PartitionSpec(dataset="mnist", num_partitions=30, alpha=0.3, seed=6, data_dir=str(small_mnist))
     assert cache.remembered_indices(other) is None  # another seed is another cut
     for fn in (data.federated_dataset, data.load_partition):
         fn.cache_clear()
 
 
-def test_a_client_process_remembers_its_own_cut(shared_data, tmp_path, monkeypatch):
+def test_a_client_process_remembers_its_own_cut(small_mnist, tmp_path, monkeypatch):
     """A node that cut the partitioning itself (no server check on its machine) keeps the
     assignment, so its next process (a deployed SuperNode's next message) reads it."""
     import tasks.partition_cache as cache
     import tasks.partitioning as data
 
     monkeypatch.setenv("FL_DRIFT_CACHE", str(tmp_path / "cache"))
-    spec = PartitionSpec(dataset="mnist", num_partitions=20, alpha=0.5, seed=3, data_dir=str(shared_data))
+    spec = PartitionSpec(dataset="mnist", num_partitions=20, alpha=0.5, seed=3, data_dir=str(small_mnist))
     for fn in (data.federated_dataset, data.load_partition):
         fn.cache_clear()
     x, y = data.load_partition(spec, 4)
