@@ -5,8 +5,9 @@
                                    [--results docs/results/runs] [--out docs/results.md]
 
 The runs behind the tables are kept in the repository, in docs/results/runs/<name>/<row>-seed<N>/
-(each run's metrics.csv and summary.json, machine paths removed), so this script regenerates
-docs/results.md from a clean checkout. ``--collect`` first copies the finished runs of the
+(each run's metrics.csv and summary.json, machine paths removed; its per_class_accuracy.csv and
+the clients' training label counts, client_label_counts.csv, when the run wrote per-class
+accuracies), so this script regenerates docs/results.md from a clean checkout, without the data. ``--collect`` first copies the finished runs of the
 runner's folder (<dir>/<name>/runs/...) into that store, replacing runs of the same name.
 
 For each experiment file (see run_simulation.py --config) it writes one section: a table with one
@@ -42,10 +43,13 @@ sys.path.insert(0, str(ROOT))
 
 from fl_app.config import ConfigError, validate_config  # noqa: E402
 from fl_app.registry import method_names  # noqa: E402
+from fl_app.results.clientmix import LABEL_COUNTS_FILE, PER_CLASS_FILE, client_mix_columns, run_label_counts  # noqa: E402
 from fl_app.results.report import (  # noqa: E402
+    CLIENT_HEADERS,
     accuracy_by_seed,
     client_cells,
     client_columns,
+    client_views,
     drift_columns,
     mean_std,
     plot,
@@ -58,7 +62,6 @@ from fl_app.tooling.experiment import read_experiment  # noqa: E402
 from fl_app.tooling.plan import check_axes, grid_points, label, resolve_rows, run_name  # noqa: E402
 
 STORE = ROOT / "docs" / "results" / "runs"
-KEPT_FILES = ("metrics.csv", "summary.json")
 MACHINE_PATHS = ("data-dir", "results-dir")  # config keys that name folders of the machine that ran
 
 # The papers' own methods; every other strategy of an experiment is a baseline.
@@ -166,6 +169,11 @@ def collect(source: Path, store: Path, experiments: list[tuple[Path, dict]]) -> 
             shutil.rmtree(target)
         target.mkdir(parents=True)
         shutil.copy2(d / "metrics.csv", target / "metrics.csv")
+        if (d / PER_CLASS_FILE).exists():  # the clients' label-mix view (fl_app/results/clientmix.py)
+            shutil.copy2(d / PER_CLASS_FILE, target / PER_CLASS_FILE)
+            counts = run_label_counts(d, compute=True)
+            if counts is not None:
+                shutil.copy2(d / LABEL_COUNTS_FILE, target / LABEL_COUNTS_FILE)
         for key in MACHINE_PATHS:
             if key in summary.get("config", {}):
                 summary["config"][key] = ""
@@ -199,6 +207,7 @@ def method_row(method: str, dirs: list[Path], target: float | None, paper_value:
         "min_class": (drift.get("final_min_class_accuracy_mean", math.nan),
                       drift.get("final_min_class_accuracy_std", math.nan)),
         **(client_columns(dirs) if dirs else {}),
+        **(client_mix_columns(dirs) if dirs else {}),
     }
 
 
@@ -346,15 +355,15 @@ def results_table(exp: dict, table: list[tuple[str, str, str]], rows: dict[str, 
     target = exp.get("target-accuracy")
     key = "best" if uses_best(exp) else "final"
     tt = f"rounds to {target:.0%}" if target else "rounds to target"
-    clients = any(client_cells(r) != "-" for r in rows.values())
+    views = client_views(rows.values())
     lines = [f"| method | final accuracy | best accuracy | {tt} | min-class accuracy (final) | paper ({key}) "
-             "| seeds | rounds |" + (" client accuracy (final): mean / std / worst 10% |" if clients else ""),
-             "|---|---|---|---|---|---|---|---|" + ("---|" if clients else "")]
+             "| seeds | rounds |" + "".join(f" {CLIENT_HEADERS[v]} |" for v in views),
+             "|---|---|---|---|---|---|---|---|" + "---|" * len(views)]
     for m, _, strategy in table:
         r = rows[m]
         pv = f"{r['paper']:.4f}" if r["paper"] is not None else "-"
         name_cell = f"**{m}**" if strategy in PROPOSED else m
-        spread = f" {client_cells(r)} |" if clients else ""
+        spread = "".join(f" {client_cells(r, v)} |" for v in views)
         if r["seeds"] == 0:
             lines.append(f"| {name_cell} | {NOT_RUN} | {NOT_RUN} | {NOT_RUN} | - | {pv} | 0 | - |{spread}")
             continue
@@ -413,6 +422,10 @@ def make_results(experiments: Path, results: Path, out: Path) -> str:
              "do not edit by hand. Accuracies are test accuracy on the full test split (fractions), mean ± std "
              "over seeds; the minimum class accuracy is the global model's accuracy on its worst class after "
              "the last round (label-skewed clients make a model forget classes; 0 = one class never predicted). "
+             "Client accuracy on label mixes: each client's accuracy of the final global model on its own label "
+             "mix (the per-class test accuracies weighted by the client's training label counts; "
+             "`fl_app/results/clientmix.py`), mean, std and mean of the worst 10% over all clients, then mean "
+             "over seeds: the fairness view of label skew, computed from the runs without holding data back. "
              "The runs are reduced versions of the papers' settings (each section says how), so the papers' "
              "numbers are a reference, not a target. Run time: the runs' own time (start of the ServerApp to "
              "its end, summed over runs; launching each run adds about 10 s), on the machine that made them "

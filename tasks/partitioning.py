@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import math
 
+import numpy as np
 import torch
 
 from tasks.catalogue import DATASETS
@@ -161,6 +162,20 @@ def _partition_rows(spec: PartitionSpec, partition_id: int):
             "raise min-partition-size, raise alpha or use fewer clients"
         )
     return part
+
+
+def partition_label_counts(spec: PartitionSpec) -> np.ndarray:
+    """Every client's training labels counted per class: an int array of shape (clients,
+    classes), row k = partition k as the clients load it (the same flwr-datasets partitioner
+    and seed), read from the label column only (no image is decoded)."""
+    if spec.dataset == "synthetic":
+        raise PartitionError("the synthetic dataset has no label classes to count; label mixes need an image dataset")
+    info = DATASETS[spec.dataset]
+    counts = np.zeros((spec.num_partitions, info.shape.classes), dtype=np.int64)
+    for pid in range(spec.num_partitions):
+        labels = np.asarray(_partition_rows(spec, pid)[info.label_column], dtype=np.int64)
+        counts[pid] = np.bincount(labels, minlength=info.shape.classes)
+    return counts
 
 
 def load_test(spec: PartitionSpec) -> tuple[torch.Tensor, torch.Tensor]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import numpy as np
@@ -64,3 +65,17 @@ def evaluate(
     with np.errstate(invalid="ignore", divide="ignore"):
         classes = hits.cpu().numpy() / seen.cpu().numpy().astype(np.float64)
     return loss_sum.item() / n, correct.item() / n, classes
+
+
+def accuracy_spread(accuracies) -> tuple[float, float, float, int]:
+    """(mean, std, worst 10%, n) of per-client accuracies: the unweighted mean and population
+    std over the clients (every client is scored: not a sample), and the mean of the worst 10%
+    (the ceil(n / 10) lowest, at least one client). Non-finite values are left out; NaNs and
+    n = 0 when none is left. The one definition of the clients' spread, for the clients' own
+    local test splits (``fl_app.server.recording``) and for their label mixes
+    (``fl_app.results.clientmix``)."""
+    values = np.sort(np.asarray([a for a in accuracies if math.isfinite(a)], dtype=float))
+    if values.size == 0:
+        return math.nan, math.nan, math.nan, 0
+    worst = values[: max(1, math.ceil(values.size / 10))]
+    return float(values.mean()), float(values.std()), float(worst.mean()), int(values.size)

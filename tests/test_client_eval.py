@@ -157,7 +157,7 @@ def test_comparison_carries_the_client_columns(tmp_path):
     assert table[0]["final_client_accuracy_worst10"] == pytest.approx(0.5)
     write_comparison(table, tmp_path / "out")
     md = (tmp_path / "out" / "comparison.md").read_text()
-    assert "client accuracy (final): mean / std / worst 10%" in md and "0.7500 / 0.1000 / 0.5000" in md
+    assert "client accuracy, local test splits (final): mean / std / worst 10%" in md and "0.7500 / 0.1000 / 0.5000" in md
 
 
 def test_client_trains_on_the_rest_and_evaluates_on_its_split():

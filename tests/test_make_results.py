@@ -342,7 +342,7 @@ def test_client_accuracy_column_when_clients_evaluated(tmp_path):
             text[2] += f",{mean},{std},{worst}"
             (d / "metrics.csv").write_text("\n".join(text) + "\n")
     sec = section(mr.make_results(exps, results, tmp_path / "r.md"), "g")
-    assert "client accuracy (final): mean / std / worst 10%" in sec
+    assert "client accuracy, local test splits (final): mean / std / worst 10%" in sec
     assert row(sec, "fedavg")[-1] == "0.8500 / 0.1500 / 0.6500"
 
 

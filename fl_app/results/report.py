@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fl_app.results.clientmix import MIX_COLUMNS, client_mix_columns
 from fl_app.results.stats import Paired, fmt_paired, paired_difference
 
 
@@ -84,6 +85,7 @@ def compare(runs: dict[str, list[Path]]) -> list[dict]:
             **drift_columns(dirs),
             "untrained_runs": len(summaries) - len(trained), "update_gaps": "; ".join(update_gaps(dirs)),
             **client_columns(dirs),
+            **client_mix_columns(dirs, compute=True),
         })
     add_paired_columns(table, runs)
     return table
@@ -144,19 +146,19 @@ def write_comparison(table: list[dict], out: Path) -> None:
         writer.writerows(table)
     ref = table[0].get("paired_reference") if table else None
     paired = f" final − {ref}, paired (95% CI) |" if ref else ""
-    clients = any(client_cells(r) != "-" for r in table)
-    extra = (" client accuracy (final): mean / std / worst 10% |" if clients else "") + paired
+    views = client_views(table)
+    extra = "".join(f" {CLIENT_HEADERS[v]} |" for v in views) + paired
     lines = [
         "| method | seeds | rounds | final accuracy | best accuracy | seconds/run "
         "| update diversity (mean) | final min-class accuracy |" + extra,
-        "|---|---|---|---|---|---|---|---|" + "---|" * (clients + bool(ref)),
+        "|---|---|---|---|---|---|---|---|" + "---|" * (len(views) + bool(ref)),
     ]
     for r in table:
         lines.append(
             f"| {r['method']}{' (!)' if r.get('update_gaps') else ''} | {r['seeds']} | {r['rounds']} | "
             f"{_pm(r['final_accuracy_mean'], r['final_accuracy_std'])} | "
             f"{_pm(r['best_accuracy_mean'], r['best_accuracy_std'])} | {r['seconds_mean']:.1f} |"
-            + _drift_cells(r) + (f" {client_cells(r)} |" if clients else "")
+            + _drift_cells(r) + "".join(f" {client_cells(r, v)} |" for v in views)
             + (f" {_paired_cell(r, ref)} |" if ref else "")
         )
     if ref:
@@ -378,12 +380,22 @@ def client_columns(dirs: list[Path]) -> dict[str, float]:
     return {f"final_{c}": mean_std(v)[0] for c, v in per_seed.items()}
 
 
-def client_cells(r: dict) -> str:
-    """'mean / std / worst 10%' of the clients' final accuracies, '-' without client evaluation."""
-    values = [r.get(f"final_{c}", math.nan) for c in CLIENT_COLUMNS]
+def client_cells(r: dict, columns: tuple[str, ...] = CLIENT_COLUMNS) -> str:
+    """'mean / std / worst 10%' of the clients' final accuracies (``columns``: their local test
+    splits, or ``MIX_COLUMNS``: their label mixes), '-' where the row has none."""
+    values = [r.get(f"final_{c}", math.nan) for c in columns]
     if not all(isinstance(v, float) and math.isfinite(v) for v in values):
         return "-"
     return " / ".join(f"{v:.4f}" for v in values)
+
+
+CLIENT_HEADERS = {CLIENT_COLUMNS: "client accuracy, local test splits (final): mean / std / worst 10%",
+                  MIX_COLUMNS: "client accuracy, label mixes (final): mean / std / worst 10%"}
+
+
+def client_views(rows) -> list[tuple[str, ...]]:
+    """The clients' spread columns some row has (local test splits, label mixes), in that order."""
+    return [cols for cols in CLIENT_HEADERS if any(client_cells(r, cols) != "-" for r in rows)]
 
 
 def band_curves(runs: dict[str, list[Path]], column: str) -> dict[str, tuple[np.ndarray, ...]]:

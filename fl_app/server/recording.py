@@ -52,6 +52,7 @@ from fl_app.server.placement import record_ray_nodes
 from fl_app.server.provenance import run_facts
 from fl_app.server.screening import Screening
 from fl_app.server.tracking import RunTracker
+from tasks.train import accuracy_spread
 
 log = logging.getLogger("flwr.fl_drift")
 
@@ -108,17 +109,11 @@ def summarise_client_metrics(results: list[tuple[int, dict]]) -> dict[str, float
 
 
 def client_accuracy_stats(accuracies: list[float]) -> dict[str, float]:
-    """The clients' scores of the global model on their local test splits: unweighted mean and
-    population std over the clients (all of them evaluate: not a sample), and the mean of the
-    worst 10% (the ceil(K / 10) lowest accuracies, at least one client). NaN without scores."""
-    values = np.sort(np.asarray([a for a in accuracies if math.isfinite(a)], dtype=float))
-    if values.size == 0:
-        nan = float("nan")
-        return {"client_accuracy_mean": nan, "client_accuracy_std": nan, "client_accuracy_worst10": nan,
-                "client_eval_clients": 0}
-    worst = values[: max(1, math.ceil(values.size / 10))]
-    return {"client_accuracy_mean": float(values.mean()), "client_accuracy_std": float(values.std()),
-            "client_accuracy_worst10": float(worst.mean()), "client_eval_clients": int(values.size)}
+    """The clients' scores of the global model on their local test splits as metrics.csv
+    columns: mean, std and worst 10% as ``tasks.train.accuracy_spread`` defines them."""
+    mean, std, worst, n = accuracy_spread(accuracies)
+    return {"client_accuracy_mean": mean, "client_accuracy_std": std, "client_accuracy_worst10": worst,
+            "client_eval_clients": n}
 
 
 def evaluated_round(server_round: int, every: int, last_round: int) -> bool:
