@@ -32,8 +32,9 @@ from tests.test_simulation import NEEDS, SIMULATED
 
 NODES = 4
 # Left to the simulation test: dp-fedavg's client-side clipping is a ClientApp mod
-# (fl_app/client_app.py), which only Flower's transport applies, and fedbn trains cnn-bn on
-# MNIST, about 3 minutes when its clients run one after another in one process (66 s on 2 actors).
+# (fl_app/client_app.py), which only Flower's transport applies, and fedbn needs a BN model on
+# MNIST images (cnn-bn on full MNIST took about 3 minutes with its clients one after another in one
+# process; the simulation test trains lenet-bn on a 6,000-image sample).
 TRANSPORT_ONLY = {"dp-fedavg", "fedbn"}
 
 
