@@ -104,7 +104,12 @@ def simulated_config(method: str, request) -> dict:
     return cfg
 
 
-@pytest.mark.parametrize("method", SIMULATED)
+# Slow: fedyogi. A server optimiser steps in the ServerApp on the aggregate, so its messages are
+# FedAvg's; it trains two rounds in process (tests/test_every_method.py) and runs the ServerApp's
+# server_fn and the ClientApp's client_fn on Flower's server loop through a crash and a resume
+# (tests/test_resume.py), both in the default run.
+@pytest.mark.parametrize("method", [pytest.param(m, marks=pytest.mark.slow) if m == "fedyogi" else m
+                                    for m in SIMULATED])
 def test_every_method_runs_through_flower(simulated, method, request):
     cfg = simulated_config(method, request)
     run = simulated(method, cfg, SUPERNODES)
