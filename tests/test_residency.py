@@ -41,7 +41,7 @@ def run_actor(method: str, fresh: bool, test_fraction: float = 0.0) -> list:
     empty caches. Returns every reply and metric (timings left out)."""
     forget_everything()
     cfg = validate_config({"strategy": method, "dataset": "synthetic", "model": MODEL[method],
-                           "learning-rate": 0.1, "batch-size": 8, "seed": 3,
+                           "learning-rate": 0.1, "batch-size": 32, "seed": 3,
                            "client-test-fraction": test_fraction})
     weights = get_weights(build_model(cfg["model"], input_shape("synthetic"), seed=0))
     contexts = [fake_context(cfg) for _ in range(CLIENTS)]
