@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tasks.datasets import DataUnavailableError
 from tasks.partition_spec import PartitionSpec
 from tasks.train import accuracy_spread
 
@@ -82,8 +83,8 @@ def run_label_counts(run_dir: Path, compute: bool = False) -> np.ndarray | None:
         summary = json.loads((Path(run_dir) / "summary.json").read_text())
         spec = PartitionSpec.from_config(summary["config"], int(summary["num_clients"]))
         counts = _counts_for(spec)
-    except Exception:  # no summary, no data here, a synthetic run: the column stays empty
-        return None
+    except (OSError, KeyError, TypeError, ValueError, DataUnavailableError):
+        return None  # no summary or client count, no data here, a synthetic run: the column stays empty
     np.savetxt(path, counts, fmt="%d", delimiter=",")
     return counts
 
