@@ -3,7 +3,7 @@
 import pytest
 
 from fl_app.config import validate_config
-from fl_app.tooling.estimate import START_SECONDS, Probe, describe, local_steps, run_seconds
+from fl_app.tooling.estimate import ROUND_SECONDS, START_SECONDS, Probe, describe, local_steps, run_seconds
 
 
 def test_run_seconds_by_hand():
@@ -13,9 +13,9 @@ def test_run_seconds_by_hand():
     assert local_steps(cfg, 100) == 20
     probe = Probe(step_seconds=0.015, forward_seconds_per_example=1e-5)
     # per round: 10 clients x 20 steps x 15 ms / 2 in parallel = 1.5 s, plus 10000 x 1e-5 = 0.1 s eval
-    assert run_seconds(cfg, 100, probe, parallel=2) == pytest.approx(START_SECONDS + 45 * 1.6)
+    assert run_seconds(cfg, 100, probe, parallel=2) == pytest.approx(START_SECONDS + 45 * (1.6 + ROUND_SECONDS))
     two_pass = {**cfg, "strategy": "fedgam-cv"}  # two forward-backward passes a step
-    assert run_seconds(two_pass, 100, probe, parallel=2) == pytest.approx(START_SECONDS + 45 * 3.1)
+    assert run_seconds(two_pass, 100, probe, parallel=2) == pytest.approx(START_SECONDS + 45 * (3.1 + ROUND_SECONDS))
 
 
 def test_min_fit_clients_and_synthetic():
@@ -24,7 +24,7 @@ def test_min_fit_clients_and_synthetic():
                            "local-epochs": 1})
     assert local_steps(cfg, 10) == 4  # about 100 examples per synthetic client: ceil(100 / 32)
     probe = Probe(0.01, 0.0)
-    assert run_seconds(cfg, 10, probe, parallel=1) == pytest.approx(START_SECONDS + 2 * 3 * 4 * 0.01)
+    assert run_seconds(cfg, 10, probe, parallel=1) == pytest.approx(START_SECONDS + 2 * (3 * 4 * 0.01 + ROUND_SECONDS))
 
 
 def test_describe_probes_once_per_model_and_says_it_is_an_estimate():
@@ -32,3 +32,11 @@ def test_describe_probes_once_per_model_and_says_it_is_an_estimate():
     text = describe([cfg, {**cfg, "seed": 1}], clients=4, parallel=2)
     assert text.startswith("estimated run time on this machine:") and "for 2 runs" in text
     assert text.count("ms/step") == 1 and "an estimate" in text
+
+
+def test_flower_costs_every_round_and_every_run_even_without_arithmetic():
+    """A run with no training and no evaluation still pays Flower's start and its per-round
+    cost (the estimate fell short of measured sweeps by a quarter without them)."""
+    cfg = validate_config({"strategy": "fedavg", "dataset": "mnist", "num-server-rounds": 60})
+    free = Probe(step_seconds=0.0, forward_seconds_per_example=0.0)
+    assert run_seconds(cfg, 100, free, parallel=2) == pytest.approx(20.0 + 60 * 0.3)

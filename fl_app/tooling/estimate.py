@@ -4,7 +4,7 @@ An estimate, not a measurement: a short probe times a few local SGD steps of eac
 runs use (one thread, the configured batch size, random inputs) and the server's forward pass;
 the arithmetic then counts what a run does:
 
-    run = START + rounds * (ceil(K * C) clients * steps * step * cost / parallel + eval)
+    run = START + rounds * (ceil(K * C) clients * steps * step * cost / parallel + eval + ROUND)
     steps = local-epochs * ceil((N_train / K) / batch-size)
     eval = N_test * forward-per-example                (the server's test split, every round)
 
@@ -13,8 +13,17 @@ client: Dirichlet splits vary around it), ``cost`` the method's local step relat
 (the method client's ``STEP_COST``, set from the measured run times in docs/results:
 two forward-backward passes for the sharpness-aware methods, ...), ``parallel``
 the clients trained at once (CPU cores, one per client as run_simulation's default), START the
-launch of one run (about 12 s measured, see experiments/fedgam-mnist-dir03.toml). A loaded
-machine makes the probe, and so the estimate, slower.
+launch and end of one run, ROUND what Flower adds to every round beyond the arithmetic (the
+grid's 0.1 s polls, the messages and the ClientApp built anew for each of them, the server's
+diagnostics). A loaded machine makes the probe, and so the estimate, slower.
+
+START and ROUND are measured, not guessed (docs/performance.md section 9): from launch to the
+first fit a run spends about 18 s in `flwr run`'s submission, `flwr-simulation`'s imports, Ray's
+start and the actors' imports, and about 4 s after its last round stopping them; with START =
+12 s and no ROUND the estimate fell short of the idle 2-core CPU's measured sweeps by a quarter
+(fedpgvc-fmnist-dir05: 35 min estimated, 45 measured for 24 runs of 60 rounds; fedgam-fmnist-dir03:
+43 against 59, part of it under load). START = 20 s and ROUND = 0.3 s account for the
+fedpgvc-fmnist-dir05 sweep (45 min) and bring fedgam-fmnist-dir03's to 55 min.
 """
 
 from __future__ import annotations
@@ -26,7 +35,8 @@ from dataclasses import dataclass
 
 from fl_app.registry import get_method
 
-START_SECONDS = 12.0
+START_SECONDS = 20.0
+ROUND_SECONDS = 0.3
 TRAIN_SIZE = {"mnist": 60000, "fashion_mnist": 60000, "cifar10": 50000, "cifar100": 50000}
 TEST_SIZE = {"mnist": 10000, "fashion_mnist": 10000, "cifar10": 10000, "cifar100": 10000}
 SYNTHETIC_PER_CLIENT = 100  # tasks/synthetic.py: lognormal(4, 2) + 50 examples a device, median about 105
@@ -52,7 +62,7 @@ def run_seconds(cfg: dict, clients: int, probe: Probe, parallel: int) -> float:
     per_round = max(cfg["min-fit-clients"], math.ceil(clients * cfg["fraction-fit"]))
     train = per_round * local_steps(cfg, clients) * probe.step_seconds * get_method(cfg["strategy"]).client.STEP_COST
     evaluate = TEST_SIZE.get(cfg["dataset"], 1000) * probe.forward_seconds_per_example
-    return START_SECONDS + cfg["num-server-rounds"] * (train / max(1, parallel) + evaluate)
+    return START_SECONDS + cfg["num-server-rounds"] * (train / max(1, parallel) + evaluate + ROUND_SECONDS)
 
 
 def measure(cfg: dict, steps: int = 5) -> Probe:
@@ -106,4 +116,4 @@ def describe(configs: list[dict], clients: int, parallel: int | None = None) -> 
                          for (d, m, b), p in probes.items())
     return (f"estimated run time on this machine: {total / 60:.0f} min for {len(configs)} runs "
             f"(an estimate from a probe, {measured}; {parallel} clients in parallel; "
-            f"{START_SECONDS:.0f} s start-up per run)")
+            f"{START_SECONDS:.0f} s start-up per run, {ROUND_SECONDS:g} s of Flower per round)")
