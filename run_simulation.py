@@ -323,6 +323,34 @@ def validate(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str, int, d
     return configs
 
 
+def rounds_left(cfg: dict, run_dir: Path) -> int:
+    """Rounds a launch would still train for this run: 0 once it has finished (it is kept),
+    the rounds after its checkpoint when it continues from one, else all of them."""
+    if read_summary(run_dir) is not None:
+        return 0
+    ckpt = load_checkpoint(run_dir)
+    return cfg["num-server-rounds"] - (ckpt.round if ckpt else 0)
+
+
+def print_check(configs: list[tuple[str, int, dict]], runs_dir: Path, clients: int) -> None:
+    """`--check`'s report: one line per run saying whether a launch would run it, continue it
+    or keep it, and the estimated time of what is left (finished runs cost nothing; a
+    continued run costs its start and its remaining rounds)."""
+    from fl_app.tooling.estimate import describe
+
+    left = []
+    for row, seed, raw in configs:
+        cfg, run_dir = validate_config(raw), runs_dir / raw["run-name"]
+        rounds = rounds_left(cfg, run_dir)
+        status = ("finished, kept" if rounds == 0 else
+                  f"continues after round {cfg['num-server-rounds'] - rounds}" if rounds < cfg["num-server-rounds"]
+                  else "to run")
+        print(f"ok: {row} seed {seed} -> {run_dir} ({status})")
+        if rounds:
+            left.append({**cfg, "num-server-rounds": rounds})
+    print(describe(left, clients, kept=len(configs) - len(left)))
+
+
 def plan(args: argparse.Namespace, out: Path) -> float:
     """Step 3: record the arguments for --resume and the code revision; the GPUs per client
     (default: 0, or a share of the GPU when CUDA is present)."""
@@ -440,11 +468,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.check:
-        for row, seed, cfg in configs:
-            print(f"ok: {row} seed {seed} -> {out / 'runs' / cfg['run-name']}")
-        from fl_app.tooling.estimate import describe
-
-        print(describe([validate_config(c) for _, _, c in configs], args.clients))
+        print_check(configs, out / "runs", args.clients)
         return 0
     gpus = plan(args, out)
     try:

@@ -183,6 +183,27 @@ def test_a_truncated_or_altered_checkpoint_is_one_line_naming_file_and_fix(tmp_p
     assert "SHA-256" in capsys.readouterr().err
 
 
+def test_check_says_which_runs_are_kept_or_continued_and_estimates_only_what_is_left(tmp_path, capsys):
+    """A sweep continued after an interruption: --check names each run's fate, and its time
+    estimate counts only the rounds still to train (it counted every run before)."""
+    exp = ["--strategy", "fedavg,fedprox", "--dataset", "synthetic", "--set", "model=mlp", "--rounds", "5",
+           "--out", str(tmp_path / "o")]
+    assert run_simulation.main([*exp, "--check"]) == 0
+    assert "for 2 runs (" in capsys.readouterr().out
+    runs = tmp_path / "o" / "runs"
+    (runs / "fedavg-seed0").mkdir(parents=True)
+    (runs / "fedavg-seed0" / "summary.json").write_text(json.dumps({"config": {"strategy": "fedavg"}}))
+    small_checkpoint(runs / "fedprox-seed0")  # written after round 2 of 5
+    assert run_simulation.main([*exp, "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "fedavg seed 0 -> " in out and "(finished, kept)" in out
+    assert "fedprox seed 0 -> " in out and "(continues after round 2)" in out
+    assert "for 1 runs (1 finished runs kept)" in out
+    (runs / "fedprox-seed0" / "summary.json").write_text(json.dumps({"config": {"strategy": "fedprox"}}))
+    assert run_simulation.main([*exp, "--check"]) == 0
+    assert "nothing left to run (2 finished runs kept)" in capsys.readouterr().out
+
+
 # ---- 3. a round without any usable update is flagged ------------------------------------------------
 
 def recorded_run(run_dir: Path, rounds_ok: list[bool]) -> Path:

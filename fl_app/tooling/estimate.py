@@ -102,9 +102,13 @@ def _dims(shape) -> tuple[int, ...]:
     return (shape.size,) if shape.channels == 0 else (shape.channels, shape.size, shape.size)
 
 
-def describe(configs: list[dict], clients: int, parallel: int | None = None) -> str:
-    """The estimate for a list of validated run configs, one probe per (dataset, model, batch)."""
+def describe(configs: list[dict], clients: int, parallel: int | None = None, kept: int = 0) -> str:
+    """The estimate for a list of validated run configs, one probe per (dataset, model, batch);
+    ``kept``: runs that already finished and cost nothing (named, not counted)."""
     parallel = parallel or os.cpu_count() or 1
+    kept_text = f" ({kept} finished runs kept)" if kept else ""
+    if not configs:
+        return f"estimated run time on this machine: nothing left to run{kept_text}"
     probes: dict[tuple, Probe] = {}
     total = 0.0
     for cfg in configs:
@@ -114,6 +118,6 @@ def describe(configs: list[dict], clients: int, parallel: int | None = None) -> 
         total += run_seconds(cfg, clients, probes[key], parallel)
     measured = "; ".join(f"{m} on {d}, batch {b}: {p.step_seconds * 1000:.1f} ms/step"
                          for (d, m, b), p in probes.items())
-    return (f"estimated run time on this machine: {total / 60:.0f} min for {len(configs)} runs "
+    return (f"estimated run time on this machine: {total / 60:.0f} min for {len(configs)} runs{kept_text} "
             f"(an estimate from a probe, {measured}; {parallel} clients in parallel; "
             f"{START_SECONDS:.0f} s start-up per run, {ROUND_SECONDS:g} s of Flower per round)")
