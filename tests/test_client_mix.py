@@ -15,11 +15,13 @@ import scripts.make_results as mr
 from fl_app.config import validate_config
 from fl_app.results.clientmix import (
     LABEL_COUNTS_FILE,
+    MIX_COLUMNS,
     PER_CLASS_FILE,
     client_mix_columns,
     label_mix_accuracies,
     run_label_counts,
 )
+from fl_app.results.report import client_cells
 from tasks.partition_spec import PartitionSpec
 from tasks.partitioning import load_partition, partition_label_counts
 from tasks.train import accuracy_spread
@@ -75,7 +77,19 @@ def test_columns_read_the_last_round_and_average_the_seeds(tmp_path):
     write_mix_run(runs, "fedavg", 1, [0.6], [1.0, 0.5], [[3, 0], [0, 1]])
     cols = client_mix_columns([runs / "fedavg-seed0", runs / "fedavg-seed1"])
     assert cols == pytest.approx({"final_client_mix_mean": 0.6875, "final_client_mix_std": 0.1875,
-                                  "final_client_mix_worst10": 0.5})
+                                  "final_client_mix_worst10": 0.5, "final_client_mix_seeds": 2})
+
+
+def test_a_view_from_fewer_seeds_than_the_row_says_so(tmp_path):
+    """A row of 2 seeds, one run made before the label-mix view existed: the cell is that one
+    seed's spread and says '(1/2 seeds)' instead of passing for the row's mean."""
+    runs = tmp_path / "runs"
+    write_mix_run(runs, "fedavg", 0, [0.6], [1.0, 0.5], [[2, 2], [0, 4]])
+    write_mix_run(runs, "fedavg", 1, [0.6], [1.0, 0.5], [[3, 0], [0, 1]])
+    (runs / "fedavg-seed1" / PER_CLASS_FILE).unlink()
+    row = {"seeds": 2, **client_mix_columns([runs / "fedavg-seed0", runs / "fedavg-seed1"])}
+    assert client_cells(row, MIX_COLUMNS) == "0.6250 / 0.1250 / 0.5000 (1/2 seeds)"
+    assert client_cells({**row, "seeds": 1}, MIX_COLUMNS) == "0.6250 / 0.1250 / 0.5000"
 
 
 def test_without_counts_or_data_the_column_stays_empty(tmp_path):
@@ -83,7 +97,8 @@ def test_without_counts_or_data_the_column_stays_empty(tmp_path):
     write_mix_run(runs, "fedavg", 0, [0.6], [1.0, 0.5], None)  # no counts kept, summary without a data spec
     d = runs / "fedavg-seed0"
     assert run_label_counts(d) is None and run_label_counts(d, compute=True) is None
-    assert all(math.isnan(v) for v in client_mix_columns([d], compute=True).values())
+    cols = client_mix_columns([d], compute=True)
+    assert cols.pop("final_client_mix_seeds") == 0 and all(math.isnan(v) for v in cols.values())
 
 
 def test_collect_keeps_per_class_and_counts_and_the_table_shows_the_mix(tmp_path, shared_data, monkeypatch):

@@ -91,7 +91,8 @@ def run_label_counts(run_dir: Path, compute: bool = False) -> np.ndarray | None:
 
 def client_mix_columns(dirs: list[Path], compute: bool = False) -> dict[str, float]:
     """``final_client_mix_mean/_std/_worst10``: the spread over clients at each run's last
-    evaluated round, mean over the runs (seeds) that have both inputs; NaN when none has."""
+    evaluated round, mean over the runs (seeds) that have both inputs; NaN when none has;
+    ``final_client_mix_seeds``: how many runs that is."""
     per_seed: dict[str, list[float]] = {c: [] for c in MIX_COLUMNS}
     for d in dirs:
         per_class, counts = last_per_class(d), run_label_counts(d, compute)
@@ -101,4 +102,5 @@ def client_mix_columns(dirs: list[Path], compute: bool = False) -> dict[str, flo
         if n:
             for c, v in zip(MIX_COLUMNS, (mean, std, worst)):
                 per_seed[c].append(v)
-    return {f"final_{c}": float(np.mean(v)) if v else math.nan for c, v in per_seed.items()}
+    return {**{f"final_{c}": float(np.mean(v)) if v else math.nan for c, v in per_seed.items()},
+            "final_client_mix_seeds": len(per_seed[MIX_COLUMNS[0]])}

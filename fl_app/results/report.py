@@ -377,16 +377,27 @@ def client_columns(dirs: list[Path]) -> dict[str, float]:
         for c in CLIENT_COLUMNS:
             if rows and isinstance(rows[-1].get(c), (int, float)):
                 per_seed[c].append(float(rows[-1][c]))
-    return {f"final_{c}": mean_std(v)[0] for c, v in per_seed.items()}
+    return {**{f"final_{c}": mean_std(v)[0] for c, v in per_seed.items()},
+            seeds_key(CLIENT_COLUMNS): len(per_seed[CLIENT_COLUMNS[0]])}
+
+
+def seeds_key(columns: tuple[str, ...]) -> str:
+    """The row key counting the seeds behind a view's columns (``final_client_mix_seeds``):
+    runs made before a view existed leave it out, so it may rest on fewer seeds than the row."""
+    return f"final_{columns[0].rsplit('_', 1)[0]}_seeds"
 
 
 def client_cells(r: dict, columns: tuple[str, ...] = CLIENT_COLUMNS) -> str:
     """'mean / std / worst 10%' of the clients' final accuracies (``columns``: their local test
-    splits, or ``MIX_COLUMNS``: their label mixes), '-' where the row has none."""
+    splits, or ``MIX_COLUMNS``: their label mixes), '-' where the row has none, and
+    '(k/n seeds)' when only k of the row's n seeds have them (the rest ran before the view
+    existed), so a mean over fewer seeds never passes for the row's."""
     values = [r.get(f"final_{c}", math.nan) for c in columns]
     if not all(isinstance(v, float) and math.isfinite(v) for v in values):
         return "-"
-    return " / ".join(f"{v:.4f}" for v in values)
+    have, seeds = r.get(seeds_key(columns)), r.get("seeds")
+    part = f" ({have}/{seeds} seeds)" if isinstance(have, int) and isinstance(seeds, int) and have < seeds else ""
+    return " / ".join(f"{v:.4f}" for v in values) + part
 
 
 CLIENT_HEADERS = {CLIENT_COLUMNS: "client accuracy, local test splits (final): mean / std / worst 10%",
