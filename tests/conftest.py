@@ -138,6 +138,24 @@ def simulated(sim, tmp_path_factory):
     return run
 
 
+class FakeProxy:
+    def __init__(self, cid):
+        self.cid = cid
+
+
+class FakeManager:
+    """Just enough of a ClientManager for FedAvg.configure_fit."""
+
+    def __init__(self, n):
+        self.proxies = [FakeProxy(str(i)) for i in range(n)]
+
+    def num_available(self):
+        return len(self.proxies)
+
+    def sample(self, num_clients, min_num_clients=None, criterion=None):
+        return self.proxies[:num_clients]
+
+
 def fake_context(run_config: dict | None = None) -> Context:
     return Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config=run_config or {})
 

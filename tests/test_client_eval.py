@@ -16,7 +16,8 @@ from fl_app.results.report import read_metrics
 from fl_app.server.recording import client_accuracy_stats
 from tasks.partition_spec import PartitionSpec
 from tasks.partitioning import load_client_split, load_partition, split_tensors
-from tests.test_results import FakeManager, FakeProxy, fit_res, make_strategy
+from tests.conftest import FakeManager, FakeProxy
+from tests.test_results import fit_res, make_strategy
 
 
 def test_client_accuracy_stats_by_hand():

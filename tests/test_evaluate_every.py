@@ -14,7 +14,8 @@ import numpy as np
 from fl_app.config import ConfigError, validate_config
 from fl_app.results.report import curves, plot
 from fl_app.server.recording import evaluated_round
-from tests.test_results import FakeManager, FakeProxy, fit_res, make_strategy
+from tests.conftest import FakeManager, FakeProxy
+from tests.test_results import fit_res, make_strategy
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("make_results", ROOT / "scripts" / "make_results.py")

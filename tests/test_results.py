@@ -10,24 +10,7 @@ from fl_app.config import validate_config
 from fl_app.results.report import compare, read_metrics, read_summary, write_comparison
 from fl_app.server.recording import RecordingStrategy, summarise_client_metrics
 from strategies.base import DriftFedAvg, fedavg_kwargs
-
-
-class FakeProxy:
-    def __init__(self, cid):
-        self.cid = cid
-
-
-class FakeManager:
-    """Just enough of a ClientManager for FedAvg.configure_fit."""
-
-    def __init__(self, n):
-        self.proxies = [FakeProxy(str(i)) for i in range(n)]
-
-    def num_available(self):
-        return len(self.proxies)
-
-    def sample(self, num_clients, min_num_clients=None, criterion=None):
-        return self.proxies[:num_clients]
+from tests.conftest import FakeManager, FakeProxy
 
 
 def fit_res(arrays, n, metrics):

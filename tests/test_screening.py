@@ -21,6 +21,7 @@ from fl_app.server.screening import (
     update_norm,
 )
 from strategies.base import DriftFedAvg, fedavg_kwargs
+from tests.conftest import FakeManager, FakeProxy
 from tests.helpers_baselines import fit_res
 
 # w_t: a float matrix, a float vector, an integer buffer (BN's num_batches_tracked)
@@ -97,20 +98,6 @@ def test_median_and_trimmed_mean_by_hand():
 
 
 # ------------------------------------------------------------------ through RecordingStrategy
-class FakeProxy:
-    def __init__(self, cid):
-        self.cid = cid
-
-
-class FakeManager:
-    def __init__(self, n):
-        self.proxies = [FakeProxy(str(i)) for i in range(n)]
-
-    def num_available(self):
-        return len(self.proxies)
-
-    def sample(self, num_clients, min_num_clients=None, criterion=None):
-        return self.proxies[:num_clients]
 
 
 def recorder(tmp_path, strategy_cls=DriftFedAvg, **overrides):
