@@ -12,7 +12,15 @@ from Flower's strategy wrappers.
 - Client: plain local SGD; nothing in the client class changes (the clipping is the mod's).
 - State: the server counts the rounds released and the sampling rate q = m / N for the
   accountant. Keys: `dp-mode` (`client` | `server`, default `client`), `dp-noise-multiplier`
-  z (0.1, ≥ 0), `dp-clipping-norm` C (1.0, > 0), `dp-delta` δ (1e-5, in (0, 1)).
+  z (0.1, ≥ 0), `dp-clipping-norm` C (1.0, > 0), `dp-delta` δ (1e-5, in (0, 1)),
+  `dp-noise-seeded` (false).
+- Reproducible noise: Flower's wrappers draw the noise from NumPy's global generator, which
+  nothing seeds, so two runs of one seed differ and a resumed run differs from an
+  uninterrupted one. With `dp-noise-seeded = true` round t's noise comes from a generator
+  seeded by (seed, t), and the global generator is put back afterwards: one seed, one model,
+  and a resumed run draws the noise an uninterrupted one would. For comparing methods in
+  simulation only: whoever knows the seed can recompute and subtract the noise, so ε then
+  protects nothing.
 - Server metrics: `dp_noise_std`, and `dp_epsilon`: ε at δ after the rounds so far, from the
   Rényi-DP bound of the Poisson-subsampled Gaussian mechanism at q = m / N (integer orders
   2..256). Omitted when z = 0.

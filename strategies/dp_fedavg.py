@@ -14,11 +14,16 @@ epsilon reported per round (``dp_epsilon``, at ``dp-delta``) is the RDP bound of
 Poisson-subsampled Gaussian mechanism at q = m / N over the rounds so far (Mironov et
 al. 2019, integer orders 2..256), an approximation for fixed-size sampling as in
 McMahan et al. 2018; it is omitted when z = 0.
+
+``dp-noise-seeded``: the noise drawn from (seed, round), see ``global_numpy_seeded`` and
+clients/dp_fedavg.py.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 from flwr.common import FitRes
@@ -77,6 +82,21 @@ def uses_client_clipping(run_config) -> bool:
     )
 
 
+@contextmanager
+def global_numpy_seeded(seed: int | None, server_round: int) -> Iterator[None]:
+    """NumPy's global generator seeded by (seed, round) inside the block and restored after it
+    (Flower's DP wrappers draw their noise from it); no change at all when ``seed`` is None."""
+    if seed is None:
+        yield
+        return
+    saved = np.random.get_state()
+    np.random.seed(int(np.random.SeedSequence([seed, server_round]).generate_state(1)[0]))
+    try:
+        yield
+    finally:
+        np.random.set_state(saved)
+
+
 class UniformFedAvg(DriftFedAvg):
     """FedAvg with equal client weights (the mean the DP noise is calibrated for)."""
 
@@ -91,9 +111,10 @@ class UniformFedAvg(DriftFedAvg):
 class _Accounting:
     """Sets the wrappers' num_sampled_clients from the real sample; reports epsilon."""
 
-    def __init__(self, strategy, noise_multiplier, clipping_norm, num_sampled_clients, delta):
+    def __init__(self, strategy, noise_multiplier, clipping_norm, num_sampled_clients, delta, noise_seed=None):
         super().__init__(strategy, noise_multiplier, clipping_norm, num_sampled_clients)
         self.delta = delta
+        self.noise_seed = noise_seed  # None: Flower's unseeded draw (see dp-noise-seeded)
         self.rounds = 0
         self.sampling_rate = 1.0
 
@@ -114,7 +135,8 @@ class _Accounting:
         return instructions
 
     def aggregate_fit(self, server_round, results, failures):
-        parameters, metrics = super().aggregate_fit(server_round, results, failures)
+        with global_numpy_seeded(self.noise_seed, server_round):
+            parameters, metrics = super().aggregate_fit(server_round, results, failures)
         if parameters is None:
             return parameters, metrics
         self.rounds += 1
@@ -146,6 +168,7 @@ class DPFedAvgStrategy(FromConfig):
         "dp-noise-multiplier": Key(0.1, non_negative, ">= 0"),
         "dp-clipping-norm": Key(1.0, positive, "> 0"),
         "dp-delta": Key(1e-5, lambda v: 0 < v < 1, "in (0, 1)"),
+        "dp-noise-seeded": Key(False),  # noise from (seed, round): reproducible, not private
     }
 
     @classmethod
@@ -167,4 +190,5 @@ class DPFedAvgStrategy(FromConfig):
             clipping_norm=cfg["dp-clipping-norm"],
             num_sampled_clients=max(1, cfg["min-fit-clients"]),  # replaced by the real sample size
             delta=cfg["dp-delta"],
+            noise_seed=cfg["seed"] if cfg["dp-noise-seeded"] else None,
         )

@@ -1,4 +1,5 @@
-"""DP-FedAvg: with zero noise the aggregate's update respects the clipping bound (both modes)."""
+"""DP-FedAvg: with zero noise the aggregate's update respects the clipping bound (both modes);
+the opt-in seeded noise is reproducible per (seed, round)."""
 
 import math
 
@@ -114,3 +115,38 @@ def test_refusal_lists_every_model_without_integer_buffers():
     choices = str(err.value).split("valid choices: ")[1].split(", ")
     assert choices == ["cnn", "cnn-small", "lenet", "resnet18", "vgg11", "mlp", "logreg"]
     DPFedAvgStrategy.from_config(_cfg(dataset="mnist", model="vgg11"))  # accepted, as listed
+
+
+def _noisy_round(seed_key: bool, seed: int, server_round: int = 3):
+    """One server-side DP round of fixed client updates; returns the released model."""
+    cfg = _cfg(**{"dp-mode": "server", "dp-noise-multiplier": 1.0, "dp-noise-seeded": seed_key, "seed": seed})
+    strategy = DPFedAvgStrategy.from_config(cfg)
+    rng = np.random.default_rng(7)
+    w_t = [rng.standard_normal((10, 60)).astype(np.float32)]
+    clients = _updates(rng, w_t, (0.1, 0.2))
+    strategy.current_round_params = [a.copy() for a in w_t]
+    strategy.num_sampled_clients = 2
+    params, _ = strategy.aggregate_fit(server_round, [(None, fit_res(c, 1)) for c in clients], [])
+    return parameters_to_ndarrays(params)[0]
+
+
+def test_seeded_noise_gives_one_model_per_seed_and_round_and_leaves_numpy_alone():
+    """dp-noise-seeded: the same (seed, round) releases the same model whatever NumPy's global
+    generator holds (so a resumed run draws what an uninterrupted one would); another seed or
+    round other noise; the global generator is as it was. Off (the default): Flower's draw from
+    the global generator, as before."""
+    np.random.seed(123)
+    first = _noisy_round(True, seed=0)
+    after = np.random.get_state()[1].copy()
+    np.random.seed(999)  # a different global state must not matter
+    again = _noisy_round(True, seed=0)
+    np.testing.assert_array_equal(first, again)
+    np.random.seed(123)  # the seeded round left the global generator where seed 123 put it
+    np.testing.assert_array_equal(after, np.random.get_state()[1])
+    assert not np.array_equal(first, _noisy_round(True, seed=1))
+    assert not np.array_equal(first, _noisy_round(True, seed=0, server_round=4))
+    np.random.seed(5)
+    unseeded = _noisy_round(False, seed=0)
+    np.random.seed(5)
+    np.testing.assert_array_equal(unseeded, _noisy_round(False, seed=0))  # Flower's global draw
+    assert not np.array_equal(unseeded, first)
