@@ -71,6 +71,7 @@ if __name__ == "__main__" and missing_data_dir(sys.argv[1:]):
 
 
 from fl_app.config import ConfigError, parse_override, validate_config
+from fl_app.config import spec as config_keys
 from fl_app.registry import get_method, method_names
 from fl_app.results.report import compare, plot, plot_curves, plot_drift, read_summary, write_comparison
 from fl_app.server.checkpoint import CHECKPOINT, load_checkpoint
@@ -232,6 +233,18 @@ def build_configs(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str, i
 IGNORED_ON_RERUN = {"resume", "results-dir"}  # by design: continuation flag; the folder may move
 
 
+def as_read_now(recorded: dict) -> dict:
+    """A run's recorded config as this code reads it: a key added since the run was made takes
+    its default (a new key's default is the behaviour before it existed), so asking for another
+    value of it is a change too; keys removed since are kept as recorded. A recorded config
+    this code refuses is compared as it stands."""
+    keys = config_keys()
+    try:
+        return {**recorded, **validate_config({k: v for k, v in recorded.items() if k in keys})}
+    except ConfigError:
+        return recorded
+
+
 def changed_runs(configs: list[tuple[str, int, dict]], runs_dir: Path, env_data_dir: str | None = None) -> list[str]:
     """Runs in ``runs_dir`` (finished, or started and checkpointed) whose recorded config
     differs from what is asked now: keeping or continuing them would mix two experiments."""
@@ -244,7 +257,7 @@ def changed_runs(configs: list[tuple[str, int, dict]], runs_dir: Path, env_data_
         if recorded is None:
             continue
         wanted = validate_config(raw)
-        recorded = {**recorded, "data-dir": resolve_data_dir(recorded.get("data-dir", ""), env_data_dir)}
+        recorded = {**as_read_now(recorded), "data-dir": resolve_data_dir(recorded.get("data-dir", ""), env_data_dir)}
         diff = [f"{k} {recorded[k]!r} -> {wanted[k]!r}" for k in wanted
                 if k in recorded and k not in IGNORED_ON_RERUN and recorded[k] != wanted[k]]
         if diff:

@@ -263,6 +263,26 @@ def test_rerun_refuses_runs_made_with_another_config(tmp_path):
     assert len(problems) == 1 and "fedprox-seed0" in problems[0] and "num-server-rounds 2 -> 3" in problems[0]
 
 
+def test_rerun_refuses_an_old_run_for_a_key_added_after_it_unless_asked_at_its_default(tmp_path):
+    """A run made before a key existed recorded no value for it; it ran as the key's default.
+    Asking for another value now is a change (it was kept silently before), the default is not."""
+    import json
+
+    import run_simulation
+    from fl_app.config import validate_config
+
+    base = ["--strategy", "dp-fedavg", "--dataset", "synthetic", "--rounds", "3", "--set", "model=logreg"]
+    configs = run_simulation.build_configs(run_simulation.parse_args(base), tmp_path)
+    old = validate_config(configs[0][2])
+    del old["dp-noise-seeded"]  # as recorded by the code before the key was added
+    (tmp_path / "dp-fedavg-seed0").mkdir()
+    (tmp_path / "dp-fedavg-seed0" / "summary.json").write_text(json.dumps({"config": old}))
+    assert run_simulation.changed_runs(configs, tmp_path) == []
+    seeded = run_simulation.build_configs(run_simulation.parse_args([*base, "--set", "dp-noise-seeded=true"]), tmp_path)
+    problems = run_simulation.changed_runs(seeded, tmp_path)
+    assert len(problems) == 1 and "dp-noise-seeded False -> True" in problems[0]
+
+
 
 SEARCH = """
 name = "search"

@@ -191,15 +191,16 @@ def test_check_says_which_runs_are_kept_or_continued_and_estimates_only_what_is_
     assert run_simulation.main([*exp, "--check"]) == 0
     assert "for 2 runs (" in capsys.readouterr().out
     runs = tmp_path / "o" / "runs"
+    configs = {raw["run-name"]: raw for _, _, raw in run_simulation.build_configs(run_simulation.parse_args(exp), runs)}
     (runs / "fedavg-seed0").mkdir(parents=True)
-    (runs / "fedavg-seed0" / "summary.json").write_text(json.dumps({"config": {"strategy": "fedavg"}}))
+    (runs / "fedavg-seed0" / "summary.json").write_text(json.dumps({"config": configs["fedavg-seed0"]}))
     small_checkpoint(runs / "fedprox-seed0")  # written after round 2 of 5
     assert run_simulation.main([*exp, "--check"]) == 0
     out = capsys.readouterr().out
     assert "fedavg seed 0 -> " in out and "(finished, kept)" in out
     assert "fedprox seed 0 -> " in out and "(continues after round 2)" in out
     assert "for 1 runs (1 finished runs kept)" in out
-    (runs / "fedprox-seed0" / "summary.json").write_text(json.dumps({"config": {"strategy": "fedprox"}}))
+    (runs / "fedprox-seed0" / "summary.json").write_text(json.dumps({"config": configs["fedprox-seed0"]}))
     assert run_simulation.main([*exp, "--check"]) == 0
     assert "nothing left to run (2 finished runs kept)" in capsys.readouterr().out
 
