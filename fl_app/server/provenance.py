@@ -21,17 +21,20 @@ def code_revision(where: Path | None = None) -> str:
     if os.environ.get("FL_DRIFT_REVISION"):
         return os.environ["FL_DRIFT_REVISION"]
     here = Path(__file__).resolve()
-    candidates = [where] if where else [here.parent.parent, Path.cwd()]
+    inside = Path(*__name__.split(".")).with_suffix(".py")  # fl_app/server/provenance.py in a checkout
+    candidates = [where] if where else [here.parents[len(inside.parts) - 1], Path.cwd()]
     for folder in candidates:
-        mine = folder / "fl_app" / "provenance.py"
+        mine = folder / inside
         try:
             if not mine.is_file() or mine.read_bytes() != here.read_bytes():
                 continue
-            commit = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True,
-                                    text=True, timeout=5, check=True).stdout.strip()
+            top, commit = subprocess.run(["git", "-C", str(folder), "rev-parse", "--show-toplevel", "HEAD"],
+                                         capture_output=True, text=True, timeout=5, check=True).stdout.splitlines()
+            if Path(top).resolve() != folder.resolve():  # an installed copy inside some other repository
+                continue
             dirty = subprocess.run(["git", "-C", str(folder), "status", "--porcelain", "--untracked-files=no"],
                                    capture_output=True, text=True, timeout=5, check=True).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
+        except (OSError, subprocess.SubprocessError, ValueError):
             continue
         if commit:
             return f"{commit}+dirty" if dirty else commit
