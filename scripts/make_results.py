@@ -46,6 +46,8 @@ from fl_app.registry import method_names  # noqa: E402
 from fl_app.results.clientmix import LABEL_COUNTS_FILE, PER_CLASS_FILE, client_mix_columns, run_label_counts  # noqa: E402
 from fl_app.results.report import (  # noqa: E402
     CLIENT_HEADERS,
+    TAIL_KEY,
+    TAIL_ROUNDS,
     accuracy_by_seed,
     client_cells,
     client_columns,
@@ -262,9 +264,13 @@ def claim_lines(exp: dict, dirs: dict[str, list[Path]]) -> list[str]:
     paper = exp.get("paper-results", {})
     lines = [f"Claimed orderings ({key} accuracy, paired by seed: same partition and client sampling; mean "
              "difference better − worse with its 95% Student t interval over seeds; `holds` = interval above "
-             "0, `refuted` = below 0, `undecided` = contains 0 or fewer than 2 paired seeds):", "",
-             "| claim | source | paper | difference here [95% CI] | paired seeds | verdict |",
-             "|---|---|---|---|---|---|"]
+             "0, `refuted` = below 0, `undecided` = contains 0 or fewer than 2 paired seeds). The verdict is "
+             f"on the paper's metric; the column after it is the same test on each run's mean accuracy over "
+             f"its last {TAIL_ROUNDS} rounds, which tells an ordering lost in one round's swing from one that "
+             "is not there:", "",
+             f"| claim | source | paper | difference here [95% CI] | paired seeds | verdict "
+             f"| last {TAIL_ROUNDS} rounds [95% CI] |",
+             "|---|---|---|---|---|---|---|"]
     for c in claims:
         if c.better in paper and c.worse in paper:
             pv = f"{paper[c.better] - paper[c.worse]:+.4f}"
@@ -272,10 +278,13 @@ def claim_lines(exp: dict, dirs: dict[str, list[Path]]) -> list[str]:
             pv = "-"
         a, b = (accuracy_by_seed(dirs[m], f"{key}_accuracy") for m in (c.better, c.worse))
         if not a or not b:
-            lines.append(f"| {c.text()} | {c.source or '-'} | {pv} | {NOT_RUN} | 0 | {NOT_RUN} |")
+            lines.append(f"| {c.text()} | {c.source or '-'} | {pv} | {NOT_RUN} | 0 | {NOT_RUN} | - |")
             continue
         d = paired_difference(a, b)
-        lines.append(f"| {c.text()} | {c.source or '-'} | {pv} | {fmt_paired(d)} | {d.n} | **{d.verdict}** |")
+        t = paired_difference(*(accuracy_by_seed(dirs[m], TAIL_KEY) for m in (c.better, c.worse)))
+        tail = f"{fmt_paired(t)} {t.verdict}" if t.n else "-"
+        lines.append(f"| {c.text()} | {c.source or '-'} | {pv} | {fmt_paired(d)} | {d.n} | **{d.verdict}** "
+                     f"| {tail} |")
     return lines + [""]
 
 

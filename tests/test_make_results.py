@@ -157,16 +157,19 @@ def test_claims_paired_interval_and_verdict(report):
     # fedsol - fedavg final, per seed: 0.7 - 0.6 = 0.10, 0.45 - 0.4 = 0.05; mean 0.075,
     # sd 0.035355, t(0.975, df 1) = 12.706: half width 12.706 * 0.035355 / sqrt(2) = 0.31765.
     cells = claim_row(toy, "fedsol > fedavg")
-    assert cells[:3] + cells[4:] == ["fedsol > fedavg", "paper-results: 0.6400 vs 0.5600", "+0.0800", "2",
-                                     "**undecided**"]
+    assert cells[:3] + cells[4:6] == ["fedsol > fedavg", "paper-results: 0.6400 vs 0.5600", "+0.0800", "2",
+                                      "**undecided**"]
+    # last 5 rounds (all 3 here): seed 0 0.5333 - 0.4333 = 0.10, seed 1 0.41 - 0.45 = -0.04; mean 0.03,
+    # sd 0.098995, half width 12.706 * 0.098995 / sqrt(2) = 0.88942
+    assert cells[6] == "+0.0300 [-0.8594, +0.9194] undecided"
     mean, low, high = (float(x) for x in cells[3].replace("[", "").replace("]", "").replace(",", "").split())
     assert (mean, low, high) == pytest.approx((0.075, 0.075 - 0.31765, 0.075 + 0.31765), abs=1.01e-4)
     # The strongest baseline of the paper's table (FedNTD 0.63) has no finished run.
-    assert claim_row(toy, "fedsol > fedntd")[3:] == ["not run yet", "0", "not run yet"]
+    assert claim_row(toy, "fedsol > fedntd")[3:] == ["not run yet", "0", "not run yet", "-"]
     best = section(text, "bestcell")
     # "best" in the paper entry: best accuracies, 0.88 - 0.90 on one seed: no interval.
     assert "(best accuracy, paired by seed" in best
-    assert claim_row(best, "fedpgvc > fedavg")[3:] == ["-0.0200 (1 seed, no interval)", "1", "**undecided**"]
+    assert claim_row(best, "fedpgvc > fedavg")[3:6] == ["-0.0200 (1 seed, no interval)", "1", "**undecided**"]
 
 
 def test_explicit_claims_refuted_and_holds(tmp_path):
@@ -183,9 +186,28 @@ def test_explicit_claims_refuted_and_holds(tmp_path):
     sec = section(text, "c")
     # d = g - a = -0.05, -0.04, -0.06: mean -0.05, sd 0.01, t(df 2) = 4.303: half 0.024843.
     assert claim_row(sec, "fedgam > fedavg")[1:] == ["Table 3", "+0.0300", "-0.0500 [-0.0748, -0.0252]", "3",
-                                                     "**refuted**"]
+                                                     "**refuted**", "-0.0500 [-0.0748, -0.0252] refuted"]
     assert claim_row(sec, "fedgam > fedavg")[1] == "Table 3"
     assert sec.count("| fedgam > fedavg |") == 2  # "fedavg < fedgam" is the same claim turned round
+
+
+def test_last_rounds_column_separates_an_ordering_that_one_round_hides(tmp_path):
+    """Runs whose last round swings: the paper's metric (final accuracy) leaves the claim
+    undecided, the mean over the last 5 rounds decides it (hand computation)."""
+    exps, results = tmp_path / "experiments", tmp_path / "results"
+    exps.mkdir()
+    (exps / "c.toml").write_text(GHOST.replace('name = "ghost"', 'name = "c"').replace(
+        "seeds = [0, 1]", "seeds = [0, 1, 2]"))
+    runs = results / "c" / "runs"
+    for seed, (x, y) in enumerate([(0.75, 0.70), (0.70, 0.72), (0.72, 0.73)]):
+        write_run(runs, "fedavg", seed, [0.1, 0.7, 0.7, 0.7, 0.7, x])  # round 1 is outside the last 5
+        write_run(runs, "fedgam", seed, [0.9, 0.8, 0.8, 0.8, 0.8, y])
+    cells = claim_row(section(mr.make_results(exps, results, tmp_path / "r.md"), "c"), "fedgam > fedavg")
+    # final: -0.05, +0.02, +0.01: mean -0.00667, sd 0.037859, half 4.303 * 0.037859 / sqrt(3) = 0.094055
+    assert cells[3:6] == ["-0.0067 [-0.1007, +0.0874]", "3", "**undecided**"]
+    # last 5: (4 x 0.10 + final difference) / 5 = 0.070, 0.084, 0.082: mean 0.078667, sd 0.0075719,
+    # half 4.303 * 0.0075719 / sqrt(3) = 0.018811
+    assert cells[6] == "+0.0787 [+0.0599, +0.0975] holds"
 
 
 def test_bad_claim_is_one_clear_error():

@@ -96,21 +96,35 @@ def reference_row(labels: list[str]) -> str | None:
     return "fedavg" if "fedavg" in labels else (labels[0] if labels else None)
 
 
+TAIL_ROUNDS = 5
+TAIL_KEY = "tail_accuracy"  # accuracy_by_seed's key for tail_accuracy
+
+
+def tail_accuracy(run_dir: Path, rounds: int = TAIL_ROUNDS) -> float | None:
+    """Mean test accuracy over the run's last ``rounds`` evaluated rounds (None without any):
+    the end of a run less at the mercy of one round, since a label-skewed run's accuracy swings
+    by points from one round to the next."""
+    accs = [r["test_accuracy"] for r in read_metrics(run_dir)
+            if isinstance(r.get("test_accuracy"), (int, float)) and math.isfinite(r["test_accuracy"])]
+    return sum(accs[-rounds:]) / len(accs[-rounds:]) if accs else None
+
+
 def accuracy_by_seed(dirs: list[Path], key: str = "final_accuracy") -> dict[int, float]:
-    """{seed: the run's final (or best) accuracy} over the finished runs of one row; the seed
-    is the run's recorded config seed, else the ``-seed<N>`` ending of its folder name (runs
-    whose seed is neither are left out: they cannot be paired; untrained runs are no result
-    and are left out too)."""
+    """{seed: the run's final (or best) accuracy, or with ``TAIL_KEY`` its ``tail_accuracy``}
+    over the finished runs of one row; the seed is the run's recorded config seed, else the
+    ``-seed<N>`` ending of its folder name (runs whose seed is neither are left out: they
+    cannot be paired; untrained runs are no result and are left out too)."""
     out = {}
     for d in dirs:
         s = read_summary(d)
-        if s is not None and s.get("untrained"):
+        if s is None or s.get("untrained"):
             continue
-        seed = (s or {}).get("config", {}).get("seed")
+        seed = s.get("config", {}).get("seed")
         if seed is None and re.search(r"-seed(\d+)$", Path(d).name):
             seed = re.search(r"-seed(\d+)$", Path(d).name).group(1)
-        if s is not None and s.get(key) is not None and seed is not None:
-            out[int(seed)] = float(s[key])
+        value = tail_accuracy(d) if key == TAIL_KEY else s.get(key)
+        if value is not None and seed is not None:
+            out[int(seed)] = float(value)
     return out
 
 
