@@ -140,9 +140,15 @@ def test_comparison_paired_difference_against_fedavg(tmp_path):
             (d / "summary.json").write_text(json.dumps({"final_accuracy": final, "best_accuracy": final,
                                                         "total_seconds": 1.0, "rounds": 3,
                                                         "config": {"seed": seed}}))
+            # 6 rounds: the last 5 are 0.5 four times and the final accuracy (round 1 is left out)
+            accs = [0.1, 0.5, 0.5, 0.5, 0.5, final]
+            (d / "metrics.csv").write_text("round,test_accuracy\n" + "".join(f"{i},{a}\n" for i, a in enumerate(accs, 1)))
             runs.setdefault(method, []).append(d)
     table = compare(runs)
     prox = table[0]
+    # last 5 rounds: the four equal rounds cancel, so each seed's difference is (final difference) / 5
+    assert prox["tail_diff_seeds"] == 3 and abs(prox["tail_diff_mean"] - 0.004) < 1e-12
+    assert abs(prox["tail_diff_ci_high"] - (0.004 + 0.024843 / 5)) < 1e-6
     # d = 0.02, 0.01, 0.03: mean 0.02, sd 0.01, t(0.975, df 2) = 4.303: half 4.303 * 0.01 / sqrt(3) = 0.024843
     assert prox["paired_reference"] == "fedavg" and prox["paired_seeds"] == 3
     assert abs(prox["final_diff_mean"] - 0.02) < 1e-12
@@ -152,8 +158,10 @@ def test_comparison_paired_difference_against_fedavg(tmp_path):
     write_comparison(table, tmp_path / "out")
     md = (tmp_path / "out" / "comparison.md").read_text()
     assert "final − fedavg, paired (95% CI)" in md and "+0.0200 [-0.0048, +0.0448]" in md
+    assert "last 5 rounds − fedavg, paired (95% CI)" in md and "+0.0040 [-0.0010, +0.0090]" in md
     header = (tmp_path / "out" / "comparison.csv").read_text().splitlines()[0]
-    assert header.endswith("paired_reference,paired_seeds,final_diff_mean,final_diff_ci_low,final_diff_ci_high")
+    assert header.endswith("paired_reference,paired_seeds,final_diff_mean,final_diff_ci_low,final_diff_ci_high,"
+                           "tail_diff_seeds,tail_diff_mean,tail_diff_ci_low,tail_diff_ci_high")
 
 
 def test_comparison_without_a_second_seed_has_no_paired_columns(tmp_path):

@@ -131,17 +131,21 @@ def accuracy_by_seed(dirs: list[Path], key: str = "final_accuracy") -> dict[int,
 def add_paired_columns(table: list[dict], runs: dict[str, list[Path]]) -> None:
     """When some row has >= 2 seeds: per row, its final accuracy minus the reference row's
     (``reference_row``), paired by seed, as the mean and its 95% t interval over the seeds
-    both ran (``fl_app.results.stats``); empty cells for the reference itself and for n < 2."""
+    both ran (``fl_app.results.stats``), and the same for the mean accuracy over the last
+    ``TAIL_ROUNDS`` rounds (``tail_*``, with its own seed count: runs without metrics.csv have
+    none); empty cells for the reference itself and for n < 2."""
     ref = reference_row(list(runs))
     if ref is None or max((r["seeds"] for r in table), default=0) < 2:
         return
-    base = accuracy_by_seed(runs[ref])
-    for r in table:
-        p = paired_difference(accuracy_by_seed(runs[r["method"]]), base)
-        own = r["method"] == ref or p.n < 2
-        r.update({"paired_reference": ref, "paired_seeds": 0 if r["method"] == ref else p.n,
-                  "final_diff_mean": None if r["method"] == ref else p.mean,
-                  "final_diff_ci_low": None if own else p.low, "final_diff_ci_high": None if own else p.high})
+    for prefix, key, seeds in (("final", "final_accuracy", "paired_seeds"), ("tail", TAIL_KEY, "tail_diff_seeds")):
+        base = accuracy_by_seed(runs[ref], key)
+        for r in table:
+            p = paired_difference(accuracy_by_seed(runs[r["method"]], key), base)
+            own = r["method"] == ref or p.n < 2
+            r.update({"paired_reference": ref, seeds: 0 if r["method"] == ref else p.n,
+                      f"{prefix}_diff_mean": None if r["method"] == ref or p.n == 0 else p.mean,
+                      f"{prefix}_diff_ci_low": None if own else p.low,
+                      f"{prefix}_diff_ci_high": None if own else p.high})
 
 
 def _pm(mean: float, std: float | None) -> str:
@@ -159,13 +163,14 @@ def write_comparison(table: list[dict], out: Path) -> None:
         writer.writeheader()
         writer.writerows(table)
     ref = table[0].get("paired_reference") if table else None
-    paired = f" final − {ref}, paired (95% CI) |" if ref else ""
+    paired = (f" final − {ref}, paired (95% CI) | last {TAIL_ROUNDS} rounds − {ref}, paired (95% CI) |"
+              if ref else "")
     views = client_views(table)
     extra = "".join(f" {CLIENT_HEADERS[v]} |" for v in views) + paired
     lines = [
         "| method | seeds | rounds | final accuracy | best accuracy | seconds/run "
         "| update diversity (mean) | final min-class accuracy |" + extra,
-        "|---|---|---|---|---|---|---|---|" + "---|" * (len(views) + bool(ref)),
+        "|---|---|---|---|---|---|---|---|" + "---|" * (len(views) + 2 * bool(ref)),
     ]
     for r in table:
         lines.append(
@@ -173,12 +178,13 @@ def write_comparison(table: list[dict], out: Path) -> None:
             f"{_pm(r['final_accuracy_mean'], r['final_accuracy_std'])} | "
             f"{_pm(r['best_accuracy_mean'], r['best_accuracy_std'])} | {r['seconds_mean']:.1f} |"
             + _drift_cells(r) + "".join(f" {client_cells(r, v)} |" for v in views)
-            + (f" {_paired_cell(r, ref)} |" if ref else "")
+            + (f" {_paired_cell(r, ref)} | {_paired_cell(r, ref, 'tail')} |" if ref else "")
         )
     if ref:
-        lines += ["", f"Paired column: per seed, the row's final accuracy minus {ref}'s on the same seed (same "
-                  "partition and client sampling), mean over seeds [95% Student t interval]; an interval "
-                  "that excludes 0 is a resolved difference."]
+        lines += ["", f"Paired columns: per seed, the row's final accuracy (then its mean accuracy over the last "
+                  f"{TAIL_ROUNDS} rounds) minus {ref}'s on the same seed (same partition and client sampling), "
+                  "mean over seeds [95% Student t interval]; an interval that excludes 0 is a resolved "
+                  "difference. The last-rounds column is less at the mercy of one round's swing."]
     if any(r["seeds"] == 1 for r in table):
         lines.append("")
         lines.append("Rows with 1 seed show no ± (no spread from n=1).")
@@ -200,12 +206,12 @@ def initial_row(run_dir: Path) -> list[dict]:
     summary = read_summary(run_dir) or {}
     row = {column: summary[key] for column, key in INITIAL.items() if isinstance(summary.get(key), (int, float))}
     return [{"round": 0, **row}] if row else []
-def _paired_cell(r: dict, ref: str) -> str:
+def _paired_cell(r: dict, ref: str, prefix: str = "final") -> str:
     if r["method"] == ref:
         return "(reference)"
-    nan = [math.nan if r.get(k) is None else r[k] for k in ("final_diff_mean", "final_diff_ci_low",
-                                                             "final_diff_ci_high")]
-    return fmt_paired(Paired(r.get("paired_seeds", 0), *nan))
+    nan = [math.nan if r.get(k) is None else r[k] for k in (f"{prefix}_diff_mean", f"{prefix}_diff_ci_low",
+                                                             f"{prefix}_diff_ci_high")]
+    return fmt_paired(Paired(r.get("paired_seeds" if prefix == "final" else f"{prefix}_diff_seeds", 0), *nan))
 
 
 def curves(runs: dict[str, list[Path]], column: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
