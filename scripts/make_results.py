@@ -36,6 +36,7 @@ import math
 import re
 import shutil
 import sys
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -300,6 +301,7 @@ def section(path: Path, exp: dict, results: Path, figures: Path, md_dir: Path) -
         return lines + [f"**{NOT_RUN}.**", ""] + earlier
     paper = exp.get("paper-results", {})
     rows = {row: method_row(row, dirs[row], exp.get("target-accuracy"), paper.get(row)) for row in labels}
+    lines += provenance_line([d for row in labels for d in dirs[row]])
     lines += results_table(exp, table, rows)
     lines += grid_winners(table, rows)
     stops = [f"- {run}: {why}" for m in labels if rows[m]["seeds"] for run, why in rows[m]["stopped"]]
@@ -357,6 +359,21 @@ def section_header(path: Path, exp: dict) -> list[str]:
     return lines + [f"Config: `{path.as_posix()}`; planned {rc.get('num-server-rounds', '?')} rounds, seeds "
                     f"{exp.get('seeds', [0])}, {exp.get('clients', '?')} clients. Run with "
                     f"`FL_DATA_DIR=/path/to/data python run_simulation.py --config {path.as_posix()} --quiet`.", ""]
+
+
+def provenance_line(dirs: list[Path]) -> list[str]:
+    """Which code made the table's runs: each recorded revision (short) with its run count, and
+    the runs that recorded none ("unknown": made where the commit could not be read), so a table
+    whose rows or seeds come from several revisions says so."""
+    counts = Counter(str((read_summary(d) or {}).get("code_revision") or "unknown") for d in dirs)
+    if not counts:
+        return []
+    named = sorted((r for r in counts if r != "unknown"), key=lambda r: -counts[r])
+    parts = [f"`{r[:7]}{'+dirty' if r.endswith('+dirty') else ''}` ({counts[r]} runs)" for r in named]
+    if counts.get("unknown"):
+        parts.append(f"not recorded ({counts['unknown']} runs: made outside a git checkout, or between ae3771f "
+                     "and 0701d2d, when a bug hid the commit)")
+    return [f"Code that made the kept runs (git revision): {', '.join(parts)}.", ""]
 
 
 def results_table(exp: dict, table: list[tuple[str, str, str]], rows: dict[str, dict]) -> list[str]:
