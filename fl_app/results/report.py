@@ -206,6 +206,8 @@ def initial_row(run_dir: Path) -> list[dict]:
     summary = read_summary(run_dir) or {}
     row = {column: summary[key] for column, key in INITIAL.items() if isinstance(summary.get(key), (int, float))}
     return [{"round": 0, **row}] if row else []
+
+
 def _paired_cell(r: dict, ref: str, prefix: str = "final") -> str:
     if r["method"] == ref:
         return "(reference)"
