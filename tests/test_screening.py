@@ -21,7 +21,7 @@ from fl_app.server.screening import (
     update_norm,
 )
 from strategies.base import DriftFedAvg, fedavg_kwargs
-from tests.conftest import FakeManager, FakeProxy
+from tests.conftest import FakeManager
 from tests.helpers_baselines import fit_res
 
 # w_t: a float matrix, a float vector, an integer buffer (BN's num_batches_tracked)
@@ -186,14 +186,8 @@ def test_every_registered_strategy_decides_its_screening(cls):
         assert cls.SCREENING_WHY, f"{cls.__name__} refuses some screening without saying why"
 
 
-class Everyone:
-    """A client manager that hands out every proxy."""
-
-    def __init__(self, n):
-        self.proxies = [FakeProxy(str(i)) for i in range(n)]
-
-    def num_available(self):
-        return len(self.proxies)
+class Everyone(FakeManager):
+    """A client manager that hands out every proxy, whatever number is asked for."""
 
     def sample(self, num_clients, min_num_clients=None, criterion=None):
         return list(self.proxies)
