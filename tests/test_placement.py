@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from fl_app.server.placement import read_ray_nodes, record_ray_nodes
-from tests.test_results import FakeManager, FakeProxy, fit_res, make_strategy
+from tests.conftest import FakeManager, FakeProxy
+from tests.test_results import fit_res, make_strategy
 
 
 def test_rounds_record_their_ray_nodes(tmp_path):

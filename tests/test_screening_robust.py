@@ -109,8 +109,8 @@ def test_config_refusals_are_one_line(cfg, words):
 def test_krum_on_scaffold_drops_the_attackers_delta_c():
     """Krum keeps or drops a reply whole: SCAFFOLD's delta c_i (after the weights) follows it."""
     from fl_app.server.screening import Screening
+    from tests.conftest import FakeProxy
     from tests.helpers_baselines import fit_res
-    from tests.test_screening import FakeProxy
 
     cfg = validate_config({"strategy": "scaffold", "screening": "krum", "screen-attackers": 1})
     w_t = [np.zeros(3, np.float32), np.zeros(1, np.float32)]
