@@ -60,7 +60,16 @@ from fl_app.results.report import (  # noqa: E402
     read_metrics,
     read_summary,
 )
-from fl_app.results.stats import Claim, fmt_paired, paired_difference, parse_claims  # noqa: E402
+from fl_app.results.stats import (  # noqa: E402
+    HOLDS,
+    REFUTED,
+    UNDECIDED,
+    Claim,
+    Paired,
+    fmt_paired,
+    paired_difference,
+    parse_claims,
+)
 from fl_app.tooling.experiment import read_experiment  # noqa: E402
 from fl_app.tooling.plan import check_axes, grid_points, label, resolve_rows, run_name  # noqa: E402
 
@@ -255,11 +264,42 @@ def experiment_claims(exp: dict, rows: list[str]) -> list[Claim]:
     return parse_claims(derived, rows)
 
 
+def claim_tests(exp: dict, dirs: dict[str, list[Path]]) -> list[tuple[Claim, Paired | None, Paired | None]]:
+    """Each claimed ordering with its paired difference (better - worse, per seed) on the metric
+    the paper reports and on the mean of the last TAIL_ROUNDS rounds; (claim, None, None) when a
+    side has no finished run. The one place a verdict is computed: the section's claims table and
+    the overview's counts both read it."""
+    key = "best" if uses_best(exp) else "final"
+    tests = []
+    for c in experiment_claims(exp, list(dirs)):
+        a, b = (accuracy_by_seed(dirs[m], f"{key}_accuracy") for m in (c.better, c.worse))
+        if not a or not b:
+            tests.append((c, None, None))
+            continue
+        tail = paired_difference(*(accuracy_by_seed(dirs[m], TAIL_KEY) for m in (c.better, c.worse)))
+        tests.append((c, paired_difference(a, b), tail))
+    return tests
+
+
+def claims_decided(exp: dict, dirs: dict[str, list[Path]]) -> str:
+    """The overview's count of verdicts on the paper's metric ("2 holds, 1 refuted, 3 undecided"),
+    claims without runs counted apart; "-" when the experiment claims nothing (a grid without
+    claims, a search)."""
+    if exp.get("grid") and "claims" not in exp:
+        return "-"
+    tests = claim_tests(exp, dirs)
+    if not tests:
+        return "-"
+    counts = Counter(d.verdict if d is not None else NOT_RUN for _, d, _ in tests)
+    order = (HOLDS, REFUTED, UNDECIDED, NOT_RUN)
+    return ", ".join(f"{counts[v]} {v}" for v in order if counts[v])
+
+
 def claim_lines(exp: dict, dirs: dict[str, list[Path]]) -> list[str]:
     """One table row per claimed ordering: the paired difference (better - worse, per seed, on
     the metric the paper reports) with its 95% t interval over seeds and the verdict."""
-    claims = experiment_claims(exp, list(dirs))
-    if not claims:
+    tests = claim_tests(exp, dirs)
+    if not tests:
         return []
     key = "best" if uses_best(exp) else "final"
     paper = exp.get("paper-results", {})
@@ -272,17 +312,14 @@ def claim_lines(exp: dict, dirs: dict[str, list[Path]]) -> list[str]:
              f"| claim | source | paper | difference here [95% CI] | paired seeds | verdict "
              f"| last {TAIL_ROUNDS} rounds [95% CI] |",
              "|---|---|---|---|---|---|---|"]
-    for c in claims:
+    for c, d, t in tests:
         if c.better in paper and c.worse in paper:
             pv = f"{paper[c.better] - paper[c.worse]:+.4f}"
         else:
             pv = "-"
-        a, b = (accuracy_by_seed(dirs[m], f"{key}_accuracy") for m in (c.better, c.worse))
-        if not a or not b:
+        if d is None:
             lines.append(f"| {c.text()} | {c.source or '-'} | {pv} | {NOT_RUN} | 0 | {NOT_RUN} | - |")
             continue
-        d = paired_difference(a, b)
-        t = paired_difference(*(accuracy_by_seed(dirs[m], TAIL_KEY) for m in (c.better, c.worse)))
         tail = f"{fmt_paired(t)} {t.verdict}" if t.n else "-"
         lines.append(f"| {c.text()} | {c.source or '-'} | {pv} | {fmt_paired(d)} | {d.n} | **{d.verdict}** "
                      f"| {tail} |")
@@ -461,7 +498,10 @@ def make_results(experiments: Path, results: Path, out: Path) -> str:
     if not exps:
         lines += [f"No experiment files in `{experiments}`.", ""]
     else:
-        lines += ["| experiment | paper | finished runs | status | run time |", "|---|---|---|---|---|"]
+        lines += ["The claims column counts the verdicts on the paper's metric of each section's claimed "
+                  "orderings (over the runs the section shows).", "",
+                  "| experiment | paper | finished runs | status | claims | run time |",
+                  "|---|---|---|---|---|---|"]
         lines += [overview_row(path, exp, results) for path, exp in exps] + [""]
     for path, exp in exps:
         lines += section(_display_path(path), exp, results, figures, out.parent)
@@ -489,7 +529,8 @@ def overview_row(path: Path, exp: dict, results: Path) -> str:
     cell = str(exp.get("paper", "")).split(":")[0]
     seconds = sum(read_summary(d).get("total_seconds") or 0 for d in finished)
     spent = f"{seconds / 60:.1f} min" if finished else "-"
-    return f"| [{name}](#{name}) | {cell} | {done}/{planned} | {status} | {spent} |"
+    verdicts = claims_decided(exp, {row: run_dirs(runs_folder(results, name), row) for row in labels})
+    return f"| [{name}](#{name}) | {cell} | {done}/{planned} | {status} | {verdicts} | {spent} |"
 
 
 def _display_path(path: Path) -> Path:

@@ -189,6 +189,20 @@ def test_explicit_claims_refuted_and_holds(tmp_path):
                                                      "**refuted**", "-0.0500 [-0.0748, -0.0252] refuted"]
     assert claim_row(sec, "fedgam > fedavg")[1] == "Table 3"
     assert sec.count("| fedgam > fedavg |") == 2  # "fedavg < fedgam" is the same claim turned round
+    # The overview counts the section's verdicts, one per listed claim.
+    overview = next(line for line in text.splitlines() if line.startswith("| [c]"))
+    assert overview.split(" | ")[4] == "2 refuted"
+
+
+def test_overview_counts_verdicts_and_claims_without_runs(report):
+    """The overview's claims column: the verdicts of the section's claims table, counted, with
+    claims that have no finished run on a side counted as not run."""
+    text, _ = report
+    cells = {line.split(" | ")[0]: line.split(" | ")[4] for line in text.splitlines() if line.startswith("| [")}
+    # toy: fedsol > fedavg undecided (interval [-0.24, +0.39] above), fedsol > fedntd: no fedntd run.
+    assert cells["| [toy](#toy)"] == "1 undecided, 1 not run yet"
+    assert cells["| [bestcell](#bestcell)"] == "1 undecided"  # one seed: no interval
+    assert cells["| [ghost](#ghost)"] == "1 not run yet"
 
 
 def test_last_rounds_column_separates_an_ordering_that_one_round_hides(tmp_path):
