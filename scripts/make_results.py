@@ -38,6 +38,7 @@ import shutil
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -150,6 +151,54 @@ def setting_problems(run_dir: Path, summary: dict, expected: dict[str, dict], so
     recorded = {**config, "clients": summary.get("num_clients") or config.get("min-available-clients")}
     return [f"{where}: {key} = {recorded.get(key, '<not recorded>')!r}, the experiment file fixes {want!r}"
             for key, want in expected[run_dir.name].items() if recorded.get(key) != want]
+
+
+def earlier_setting(summary: dict, want: dict) -> str | None:
+    """The keys a kept run recorded with another value than the experiment file now fixes, as
+    "key = recorded, the file fixes want" joined by "; "; None when the run matches. A key the run did not
+    record is not compared (every run in the store was checked in full by --collect when it
+    came in); the seed is not a setting."""
+    config = summary.get("config", {})
+    recorded = {**config, "clients": summary.get("num_clients") or config.get("min-available-clients")}
+    differ = [f"{key} = {recorded[key]!r}, the file fixes {value!r}" for key, value in want.items()
+              if key != "seed" and recorded.get(key) is not None and recorded[key] != value]
+    return "; ".join(differ) or None
+
+
+class KeptRuns(NamedTuple):
+    """The finished runs one section shows, per row, and how many were left out.
+
+    A section never mixes settings: when some kept runs match the experiment file (its rounds,
+    epochs, partition, ...) it shows only those and counts the others as ``left_out``; when none
+    match yet (the file's budget was raised and not re-run) it shows the earlier runs, with
+    ``shows_earlier`` set so the section says so."""
+
+    dirs: dict[str, list[Path]]
+    current: int
+    left_out: int
+    shows_earlier: bool
+    example: str
+
+
+def kept_runs(path: Path, exp: dict, results: Path) -> KeptRuns:
+    runs = runs_folder(results, exp.get("name", path.stem))
+    expected = expected_runs(exp)
+    seeds = exp.get("seeds", [0])
+    found, current, example = {}, {}, ""
+    for row, _, _ in experiment_rows(exp):
+        found[row] = run_dirs(runs, row)
+        want = expected.get(run_name(row, seeds[0]), {})
+        current[row] = []
+        for d in found[row]:
+            why = earlier_setting(read_summary(d), want)
+            if why is None:
+                current[row].append(d)
+            else:
+                example = example or why
+    n_found, n_current = (sum(len(v) for v in x.values()) for x in (found, current))
+    if n_current or not n_found:
+        return KeptRuns(current, n_current, n_found - n_current, False, example)
+    return KeptRuns(found, 0, n_found, True, example)
 
 
 def collect(source: Path, store: Path, experiments: list[tuple[Path, dict]]) -> list[str]:
@@ -328,14 +377,22 @@ def claim_lines(exp: dict, dirs: dict[str, list[Path]]) -> list[str]:
 
 def section(path: Path, exp: dict, results: Path, figures: Path, md_dir: Path) -> list[str]:
     name = exp.get("name", path.stem)
-    runs = runs_folder(results, name)
     lines = section_header(path, exp)
     table = experiment_rows(exp)
     labels = [row for row, _, _ in table]
-    dirs = {row: run_dirs(runs, row) for row in labels}
+    kept = kept_runs(path, exp, results)
+    dirs = kept.dirs
     if not any(dirs.values()):
         earlier = [f"Findings: {exp['findings']}", ""] if exp.get("findings") else []
         return lines + [f"**{NOT_RUN}.**", ""] + earlier
+    if kept.shows_earlier:
+        lines += [f"**Earlier setting.** All {kept.left_out} kept runs were made with an earlier setting of this "
+                  f"file (e.g. {kept.example}): the tables below show them until the file's setting is run; "
+                  "they are not a result of the plan above.", ""]
+    elif kept.left_out:
+        lines += [f"Left out: {kept.left_out} kept runs made with an earlier setting of this file (e.g. "
+                  f"{kept.example}); a section never mixes two settings, and re-running the file replaces "
+                  "them.", ""]
     paper = exp.get("paper-results", {})
     rows = {row: method_row(row, dirs[row], exp.get("target-accuracy"), paper.get(row)) for row in labels}
     lines += provenance_line([d for row in labels for d in dirs[row]])
@@ -513,24 +570,22 @@ def make_results(experiments: Path, results: Path, out: Path) -> str:
 
 def overview_row(path: Path, exp: dict, results: Path) -> str:
     """The experiment's line of the overview: finished runs against the planned ones; runs
-    made with another number of rounds than the file now plans (an earlier budget) are counted
-    apart, so a raised budget shows as not complete until it is re-run."""
+    made with an earlier setting of the file (``kept_runs``: e.g. fewer rounds before a budget
+    was raised) are counted apart, so a raised budget shows as not complete until it is re-run;
+    the claims and run time are those of the runs the section shows."""
     name = exp.get("name", path.stem)
     labels = [row for row, _, _ in experiment_rows(exp)]
     planned = len(labels) * len(exp.get("seeds", [0]))
-    finished = [d for row in labels for d in run_dirs(runs_folder(results, name), row)]
-    rounds = exp.get("run-config", {}).get("num-server-rounds")
-    earlier = [d for d in finished
-               if rounds is not None and read_summary(d).get("config", {}).get("num-server-rounds", rounds) != rounds]
-    done = len(finished) - len(earlier)
-    status = NOT_RUN if not finished else ("complete" if done >= planned else "partial")
-    if earlier:
-        status += f" ({len(earlier)} more runs from an earlier budget)"
+    kept = kept_runs(path, exp, results)
+    shown = [d for row in labels for d in kept.dirs[row]]
+    status = NOT_RUN if not shown else ("complete" if kept.current >= planned else "partial")
+    if kept.left_out:
+        status += f" ({kept.left_out} more runs from an earlier setting)"
     cell = str(exp.get("paper", "")).split(":")[0]
-    seconds = sum(read_summary(d).get("total_seconds") or 0 for d in finished)
-    spent = f"{seconds / 60:.1f} min" if finished else "-"
-    verdicts = claims_decided(exp, {row: run_dirs(runs_folder(results, name), row) for row in labels})
-    return f"| [{name}](#{name}) | {cell} | {done}/{planned} | {status} | {verdicts} | {spent} |"
+    seconds = sum(read_summary(d).get("total_seconds") or 0 for d in shown)
+    spent = f"{seconds / 60:.1f} min" if shown else "-"
+    verdicts = claims_decided(exp, kept.dirs)
+    return f"| [{name}](#{name}) | {cell} | {kept.current}/{planned} | {status} | {verdicts} | {spent} |"
 
 
 def _display_path(path: Path) -> Path:

@@ -361,7 +361,7 @@ def test_grid_and_variant_rows_and_the_chosen_point(tmp_path):
     runs = results / "search" / "runs"
     write_run(runs, "fedavg", 0, [0.5, 0.6], folder="fedavg_learning-rate=0.01-seed0")
     write_run(runs, "fedavg", 0, [0.5, 0.7], folder="fedavg_learning-rate=0.05-seed0")
-    write_run(runs, "fedavg-slow", 0, [0.5, 0.8], folder="fedavg-slow_learning-rate=0.01-seed0")
+    write_run(runs, "fedavg", 0, [0.5, 0.8], folder="fedavg-slow_learning-rate=0.01-seed0")  # a variant of fedavg
     text = mr.make_results(exps, results, tmp_path / "docs" / "results.md")
     sec = section(text, "search")
     assert row(sec, "fedavg[learning-rate=0.05]")[2] == "0.7000"
@@ -462,4 +462,32 @@ def test_runs_of_an_earlier_budget_are_counted_apart(tmp_path):
     (runs / "fedgam-seed0" / "summary.json").write_text(json.dumps(summary))
     text = mr.make_results(exps, results, tmp_path / "r.md")
     line = next(l for l in text.splitlines() if l.startswith("| [g]"))
-    assert "| 1/4 | partial (1 more runs from an earlier budget) |" in line
+    assert "| 1/4 | partial (1 more runs from an earlier setting) |" in line
+    # The section never mixes the two settings: the earlier run is left out of its tables and said so.
+    sec = section(text, "g")
+    assert row(sec, "fedavg")[6:8] == ["1", "3"]
+    assert row(sec, "fedgam")[1] == "not run yet"
+    assert ("Left out: 1 kept runs made with an earlier setting of this file (e.g. num-server-rounds = 2, the "
+            "file fixes 3)") in sec
+    assert line.split(" | ")[4] == "1 not run yet"  # the claim fedgam > fedavg has no fedgam run of this setting
+
+
+def test_a_section_whose_runs_all_predate_the_files_setting_shows_them_as_such(tmp_path):
+    """A raised budget not yet re-run: the earlier runs are the only results there are; the
+    section shows them, under a line that says they are not a result of the plan."""
+    exps, results = tmp_path / "experiments", tmp_path / "results"
+    exps.mkdir()
+    (exps / "g.toml").write_text(GHOST.replace('name = "ghost"', 'name = "g"') + "\n[run-config]\nnum-server-rounds = 3\n")
+    runs = results / "g" / "runs"
+    for method in ("fedavg", "fedgam"):
+        write_run(runs, method, 0, [0.5, 0.6])
+        summary = json.loads((runs / f"{method}-seed0" / "summary.json").read_text())
+        summary["config"]["num-server-rounds"] = 2
+        (runs / f"{method}-seed0" / "summary.json").write_text(json.dumps(summary))
+    text = mr.make_results(exps, results, tmp_path / "r.md")
+    sec = section(text, "g")
+    assert ("**Earlier setting.** All 2 kept runs were made with an earlier setting of this file (e.g. "
+            "num-server-rounds = 2, the file fixes 3)") in sec
+    assert row(sec, "fedavg")[6:8] == ["1", "2"] and row(sec, "fedgam")[6:8] == ["1", "2"]
+    line = next(l for l in text.splitlines() if l.startswith("| [g]"))
+    assert "| 0/4 | partial (2 more runs from an earlier setting) |" in line
