@@ -139,6 +139,13 @@ def expected_runs(exp: dict) -> dict[str, dict]:
     return out
 
 
+def recorded_setting(summary: dict) -> dict:
+    """The settings a finished run recorded, in the terms of ``expected_runs``: its config plus
+    ``clients`` (the number of partitions)."""
+    config = summary.get("config", {})
+    return {**config, "clients": summary.get("num_clients") or config.get("min-available-clients")}
+
+
 def setting_problems(run_dir: Path, summary: dict, expected: dict[str, dict], source: Path) -> list[str]:
     """How a finished run differs from what its experiment file fixes (empty: it matches); an
     untrained run (``fl_app/server/recording.py``) is refused too: its accuracy is the initial model's."""
@@ -147,8 +154,7 @@ def setting_problems(run_dir: Path, summary: dict, expected: dict[str, dict], so
         return [f"{where} is not a (row, seed) of the experiment file (expected one of {sorted(expected)})"]
     if summary.get("untrained"):
         return [f"{where} is untrained (no round used a client update, see rounds_without_update): not a result"]
-    config = summary.get("config", {})
-    recorded = {**config, "clients": summary.get("num_clients") or config.get("min-available-clients")}
+    recorded = recorded_setting(summary)
     return [f"{where}: {key} = {recorded.get(key, '<not recorded>')!r}, the experiment file fixes {want!r}"
             for key, want in expected[run_dir.name].items() if recorded.get(key) != want]
 
@@ -158,8 +164,7 @@ def earlier_setting(summary: dict, want: dict) -> str | None:
     "key = recorded, the file fixes want" joined by "; "; None when the run matches. A key the run did not
     record is not compared (every run in the store was checked in full by --collect when it
     came in); the seed is not a setting."""
-    config = summary.get("config", {})
-    recorded = {**config, "clients": summary.get("num_clients") or config.get("min-available-clients")}
+    recorded = recorded_setting(summary)
     differ = [f"{key} = {recorded[key]!r}, the file fixes {value!r}" for key, value in want.items()
               if key != "seed" and recorded.get(key) is not None and recorded[key] != value]
     return "; ".join(differ) or None
@@ -299,9 +304,12 @@ def experiment_claims(exp: dict, rows: list[str]) -> list[Claim]:
     """The experiment's ``claims`` (``"A > B (source)"``, fl_app.results.stats.parse_claims); without
     them, the orderings its ``paper-results`` imply: each proposed method against FedAvg and
     against the strongest baseline of the paper's table among the rows run, in the paper's
-    direction (source: the paper's two numbers)."""
+    direction (source: the paper's two numbers). A grid without ``claims`` is a search: it
+    claims nothing."""
     if "claims" in exp:
         return parse_claims(exp["claims"], rows)
+    if exp.get("grid"):
+        return []
     paper = exp.get("paper-results", {})
     names = [m for m in exp.get("strategies", []) if m in paper and m in rows]
     strongest = max((m for m in names if m not in PROPOSED), key=lambda m: paper[m], default=None)
@@ -332,10 +340,7 @@ def claim_tests(exp: dict, dirs: dict[str, list[Path]]) -> list[tuple[Claim, Pai
 
 def claims_decided(exp: dict, dirs: dict[str, list[Path]]) -> str:
     """The overview's count of verdicts on the paper's metric ("2 holds, 1 refuted, 3 undecided"),
-    claims without runs counted apart; "-" when the experiment claims nothing (a grid without
-    claims, a search)."""
-    if exp.get("grid") and "claims" not in exp:
-        return "-"
+    claims without runs counted apart; "-" when the experiment claims nothing (a search)."""
     tests = claim_tests(exp, dirs)
     if not tests:
         return "-"
@@ -375,12 +380,11 @@ def claim_lines(exp: dict, dirs: dict[str, list[Path]]) -> list[str]:
     return lines + [""]
 
 
-def section(path: Path, exp: dict, results: Path, figures: Path, md_dir: Path) -> list[str]:
+def section(path: Path, exp: dict, kept: KeptRuns, figures: Path, md_dir: Path) -> list[str]:
     name = exp.get("name", path.stem)
     lines = section_header(path, exp)
     table = experiment_rows(exp)
     labels = [row for row, _, _ in table]
-    kept = kept_runs(path, exp, results)
     dirs = kept.dirs
     if not any(dirs.values()):
         earlier = [f"Findings: {exp['findings']}", ""] if exp.get("findings") else []
@@ -403,7 +407,7 @@ def section(path: Path, exp: dict, results: Path, figures: Path, md_dir: Path) -
         lines += ["Runs stopped before their last round (final accuracy = the last round reached; a "
                   "round where too few clients return a finite update stops the run, see "
                   "`min-fit-fraction`):", ""] + stops + [""]
-    lines += claim_lines(exp, dirs) if not exp.get("grid") or "claims" in exp else []
+    lines += claim_lines(exp, dirs)
     if exp.get("findings"):  # written by whoever ran the config: causes, extra runs
         lines += [f"Findings: {exp['findings']}", ""]
     png = Path(figures) / f"{name}-accuracy.png"
@@ -559,16 +563,17 @@ def make_results(experiments: Path, results: Path, out: Path) -> str:
                   "orderings (over the runs the section shows).", "",
                   "| experiment | paper | finished runs | status | claims | run time |",
                   "|---|---|---|---|---|---|"]
-        lines += [overview_row(path, exp, results) for path, exp in exps] + [""]
-    for path, exp in exps:
-        lines += section(_display_path(path), exp, results, figures, out.parent)
+    kept = [kept_runs(path, exp, results) for path, exp in exps]  # read once: the overview and the sections agree
+    lines += [overview_row(path, exp, k) for (path, exp), k in zip(exps, kept)] + ([""] if exps else [])
+    for (path, exp), k in zip(exps, kept):
+        lines += section(_display_path(path), exp, k, figures, out.parent)
     out.parent.mkdir(parents=True, exist_ok=True)
     text = "\n".join(lines).rstrip() + "\n"
     out.write_text(text)
     return text
 
 
-def overview_row(path: Path, exp: dict, results: Path) -> str:
+def overview_row(path: Path, exp: dict, kept: KeptRuns) -> str:
     """The experiment's line of the overview: finished runs against the planned ones; runs
     made with an earlier setting of the file (``kept_runs``: e.g. fewer rounds before a budget
     was raised) are counted apart, so a raised budget shows as not complete until it is re-run;
@@ -576,7 +581,6 @@ def overview_row(path: Path, exp: dict, results: Path) -> str:
     name = exp.get("name", path.stem)
     labels = [row for row, _, _ in experiment_rows(exp)]
     planned = len(labels) * len(exp.get("seeds", [0]))
-    kept = kept_runs(path, exp, results)
     shown = [d for row in labels for d in kept.dirs[row]]
     status = NOT_RUN if not shown else ("complete" if kept.current >= planned else "partial")
     if kept.left_out:
