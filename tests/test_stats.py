@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from fl_app.results.stats import HOLDS, REFUTED, UNDECIDED, Paired, paired_difference, t975
+from fl_app.results.stats import HOLDS, REFUTED, UNDECIDED, Paired, fmt_paired, paired_difference, t975
 
 
 def test_t_quantiles_table_and_expansion():
@@ -45,3 +45,20 @@ def test_undecided_cases():
     assert paired_difference({0: 0.9, 1: 0.9}, {0: 0.9, 1: 0.9}).verdict == UNDECIDED  # [0, 0]
     assert paired_difference({0: math.nan, 1: 0.9, 2: 0.8}, {0: 0.1, 1: 0.8, 2: 0.7}).n == 2
     assert Paired(3, 0.0, 0.0, 0.1).verdict == UNDECIDED  # touching 0 is not above it
+
+
+def test_printed_difference_never_reads_zero_beside_a_verdict():
+    """A consistent difference of -0.00002 over 5 seeds (two rows that differ by a fraction of one
+    test example) is refuted; at 4 decimals it printed '-0.0000 [-0.0000, -0.0000]', contradicting the
+    verdict. Decimals are added until every non-zero number shows (at most 8)."""
+    a = {s: 0.90 for s in range(5)}
+    b = {s: 0.90002 for s in range(5)}
+    b[4] = 0.90003
+    p = paired_difference(a, b)
+    assert p.verdict == REFUTED
+    assert fmt_paired(p) == "-0.00002 [-0.00003, -0.00002]"
+    assert fmt_paired(Paired(3, 0.0123, 0.005, 0.0196)) == "+0.0123 [+0.0050, +0.0196]"  # 4 decimals as before
+    assert fmt_paired(Paired(2, 0.0, 0.0, 0.0)) == "+0.0000 [+0.0000, +0.0000]"  # equal rows: zero is zero
+    assert fmt_paired(Paired(2, 1e-17, -1e-17, 3e-17)) == "+0.0000 [-0.0000, +0.0000]"  # float noise of equal rows
+    assert fmt_paired(Paired(1, 3e-5, math.nan, math.nan)) == "+0.00003 (1 seed, no interval)"
+    assert fmt_paired(Paired(0, math.nan, math.nan, math.nan)) == "-"

@@ -111,10 +111,24 @@ def parse_claims(claims: list, rows: list[str]) -> list[Claim]:
     return out
 
 
+def decimals_for(*values: float, least: int = 4, most: int = 8) -> int:
+    """Decimals that show every non-zero value as non-zero (``least`` to ``most``): a tiny
+    difference consistent over seeds has a tiny interval that decides a verdict, and printing it
+    as '-0.0000 [-0.0001, -0.0000] refuted' would contradict the verdict beside it. Values below
+    1e-8 in size (float rounding of equal accuracies) count as zero."""
+    digits = least
+    while digits < most and any(1e-8 <= abs(v) < 0.5 * 10.0**-digits for v in values if math.isfinite(v)):
+        digits += 1
+    return digits
+
+
 def fmt_paired(p: Paired) -> str:
-    """'+0.0123 [+0.0050, +0.0196]', the mean alone for one seed, '-' for none."""
+    """'+0.0123 [+0.0050, +0.0196]', the mean alone for one seed, '-' for none; 4 decimals, more
+    where one would otherwise read as 0 (``decimals_for``)."""
     if p.n == 0:
         return "-"
     if p.n < 2:
-        return f"{p.mean:+.4f} (1 seed, no interval)"
-    return f"{p.mean:+.4f} [{p.low:+.4f}, {p.high:+.4f}]"
+        d = decimals_for(p.mean)
+        return f"{p.mean:+.{d}f} (1 seed, no interval)"
+    d = decimals_for(p.mean, p.low, p.high)
+    return f"{p.mean:+.{d}f} [{p.low:+.{d}f}, {p.high:+.{d}f}]"
