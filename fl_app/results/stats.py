@@ -127,8 +127,7 @@ def fmt_paired(p: Paired) -> str:
     where one would otherwise read as 0 (``decimals_for``)."""
     if p.n == 0:
         return "-"
+    d = decimals_for(p.mean, p.low, p.high)  # the NaN bounds of one seed are skipped
     if p.n < 2:
-        d = decimals_for(p.mean)
         return f"{p.mean:+.{d}f} (1 seed, no interval)"
-    d = decimals_for(p.mean, p.low, p.high)
     return f"{p.mean:+.{d}f} [{p.low:+.{d}f}, {p.high:+.{d}f}]"
