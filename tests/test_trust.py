@@ -433,7 +433,8 @@ def test_private_keys_are_created_0600_not_chmod_ed_after(tmp_path, monkeypatch)
 def test_gitignore_covers_every_key_path_the_readme_uses():
     import subprocess
 
-    paths = sorted(set(re.findall(r"[\w./-]+\.(?:key|pem)\b", (ROOT / "README.md").read_text())))
+    text = (ROOT / "README.md").read_text() + (ROOT / "docs" / "deployment.md").read_text()
+    paths = sorted(set(re.findall(r"[\w./-]+\.(?:key|pem)\b", text)))
     assert "supernode-dev1.key" in paths and "certs/ca.key" in paths
     ignored = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "--no-index", *paths],
                              capture_output=True, text=True).stdout.split()
