@@ -92,10 +92,26 @@ def test_a_docstring_without_a_summary_line_is_refused_by_name():
 
 
 def test_every_generated_part_is_up_to_date():
-    """README's method table, docs/methods.md's methods and pyproject's run-config table: one
-    command regenerates all three."""
+    """README's method table, docs/methods.md's methods, pyproject's run-config table and
+    docs/configuration.md's key reference: one command regenerates all four."""
     stale = [f"{part.path.name} ({what})" for what, part in GENERATED.items() if current_part(part) != part.make()]
     assert not stale, "out of date, regenerate with `python -m fl_app.tooling.listing generate`: " + ", ".join(stale)
+
+
+def test_configuration_doc_lists_every_key_with_its_default_and_readers():
+    """docs/configuration.md's key reference: one row per key of the schema, its default as
+    pyproject writes it; a method's own key names every method that reads it, linked."""
+    from fl_app.config import GENERAL_KEYS, spec, toml_value
+
+    part = current_part(GENERATED["config-doc"])
+    rows = {line.split(" | ")[0].removeprefix("| `").removesuffix("`"): line
+            for line in part.splitlines() if line.startswith("| `")}
+    assert list(rows) == list(spec())
+    for name, key in spec().items():
+        assert rows[name].startswith(f"| `{name}` | `{toml_value(key.default)}` | "), rows[name]
+    for name, method in METHODS.items():
+        for key in registry.config_keys(method):
+            assert key not in GENERAL_KEYS and f"[`{name}`](methods.md#{name})" in rows[key], (name, key)
 
 
 def test_readme_methods_table_links_every_method_to_its_section():
