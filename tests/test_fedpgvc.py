@@ -1,5 +1,5 @@
-"""FedPGVC: masked layers step with g + rho, the rest with g; server mixing by eta_g
-(docs/methods.md, "fedpgvc")."""
+"""FedPGVC: masked layers step with g + rho, the rest with g; server mixing of the plain mean
+by eta_g (docs/methods.md, "fedpgvc"). The authors' code reading: tests/test_fedpgvc_authors.py."""
 
 from __future__ import annotations
 
@@ -86,7 +86,8 @@ def fit_res(arrays, n):
 
 
 @pytest.mark.parametrize("eta_g", [0.5, 1.0, 1.5])
-def test_server_mixes_weighted_mean_with_global_weights(eta_g):
+def test_server_mixes_plain_mean_with_global_weights(eta_g):
+    """Eq. 16's (1/K) sum: the clients' example counts (10 and 30) do not weight the mean."""
     rng = np.random.default_rng(0)
     shapes = [(3, 2), (3,)]
     w = [rng.normal(size=s).astype(np.float32) for s in shapes]
@@ -97,7 +98,7 @@ def test_server_mixes_weighted_mean_with_global_weights(eta_g):
     params, _ = s.aggregate_fit(4, [fit_res(a, 10), fit_res(b, 30)], [])
     got = parameters_to_ndarrays(params)
     for wi, ai, bi, gi in zip(w, a, b, got):
-        want = (1 - eta_g) * wi + eta_g * (10 * ai + 30 * bi) / 40
+        want = (1 - eta_g) * wi + eta_g * (ai + bi) / 2
         np.testing.assert_allclose(gi, want, rtol=0, atol=1e-6)
         assert gi.dtype == np.float32
 
