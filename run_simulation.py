@@ -245,9 +245,12 @@ def as_read_now(recorded: dict) -> dict:
         return recorded
 
 
-def changed_runs(configs: list[tuple[str, int, dict]], runs_dir: Path, env_data_dir: str | None = None) -> list[str]:
+def changed_runs(configs: list[tuple[str, int, dict]], runs_dir: Path, env_data_dir: str | None = None,
+                 clients: int | None = None) -> list[str]:
     """Runs in ``runs_dir`` (finished, or started and checkpointed) whose recorded config
-    differs from what is asked now: keeping or continuing them would mix two experiments."""
+    differs from what is asked now, or whose recorded data fingerprint differs from the data
+    asked for now (``changed_data``: same folder, other files): keeping or continuing them would
+    mix two experiments."""
     problems = []
     for _, _, raw in configs:
         run_dir = runs_dir / raw["run-name"]
@@ -262,7 +265,23 @@ def changed_runs(configs: list[tuple[str, int, dict]], runs_dir: Path, env_data_
                 if k in recorded and k not in IGNORED_ON_RERUN and recorded[k] != wanted[k]]
         if diff:
             problems.append(f"{run_dir} was run with a different config ({'; '.join(diff)})")
+        elif (data := changed_data(run_dir, wanted, clients)) is not None:
+            problems.append(data)
     return problems
+
+
+def changed_data(run_dir: Path, wanted: dict, clients: int | None) -> str | None:
+    """One line when ``run_dir`` recorded a data fingerprint (fl_app/server/provenance.py) that
+    the data asked for now does not have; None when it matches or the run recorded none (made
+    before fingerprints were recorded: not guessed). The fingerprint is computed only then."""
+    from fl_app.results.fingerprint import data_change, recorded_fingerprint
+    from fl_app.server.provenance import data_fingerprint
+
+    recorded = recorded_fingerprint(run_dir)
+    if recorded is None:
+        return None
+    now = data_fingerprint(wanted, clients or (recorded.get("partition") or {}).get("num-partitions"))
+    return data_change(str(run_dir), recorded, now)
 
 
 def check_resources(args: argparse.Namespace) -> None:
@@ -328,9 +347,9 @@ def validate(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str, int, d
     for spec in {PartitionSpec.from_config(validate_config(c), args.clients) for _, _, c in configs}:
         check_data(spec)
     check_checkpoints(configs, runs_dir)
-    changed = changed_runs(configs, runs_dir, args.env_data_dir)
+    changed = changed_runs(configs, runs_dir, args.env_data_dir, args.clients)
     if changed:
-        raise ConfigError("finished or started runs would be kept or continued although the config changed:\n  "
+        raise ConfigError("finished or started runs would be kept or continued although config or data changed:\n  "
                           + "\n  ".join(changed) + "\nrun the changed config with another --out"
                           " (the runs there are kept as they are)")
     return configs

@@ -10,6 +10,14 @@ the clients' training label counts, client_label_counts.csv, when the run wrote 
 accuracies), so this script regenerates docs/results.md from a clean checkout, without the data. ``--collect`` first copies the finished runs of the
 runner's folder (<dir>/<name>/runs/...) into that store, replacing runs of the same name.
 
+One table never mixes two data sets: each run's summary.json records a ``data_fingerprint``
+(its data files' sizes and SHA-256, or the hub id and revision, and the partitioning;
+fl_app/server/provenance.py), and ``--collect`` refuses, in one line naming both, runs whose
+fingerprints differ from each other or from the kept runs their table shows (so does the report
+for a store that holds such runs); a ``--collect`` folder that does not exist is refused too.
+Each section names its fingerprint; runs made before fingerprints were recorded are counted as
+"data fingerprint not recorded", never guessed.
+
 For each experiment file (see run_simulation.py --config) it writes one section: a table with one
 row per label (a method, a variant ``[methods."<label>"]`` or a grid point ``fedavg[learning-rate=
 0.01]``): final and best test accuracy (mean +- std over seeds), rounds to the file's
@@ -46,6 +54,7 @@ sys.path.insert(0, str(ROOT))
 from fl_app.config import ConfigError, validate_config  # noqa: E402
 from fl_app.registry import method_names  # noqa: E402
 from fl_app.results.clientmix import LABEL_COUNTS_FILE, PER_CLASS_FILE, client_mix_columns, run_label_counts  # noqa: E402
+from fl_app.results.fingerprint import data_line, fingerprint_of, mixed_data  # noqa: E402
 from fl_app.results.report import (  # noqa: E402
     CLIENT_HEADERS,
     TAIL_KEY,
@@ -213,7 +222,12 @@ def collect(source: Path, store: Path, experiments: list[tuple[Path, dict]]) -> 
     Every finished run is checked first against its experiment file (``setting_problems``):
     if any was made with another setting (fewer rounds or clients, another seed, a key the file
     fixes changed on the command line), nothing is copied and ``ConfigError`` names each run,
-    key and both values, so one table never mixes two settings."""
+    key and both values, so one table never mixes two settings. Nor two data sets
+    (``collect_mixes_data``): runs whose data fingerprints differ are refused in one line naming
+    both. A ``source`` that is not a folder is refused before anything is read or written."""
+    if not Path(source).is_dir():
+        raise ConfigError(f"--collect {source}: no such folder (it must be the runner's results/experiments,"
+                          " holding <experiment name>/runs/<row>-seed<N>/)")
     found, problems = [], []
     for path, exp in experiments:
         name = exp.get("name", path.stem)
@@ -228,6 +242,10 @@ def collect(source: Path, store: Path, experiments: list[tuple[Path, dict]]) -> 
         raise ConfigError(f"--collect refused: {len(problems)} finished run(s) differ from their experiment file"
                           " (re-run them with the file's settings, or leave them out of --collect's folder):\n  "
                           + "\n  ".join(problems))
+    mixed = collect_mixes_data(found, store, experiments)
+    if mixed:
+        raise ConfigError(f"--collect refused: {mixed}; one table never mixes two data sets (re-run them on"
+                          " one data set, or leave the others out of --collect's folder)")
     copied = []
     for name, d, summary in found:
         target = Path(store) / name / d.name
@@ -247,6 +265,34 @@ def collect(source: Path, store: Path, experiments: list[tuple[Path, dict]]) -> 
         (target / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
         copied.append(f"{name}/{d.name}")
     return copied
+
+
+def collect_mixes_data(found: list[tuple[str, Path, dict]], store: Path,
+                       experiments: list[tuple[Path, dict]]) -> str | None:
+    """One line naming two data fingerprints that a collect would put into one table, else
+    None: per experiment, its incoming runs and the kept runs of the store that its table would
+    show beside them (those of the file's current setting that are not replaced). Runs without
+    a fingerprint are not compared (``fl_app/results/fingerprint.py``)."""
+    for path, exp in experiments:
+        name = exp.get("name", path.stem)
+        incoming = [(f"{name}/{d.name}", fingerprint_of(summary)) for n, d, summary in found if n == name]
+        if not incoming:
+            continue
+        kept = kept_runs(path, exp, store)
+        replaced = {run for run, _ in incoming}
+        beside = [] if kept.shows_earlier else [
+            (f"{name}/{d.name} (kept)", fingerprint_of(read_summary(d))) for dirs in kept.dirs.values() for d in dirs
+            if f"{name}/{d.name}" not in replaced]
+        mixed = mixed_data(incoming + beside)
+        if mixed:
+            return f"experiment {name}: {mixed}"
+    return None
+
+
+def table_mixes_data(name: str, kept: KeptRuns) -> str | None:
+    """One line naming two data fingerprints among the runs one section would show, else None."""
+    mixed = mixed_data((d.name, fingerprint_of(read_summary(d))) for dirs in kept.dirs.values() for d in dirs)
+    return f"experiment {name}: {mixed}" if mixed else None
 
 
 def rounds_to_target(run_dir: Path, target: float) -> int | None:
@@ -400,6 +446,7 @@ def section(path: Path, exp: dict, kept: KeptRuns, figures: Path, md_dir: Path) 
     paper = exp.get("paper-results", {})
     rows = {row: method_row(row, dirs[row], exp.get("target-accuracy"), paper.get(row)) for row in labels}
     lines += provenance_line([d for row in labels for d in dirs[row]])
+    lines += data_line((d.name, fingerprint_of(read_summary(d))) for row in labels for d in dirs[row])
     lines += results_table(exp, table, rows)
     lines += grid_winners(table, rows)
     stops = [f"- {run}: {why}" for m in labels if rows[m]["seeds"] for run, why in rows[m]["stopped"]]
@@ -564,6 +611,11 @@ def make_results(experiments: Path, results: Path, out: Path) -> str:
                   "| experiment | paper | finished runs | status | claims | run time |",
                   "|---|---|---|---|---|---|"]
     kept = [kept_runs(path, exp, results) for path, exp in exps]  # read once: the overview and the sections agree
+    for (path, exp), k in zip(exps, kept):  # before anything is written
+        mixed = table_mixes_data(exp.get("name", path.stem), k)
+        if mixed:
+            raise ConfigError(f"the kept runs mix two data sets: {mixed}; one table never does (remove the runs of"
+                              f" one data set from {_display_path(Path(results)).as_posix()})")
     lines += [overview_row(path, exp, k) for (path, exp), k in zip(exps, kept)] + ([""] if exps else [])
     for (path, exp), k in zip(exps, kept):
         lines += section(_display_path(path), exp, k, figures, out.parent)

@@ -37,3 +37,20 @@ class PartitionSpec:
             synthetic_alpha=cfg["synthetic-alpha"],
             synthetic_beta=cfg["synthetic-beta"],
         )
+
+    def identity(self) -> dict:
+        """The fields that decide which examples each client gets, under their run-config key
+        names: the data folder is left out (a machine path: the data's own fingerprint, in
+        ``fl_app/server/provenance.py``, stands for it), and so are the keys this partitioner
+        does not read (``alpha`` for ``iid``, say), so two runs that cut the same partitions
+        have the same identity. ``num-partitions`` counts the clients the data is cut for."""
+        out: dict = {"dataset": self.dataset, "num-partitions": self.num_partitions, "seed": self.seed}
+        if self.dataset == "synthetic":  # generated per device: the partitioner is not used
+            return {**out, "synthetic-alpha": float(self.synthetic_alpha),
+                    "synthetic-beta": float(self.synthetic_beta)}
+        out["partitioner"] = self.partitioner
+        if self.partitioner == "dirichlet":
+            out.update({"alpha": float(self.alpha), "min-partition-size": self.min_partition_size})
+        elif self.partitioner == "shard":
+            out["shards-per-client"] = self.shards_per_client
+        return out

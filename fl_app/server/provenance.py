@@ -1,14 +1,22 @@
-"""What a result was made with: data source, number of clients, software versions, code revision.
+"""What a result was made with: data source, number of clients, software versions, code revision,
+and a fingerprint of the data it trained and tested on.
 
-``RecordingStrategy.write_summary`` adds ``run_facts`` to every ``summary.json``.
+``RecordingStrategy.write_summary`` adds ``run_facts`` and ``data_fingerprint`` to every
+``summary.json``; the fingerprint is also written when a run starts (``record_fingerprint``).
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+from tasks.keys import ConfigError
 
 
 def code_revision(where: Path | None = None) -> str:
@@ -75,3 +83,121 @@ def run_facts(cfg: dict, num_clients: int | None) -> dict:
         "versions": software_versions(),
         "code_revision": code_revision(),
     }
+
+
+# ----------------------------------------------------------------------------- data fingerprint
+FINGERPRINT_FILE = "data-fingerprint.json"  # in the run folder, written when the run starts
+DIGEST_CHARS = 12
+
+
+class DataChanged(ConfigError):
+    """A run is continued on other data than it started on."""
+
+
+def file_identity(path: str) -> dict:
+    """``{"bytes": size, "sha256": hex}`` of one file. The hash is computed once per process
+    and file version (path, size, modification time): CIFAR-10's two parquet files (55.6 MB)
+    take about 0.1 s, MNIST's (17.8 MB) about 0.02 s, from the page cache."""
+    resolved = Path(path).resolve()
+    stat = resolved.stat()
+    return {"bytes": stat.st_size, "sha256": _sha256(str(resolved), stat.st_size, stat.st_mtime_ns)}
+
+
+@functools.lru_cache(maxsize=16)
+def _sha256(path: str, _size: int, _mtime_ns: int) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def hub_revision(split) -> str | None:
+    """The commit of the hub repository a loaded ``datasets.Dataset`` came from, else None.
+    ``datasets`` (4.x) caches a hub dataset under ``<name>/<config>/<version>/<commit>/`` (the
+    builder's ``hash`` is the repository's commit, also when it is loaded offline from that
+    cache), and the split's ``cache_files`` name those files: the 40-hex folder is the revision."""
+    for cache in getattr(split, "cache_files", None) or []:
+        for part in Path(cache.get("filename", "")).parts:
+            if re.fullmatch(r"[0-9a-f]{40}", part):
+                return part
+    return None
+
+
+def _hub_identity(dataset: str, seed: int) -> tuple[dict, dict]:
+    """(train, test) identity of a hub dataset: id, revision and rows of each split. Reads the
+    FederatedDataset the server's test split was loaded from (``load_test_split``: cached)."""
+    from tasks.catalogue import DATASETS
+    from tasks.partitioning import PartitionSpec, federated_dataset
+
+    fds = federated_dataset(PartitionSpec(dataset=dataset, num_partitions=1, partitioner="iid", seed=seed))
+    out = []
+    for split in ("train", "test"):
+        loaded = fds.load_split(split)
+        out.append({"source": "hub", "id": DATASETS[dataset].hub_id, "revision": hub_revision(loaded),
+                    "split": split, "rows": loaded.num_rows})
+    return out[0], out[1]
+
+
+def data_fingerprint(cfg: dict, num_partitions: int | None, node_local: int = 0) -> dict:
+    """What a run trains and tests on, as one canonical dict, plus ``digest``: the first
+    12 hex digits of the SHA-256 of that dict (sorted-key JSON) without its ``seed``.
+
+    - ``train`` / ``test``: local parquet files (``data-dir`` or ``$FL_DATA_DIR``) by size and
+      SHA-256 (never by path: a folder may move, and a path says nothing of what is in it); a
+      hub dataset by id, revision and rows; the synthetic dataset by its generator (its keys
+      are in ``partition``); ``node-local``: nodes that brought their own ``data-path`` (their
+      files are not read by the server, so only their count is known);
+    - ``partition``: ``PartitionSpec.identity`` (partitioner, num-partitions, alpha, ...) and
+      ``client-test-fraction`` (the share of each partition held out from training);
+    - ``seed``: kept apart from the digest, since the seeds of one table differ by design (the
+      same data cut with another seed): runs that belong in one table share the digest.
+    """
+    from tasks.datasets import local_parquet_files
+    from tasks.partition_spec import PartitionSpec
+
+    spec = PartitionSpec.from_config(cfg, num_partitions)
+    partition = spec.identity()
+    dataset, seed = partition.pop("dataset"), partition.pop("seed")
+    partition["client-test-fraction"] = float(cfg["client-test-fraction"])
+    if dataset == "synthetic":
+        train = {"source": "synthetic", "generator": "tasks/synthetic.py"}
+        test = {"source": "synthetic", "split": "20% of every device's samples"}
+    else:
+        files = local_parquet_files(dataset, spec.data_dir)
+        if files is not None:
+            train, test = ({"source": "local parquet", **file_identity(files[s])} for s in ("train", "test"))
+        else:
+            train, test = _hub_identity(dataset, seed)
+    if node_local:
+        train = {**train, "node-local": node_local}
+    shared = {"dataset": dataset, "train": train, "test": test, "partition": partition}
+    return {**shared, "seed": seed, "digest": fingerprint_digest(shared)}
+
+
+def fingerprint_digest(fingerprint: dict) -> str:
+    """The digest of a fingerprint: its fields but ``seed`` and ``digest``, as sorted-key JSON."""
+    shared = {k: v for k, v in fingerprint.items() if k not in ("seed", "digest")}
+    text = json.dumps(shared, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:DIGEST_CHARS]
+
+
+def record_fingerprint(run_dir: Path, cfg: dict, num_partitions: int | None, node_local: int = 0) -> dict:
+    """The run's data fingerprint, computed now and kept in ``<run_dir>/data-fingerprint.json``:
+    written when the run starts; a resumed run must find the same digest there, else
+    ``DataChanged`` (a run continued on other data would mix two data sets in one result). A
+    run started before fingerprints were recorded gets the file at its resume."""
+    path = Path(run_dir) / FINGERPRINT_FILE
+    try:
+        before = json.loads(path.read_text())
+    except (OSError, ValueError):
+        before = None
+    if isinstance(before, dict) and num_partitions is None:  # resumed after its last round: nothing asked
+        return before
+    now = data_fingerprint(cfg, num_partitions, node_local)
+    if isinstance(before, dict) and before.get("digest") != now["digest"]:
+        raise DataChanged(f"{run_dir} started on data {before.get('digest')} and would continue on data "
+                          f"{now['digest']} (see {path}): the data files or the partitioning changed; "
+                          "start the run again in another folder")
+    if before is None:
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(now, indent=1))
+        os.replace(tmp, path)
+    return now

@@ -5,7 +5,9 @@ test_accuracy, test_loss, train_loss, num_clients, num_failures, num_rejected,
 round_seconds, fit_phase_seconds (sampling to the last reply), then the method's metrics
 (client metrics as ``<name>_mean/_min/_max``, e.g. ``fit_seconds_mean``; server metrics as
 reported). At the last round it writes ``summary.json`` (with the initial model's
-``initial_accuracy`` and ``initial_loss``, round 0 of the plots; absent after a resume).
+``initial_accuracy`` and ``initial_loss``, round 0 of the plots; absent after a resume; and the
+``data_fingerprint`` of ``fl_app/server/provenance.py``, also kept from round 1 in
+``data-fingerprint.json``).
 Every method also gets the drift columns of ``fl_app/server/drift.py`` (from the accepted replies,
 before aggregation) and ``min_class_accuracy``; ``fl_app/server/tracking.py`` writes the per-class
 accuracy file and sends the run to the trackers of ``tracking`` (TensorBoard, MLflow, W&B).
@@ -49,7 +51,7 @@ from fl_app.server.crash import crash_if_injected
 from fl_app.server.drift import round_drift
 from fl_app.server.participation import Participation, RunAborted
 from fl_app.server.placement import record_ray_nodes
-from fl_app.server.provenance import run_facts
+from fl_app.server.provenance import DataChanged, record_fingerprint, run_facts
 from fl_app.server.screening import Screening
 from fl_app.server.tracking import RunTracker
 from tasks.train import accuracy_spread
@@ -147,6 +149,7 @@ class RecordingStrategy(Strategy):
         self.participation = Participation(cfg)
         self.initial: dict[str, float] = {}  # the initial model's test accuracy and loss (round 0)
         self.pending: tuple | None = None  # a round whose row waits for the clients' evaluation
+        self.fingerprint: dict | None = None  # the data's fingerprint (``_fingerprint``)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.tracker = RunTracker(self.run_dir, cfg)
         if resume_from is not None:
@@ -173,6 +176,7 @@ class RecordingStrategy(Strategy):
         self.row = {"round": server_round, "num_clients": 0, "num_failures": 0,
                     "num_rejected": 0, "num_dropped": 0}
         instructions = self.inner.configure_fit(server_round, parameters, client_manager)
+        self._fingerprint()  # the nodes have reported their partitions by now (sampling asks them)
         self.screening.begin_round(parameters)  # w_t: the global model the clients receive
         instructions, self.row["num_dropped"] = self.participation.select(server_round, instructions)
         if instructions:
@@ -392,6 +396,22 @@ class RecordingStrategy(Strategy):
             return None
         return getattr(cm, "num_partitions", None) or len(getattr(cm, "clients", {})) or None
 
+    def _fingerprint(self) -> dict | None:
+        """The data fingerprint (``fl_app/server/provenance.py``), computed once per process at the
+        first round it runs and kept in the run folder; ``DataChanged`` when a resumed run finds
+        other data than it started on. None, with a warning, when the data cannot be read now."""
+        if self.fingerprint is None:
+            node_local = len(getattr(self.client_manager, "data_path_of", None) or {})
+            try:
+                self.fingerprint = record_fingerprint(self.run_dir, self.cfg, self._num_clients(), node_local)
+            except DataChanged as exc:
+                log.error("fl-drift: %s", exc)
+                raise
+            except (OSError, RuntimeError, ValueError) as exc:  # a file gone, the hub unreachable
+                log.warning("the data fingerprint could not be computed (%s): not recorded", exc)
+                self.fingerprint = {}  # tried: not again every round
+        return self.fingerprint or None
+
     def write_summary(self, stopped: str | None = None) -> None:
         """summary.json; ``stopped`` says why a run ended before its last round (else None).
 
@@ -416,6 +436,7 @@ class RecordingStrategy(Strategy):
             "rounds_without_update": empty,
             "untrained": bool(self.rows) and len(empty) == len(self.rows),
             **run_facts(self.cfg, self._num_clients()),
+            "data_fingerprint": self._fingerprint(),
         }
         tmp = self.run_dir / "summary.json.tmp"
         tmp.write_text(json.dumps(summary, indent=2))

@@ -1,0 +1,103 @@
+"""Reading the data fingerprints of finished runs (``data_fingerprint`` in summary.json, written
+by ``fl_app/server/provenance.py``): what a table may put together and how it says so.
+
+A table never puts two fingerprints together: ``mixed_data`` names the two data sets (and the
+runs on each) in one line for the caller to refuse with. A run without a fingerprint (made
+before runs recorded one) is never guessed to match or differ: it is left out of the
+comparison and counted apart (``data_line``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+FINGERPRINT_KEY = "data_fingerprint"
+STARTED_FILE = "data-fingerprint.json"  # written by a run when it starts (provenance.FINGERPRINT_FILE)
+NOT_RECORDED = "data fingerprint not recorded"
+
+
+def fingerprint_of(summary: dict | None) -> dict | None:
+    """A run's recorded data fingerprint, or None when it has none (or only a broken one)."""
+    fp = (summary or {}).get(FINGERPRINT_KEY)
+    return fp if isinstance(fp, dict) and isinstance(fp.get("digest"), str) else None
+
+
+def recorded_fingerprint(run_dir: Path) -> dict | None:
+    """The fingerprint a run recorded: its summary's when it finished, else the one it wrote
+    when it started (``STARTED_FILE``); None when it recorded none."""
+    for name, wrap in (("summary.json", lambda d: d), (STARTED_FILE, lambda d: {FINGERPRINT_KEY: d})):
+        try:
+            found = fingerprint_of(wrap(json.loads((Path(run_dir) / name).read_text())))
+        except (OSError, ValueError, AttributeError):
+            continue
+        if found is not None:
+            return found
+    return None
+
+
+def data_change(run: str, recorded: dict, now: dict) -> str | None:
+    """One line when a run recorded another fingerprint than the data asked for now, else None."""
+    if recorded["digest"] == now["digest"]:
+        return None
+    return f"{run} was run on data {describe(recorded)}, but the data asked for now is {describe(now)}"
+
+
+def _split(d: dict) -> str:
+    if d.get("source") == "local parquet":
+        text = f"{d.get('bytes')} bytes, sha256 {str(d.get('sha256'))[:12]}"
+    elif d.get("source") == "hub":
+        text = f"hub {d.get('id')}@{d.get('revision') or 'unknown revision'}, {d.get('rows')} rows"
+    else:
+        text = str(d.get("source"))
+    return text + (f", {d['node-local']} nodes with their own data-path" if d.get("node-local") else "")
+
+
+def describe(fp: dict) -> str:
+    """One line: the digest, then the dataset, its train and test splits and the partition."""
+    partition = ", ".join(f"{k} {v}" for k, v in (fp.get("partition") or {}).items())
+    return (f"{fp['digest']} ({fp.get('dataset')}: train {_split(fp.get('train') or {})}; "
+            f"test {_split(fp.get('test') or {})}; {partition})")
+
+
+def by_digest(runs: Iterable[tuple[str, dict | None]]) -> tuple[dict[str, tuple[dict, list[str]]], list[str]]:
+    """({digest: (its fingerprint, run names)} in order of first appearance, the runs without one)."""
+    groups: dict[str, tuple[dict, list[str]]] = {}
+    missing = []
+    for name, fp in runs:
+        if fp is None:
+            missing.append(name)
+        else:
+            groups.setdefault(fp["digest"], (fp, []))[1].append(name)
+    return groups, missing
+
+
+def mixed_data(runs: Iterable[tuple[str, dict | None]]) -> str | None:
+    """None when the runs with a fingerprint share one; else one line naming the first two
+    data sets (fingerprint and what it stands for) and their runs."""
+    groups, _ = by_digest(runs)
+    if len(groups) < 2:
+        return None
+
+    def group(fp: dict, names: list[str]) -> str:
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        return f"{shown} on data {describe(fp)}"
+
+    parts = [group(*g) for g in list(groups.values())[:2]]
+    more = f" (and {len(groups) - 2} more data sets)" if len(groups) > 2 else ""
+    return f"{parts[0]}, but {parts[1]}{more}"
+
+
+def data_line(runs: Iterable[tuple[str, dict | None]]) -> list[str]:
+    """The report's label of a table's data: its fingerprint with the runs that recorded it,
+    and how many runs recorded none; [] without runs."""
+    groups, missing = by_digest(runs)
+    parts = [f"fingerprint `{describe(fp)}` ({len(names)} runs; `fl_app/server/provenance.py`)"
+             for fp, names in groups.values()]
+    if missing:
+        parts.append(f"{NOT_RECORDED} ({len(missing)} runs, made before runs recorded one: known only by the "
+                     "settings above)")
+    if not parts:
+        return []
+    return [f"Data the kept runs trained and tested on: {'; '.join(parts)}.", ""]

@@ -1,0 +1,263 @@
+"""Results never mix data (issue 41): every run records a fingerprint of what it trained and
+tested on (``fl_app/server/provenance.py``), and ``scripts/make_results.py --collect``, the
+report and the runner's re-run and ``--resume`` checks refuse to put two fingerprints in one
+table. Runs made before fingerprints existed are labelled, never guessed."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+import run_simulation
+from fl_app.config import ConfigError, validate_config
+from fl_app.results import fingerprint as fpr
+from fl_app.server import provenance
+from fl_app.server.provenance import data_fingerprint, hub_revision
+from tasks.partition_spec import PartitionSpec
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_make_results():
+    spec = importlib.util.spec_from_file_location("make_results", ROOT / "scripts" / "make_results.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def data_folder(where: Path, train: bytes, test: bytes = b"the test split", stamp: int = 1) -> Path:
+    """A data folder holding mnist/{train,test}.parquet with these bytes (the fingerprint hashes
+    the files as they are; nothing here parses them). ``stamp`` sets both files' mtime."""
+    (where / "mnist").mkdir(parents=True, exist_ok=True)
+    for split, content in (("train", train), ("test", test)):
+        path = where / "mnist" / f"{split}.parquet"
+        path.write_bytes(content)
+        os.utime(path, ns=(stamp * 10**9, stamp * 10**9))
+    return where
+
+
+def mnist_cfg(data: Path, **keys) -> dict:
+    return validate_config({"strategy": "fedavg", "dataset": "mnist", "model": "cnn-small", "data-dir": str(data),
+                            **keys})
+
+
+# ---- the fingerprint ---------------------------------------------------------------------------------
+
+def test_fingerprint_of_local_files_is_their_size_and_sha256_and_the_partition(tmp_path):
+    data = data_folder(tmp_path / "a", b"x" * 6000, b"t" * 100)
+    fp = data_fingerprint(mnist_cfg(data, alpha=0.5), 10)
+    assert fp["train"] == {"source": "local parquet", "bytes": 6000, "sha256": hashlib.sha256(b"x" * 6000).hexdigest()}
+    assert fp["test"] == {"source": "local parquet", "bytes": 100, "sha256": hashlib.sha256(b"t" * 100).hexdigest()}
+    assert fp["partition"] == {"num-partitions": 10, "partitioner": "dirichlet", "alpha": 0.5,
+                               "min-partition-size": 10, "client-test-fraction": 0.0}
+    assert fp["dataset"] == "mnist" and fp["seed"] == 0 and len(fp["digest"]) == 12
+    assert fp["digest"] == provenance.fingerprint_digest(fp)
+    moved = shutil.copytree(data, tmp_path / "elsewhere")  # a path is not data: same files, same digest
+    assert data_fingerprint(mnist_cfg(moved, alpha=0.5), 10)["digest"] == fp["digest"]
+    assert data_fingerprint(mnist_cfg(data, alpha=0.5, seed=3), 10)["digest"] == fp["digest"]  # seeds share a table
+    for other in (data_fingerprint(mnist_cfg(data, alpha=0.3), 10), data_fingerprint(mnist_cfg(data, alpha=0.5), 20),
+                  data_fingerprint(mnist_cfg(data, alpha=0.5, **{"client-test-fraction": 0.2}), 10)):
+        assert other["digest"] != fp["digest"]
+    data_folder(data, b"y" * 6000, b"t" * 100, stamp=2)  # same size, other content, same path
+    assert data_fingerprint(mnist_cfg(data, alpha=0.5), 10)["digest"] != fp["digest"]
+
+
+def test_partition_identity_holds_only_the_keys_its_partitioner_reads():
+    base = dict(dataset="mnist", num_partitions=10, seed=1)
+    assert PartitionSpec(**base, partitioner="iid", alpha=0.1).identity() == \
+        PartitionSpec(**base, partitioner="iid", alpha=9.0).identity() == \
+        {"dataset": "mnist", "num-partitions": 10, "seed": 1, "partitioner": "iid"}
+    assert PartitionSpec(**base, partitioner="shard", shards_per_client=3).identity()["shards-per-client"] == 3
+    synthetic = PartitionSpec(dataset="synthetic", num_partitions=5, synthetic_alpha=0.5).identity()
+    assert synthetic == {"dataset": "synthetic", "num-partitions": 5, "seed": 0, "synthetic-alpha": 0.5,
+                         "synthetic-beta": 1.0}
+
+
+def test_hub_revision_is_the_commit_folder_of_the_datasets_cache(tmp_path):
+    """datasets caches a hub dataset under <name>/<config>/<version>/<commit>/ and a split's
+    cache_files name its files there."""
+    import datasets
+
+    commit = "77f3279092a1c1579b2250db8eafed0ad422088c"
+    folder = tmp_path / "ylecun___mnist" / "mnist" / "0.0.0" / commit
+    datasets.Dataset.from_dict({"label": [1, 2]}).save_to_disk(str(folder))
+    assert hub_revision(datasets.load_from_disk(str(folder))) == commit
+    assert hub_revision(datasets.Dataset.from_dict({"label": [1]})) is None  # in memory: no revision
+
+
+def test_the_fingerprint_file_names_agree():
+    assert provenance.FINGERPRINT_FILE == fpr.STARTED_FILE
+
+
+# ---- a real run records it ----------------------------------------------------------------------------
+
+def test_a_run_records_its_fingerprint_and_refuses_to_resume_on_other_data(mnist_sample, tmp_path):
+    """A real run (ServerApp and ClientApp in one process, 2 nodes, 300 MNIST images) writes the
+    fingerprint of the files it read into data-fingerprint.json and summary.json; continued from
+    its checkpoint after its training file changed, it stops with DataChanged."""
+    from tests.conftest import serve_in_process
+
+    data = Path(shutil.copytree(mnist_sample(300, 100), tmp_path / "data"))
+    cfg = {"strategy": "fedavg", "dataset": "mnist", "model": "cnn-small", "data-dir": str(data),
+           "num-server-rounds": 2, "fraction-fit": 1.0, "tracking": "none", "results-dir": str(tmp_path / "r"),
+           "run-name": "run", "partitioner": "iid"}
+    serve_in_process(cfg, 2)
+    summary = json.loads((tmp_path / "r" / "run" / "summary.json").read_text())
+    fp = summary["data_fingerprint"]
+    train = data / "mnist" / "train.parquet"
+    assert fp["train"]["sha256"] == hashlib.sha256(train.read_bytes()).hexdigest()
+    assert fp["train"]["bytes"] == train.stat().st_size and fp["partition"]["num-partitions"] == 2
+    assert fp == json.loads((tmp_path / "r" / "run" / "data-fingerprint.json").read_text())
+    assert fp == data_fingerprint(validate_config(cfg), 2)
+
+    with pytest.raises(RuntimeError, match="injected crash after round 1"):
+        serve_in_process({**cfg, "run-name": "cut", "inject-faults": "crash-after:1"}, 2)
+    shutil.copy(mnist_sample(200, 100) / "mnist" / "train.parquet", train)  # other images, same folder
+    with pytest.raises(provenance.DataChanged, match=rf"started on data {fp['digest']} and would continue on data"):
+        serve_in_process({**cfg, "run-name": "cut", "resume": True}, 2)
+    assert not (tmp_path / "r" / "cut" / "summary.json").exists()
+
+
+# ---- --collect and the report -------------------------------------------------------------------------
+
+SUBSET = """
+name = "subset"
+strategies = ["fedavg"]
+seeds = [0, 1]
+clients = 10
+[run-config]
+dataset = "mnist"
+model = "cnn-small"
+num-server-rounds = 2
+"""
+
+
+def finished_run(runs: Path, seed: int, accuracy: float, data: Path | None) -> Path:
+    """A finished run of SUBSET as the server writes it; ``data`` None: a run made before
+    fingerprints were recorded (no data_fingerprint)."""
+    cfg = mnist_cfg(data or Path("/gone"), seed=seed, **{"num-server-rounds": 2})
+    d = runs / f"fedavg-seed{seed}"
+    d.mkdir(parents=True)
+    (d / "metrics.csv").write_text(f"round,test_accuracy\n1,0.1\n2,{accuracy}\n")
+    summary = {"config": cfg, "rounds": 2, "final_accuracy": accuracy, "best_accuracy": accuracy,
+               "final_loss": 1.0, "total_seconds": 1.0, "stopped": None, "num_clients": 10}
+    if data is not None:
+        summary["data_fingerprint"] = data_fingerprint(cfg, 10)
+    (d / "summary.json").write_text(json.dumps(summary))
+    return d
+
+
+@pytest.fixture
+def subset(tmp_path):
+    exps = tmp_path / "experiments"
+    exps.mkdir()
+    (exps / "subset.toml").write_text(SUBSET)
+    big = data_folder(tmp_path / "six-thousand", b"6000 images" * 100)
+    small = data_folder(tmp_path / "six-hundred", b"600 images" * 10)
+    argv = ["--experiments", str(exps), "--results", str(tmp_path / "store"), "--collect", str(tmp_path / "results"),
+            "--out", str(tmp_path / "docs" / "results.md")]
+    return argv, tmp_path / "results" / "subset" / "runs", big, small
+
+
+def test_collect_refuses_runs_on_two_data_sets_in_one_line(subset, tmp_path, capsys):
+    """The issue's probe: seed 0 on a 6,000-image subset and seed 1 on a 600-image one became one
+    row (0.664 +- 0.265) and exit 0."""
+    argv, runs, big, small = subset
+    finished_run(runs, 0, 0.851, big)
+    finished_run(runs, 1, 0.477, small)
+    assert load_make_results().main(argv) == 2
+    err = capsys.readouterr().err
+    digests = [data_fingerprint(mnist_cfg(d), 10)["digest"] for d in (big, small)]
+    assert err.count("\n") == 1 and "--collect refused: experiment subset:" in err
+    assert all(d in err for d in digests) and "subset/fedavg-seed0" in err and "subset/fedavg-seed1" in err
+    assert not (tmp_path / "store").exists() and not (tmp_path / "docs").exists()  # nothing written
+
+
+def test_collect_refuses_a_run_on_other_data_than_the_kept_runs_of_its_table(subset, tmp_path, capsys):
+    argv, runs, big, small = subset
+    finished_run(runs, 0, 0.851, big)
+    mr = load_make_results()
+    assert mr.main(argv) == 0
+    shutil.rmtree(runs)
+    finished_run(runs, 1, 0.477, small)  # seed 1 arrives later, on other data
+    assert mr.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "subset/fedavg-seed1 on data" in err and "subset/fedavg-seed0 (kept) on data" in err
+    assert not (tmp_path / "store" / "subset" / "fedavg-seed1").exists()
+    finished_run(runs.parent / "again", 0, 0.5, small)  # replacing seed 0 too: one data set again
+    shutil.move(runs.parent / "again" / "fedavg-seed0", runs / "fedavg-seed0")
+    assert mr.main(argv) == 0
+
+
+def test_runs_without_a_fingerprint_are_labelled_and_still_collect(subset, tmp_path, capsys):
+    argv, runs, big, _ = subset
+    finished_run(runs, 0, 0.851, big)
+    finished_run(runs, 1, 0.477, None)  # made before fingerprints: not guessed to match or differ
+    assert load_make_results().main(argv) == 0
+    text = (tmp_path / "docs" / "results.md").read_text()
+    digest = data_fingerprint(mnist_cfg(big), 10)["digest"]
+    assert f"fingerprint `{digest} (mnist: train 1100 bytes, sha256" in text and "(1 runs;" in text
+    assert "data fingerprint not recorded (1 runs," in text
+    assert "0.6640 ± 0.2645" in text  # both seeds in the row
+
+
+def test_the_report_refuses_a_store_that_mixes_data(subset, tmp_path, capsys):
+    argv, _, big, small = subset
+    store = tmp_path / "store" / "subset"
+    finished_run(store, 0, 0.851, big)
+    finished_run(store, 1, 0.477, small)
+    assert load_make_results().main(argv[:4] + argv[6:]) == 2  # no --collect
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the kept runs mix two data sets: experiment subset: fedavg-seed0" in err
+    assert not (tmp_path / "docs").exists()
+
+
+def test_collect_from_a_folder_that_does_not_exist_is_refused(subset, tmp_path, capsys):
+    argv, *_ = subset
+    argv[argv.index("--collect") + 1] = str(tmp_path / "no-such-folder")
+    assert load_make_results().main(argv) != 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no-such-folder: no such folder" in err
+    assert not (tmp_path / "store").exists() and not (tmp_path / "docs").exists()
+
+
+# ---- the runner: re-run and --resume ------------------------------------------------------------------
+
+def test_resume_refuses_runs_made_on_other_data_in_the_same_folder(mnist_sample, tmp_path):
+    """--resume (and re-running the same command) keeps finished runs and continues started ones:
+    with other files in the same data folder that would mix two data sets, which the data-dir
+    path cannot tell. Refused, naming the run and both fingerprints."""
+    data = Path(shutil.copytree(mnist_sample(300, 100), tmp_path / "data"))
+    out = tmp_path / "out"
+    args = run_simulation.parse_args(["--dataset", "mnist", "--set", "model=cnn-small", "--clients", "2",
+                                      "--rounds", "1", "--seeds", "0", "1", "--data-dir", str(data), "--out", str(out)])
+    configs = run_simulation.validate(args, out / "runs")
+    out.mkdir()
+    (out / "runner.json").write_text(json.dumps(run_simulation.runner_record(args)))
+    finished = out / "runs" / "fedavg-seed0"
+    finished.mkdir(parents=True)
+    cfg = validate_config(configs[0][2])
+    (finished / "summary.json").write_text(json.dumps({"config": cfg, "data_fingerprint": data_fingerprint(cfg, 2)}))
+    started = out / "runs" / "fedavg-seed1"  # started, checkpointed, not finished
+    started.mkdir()
+    cfg1 = validate_config(configs[1][2])
+    (started / "run-config.json").write_text(json.dumps(cfg1))
+    provenance.record_fingerprint(started, cfg1, 2)
+    resumed = run_simulation.parse_args(["--resume", str(out)])
+    run_simulation.validate(resumed, out / "runs")  # same data: accepted
+    before = data_fingerprint(cfg, 2)["digest"]
+
+    shutil.copy(mnist_sample(200, 100) / "mnist" / "train.parquet", data / "mnist" / "train.parquet")
+    with pytest.raises(ConfigError) as refused:
+        run_simulation.validate(resumed, out / "runs")
+    lines = str(refused.value).splitlines()
+    now = data_fingerprint(cfg, 2)["digest"]
+    for run in (finished, started):
+        line = next(x for x in lines if x.strip().startswith(str(run)))
+        assert f"was run on data {before} (" in line and f"but the data asked for now is {now} (" in line
