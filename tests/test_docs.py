@@ -1,12 +1,21 @@
 """The documentation stands on its own: the code and the docs cite docs/methods.md, never files
 a user of the project does not have, and tell no session history; docs/methods.md covers every
-registered method and its keys; the metric names README gives are the ones the code writes."""
+registered method and its keys; the metric names docs/running.md gives are the ones the code
+writes. README.md is the front door (at most 200 lines, every command block in it run by
+tests/test_readme.py), every relative link of README and the pages resolves, and the
+documentation site (mkdocs.yml) lists every page and builds with ``mkdocs build --strict``."""
 
 from __future__ import annotations
 
 import ast
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
+import yaml
 
 from fl_app.registry import METHODS
 from fl_app.tooling.experiment import ENTRIES as EXPERIMENT_ENTRIES
@@ -22,6 +31,7 @@ HISTORY = re.compile(
     r"(?i)\b(?:first|second|third|fourth|fifth|sixth|seventh|eighth|this|that|previous|last|next) session\b"
 )
 README = ROOT / "README.md"
+RUNNING = ROOT / "docs" / "running.md"  # what a run writes: the `metrics.csv` bullet
 DOCS = [README, *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "experiments").glob("*.toml"))]
 
 
@@ -94,7 +104,7 @@ def test_methods_doc_names_every_method_key():
     assert not missing, "keys not documented in docs/methods.md: " + ", ".join(missing)
 
 
-# --- the metric names README and docs/methods.md give are the ones the code writes ---------
+# --- the metric names docs/running.md and docs/methods.md give are the ones the code writes ---
 
 CLIENT_SUFFIXES = ("_mean", "_min", "_max")  # a client metric x is recorded as x_mean/_min/_max
 NAME = re.compile(r"[a-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)*")
@@ -138,12 +148,13 @@ def methods_doc_metric_names() -> list[str]:
     return names
 
 
-def readme_metrics_csv_names() -> list[str]:
-    """The column names README's `metrics.csv` bullet (section Results) gives: every item of a
-    backticked comma list, and every other backticked lower-case name with an underscore."""
-    text = README.read_text(encoding="utf-8")
+def metrics_csv_names() -> list[str]:
+    """The column names docs/running.md's `metrics.csv` bullet (section "What a run writes")
+    gives: every item of a backticked comma list, and every other backticked lower-case name
+    with an underscore."""
+    text = RUNNING.read_text(encoding="utf-8")
     match = re.search(r"^- `metrics\.csv`:(.*?)(?=^- |^\s*$)", text, re.MULTILINE | re.DOTALL)
-    assert match, "README has no '- `metrics.csv`:' bullet"
+    assert match, "docs/running.md has no '- `metrics.csv`:' bullet"
     names = []
     for span in re.findall(r"`([^`]+)`", match.group(1)):
         items = [s.strip() for s in span.split(",")]
@@ -161,17 +172,17 @@ def unknown(names, written: set[str]) -> list[str]:
     return sorted({n for n in names if not known(n)})
 
 
-def test_readme_metric_names_exist():
+def test_documented_metric_names_exist():
     written = written_names()
     assert {"cv_norm", "feddyn_h_norm", "round", "test_accuracy"} <= written  # the scan finds both kinds
     per_method = methods_doc_metric_names()
     assert {"cv_norm", "smoo_s_norm", "prox_loss", "dp_epsilon"} <= set(per_method)  # the scan finds them
-    names = per_method + readme_metrics_csv_names()
+    names = per_method + metrics_csv_names()
     assert len(names) > 20, names
     bad = [n for n in names if not NAME.fullmatch(n)]
-    assert not bad, f"README metric names that are not names: {bad}"
+    assert not bad, f"documented metric names that are not names: {bad}"
     missing = unknown(names, written)
-    assert not missing, f"README names metrics the code does not write: {', '.join(missing)}"
+    assert not missing, f"the docs name metrics the code does not write: {', '.join(missing)}"
 
 
 # --- every run-config key the docs name exists ------------------------------------------------
@@ -215,3 +226,104 @@ TRACKER = re.compile(r"(?i)\bissue #\d+|\bthe issue's\b|\bmarked blocked\b")
 def test_docs_refer_to_no_internal_tracker():
     hits = outside_references(DOCS, TRACKER)
     assert not hits, "references to an internal tracker:\n" + "\n".join(hits)
+
+
+# --- README is the front door; the pages form a site whose links resolve -----------------------
+
+PAGES = sorted((ROOT / "docs").glob("*.md"))
+FENCE = re.compile(r"^```", re.MULTILINE)
+
+
+def test_readme_is_short_and_every_block_in_it_is_run_by_a_test():
+    from tests.test_readme import TESTED_BLOCKS
+
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 200, f"README.md has {len(text.splitlines())} lines; move detail to docs/"
+    blocks = re.findall(r"(?:<!-- test: ([a-z-]+)\b[^>]*-->\n)?```[a-z]*\n.*?```", text, re.DOTALL)
+    assert len(blocks) == len(FENCE.findall(text)) // 2, "an unterminated code block in README.md"
+    assert sorted(blocks) == sorted(TESTED_BLOCKS), (
+        f"README.md's code blocks {blocks} (empty = not marked) must be exactly those tests/test_readme.py "
+        f"runs, each marked <!-- test: NAME -->: {TESTED_BLOCKS}")
+
+
+def slug(heading: str) -> str:
+    """The anchor MkDocs (Python-Markdown's toc) gives a heading: lower case, markup and
+    punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)
+    text = re.sub(r"[^\w\s-]", "", text.replace("`", "")).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def anchors(path: Path) -> set[str]:
+    text = FENCED.sub("", path.read_text(encoding="utf-8"))
+    return {slug(h) for h in re.findall(r"^#{1,6} (.+?)\s*$", text, re.MULTILINE)}
+
+
+FENCED = re.compile(r"^\s*```.*?^\s*```", re.MULTILINE | re.DOTALL)
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def test_slug_matches_mkdocs():
+    assert slug("## `flwr run`: its pitfalls".lstrip("# ")) == "flwr-run-its-pitfalls"
+    assert slug("Failures, bad updates and resuming") == "failures-bad-updates-and-resuming"
+    assert slug("8. Scale: stateful clients at 100-1,000 clients") == "8-scale-stateful-clients-at-100-1000-clients"
+
+
+def test_relative_links_of_readme_and_pages_resolve():
+    """Every link that is not a URL, in README.md and every page under docs/, names a file that
+    exists and, with ``#anchor``, a heading of that page (or of its own)."""
+    broken = []
+    for path in [README, *PAGES]:
+        for target in LINK.findall(FENCED.sub("", path.read_text(encoding="utf-8"))):
+            if re.match(r"[a-z]+:", target):
+                continue
+            file, _, anchor = target.partition("#")
+            dest = (path.parent / file).resolve() if file else path
+            if not dest.exists():
+                broken.append(f"{path.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+                broken.append(f"{path.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, "broken links:\n" + "\n".join(broken)
+
+
+def test_the_site_lists_every_page_and_the_readme_links_every_page():
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
+    assert config["docs_dir"] == "docs" and config["strict"] is True
+
+    def entries(nav) -> list[str]:
+        out = []
+        for item in nav:
+            value = next(iter(item.values())) if isinstance(item, dict) else item
+            out += entries(value) if isinstance(value, list) else [value]
+        return out
+
+    listed = entries(config["nav"])
+    assert listed[0] == "index.md"  # README.md, added by scripts/mkdocs_hooks.py
+    assert sorted(listed[1:]) == sorted(p.name for p in PAGES)
+    readme = README.read_text(encoding="utf-8")
+    assert [p.name for p in PAGES if f"](docs/{p.name})" not in readme] == []
+
+
+def test_readme_becomes_the_home_page_with_its_links_relative_to_docs():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from mkdocs_hooks import readme_as_index
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    text = "[m](docs/methods.md#fedavg) ![p](docs/results/a.png) `docs/results/runs/` [f](https://x/docs/y)"
+    assert readme_as_index(text) == "[m](methods.md#fedavg) ![p](results/a.png) `docs/results/runs/` [f](https://x/docs/y)"
+
+
+def test_the_site_builds_strictly(tmp_path):
+    """``mkdocs build --strict`` (as CI runs it): a broken link or anchor, a page missing from
+    the nav or a README link the site cannot follow fails."""
+    pytest.importorskip("mkdocs", reason="the docs extra is not installed (pip install -e '.[docs]')")
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    site = tmp_path / "site"
+    assert "fedgam-mnist-dir03-accuracy.png" in (site / "index.html").read_text()
+    assert (site / "results" / "fedgam-mnist-dir03-accuracy.png").exists()
+    assert not (site / "results" / "runs").exists()  # the kept runs are data, not pages
+

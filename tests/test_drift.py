@@ -196,8 +196,8 @@ def test_recording_strategy_writes_drift_columns(tmp_path):
         assert float(row[name]) == pytest.approx(want, rel=1e-6), name
 
 
-def test_readme_names_every_column_written():
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+def test_docs_name_every_column_written():
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "running.md").read_text()  # "What a run writes"
     sent = _mlp_arrays()
     columns = round_drift({"model": "mlp", "dataset": "synthetic", "strategy": "fedavg"}, sent,
                           list(zip(N, _replies(sent + [np.zeros(1, np.float32)]))))

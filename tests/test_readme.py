@@ -1,4 +1,5 @@
-"""README.md's set-up and run commands, run as printed (slow: `python -m pytest -m slow`).
+"""README.md's set-up, run and documentation-site commands, run as printed (slow: `python -m
+pytest -m slow`).
 
 The commands are taken from the fenced blocks that README marks with ``<!-- test: NAME -->``.
 Only sizes are changed (fewer rounds, nodes, clients and seeds: ``SHRINK``); each replaced
@@ -12,6 +13,7 @@ local index on an offline machine. The venv and test-suite lines of that block a
 
 Every process the commands start carries the copy's ``FLWR_HOME`` in its environment; after
 the commands the test looks for such processes, stops them by PID and fails if there were any.
+The documentation block's ``mkdocs serve`` runs on a free port and is stopped by its PID.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import socket
 import subprocess
 import sys
 import time
+import tomllib
+import urllib.request
 import venv
 from pathlib import Path
 
@@ -33,6 +37,10 @@ from fl_app.tooling import procfs
 from tests.conftest import ROOT, find_data_dir
 
 pytestmark = pytest.mark.slow
+
+# Every fenced block of README.md is marked <!-- test: NAME --> with one of these names, and a test
+# below runs it (tests/test_docs.py checks that no other block exists).
+TESTED_BLOCKS = ("setup", "run-flwr", "run-runner", "docs")
 
 SHRINK = {
     "run-flwr": {"num-server-rounds=2": "num-server-rounds=1", "num-supernodes=4": "num-supernodes=2"},
@@ -121,7 +129,7 @@ def test_readme_run_commands_produce_metrics(tmp_path):
             if s.connect_ex(("127.0.0.1", p)) == 0:
                 pytest.skip(f"port {p} of README's private SuperLink is in use (a SuperLink started from README?)")
     script = "set -euo pipefail\n" + shrink("run-flwr") + "\n" + shrink("run-runner")
-    env = {**base_env(), "FL_DATA_DIR": str(data), "COLUMNS": "200"}  # flwr ls: no wrapped status cells
+    env = {**base_env(), "FL_DATA_DIR": str(data)}
     marker = f"FLWR_HOME={checkout / '.flwr_home'}"
     try:
         proc = subprocess.run(["bash", "-c", script], cwd=checkout, env=env, capture_output=True, text=True,
@@ -135,7 +143,48 @@ def test_readme_run_commands_produce_metrics(tmp_path):
     assert not left, f"processes left running by README's commands (stopped now): {left}\n{output}"
     flwr_runs = list((checkout / "results").glob("fedprox-mnist-dirichlet-seed0-*/metrics.csv"))
     assert flwr_runs, output
-    assert "finished:completed" in proc.stdout, output  # flwr ls: the run's real status
+    assert '"status": "finished:completed"' in proc.stdout, output  # flwr ls --format json: the real status
     assert (checkout / "results" / "cmp" / "runs" / "fedavg-seed0" / "metrics.csv").exists(), output
     assert (checkout / "results" / "cmp" / "runs" / "fedprox-seed0" / "metrics.csv").exists(), output
     assert (checkout / "results" / "cmp" / "accuracy.png").exists(), output
+
+
+def test_readme_docs_block_serves_the_site(tmp_path):
+    """The documentation block: its install line installs the ``docs`` extra that pyproject
+    declares, and its ``mkdocs serve`` (on a free port) serves the README as the home page and
+    the pages the README links."""
+    pytest.importorskip("mkdocs", reason="the docs extra is not installed (pip install -e '.[docs]')")
+    install, serve = (part.strip() for part in readme_block("docs").strip().split("&&"))
+    assert install == 'pip install -e ".[docs]"'
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(dep.startswith("mkdocs") for dep in extras["docs"]), extras["docs"]
+    assert serve == "mkdocs serve"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = (tmp_path / "serve.log").open("w")
+    proc = subprocess.Popen(["bash", "-c", f"exec {serve} --dev-addr 127.0.0.1:{port}"], cwd=ROOT, env=base_env(),
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        pages = {}
+        for path in ("", "running/", "configuration/"):
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/{path}", timeout=5) as response:
+                        pages[path] = response.read().decode()
+                    break
+                except OSError:
+                    assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
+                    time.sleep(1)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+    assert "One comparison" in pages[""] and "fedgam-mnist-dir03-accuracy.png" in pages[""]
+    assert "pitfalls" in pages["running/"] and "General keys" in pages["configuration/"]
+
