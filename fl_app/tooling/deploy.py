@@ -8,6 +8,14 @@ stops those groups and then, by PID, every descendant it saw (Flower starts Supe
 new session, so a group kill alone would miss it). Used by ``tests/test_deployment.py`` and
 ``scripts/deploy_timing.py``; the README's "Deploy on real devices" gives the same commands.
 
+mTLS edge (``devices=DeviceCA.in_dir(certs)``): the SuperLink stays on 127.0.0.1 and an nginx
+edge (``fl_app/tooling/edge.py``) on ``edge_host`` is the only thing the devices reach: it
+requires a device certificate from ``make_certs.py --device`` that ``crl.pem`` does not list and
+passes on only the Fleet API. A SuperNode started with ``device=Device.in_dir(certs, name)``
+talks to it through its own forwarder (nginx on loopback, with that device's certificate); one
+started without a device dials the edge directly with ``ca.crt`` only, as an outsider would.
+Runs are submitted on loopback (``self.address``), as the operator does on the server.
+
 Isolation: ``subprocess`` (Flower's default) lets each SuperLink/SuperNode start its own
 ``flower-superexec``; ``process`` starts SuperLink/SuperNode with ``--isolation process`` and a
 separate, long-running ``flower-superexec`` next to each of them.
@@ -16,6 +24,7 @@ separate, long-running ``flower-superexec`` next to each of them.
 from __future__ import annotations
 
 import shlex
+import socket
 import ssl
 import subprocess
 import tempfile
@@ -27,6 +36,7 @@ from pathlib import Path
 
 import tomli_w
 
+from fl_app.tooling import edge as nginx_edge
 from fl_app.tooling.launch import APP_DIR
 from fl_app.tooling.processes import (
     Managed,
@@ -36,7 +46,7 @@ from fl_app.tooling.processes import (
     stop_processes,
     stream_flwr_run,
 )
-from fl_app.tooling.procfs import alive
+from fl_app.tooling.procfs import alive, descendants
 
 
 @dataclass(frozen=True)
@@ -51,6 +61,33 @@ class TLS:
     def in_dir(cls, folder: Path) -> TLS:
         folder = Path(folder)
         return cls(folder / "ca.crt", folder / "server.pem", folder / "server.key")
+
+
+@dataclass(frozen=True)
+class DeviceCA:
+    """What the edge checks device certificates against: the device CA and its CRL."""
+
+    ca: Path
+    crl: Path
+
+    @classmethod
+    def in_dir(cls, folder: Path) -> DeviceCA:
+        folder = Path(folder)
+        return cls(folder / "device-ca.crt", folder / "crl.pem")
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device's client certificate and key (``make_certs.py --device NAME``)."""
+
+    name: str
+    cert: Path
+    key: Path
+
+    @classmethod
+    def in_dir(cls, folder: Path, name: str) -> Device:
+        folder = Path(folder)
+        return cls(name, folder / f"device-{name}.pem", folder / f"device-{name}.key")
 
 
 def node_config_arg(node_config: dict) -> str:
@@ -78,11 +115,23 @@ class LocalDeployment:
         host: str = "127.0.0.1",
         extra_env: dict[str, str] | None = None,
         supernode_auth: bool = False,
+        devices: DeviceCA | None = None,
+        edge_host: str = "127.0.0.1",
     ):
         if isolation not in ("subprocess", "process"):
             raise ValueError(f"isolation must be 'subprocess' or 'process', not {isolation!r}")
         if supernode_auth and tls is None:
             raise ValueError("SuperNode authentication needs TLS")
+        if devices is not None and tls is None:
+            raise ValueError("the mTLS edge (devices=...) needs TLS certificates (tls=...)")
+        if devices is not None and supernode_auth:
+            raise ValueError("supernode_auth cannot be combined with the mTLS edge: a SuperNode behind"
+                             " its device forwarder runs --insecure on loopback, which Flower refuses with"
+                             " a SuperNode key; the device certificate is the node's credential there")
+        self.devices = devices
+        self.edge_host = edge_host
+        self.edge_port: int | None = None
+        self.edge: Managed | None = None
         self.tls = tls
         self.supernode_auth = supernode_auth
         self.isolation = isolation
@@ -151,6 +200,76 @@ class LocalDeployment:
         if self.isolation == "process":
             self._superexec("superexec-superlink", self.address, self.tls is None, link.proc.pid)
         self._write_connection()
+        if self.devices is not None:
+            self.start_edge(timeout)
+
+    # ---------------------------------------------------------------- mTLS edge
+    @property
+    def edge_address(self) -> str:
+        """``host:port`` the devices dial (the edge); only with ``devices``."""
+        if self.edge_port is None:
+            raise RuntimeError("no edge: start the deployment with devices=DeviceCA.in_dir(certs)")
+        host = f"[{self.edge_host}]" if ":" in self.edge_host else self.edge_host
+        return f"{host}:{self.edge_port}"
+
+    def _nginx(self, name: str, config: str, host: str, port: int, timeout: float) -> Managed:
+        """Write ``<home>/<name>/nginx.conf``, start nginx on it, wait until it listens."""
+        folder = self.home / name
+        nginx_edge.write_config(folder, config)
+        managed = self._spawn(name, nginx_edge.nginx_command(folder))
+        self._wait_listening(managed, host, port, timeout)
+        return managed
+
+    def start_edge(self, timeout: float = 60) -> None:
+        """The mTLS edge on ``edge_host`` in front of the loopback SuperLink."""
+        self.edge_port = free_port()
+        config = nginx_edge.edge_config(
+            self.home / "edge", self.edge_address, self.address, self.tls.cert, self.tls.key,
+            self.tls.ca, self.devices.ca, self.devices.crl)
+        self.edge = self._nginx("edge", config, self.edge_host, self.edge_port, timeout)
+
+    def reload_edge(self, timeout: float = 30) -> None:
+        """Make the edge re-read its files (a new ``crl.pem``): ``nginx -s reload``, then wait
+        until the old worker has gone, so that every new connection sees the new files."""
+        master = self.edge.proc.pid
+
+        def workers() -> set[int]:
+            return set(descendants([master])) - {master}
+
+        before = workers()
+        subprocess.run([*nginx_edge.nginx_command(self.home / "edge"), "-s", "reload"],
+                       check=True, capture_output=True, timeout=timeout)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            now = workers()
+            if now and not (now & before):
+                self.refresh()
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"the edge did not reload in {timeout}s; see {self.home / 'edge' / 'error.log'}")
+
+    def _wait_listening(self, managed: Managed, host: str, port: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if managed.proc.poll() is not None:
+                raise RuntimeError(f"{managed.name} exited early; see {managed.log}")
+            try:
+                socket.create_connection((host, port), timeout=1).close()
+                managed.refresh()
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"{managed.name} did not listen on {host}:{port} in {timeout}s; see {managed.log}")
+
+    def start_forwarder(self, device: Device, timeout: float = 60) -> str:
+        """A device's forwarder (nginx on loopback, with its certificate) to the edge; returns
+        the ``host:port`` its SuperNode dials."""
+        port = free_port()
+        name = f"forwarder-{device.name}-{len(self.processes)}"
+        config = nginx_edge.forwarder_config(
+            self.home / name, f"{self.host}:{port}", self.edge_address, self.tls.ca, device.cert, device.key)
+        self._nginx(name, config, self.host, port, timeout)
+        return f"{self.host}:{port}"
 
     def _wait_healthy(self, managed: Managed, port: int, timeout: float, tls: bool = True) -> None:
         scheme = "https" if (self.tls and tls) else "http"
@@ -188,18 +307,27 @@ class LocalDeployment:
         return result.stdout
 
     def add_supernode(
-        self, node_config: dict, timeout: float = 60, auth_key: Path | None = None, wait: bool = True
+        self, node_config: dict, timeout: float = 60, auth_key: Path | None = None, wait: bool = True,
+        device: Device | None = None, extra_args: tuple[str, ...] = (),
     ) -> Managed:
         """Start one SuperNode with ``--node-config`` (partition-id/num-partitions or data-path).
 
         ``auth_key``: its private key (``make_certs.py --node-key``) when the SuperLink
-        authenticates SuperNodes. ``wait``: wait until its Runtime API answers."""
+        authenticates SuperNodes. ``wait``: wait until its Runtime API answers. With the mTLS
+        edge: ``device`` gives it a forwarder with that device's certificate; without one it
+        dials the edge with ``ca.crt`` only (and is refused)."""
         index = len(self.supernodes)
         port = free_port()
+        if self.devices is None:
+            link = ["--superlink", self.address, *self._tls_client_args()]
+        elif device is not None:
+            link = ["--superlink", self.start_forwarder(device, timeout), "--insecure"]  # device loopback
+        else:
+            link = ["--superlink", self.edge_address, *self._tls_client_args()]
         command = [
-            exe("flower-supernode"), "--superlink", self.address, *self._tls_client_args(),
+            exe("flower-supernode"), *link,
             "--node-config", node_config_arg(node_config), "--isolation", self.isolation,
-            "--host", self.host, "--port", str(port),
+            "--host", self.host, "--port", str(port), *extra_args,
         ]
         if auth_key is not None:
             command += ["--auth-supernode-private-key", str(auth_key)]
