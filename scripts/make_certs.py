@@ -28,8 +28,8 @@ CA, ``device-ca.crt`` / ``device-ca.key``, created on first use: the edge trusts
 certificates and nothing else, and the SuperLink's CA (which every device holds) cannot issue
 them. ``--revoke NAME`` (repeatable) adds ``device-NAME.pem`` to ``crl.pem``, the device CA's
 certificate revocation list, which keeps every earlier entry and is re-signed, valid for
-``--days``, on every call that touches devices (give the edge the new ``crl.pem`` and reload it;
-an expired CRL makes the edge refuse every device).
+``--days``, on every call that touches devices, and by ``--renew-crl`` (give the edge the new
+``crl.pem`` and reload it; an expired CRL makes the edge refuse every device).
 """
 
 from __future__ import annotations
@@ -264,8 +264,12 @@ def main(argv: list[str] | None = None) -> None:
                         help="also write a device client certificate device-NAME.{pem,key} (repeatable)")
     parser.add_argument("--revoke", action="append", default=[], metavar="NAME",
                         help="add device-NAME.pem to crl.pem (repeatable)")
+    parser.add_argument("--renew-crl", action="store_true",
+                        help="re-sign crl.pem, valid --days from now (before it expires)")
     args = parser.parse_args(argv)
     out = Path(args.out)
+    if args.renew_crl and not args.device and not (out / "device-ca.crt").is_file():
+        raise SystemExit(f"--renew-crl: {out / 'device-ca.crt'} does not exist (issue a --device first)")
     paths: dict[str, Path] = {}
     if args.host or args.no_loopback or not (out / "server.pem").is_file():
         paths = make_server_cert(out, args.host, args.days, loopback=not args.no_loopback)
@@ -275,6 +279,8 @@ def main(argv: list[str] | None = None) -> None:
         paths.update({f"device {name} {k}": v for k, v in make_device_cert(out, name, args.days).items()})
     for name in args.revoke:
         paths[f"revoked {name}: crl"] = revoke_device(out, name, args.days)
+    if args.renew_crl:
+        paths["crl"] = write_crl(out, args.days)
     for what, path in paths.items():
         print(f"{what}: {path}")
 
