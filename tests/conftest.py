@@ -26,15 +26,53 @@ SHARED_DATA = ROOT.parent / "shared" / "data"
 
 
 def find_data_dir() -> Path:
-    """$FL_DATA_DIR when set, else the data folder beside the checkout."""
+    """$FL_DATA_DIR when set, else the data folder beside the checkout (which may not exist:
+    a fresh clone has none, and the tests that need data then skip, ``_offline_data``)."""
     configured = os.environ.get("FL_DATA_DIR")
     return Path(configured).expanduser().resolve() if configured else SHARED_DATA
 
 
+def has_data(folder: Path) -> bool:
+    return (folder / "mnist" / "train.parquet").exists()
+
+
+def data_env() -> dict[str, str]:
+    """``{"FL_DATA_DIR": folder}`` for a simulation's environment when the offline data folder
+    exists, else ``{}``: a missing folder is never handed on (a run would fail on it instead of
+    falling back, and a test that needs data skips before it launches one)."""
+    found = find_data_dir()
+    return {"FL_DATA_DIR": str(found)} if has_data(found) else {}
+
+
+def local_simulation(**kwargs):
+    """A ``LocalSimulation`` (not started) whose processes see the offline data folder when
+    there is one (``data_env``); this process's environment is left as it is."""
+    from fl_app.tooling.launch import LocalSimulation
+
+    simulation = LocalSimulation(**kwargs)
+    simulation.env.update(data_env())
+    return simulation
+
+
 @pytest.fixture(autouse=True, scope="session")
 def private_cache(tmp_path_factory):
-    """Tests (and the simulations they start) keep fl-drift's disk cache to themselves."""
-    os.environ["FL_DRIFT_CACHE"] = str(tmp_path_factory.mktemp("fl-drift-cache"))
+    """Tests (and the simulations they start) keep fl-drift's disk cache to themselves; the
+    variable is restored at the end of the session."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FL_DRIFT_CACHE", str(tmp_path_factory.mktemp("fl-drift-cache")))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def environment_restored():
+    """Whatever a test (or code it calls, such as the runner's ``os.environ.setdefault``) does
+    to the environment is undone after it, so no test sees another's variables: tests set
+    variables with ``monkeypatch``, and this catches what slips past it."""
+    before = dict(os.environ)
+    yield
+    if dict(os.environ) != before:
+        os.environ.clear()
+        os.environ.update(before)
 
 
 @pytest.fixture
@@ -44,9 +82,10 @@ def shared_data() -> Path:
 
 
 def _offline_data() -> Path:
+    """The data folder, or a skip with the one reason every data test gives."""
     found = find_data_dir()
-    if not (found / "mnist" / "train.parquet").exists():
-        pytest.skip(f"offline data not found at {found} (set FL_DATA_DIR)")
+    if not has_data(found):
+        pytest.skip(f"no offline data: {found} has no mnist/train.parquet (set FL_DATA_DIR to the data folder)")
     return found
 
 
@@ -96,10 +135,7 @@ def leftovers(home: Path) -> list[int]:
 def sim():
     """One private SuperLink in simulation mode for the session's end-to-end runs (its start is
     paid once); stopped at the end with every process it started, checked by PID and FLWR_HOME."""
-    from fl_app.tooling.launch import LocalSimulation
-
-    os.environ.setdefault("FL_DATA_DIR", str(find_data_dir()))
-    simulation = LocalSimulation()
+    simulation = local_simulation()
     simulation.start()
     yield simulation
     assert simulation.close() == [], "processes survived the simulation"

@@ -120,17 +120,13 @@ def test_client_evaluation_leaves_the_fit_sampling_unchanged():
 @pytest.mark.slow  # launches a simulation: about 2.5 min on the shared 2-core machine
 def test_tiny_run_writes_client_columns(tmp_path):
     """End to end through `flwr run`: 2 rounds, 4 synthetic clients, a 25% local test split each."""
-    import os
+    from tests.conftest import local_simulation
 
-    from fl_app.tooling.launch import LocalSimulation
-    from tests.conftest import find_data_dir
-
-    os.environ.setdefault("FL_DATA_DIR", str(find_data_dir()))
     cfg = {"strategy": "scaffold", "dataset": "synthetic", "model": "logreg", "num-server-rounds": 2,
            "fraction-fit": 0.5, "learning-rate": 0.05, "results-dir": str(tmp_path), "run-name": "c",
            "client-test-fraction": 0.25}
     lines: list[str] = []
-    with LocalSimulation() as sim:
+    with local_simulation() as sim:
         assert sim.run(cfg, num_supernodes=4, on_line=lines.append) == 0
     rows = read_metrics(tmp_path / "c")
     assert len(rows) == 2, "\n".join(lines[-30:])

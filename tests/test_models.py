@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 
 import numpy as np
 import pytest
@@ -20,7 +19,7 @@ from fl_app.registry import get_method
 from strategies.base import fedavg_kwargs
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights, last_layers_param_names, set_weights
-from tests.conftest import find_data_dir, make_client
+from tests.conftest import local_simulation, make_client
 
 LARGE = ("resnet18", "resnet18-bn", "vgg11")
 
@@ -199,10 +198,7 @@ def _tiny_data_dir(shared_data, tmp_path, dataset: str, train: int = 96, test: i
 
 @pytest.fixture(scope="module")
 def sim():
-    from fl_app.tooling.launch import LocalSimulation
-
-    os.environ.setdefault("FL_DATA_DIR", str(find_data_dir()))
-    simulation = LocalSimulation()
+    simulation = local_simulation()
     simulation.start()
     yield simulation
     assert simulation.close() == [], "processes survived the simulation"
