@@ -18,7 +18,7 @@ import run_simulation
 from fl_app.config import ConfigError, validate_config
 from fl_app.results import fingerprint as fpr
 from fl_app.server import provenance
-from fl_app.server.provenance import data_fingerprint, hub_revision
+from fl_app.server.provenance import data_fingerprint
 from tasks.partition_spec import PartitionSpec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,16 +79,39 @@ def test_partition_identity_holds_only_the_keys_its_partitioner_reads():
                          "synthetic-beta": 1.0}
 
 
-def test_hub_revision_is_the_commit_folder_of_the_datasets_cache(tmp_path):
-    """datasets caches a hub dataset under <name>/<config>/<version>/<commit>/ and a split's
-    cache_files name its files there."""
-    import datasets
+def cache_hub_dataset(cache: Path, hub_id: str, commit: str, rows: int) -> None:
+    """What ``datasets`` leaves in its cache after loading ``hub_id`` at ``commit``: its own
+    parquet builder, given the repository and commit as the hub loader gives them, writes the
+    split files and dataset_info.json under <owner>___<name>/<config>/<version>/<commit>/."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from datasets.packaged_modules.parquet.parquet import Parquet
 
-    commit = "77f3279092a1c1579b2250db8eafed0ad422088c"
-    folder = tmp_path / "ylecun___mnist" / "mnist" / "0.0.0" / commit
-    datasets.Dataset.from_dict({"label": [1, 2]}).save_to_disk(str(folder))
-    assert hub_revision(datasets.load_from_disk(str(folder))) == commit
-    assert hub_revision(datasets.Dataset.from_dict({"label": [1]})) is None  # in memory: no revision
+    source = cache.parent / f"source-{commit[:4]}.parquet"
+    pq.write_table(pa.table({"label": list(range(rows))}), source)
+    Parquet(cache_dir=str(cache), repo_id=hub_id, dataset_name=hub_id.split("/")[1], config_name="mnist",
+            hash=commit, data_files={"train": str(source), "test": str(source)}).download_and_prepare()
+
+
+def test_fingerprint_of_a_hub_dataset_is_its_id_revision_and_rows_from_the_cache(tmp_path, monkeypatch):
+    """No data folder: the hub id, the one revision in datasets' cache and its rows per split,
+    read without any network; with two cached revisions the revision is not guessed."""
+    from datasets import config
+
+    monkeypatch.delenv("FL_DATA_DIR", raising=False)
+    monkeypatch.setattr(config, "HF_DATASETS_CACHE", tmp_path / "cache")
+    cfg = validate_config({"strategy": "fedavg", "dataset": "mnist", "model": "cnn-small"})
+    nothing = data_fingerprint(cfg, 10)  # never loaded here: known by its id alone
+    assert nothing["train"] == {"source": "hub", "id": "ylecun/mnist", "revision": None, "split": "train",
+                                "rows": None}
+    cache_hub_dataset(tmp_path / "cache", "ylecun/mnist", "a" * 40, 5)
+    fp = data_fingerprint(cfg, 10)
+    assert fp["train"] == {"source": "hub", "id": "ylecun/mnist", "revision": "a" * 40, "split": "train", "rows": 5}
+    assert fp["test"]["split"] == "test" and fp["test"]["revision"] == "a" * 40
+    assert fp["digest"] != nothing["digest"]
+    cache_hub_dataset(tmp_path / "cache", "ylecun/mnist", "b" * 40, 5)
+    two = data_fingerprint(cfg, 10)["train"]
+    assert two["revision"] is None and two["cached"] == ["a" * 40, "b" * 40]
 
 
 def test_the_fingerprint_file_names_agree():
@@ -122,6 +145,21 @@ def test_a_run_records_its_fingerprint_and_refuses_to_resume_on_other_data(mnist
     with pytest.raises(provenance.DataChanged, match=rf"started on data {fp['digest']} and would continue on data"):
         serve_in_process({**cfg, "run-name": "cut", "resume": True}, 2)
     assert not (tmp_path / "r" / "cut" / "summary.json").exists()
+
+
+def test_a_simulated_run_records_the_fingerprint_the_runner_expects(simulated, request):
+    """Through Flower's Ray simulation (the shared fedavg run of tests/test_simulation.py): the
+    server's fingerprint has the partitions the nodes reported, so re-running the runner's
+    command on the same data keeps the run (``changed_data`` finds no change)."""
+    from tests.test_simulation import SUPERNODES, simulated_config
+
+    cfg = simulated_config("fedavg", request)
+    run = simulated("fedavg", cfg, SUPERNODES)
+    assert run.rc == 0, "\n".join(run.lines[-30:])
+    recorded = json.loads((run.run_dir / "summary.json").read_text())["data_fingerprint"]
+    assert recorded == data_fingerprint(validate_config(cfg), SUPERNODES)
+    assert recorded["partition"]["num-partitions"] == SUPERNODES
+    assert run_simulation.changed_data(run.run_dir, validate_config(cfg), SUPERNODES) is None
 
 
 # ---- --collect and the report -------------------------------------------------------------------------

@@ -109,30 +109,35 @@ def _sha256(path: str, _size: int, _mtime_ns: int) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def hub_revision(split) -> str | None:
-    """The commit of the hub repository a loaded ``datasets.Dataset`` came from, else None.
-    ``datasets`` (4.x) caches a hub dataset under ``<name>/<config>/<version>/<commit>/`` (the
-    builder's ``hash`` is the repository's commit, also when it is loaded offline from that
-    cache), and the split's ``cache_files`` name those files: the 40-hex folder is the revision."""
-    for cache in getattr(split, "cache_files", None) or []:
-        for part in Path(cache.get("filename", "")).parts:
-            if re.fullmatch(r"[0-9a-f]{40}", part):
-                return part
-    return None
+def hub_identity(hub_id: str) -> tuple[dict, dict]:
+    """(train, test) identity of a hub dataset: id, revision and rows of each split, read from
+    the ``datasets`` cache alone (nothing is downloaded or loaded: a fingerprint never waits for
+    the network). ``datasets`` (4.x) keeps a hub dataset it loaded under
+    ``<HF_DATASETS_CACHE>/<owner>___<name>/<config>/<version>/<commit>/`` (the builder's
+    ``hash`` is the repository's commit, also when loaded offline from that cache) with its
+    ``dataset_info.json`` (rows per split). The revision is that commit when exactly one is
+    cached; with none or several it is None (and ``cached`` lists them) rather than a guess."""
+    from datasets import config
 
-
-def _hub_identity(dataset: str, seed: int) -> tuple[dict, dict]:
-    """(train, test) identity of a hub dataset: id, revision and rows of each split. Reads the
-    FederatedDataset the server's test split was loaded from (``load_test_split``: cached)."""
-    from tasks.catalogue import DATASETS
-    from tasks.partitioning import PartitionSpec, federated_dataset
-
-    fds = federated_dataset(PartitionSpec(dataset=dataset, num_partitions=1, partitioner="iid", seed=seed))
+    root = Path(config.HF_DATASETS_CACHE) / hub_id.replace("/", "___")
+    folders = sorted(p for p in root.glob("*/*/*") if p.is_dir() and re.fullmatch(r"[0-9a-f]{40}", p.name))
+    commits = sorted({p.name for p in folders})
+    revision = commits[0] if len(commits) == 1 else None
+    splits: dict = {}
+    if revision is not None:
+        for folder in folders:
+            try:
+                splits = json.loads((folder / config.DATASET_INFO_FILENAME).read_text()).get("splits") or {}
+            except (OSError, ValueError):
+                continue
+            break
     out = []
     for split in ("train", "test"):
-        loaded = fds.load_split(split)
-        out.append({"source": "hub", "id": DATASETS[dataset].hub_id, "revision": hub_revision(loaded),
-                    "split": split, "rows": loaded.num_rows})
+        entry = {"source": "hub", "id": hub_id, "revision": revision, "split": split,
+                 "rows": (splits.get(split) or {}).get("num_examples")}
+        if len(commits) > 1:
+            entry["cached"] = commits
+        out.append(entry)
     return out[0], out[1]
 
 
@@ -150,6 +155,7 @@ def data_fingerprint(cfg: dict, num_partitions: int | None, node_local: int = 0)
     - ``seed``: kept apart from the digest, since the seeds of one table differ by design (the
       same data cut with another seed): runs that belong in one table share the digest.
     """
+    from tasks.catalogue import DATASETS
     from tasks.datasets import local_parquet_files
     from tasks.partition_spec import PartitionSpec
 
@@ -165,7 +171,7 @@ def data_fingerprint(cfg: dict, num_partitions: int | None, node_local: int = 0)
         if files is not None:
             train, test = ({"source": "local parquet", **file_identity(files[s])} for s in ("train", "test"))
         else:
-            train, test = _hub_identity(dataset, seed)
+            train, test = hub_identity(DATASETS[dataset].hub_id)
     if node_local:
         train = {**train, "node-local": node_local}
     shared = {"dataset": dataset, "train": train, "test": test, "partition": partition}
