@@ -28,7 +28,8 @@ Two readings, chosen by `pgvc-variant`: `"text"` (the default) reads the paper's
   w ← (1 − η ρ_j) w, η = the round's learning rate (the code's `eta_l = 0.001`, equal to its
   Adam rate). For the project's `lenet` those are FC 120 with ρ_5 = ℓ_5 · mean ∇(FC 120 bias),
   FC 84 with ρ_6 = ℓ_6 · mean ∇(FC 84 weight) and the head with ρ_7 = ℓ_7 · mean ∇(FC 84
-  bias); layer 4 is the Flatten. The relative change |η ρ_j| is about 1e-5, so this reading is
+  bias); layer 4 is the Flatten. The relative change |η ρ_j| is small (measured on MNIST
+  Dir(0.5) lenet clients with Adam at 0.001 in rounds 1-2: 1e-5 to 5e-4), so this reading is
   close to FedAvg with the same optimiser. Fit metric `pgvc_rescale`: the largest |η ρ_j| of
   the round.
 - Server: w_{t+1} = (1 − η_g) w_t + η_g (1/K) Σ_k w_k over the round's K clients (the plain
