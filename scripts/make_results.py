@@ -614,8 +614,9 @@ def make_results(experiments: Path, results: Path, out: Path) -> str:
     for (path, exp), k in zip(exps, kept):  # before anything is written
         mixed = table_mixes_data(exp.get("name", path.stem), k)
         if mixed:
-            raise ConfigError(f"the kept runs mix two data sets: {mixed}; one table never does (remove the runs of"
-                              f" one data set from {_display_path(Path(results)).as_posix()})")
+            raise ConfigError(f"the kept runs mix two data sets: {mixed}; one table never does (move the runs of"
+                              f" one data set out of {_display_path(Path(results)).as_posix()}, or --collect runs"
+                              " made on the other's data over them)")
     lines += [overview_row(path, exp, k) for (path, exp), k in zip(exps, kept)] + ([""] if exps else [])
     for (path, exp), k in zip(exps, kept):
         lines += section(_display_path(path), exp, k, figures, out.parent)
