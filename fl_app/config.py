@@ -93,6 +93,11 @@ GENERAL_KEYS: dict[str, Key] = {
                                 "in [0, 1) (share of each client's partition held out as its local test split,"
                                 " scored with the global model; 0 = off)"),
     "client-state": Key("memory", choices=("memory", "disk")),
+    # Reporting (fl_app/results/report.py): comparison.md's rounds to target is the first round
+    # whose test accuracy is >= this; training never reads it. 0 = no target: what is worth
+    # reaching depends on dataset, model and budget (0.3 on CIFAR-10 to 0.99 on MNIST in experiments/).
+    "target-accuracy": Key(0.0, lambda v: 0 <= v < 1,
+                           "in [0, 1) (test accuracy the comparison counts the rounds to; 0 = none)"),
 }
 
 

@@ -161,7 +161,8 @@ def test_comparison_paired_difference_against_fedavg(tmp_path):
     assert "last 5 rounds − fedavg, paired (95% CI)" in md and "+0.0040 [-0.0010, +0.0090]" in md
     header = (tmp_path / "out" / "comparison.csv").read_text().splitlines()[0]
     assert header.endswith("paired_reference,paired_seeds,final_diff_mean,final_diff_ci_low,final_diff_ci_high,"
-                           "tail_diff_seeds,tail_diff_mean,tail_diff_ci_low,tail_diff_ci_high")
+                           "tail_diff_seeds,tail_diff_mean,tail_diff_ci_low,tail_diff_ci_high,"
+                           "compute_diff_seeds,compute_diff_mean,compute_diff_ci_low,compute_diff_ci_high")
 
 
 def test_comparison_without_a_second_seed_has_no_paired_columns(tmp_path):

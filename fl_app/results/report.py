@@ -63,8 +63,10 @@ def update_gaps(dirs: list[Path]) -> list[str]:
 
 
 def compare(runs: dict[str, list[Path]]) -> list[dict]:
-    """One row per method: final and best accuracy as mean and std over its seeds, and (with
-    >= 2 seeds) the paired difference to the reference row (``add_paired_columns``). Untrained
+    """One row per method: final and best accuracy as mean and std over its seeds, what they
+    cost (``cost_columns``: rounds to the target accuracy, megabytes per client per round, client
+    compute per round), and (with >= 2 seeds) the paired differences to the reference row
+    (``add_paired_columns``). Untrained
     runs (summary ``untrained``: every round without a usable client update) are not a result:
     they are left out of the means and counted in ``untrained_runs``; ``update_gaps`` names the
     runs with such rounds (shown under comparison.md)."""
@@ -82,6 +84,8 @@ def compare(runs: dict[str, list[Path]]) -> list[dict]:
             "final_accuracy_mean": final[0], "final_accuracy_std": None if one else final[1],
             "best_accuracy_mean": best[0], "best_accuracy_std": None if one else best[1],
             "seconds_mean": secs[0],
+            **cost_columns([d for d in dirs if not (read_summary(d) or {}).get("untrained")]),
+            "tail_rounds": _span(tail_rounds(d) for d in dirs),
             **drift_columns(dirs),
             "untrained_runs": len(summaries) - len(trained), "update_gaps": "; ".join(update_gaps(dirs)),
             **client_columns(dirs),
@@ -109,11 +113,35 @@ def tail_accuracy(run_dir: Path, rounds: int = TAIL_ROUNDS) -> float | None:
     return sum(accs[-rounds:]) / len(accs[-rounds:]) if accs else None
 
 
+def tail_rounds(run_dir: Path, rounds: int = TAIL_ROUNDS) -> int:
+    """How many rounds ``tail_accuracy`` averages for this run: ``rounds``, or fewer when the
+    run evaluated fewer (a 3-round run: 3)."""
+    evaluated = [r for r in read_metrics(run_dir)
+                 if isinstance(r.get("test_accuracy"), (int, float)) and math.isfinite(r["test_accuracy"])]
+    return min(rounds, len(evaluated))
+
+
+def _span(values) -> int | str | None:
+    """One value as itself, several as 'lowest-highest', none as None."""
+    seen = sorted(set(values))
+    return None if not seen else seen[0] if len(seen) == 1 else f"{seen[0]}-{seen[-1]}"
+
+
+COMPUTE_KEY = "client_fit_seconds"  # value_by_seed's key for mean_client_seconds
+
+
 def accuracy_by_seed(dirs: list[Path], key: str = "final_accuracy") -> dict[int, float]:
     """{seed: the run's final (or best) accuracy, or with ``TAIL_KEY`` its ``tail_accuracy``}
-    over the finished runs of one row; the seed is the run's recorded config seed, else the
-    ``-seed<N>`` ending of its folder name (runs whose seed is neither are left out: they
-    cannot be paired; untrained runs are no result and are left out too)."""
+    (``value_by_seed``)."""
+    return value_by_seed(dirs, key)
+
+
+def value_by_seed(dirs: list[Path], key: str = "final_accuracy") -> dict[int, float]:
+    """{seed: the run's summary value ``key`` (final or best accuracy), its ``tail_accuracy``
+    (``TAIL_KEY``) or its mean client compute per round (``COMPUTE_KEY``)} over the finished
+    runs of one row; the seed is the run's recorded config seed, else the ``-seed<N>`` ending of
+    its folder name (runs whose seed is neither are left out: they cannot be paired; untrained
+    runs are no result and are left out too)."""
     out = {}
     for d in dirs:
         s = read_summary(d)
@@ -122,7 +150,8 @@ def accuracy_by_seed(dirs: list[Path], key: str = "final_accuracy") -> dict[int,
         seed = s.get("config", {}).get("seed")
         if seed is None and re.search(r"-seed(\d+)$", Path(d).name):
             seed = re.search(r"-seed(\d+)$", Path(d).name).group(1)
-        value = tail_accuracy(d) if key == TAIL_KEY else s.get(key)
+        value = (tail_accuracy(d) if key == TAIL_KEY else
+                 mean_column(read_metrics(d), FIT_SECONDS) if key == COMPUTE_KEY else s.get(key))
         if value is not None and seed is not None:
             out[int(seed)] = float(value)
     return out
@@ -133,14 +162,17 @@ def add_paired_columns(table: list[dict], runs: dict[str, list[Path]]) -> None:
     (``reference_row``), paired by seed, as the mean and its 95% t interval over the seeds
     both ran (``fl_app.results.stats``), and the same for the mean accuracy over the last
     ``TAIL_ROUNDS`` rounds (``tail_*``, with its own seed count: runs without metrics.csv have
-    none); empty cells for the reference itself and for n < 2."""
+    none) and for the mean client compute seconds per round (``compute_*``: same seed, same
+    partition, so the data size cancels); empty cells for the reference itself and for n < 2.
+    Megabytes per round are not paired: they are the arrays' sizes, the same for every seed."""
     ref = reference_row(list(runs))
     if ref is None or max((r["seeds"] for r in table), default=0) < 2:
         return
-    for prefix, key, seeds in (("final", "final_accuracy", "paired_seeds"), ("tail", TAIL_KEY, "tail_diff_seeds")):
-        base = accuracy_by_seed(runs[ref], key)
+    for prefix, key, seeds in (("final", "final_accuracy", "paired_seeds"), ("tail", TAIL_KEY, "tail_diff_seeds"),
+                               ("compute", COMPUTE_KEY, "compute_diff_seeds")):
+        base = value_by_seed(runs[ref], key)
         for r in table:
-            p = paired_difference(accuracy_by_seed(runs[r["method"]], key), base)
+            p = paired_difference(value_by_seed(runs[r["method"]], key), base)
             own = r["method"] == ref or p.n < 2
             r.update({"paired_reference": ref, seeds: 0 if r["method"] == ref else p.n,
                       f"{prefix}_diff_mean": None if r["method"] == ref or p.n == 0 else p.mean,
@@ -163,27 +195,31 @@ def write_comparison(table: list[dict], out: Path) -> None:
         writer.writeheader()
         writer.writerows(table)
     ref = table[0].get("paired_reference") if table else None
-    paired = (f" final − {ref}, paired (95% CI) | last {TAIL_ROUNDS} rounds − {ref}, paired (95% CI) |"
-              if ref else "")
+    last = tail_header(table)
+    paired = (f" final − {ref}, paired (95% CI) | {last} − {ref}, paired (95% CI) |"
+              f" client compute − {ref}, paired (95% CI) |" if ref else "")
     views = client_views(table)
     extra = "".join(f" {CLIENT_HEADERS[v]} |" for v in views) + paired
     lines = [
         "| method | seeds | rounds | final accuracy | best accuracy | seconds/run "
-        "| update diversity (mean) | final min-class accuracy |" + extra,
-        "|---|---|---|---|---|---|---|---|" + "---|" * (len(views) + 2 * bool(ref)),
+        f"| update diversity (mean) | final min-class accuracy | {target_header(table)} "
+        "| MB per client per round (down / up) | client compute s per round |" + extra,
+        "|---|---|---|---|---|---|---|---|---|---|---|" + "---|" * (len(views) + 3 * bool(ref)),
     ]
     for r in table:
         lines.append(
             f"| {r['method']}{' (!)' if r.get('update_gaps') else ''} | {r['seeds']} | {r['rounds']} | "
             f"{_pm(r['final_accuracy_mean'], r['final_accuracy_std'])} | "
             f"{_pm(r['best_accuracy_mean'], r['best_accuracy_std'])} | {r['seconds_mean']:.1f} |"
-            + _drift_cells(r) + "".join(f" {client_cells(r, v)} |" for v in views)
-            + (f" {_paired_cell(r, ref)} | {_paired_cell(r, ref, 'tail')} |" if ref else "")
+            + _drift_cells(r) + _cost_cells(r) + "".join(f" {client_cells(r, v)} |" for v in views)
+            + (f" {_paired_cell(r, ref)} | {_paired_cell(r, ref, 'tail')} | {_paired_cell(r, ref, 'compute')} |"
+               if ref else "")
         )
+    lines += ["", COST_NOTE]
     if ref:
-        lines += ["", f"Paired columns: per seed, the row's final accuracy (then its mean accuracy over the last "
-                  f"{TAIL_ROUNDS} rounds) minus {ref}'s on the same seed (same partition and client sampling), "
-                  "mean over seeds [95% Student t interval]; an interval that excludes 0 is a resolved "
+        lines += ["", f"Paired columns: per seed, the row's final accuracy (then its mean accuracy over the {last}, "
+                  f"then its client compute per round) minus {ref}'s on the same seed (same partition and client "
+                  "sampling), mean over seeds [95% Student t interval]; an interval that excludes 0 is a resolved "
                   "difference. The last-rounds column is less at the mercy of one round's swing."]
     if any(r["seeds"] == 1 for r in table):
         lines.append("")
@@ -195,6 +231,18 @@ def write_comparison(table: list[dict], out: Path) -> None:
                   " accuracies above, and a row with none left shows `no result`:"]
         lines += [f"- {r['method']}: {r['update_gaps']}" for r in flagged]
     (out / "comparison.md").write_text("\n".join(lines) + "\n")
+
+
+def tail_header(table: list[dict]) -> str:
+    """'last 5 rounds', 'last 3 rounds' (a 3-round comparison), 'last round', or 'last 3-5
+    rounds' when the runs evaluated different numbers of rounds: the rounds ``tail_accuracy``
+    actually averaged (``tail_rounds``), never more than the runs have."""
+    counts = sorted({int(x) for r in table for x in str(r.get("tail_rounds") or "").split("-") if x})
+    if not counts:
+        return f"last {TAIL_ROUNDS} rounds"
+    if len(counts) > 1:
+        return f"last {counts[0]}-{counts[-1]} rounds"
+    return "last round" if counts[0] == 1 else f"last {counts[0]} rounds"
 
 
 INITIAL = {"test_accuracy": "initial_accuracy", "test_loss": "initial_loss"}
@@ -360,6 +408,106 @@ def plot_curves(runs: dict[str, list[Path]], path: Path) -> bool:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
+
+
+# ------------------------------------------------------------------ cost
+TARGET_KEY = "target-accuracy"  # the run-config key (fl_app/config.py); 0 or absent: no target
+BYTES_DOWN, BYTES_UP = "bytes_down_per_client", "bytes_up_per_client"  # fl_app/server/recording.py
+FIT_SECONDS = "fit_seconds_mean"  # the clients' own fit time, mean over the round's clients
+MB = 1e6
+COST_NOTE = ("Cost columns: rounds to target = the first round whose test accuracy is at or above the "
+             "run-config `target-accuracy` (mean over the seeds that reached it; `no target` when none was "
+             "set, e.g. `--set target-accuracy=0.9`); MB = 10^6 bytes of the arrays each client was sent (down) and sent back (up) per round, "
+             "measured from the messages (SCAFFOLD's control variates included), the same for every seed; "
+             "client compute = the clients' own fit time per round (mean over a round's clients, then over "
+             "rounds, then seeds); n/a: runs made before these were recorded.")
+
+
+def rounds_to_target(rows: list[dict], target: float) -> int | None:
+    """The first round of a metrics table whose test accuracy is >= ``target`` (rounds without
+    a finite accuracy, such as those ``evaluate-every`` skips, cannot count), else None."""
+    for row in rows:
+        acc = row.get("test_accuracy")
+        if isinstance(acc, (int, float)) and math.isfinite(acc) and acc >= target:
+            return int(row["round"])
+    return None
+
+
+def mean_column(rows: list[dict], column: str) -> float | None:
+    """Mean of ``column`` over a run's rounds (empty and non-finite cells left out); None when
+    no round has it (a run made before the column existed)."""
+    values = [float(r[column]) for r in rows if isinstance(r.get(column), (int, float)) and math.isfinite(r[column])]
+    return float(np.mean(values)) if values else None
+
+
+def run_target(summary: dict) -> float | None:
+    """A run's ``target-accuracy`` as recorded in its config; None when unset (0, or absent)."""
+    value = (summary.get("config") or {}).get(TARGET_KEY)
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
+def cost_columns(dirs: list[Path]) -> dict:
+    """What one row's runs cost beside their accuracy: ``target_accuracy`` (the runs' own, NaN
+    when they differ, None when unset), ``rounds_to_target_mean`` over the ``target_reached_seeds``
+    of the ``target_seeds`` runs with a target that reached it; ``mb_down_per_round`` /
+    ``mb_up_per_round`` (MB per client per round, ``cost_seeds`` runs have them) and
+    ``client_seconds_per_round_mean`` / ``_std`` (mean client fit seconds per round), each a
+    per-run mean over rounds, then the mean over runs; NaN where no run has them."""
+    targets, reached, down, up, fit = [], [], [], [], []
+    for d in dirs:
+        summary = read_summary(d)
+        if summary is None:
+            continue
+        rows = read_metrics(d)
+        target = run_target(summary)
+        if target is not None:
+            targets.append(target)
+            first = rounds_to_target(rows, target)
+            if first is not None:
+                reached.append(first)
+        for values, column in ((down, BYTES_DOWN), (up, BYTES_UP), (fit, FIT_SECONDS)):
+            value = mean_column(rows, column)
+            if value is not None:
+                values.append(value)
+    fit_ms = mean_std(fit)
+    return {
+        "target_accuracy": None if not targets else targets[0] if len(set(targets)) == 1 else math.nan,
+        "rounds_to_target_mean": float(np.mean(reached)) if reached else None,
+        "target_reached_seeds": len(reached), "target_seeds": len(targets),
+        "mb_down_per_round": mean_std(down)[0] / MB, "mb_up_per_round": mean_std(up)[0] / MB,
+        "cost_seeds": len(down),
+        "client_seconds_per_round_mean": fit_ms[0], "client_seconds_per_round_std": fit_ms[1] if len(fit) > 1 else None,
+    }
+
+
+def target_header(table: list[dict]) -> str:
+    """'rounds to 90%' when every row with a target has the same one, else 'rounds to target'."""
+    targets = {r.get("target_accuracy") for r in table} - {None}
+    if len(targets) == 1 and math.isfinite(t := targets.pop()):
+        return f"rounds to {100 * t:g}%"
+    return "rounds to target"
+
+
+def _seeds_part(have: int, seeds) -> str:
+    return f" ({have}/{seeds} seeds)" if isinstance(seeds, int) and have < seeds else ""
+
+
+def _cost_cells(r: dict) -> str:
+    """comparison.md's cost cells: rounds to target ('3.0', '3.5 (2/3 seeds)', 'not reached',
+    'no target'), 'MB down / MB up', client compute 'mean ± std' seconds ('n/a' where the runs
+    predate the columns)."""
+    if not r.get("target_seeds"):
+        rounds = "no target"
+    elif not r.get("target_reached_seeds"):
+        rounds = "not reached"
+    else:
+        rounds = f"{r['rounds_to_target_mean']:.1f}" + _seeds_part(r["target_reached_seeds"], r["target_seeds"])
+    down, up = r.get("mb_down_per_round", math.nan), r.get("mb_up_per_round", math.nan)
+    mb = (f"{down:.3g} / {up:.3g}" + _seeds_part(r.get("cost_seeds", 0), r.get("seeds"))
+          if math.isfinite(down) and math.isfinite(up) else "n/a")
+    fit, std = r.get("client_seconds_per_round_mean", math.nan), r.get("client_seconds_per_round_std")
+    compute = "n/a" if not math.isfinite(fit) else f"{fit:.3g}" if std is None else f"{fit:.3g} ± {std:.2g}"
+    return f" {rounds} | {mb} | {compute} |"
 
 
 # ------------------------------------------------------------------ drift and per-class

@@ -3,9 +3,14 @@
 Per round it writes one row to ``<results-dir>/<run-name>/metrics.csv``: round,
 test_accuracy, test_loss, train_loss, num_clients, num_failures, num_rejected,
 round_seconds, fit_phase_seconds (sampling to the last reply), then the method's metrics
-(client metrics as ``<name>_mean/_min/_max``, e.g. ``fit_seconds_mean``; server metrics as
-reported). At the last round it writes ``summary.json`` (with the initial model's
-``initial_accuracy`` and ``initial_loss``, round 0 of the plots; absent after a resume; and the
+(client metrics as ``<name>_mean/_min/_max``, e.g. ``fit_seconds_mean``: the clients' compute;
+server metrics as reported), and what the round cost in traffic, measured from the messages
+themselves: ``bytes_down_per_client`` and ``bytes_up_per_client``, the arrays' ``nbytes`` summed
+over each FitIns sent (after ``drop-rate``'s drops) and each FitRes received (rejected ones
+too: they were sent), mean over those clients (``message_nbytes``; a method that sends extra
+arrays, SCAFFOLD's control variates, shows them). At the last round it writes ``summary.json``
+(with the initial model's ``initial_accuracy`` and ``initial_loss``, round 0 of the plots; absent
+after a resume; and the
 ``data_fingerprint`` of ``fl_app/server/provenance.py``, also kept from round 1 in
 ``data-fingerprint.json``).
 Every method also gets the drift columns of ``fl_app/server/drift.py`` (from the accepted replies,
@@ -94,6 +99,15 @@ def _views(parameters: Parameters) -> list[np.ndarray]:
     return out
 
 
+def message_nbytes(messages: list[Parameters]) -> float | None:
+    """Mean over the messages of the sum of their arrays' ``nbytes`` (the payload, without npy
+    headers or Flower's framing); None without messages. One Parameters object sent to several
+    clients counts once per client: it travels once to each."""
+    if not messages:
+        return None
+    return sum(sum(int(a.nbytes) for a in _views(m)) for m in messages) / len(messages)
+
+
 def summarise_client_metrics(results: list[tuple[int, dict]]) -> dict[str, float]:
     """train_loss as the n_k-weighted mean; every other numeric metric as mean/min/max."""
     out: dict[str, float] = {}
@@ -179,6 +193,7 @@ class RecordingStrategy(Strategy):
         self._fingerprint()  # the nodes have reported their partitions by now (sampling asks them)
         self.screening.begin_round(parameters)  # w_t: the global model the clients receive
         instructions, self.row["num_dropped"] = self.participation.select(server_round, instructions)
+        self.row["bytes_down_per_client"] = message_nbytes([ins.parameters for _, ins in instructions])
         if instructions:
             self.sent_shapes = [a.shape for a in parameters_to_ndarrays(instructions[0][1].parameters)]
         extra = {"run-dir": str(self.run_dir.resolve()), "checkpoint-round": self.last_checkpoint,
@@ -192,6 +207,7 @@ class RecordingStrategy(Strategy):
         server_round += self.offset
         # from sampling to the last reply: the clients' fit_seconds and the transport in between
         self.row["fit_phase_seconds"] = time.monotonic() - self.round_started
+        self.row["bytes_up_per_client"] = message_nbytes([res.parameters for _, res in results])
         accepted = self._accepted(server_round, results, failures)
         self.row.update(summarise_client_metrics([(r.num_examples, r.metrics) for _, r in accepted]))
         self.row.update(record_ray_nodes(self.run_dir, server_round, accepted))
