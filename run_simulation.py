@@ -31,6 +31,7 @@ last checkpoint (run-config `resume = true`), missing ones start.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -79,7 +80,7 @@ from fl_app.server.preflight import check_data_dir, check_nodes
 from fl_app.tooling.experiment import read_experiment
 from fl_app.tooling.launch import LocalSimulation
 from fl_app.tooling.plan import check_axes, grid_points, label, parse_grid, resolve_rows, run_name
-from fl_app.tooling.processes import MissingTool
+from fl_app.tooling.processes import FolderInUse, MissingTool, lock_folder
 from fl_app.tooling.quiet import for_output, is_noise, plain
 from strategies.base import fedavg_kwargs
 from tasks.datasets import DataUnavailableError, PartitionError, resolve_data_dir
@@ -126,9 +127,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.list:
         return args
     if args.resume:
-        args = argparse.Namespace(**{"grid": [], "verbose": False, "check": False, "list": None,
+        args = argparse.Namespace(**{"grid": [], "verbose": False, "list": None,
                                      "env_data_dir": None, "cwd": None, **read_runner_record(args.resume, p),
-                                     "resume": args.resume, "out": args.resume, "quiet": args.quiet})
+                                     "resume": args.resume, "out": args.resume, "quiet": args.quiet,
+                                     "check": args.check})
     else:
         args.env_data_dir = resolve_data_dir("")  # recorded in runner.json: a new shell may differ
         args.cwd = os.getcwd()  # relative data-dir values resolve against it, on --resume too
@@ -170,11 +172,11 @@ def resolve_experiment(args: argparse.Namespace, parser: argparse.ArgumentParser
         args.experiment = exp
         args.strategy = args.strategy or ",".join(exp.get("strategies", []))
         args.seeds = args.seeds or exp.get("seeds")
-        args.clients = args.clients or exp.get("clients")
+        args.clients = exp.get("clients") if args.clients is None else args.clients
         args.out = args.out or f"results/experiments/{exp.get('name', path.stem)}"
     args.strategy = args.strategy or "fedavg"
     args.seeds = args.seeds or [0]
-    args.clients = args.clients or 10
+    args.clients = 10 if args.clients is None else args.clients  # --clients 0 is refused, not replaced
     return args
 
 
@@ -414,21 +416,26 @@ def progress_printer(args: argparse.Namespace, tail: list[str]):
     return on_line
 
 
-def launch(args: argparse.Namespace, configs: list[tuple[str, int, dict]], runs_dir: Path, gpus: float) -> Outcome:
+def launch(args: argparse.Namespace, configs: list[tuple[str, int, dict]], runs_dir: Path, gpus: float,
+           lock: int | None = None) -> Outcome:
     """Step 4: one `flwr run` per (row, seed) on a private SuperLink; finished runs are kept,
-    checkpointed ones continue."""
+    checkpointed ones continue. The SuperLink's watchdog also holds the folder ``lock``, so
+    after a ``kill -9`` of this runner the folder stays taken until its processes are gone."""
     outcome = Outcome()
-    with LocalSimulation(ray_address=getattr(args, "ray_address", None)) as sim:
+    with LocalSimulation(ray_address=getattr(args, "ray_address", None), hold=(lock,) if lock else ()) as sim:
         for i, (row, seed, cfg) in enumerate(configs, 1):
             run_dir = runs_dir / cfg["run-name"]
             where = f"[{i}/{len(configs)}] {row} seed {seed}"
             earlier = read_summary(run_dir)
             if earlier is not None:
                 how = f"stopped earlier ({earlier['stopped']})" if earlier.get("stopped") else "finished earlier"
+                if trained_nothing(earlier):
+                    how = f"failed earlier: {trained_nothing(earlier)}"
+                    outcome.failed.append(cfg["run-name"])
+                elif earlier.get("stopped"):
+                    outcome.stopped.append(cfg["run-name"])
                 print(f"{where}: {how}, kept", flush=True)
                 outcome.runs.setdefault(row, []).append(run_dir)
-                if earlier.get("stopped"):
-                    outcome.stopped.append(cfg["run-name"])
                 continue
             if (run_dir / CHECKPOINT).exists():
                 cfg = {**cfg, "resume": True}
@@ -451,16 +458,30 @@ def record_run(row: str, name: str, run_dir: Path, tail: list[str], outcome: Out
         print("    run failed" + (f": {causes[0]}" if causes else "") + "; last lines:\n    "
               + "\n    ".join(for_output(t, sys.stderr) for t in tail[-15:]), file=sys.stderr)
         return
-    if summary.get("rounds_without_update"):
-        print(f"    warning: no client update was used in rounds {summary['rounds_without_update']}"
-              + (": the model was never trained, not a result" if summary.get("untrained") else ""),
+    if trained_nothing(summary):  # kept: the comparison shows it as "no result"
+        outcome.failed.append(name)
+        print(f"    run failed: {trained_nothing(summary)}", file=sys.stderr, flush=True)
+    elif summary.get("rounds_without_update"):
+        print(f"    warning: no client update was used in rounds {summary['rounds_without_update']}",
               file=sys.stderr, flush=True)
-    if summary.get("stopped"):
+    if summary.get("stopped") and not trained_nothing(summary):
         outcome.stopped.append(name)
         print(f"    stopped after {summary['rounds']} rounds: {summary['stopped']}", flush=True)
     print(f"    final accuracy {_fmt(summary['final_accuracy'])}, best {_fmt(summary['best_accuracy'])},"
           f" {summary['total_seconds']:.0f}s", flush=True)
     outcome.runs.setdefault(row, []).append(run_dir)
+
+
+def trained_nothing(summary: dict) -> str:
+    """Why a run that wrote a summary is still a failure ('' when it is a result): it stopped
+    before any round (every sampled client failed or was rejected in round 1), or no client
+    update was used in any round (``untrained``: its accuracies are the initial model's)."""
+    if summary.get("rounds") == 0:
+        return f"no round completed ({summary.get('stopped') or 'stopped before round 1'})"
+    if summary.get("untrained"):
+        return (f"no client update was used in any of its {summary['rounds']} rounds (every sampled client failed"
+                " or was rejected): the model was never trained, not a result")
+    return ""
 
 
 def report(outcome: Outcome, out: Path) -> int:
@@ -494,21 +515,51 @@ def main(argv: list[str] | None = None) -> int:
         print(listing(args.list))
         return 0
     out = Path(args.out or f"results/compare-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    with contextlib.ExitStack() as held:  # the folder's lock, released on return (or by the kernel at death)
+        try:
+            check_out_folder(out)
+            # a folder that exists may be another runner's: refused before its runs are read
+            lock = None if args.check or not out.exists() else take_folder(out, held)
+            configs = validate(args, out / "runs")
+            if args.check:
+                print_check(configs, out / "runs", args.clients)
+                return 0
+            lock = lock or take_folder(out, held)
+        except (ConfigError, DataUnavailableError, PartitionError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        gpus = plan(args, out)
+        try:
+            outcome = launch(args, configs, out / "runs", gpus, lock)
+        except MissingTool as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        return report(outcome, out)
+
+
+def check_out_folder(out: Path) -> None:
+    """The results folder must be a folder this user can write, or be creatable: refused in
+    one line (``ConfigError``) before anything is validated or launched."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is invalid: it is a file, not a folder; give a folder for the results")
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        what = "is not a folder" if not existing.is_dir() else "cannot be written by this user"
+        raise ConfigError(f"--out {out} is invalid: {existing} {what}; give a folder you can write")
+
+
+def take_folder(out: Path, held: contextlib.ExitStack) -> int:
+    """Hold ``out``'s lock (``lock_folder``) until ``held`` closes; a folder in use by another
+    runner or one that cannot be written is a one-line ``ConfigError``."""
     try:
-        configs = validate(args, out / "runs")
-    except (ConfigError, DataUnavailableError, PartitionError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if args.check:
-        print_check(configs, out / "runs", args.clients)
-        return 0
-    gpus = plan(args, out)
-    try:
-        outcome = launch(args, configs, out / "runs", gpus)
-    except MissingTool as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return report(outcome, out)
+        fd = lock_folder(out)
+        held.callback(os.close, fd)
+        return fd
+    except FolderInUse as exc:
+        raise ConfigError(str(exc)) from None
+    except OSError as exc:
+        raise ConfigError(f"--out {out} cannot be written ({exc.strerror or exc}): give a folder you can"
+                          " write") from None
 
 
 def _fmt(value) -> str:

@@ -56,7 +56,23 @@ def local_parquet_files(name: str, data_dir: str) -> dict[str, str] | None:
             f"data folder {data_dir!r} has no {' and no '.join(missing)}; it must hold {name}/train.parquet"
             f" and {name}/test.parquet (or set neither data-dir nor $FL_DATA_DIR to load the Hugging Face hub"
             f" id {DATASETS[name].hub_id if name in DATASETS else name!r})")
+    for split, path in files.items():
+        if parquet_rows(path) == 0:
+            raise DataUnavailableError(
+                f"{path} is empty (a parquet file with 0 rows): the {split} split of {name!r} needs examples;"
+                f" replace the file (data folder {data_dir!r})")
     return {k: str(v) for k, v in files.items()}
+
+
+def parquet_rows(path: Path) -> int | None:
+    """Rows of a parquet file from its footer (nothing decoded); None when the footer cannot
+    be read (the readers that decode it then say why)."""
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_metadata(path).num_rows
+    except Exception:  # ArrowInvalid, OSError, ...: reported by the readers
+        return None
 
 
 def check_columns(fds, info: DatasetInfo, where: str) -> None:

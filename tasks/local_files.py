@@ -57,7 +57,7 @@ def _load_local_cached(path: str, dataset: str, _stamp: tuple[int, int]) -> tupl
     else:
         raise LocalDataError(f"data-path {path!r} is neither a parquet file nor an image folder")
     if len(labels) == 0:
-        raise LocalDataError(f"data-path {path!r} holds no examples")
+        raise LocalDataError(f"data-path {path!r} is empty: it holds no examples")
     bad = (labels < 0) | (labels >= info.shape.classes)
     if bad.any():
         raise LocalDataError(
@@ -100,6 +100,8 @@ def _read_parquet(path: Path, info: DatasetInfo) -> tuple[np.ndarray, np.ndarray
             f"{sorted(table.column_names)}); the {info.hub_id} schema has "
             f"{info.image_column!r} and {info.label_column!r}"
         )
+    if table.num_rows == 0:
+        raise LocalDataError(f"data-path {str(path)!r} is empty (a parquet file with 0 rows): it holds no examples")
     images = []
     for i, cell in enumerate(table.column(info.image_column).to_pylist()):
         where = f"data-path {str(path)!r} row {i}"

@@ -12,6 +12,7 @@ import contextlib
 import logging
 from pathlib import Path
 
+from fl_app.server.screening import check_replies
 from tasks.datasets import local_parquet_files, resolve_data_dir
 from tasks.keys import ConfigError
 
@@ -43,7 +44,8 @@ def hub_id(dataset: str) -> str:
 
 
 def check_nodes(cfg: dict, num_nodes: int) -> None:
-    """The federation must be able to reach ``min-available-clients``."""
+    """The federation must be able to reach ``min-available-clients``, and its rounds must
+    sample as many clients as the screening rule needs (``check_replies``)."""
     wanted = cfg["min-available-clients"]
     if wanted > num_nodes:
         raise ConfigError(
@@ -51,13 +53,17 @@ def check_nodes(cfg: dict, num_nodes: int) -> None:
             f" {num_nodes} SuperNode(s); the server would wait for {wanted} nodes"
             f" (raise the number of SuperNodes/--clients to {wanted} or lower min-available-clients)"
         )
+    check_replies(cfg, num_nodes)
 
 
 @contextlib.contextmanager
 def loud(*errors: type[BaseException]):
-    """Log ``errors`` raised in the block as one ERROR line, then re-raise them."""
+    """Log ``errors`` raised in the block as one ERROR line (once, also through nested
+    ``loud`` blocks), then re-raise them."""
     try:
         yield
     except errors as exc:
-        log.error("fl-drift: %s: %s", type(exc).__name__, exc)
+        if not getattr(exc, "fl_drift_logged", False):  # an inner ``loud`` said it already
+            log.error("fl-drift: %s: %s", type(exc).__name__, exc)
+            exc.fl_drift_logged = True
         raise

@@ -52,7 +52,9 @@ Byzantine-robust rules for a declared number of attackers f = ``screen-attackers
 Each rule needs enough replies for its guarantee: ``krum`` / ``multi-krum`` n >= 2f + 3,
 ``bulyan`` n >= 4f + 3, ``trimmed-mean`` n >= 2f + 2. A round with fewer accepted replies
 does not update the model (every reply is dropped, with a warning naming the rule and the
-count); f must be >= 1 for the three Byzantine rules (refused at validation otherwise).
+count); f must be >= 1 for the three Byzantine rules (refused at validation otherwise). A
+federation whose rounds sample fewer clients than the rule needs is refused before launch by
+``check_replies`` (the runner's ``--check`` and the ServerApp's start-up), naming the rule.
 """
 
 from __future__ import annotations
@@ -103,6 +105,38 @@ def min_replies(mode: str, attackers: int) -> int:
     if mode == "trimmed-mean" and attackers > 0:
         return 2 * attackers + 2
     return 1
+
+
+RULES = {"krum": "2f + 3", "multi-krum": "2f + 3", "bulyan": "4f + 3", "trimmed-mean": "2f + 2"}
+
+
+def sampled_per_round(cfg: dict, num_nodes: int) -> int:
+    """The clients a round samples from ``num_nodes`` connected ones: Flower's
+    ``FedAvg.num_fit_clients`` (max(int(fraction-fit x nodes), min-fit-clients)), which every
+    method's ``configure_fit`` uses."""
+    from flwr.server.strategy import FedAvg
+
+    flower = FedAvg(fraction_fit=cfg["fraction-fit"], min_fit_clients=cfg["min-fit-clients"])
+    return flower.num_fit_clients(num_nodes)[0]
+
+
+def check_replies(cfg: dict, num_nodes: int) -> None:
+    """Refuse a Byzantine rule whose ``min_replies`` exceeds the clients a round samples from
+    ``num_nodes``: every round would drop every reply, and the run stop after 0 rounds.
+    (Drop-outs, ``drop-rate``, can still leave a round short: that round does not update.)"""
+    mode, f = cfg["screening"], cfg.get("screen-attackers", 0)
+    need = min_replies(mode, f)
+    sampled = sampled_per_round(cfg, num_nodes)
+    if sampled >= need:
+        return
+    largest = max((g for g in range(f) if min_replies(mode, g) <= sampled), default=0)
+    lower = f"lower screen-attackers to {largest}" if largest >= 1 else f"use another screening than {mode!r}"
+    raise ConfigError(
+        f"screening = {mode!r} with screen-attackers f = {f} needs n >= {RULES[mode]} = {need} replies per round,"
+        f" but a round samples only n = {sampled} (fraction-fit {cfg['fraction-fit']:g} x {num_nodes} clients,"
+        f" min-fit-clients {cfg['min-fit-clients']}): every reply would be dropped; sample at least {need} clients"
+        f" (more clients or a larger fraction-fit) or {lower}"
+    )
 
 
 def check_screening(cfg: dict, strategy_cls: type) -> None:

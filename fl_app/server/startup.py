@@ -12,20 +12,43 @@ the nodes' own start-up (``fl_app/node/background.py``):
 3. ``ready()`` (after round 0 is evaluated): wait for the nodes' answers and check the
    partitioning they reported (``check_data``), before round 1.
 
+Before step 2 returns, the federation's size is checked: the node count, once it stops
+growing, against what the data can be cut into (``check_partition_count``) and what the
+screening rule needs (``check_replies``). Flower's simulation registers its nodes one by one
+while the ServerApp starts, so an early count is only part of the federation (a run with
+num-supernodes = 200000 was once refused naming "64855 partitions"); the count is taken once
+two reads ``SETTLE_SECONDS`` apart agree. A refusal inside a simulation then ends the
+simulation process at once (``stop_this_simulation``) instead of letting Flower set up every
+node and start Ray for a run that has already failed (176 s for 200000 nodes).
+
 The synthetic dataset's test split pools every device's share, so there step 2 waits for the
 nodes and checks the partitioning first.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
+import sys
+import threading
+import time
 from concurrent.futures import Future
+from pathlib import Path
 
 import torch
 
 from fl_app.node.background import in_background
+from fl_app.server.preflight import loud
 from fl_app.server.sampling import SeededClientManager
-from tasks.datasets import resolve_data_dir
+from fl_app.server.screening import check_replies
+from tasks.datasets import PartitionError, resolve_data_dir
+from tasks.keys import ConfigError
 from tasks.partitioning import PartitionSpec, check_data, check_partition_count, load_test, load_test_split
+
+log = logging.getLogger("flwr.fl_drift")
+
+SETTLE_SECONDS = 0.2  # Flower registers >= 4000 simulated nodes in this time, even on a busy 2-core machine
 
 
 class ServerStartup:
@@ -34,6 +57,7 @@ class ServerStartup:
         self.client_manager = client_manager
         self.prefetched: Future | None = None
         self.learning: Future | None = None
+        self.checked: Future = Future()  # the federation's size passed (its node count), or why not
 
     def begin(self) -> None:
         """Start decoding a real dataset's test split in the background."""
@@ -43,8 +67,15 @@ class ServerStartup:
                 load_test_split, cfg["dataset"], resolve_data_dir(cfg["data-dir"]), cfg["seed"])
 
     def test_split(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Ask the nodes for their partitions (in the background); the decoded test split."""
+        """Ask the nodes for their partitions (in the background); the decoded test split.
+        A federation refused by its size raises here (logged as one ``fl-drift:`` line)."""
         self.learning = in_background(self._learn)
+        try:
+            with loud(PartitionError, ConfigError):
+                self.checked.result()
+        except (PartitionError, ConfigError):
+            stop_this_simulation()
+            raise
         if self.prefetched is None:  # the synthetic test split pools every device's share
             self.learning.result()
             return load_test(self._check())
@@ -57,10 +88,17 @@ class ServerStartup:
             self._check()
 
     def _learn(self) -> None:
-        """Wait for the nodes; refuse a federation larger than the data can be cut into (a
-        ``flwr run`` with num-supernodes = 100000, say) before asking every node; then ask."""
-        self.client_manager.wait_for(self.cfg["min-available-clients"])
-        check_partition_count(PartitionSpec.from_config(self.cfg, self.client_manager.num_available()))
+        """Wait for the nodes until their count settles; refuse a federation larger than the
+        data can be cut into (a ``flwr run`` with num-supernodes = 100000, say) or too small for
+        the screening rule, before asking any node (``checked`` holds the outcome); then ask."""
+        try:
+            nodes = settled_count(self.client_manager, self.cfg["min-available-clients"])
+            check_partition_count(PartitionSpec.from_config(self.cfg, nodes))
+            check_replies(self.cfg, nodes)
+        except BaseException as exc:
+            self.checked.set_exception(exc)
+            raise
+        self.checked.set_result(nodes)
         self.client_manager.learn_partitions()
 
     def _check(self) -> PartitionSpec:
@@ -69,3 +107,40 @@ class ServerStartup:
         spec = PartitionSpec.from_config(self.cfg, cm.num_partitions or cm.num_available())
         check_data(spec)
         return spec
+
+
+def settled_count(client_manager, minimum: int) -> int:
+    """The number of connected nodes once at least ``minimum`` are and two reads at least
+    ``SETTLE_SECONDS`` apart agree (a simulation's nodes are all registered by then).
+
+    A read costs time in proportion to the nodes (Flower's legacy client manager lists and
+    registers them, holding the lock that node registration needs), so the pause between
+    reads is at least 2 x the last read: reading then takes at most a third of the time
+    (with a fixed 0.2 s pause, registering 200000 nodes took 25 s instead of 5 s alone on a
+    busy 2-core machine: ``bench/refusal.py --settle``)."""
+    client_manager.wait_for(minimum)
+    started = time.monotonic()
+    count = client_manager.num_available()
+    cost = time.monotonic() - started
+    while True:
+        time.sleep(max(SETTLE_SECONDS, 2 * cost))
+        started = time.monotonic()
+        now = client_manager.num_available()
+        cost = time.monotonic() - started
+        if now == count:
+            return count
+        count = now
+
+
+def stop_this_simulation() -> None:
+    """In a ``flwr-simulation`` process (Flower's simulation runtime, which runs this ServerApp
+    in a thread beside its engine), send SIGTERM to the engine's main thread: Flower's own
+    handler then reports the run as failed, uploads the log (the refusal line included) and
+    exits, as on ``Ctrl-C``. Flower offers a ServerApp no other way to stop the engine, which
+    would otherwise finish setting up every node and start Ray before it noticed the failed
+    ServerApp. Elsewhere (a deployment's ServerApp process, tests) nothing is done: there the
+    raised error ends the run at once."""
+    if Path(sys.argv[0]).name != "flwr-simulation":
+        return
+    log.info("fl-drift: stopping the simulation (flwr-simulation PID %d) before it starts its nodes", os.getpid())
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)

@@ -5,7 +5,9 @@ types are checked, for the runner (``run_simulation.py --config``) and for
 Every problem is a one-line ``ConfigError`` naming the file, the entry and the expected type,
 before anything is launched: a TOML syntax error, an unknown entry, ``clients = "10"`` (a
 string, not an integer), ``strategies = "fedavg,fedprox"`` (a string, which would otherwise be
-read letter by letter), a ``[run-config]`` that is not a table, ... The values of the
+read letter by letter), a ``[run-config]`` that is not a table, a key the runner sets for
+each run itself (``strategy = "fedavg"`` in ``[run-config]`` would replace the file's
+``strategies``; ``PER_RUN_KEYS``), ... The values of the
 run-config keys themselves are checked by ``fl_app.config.validate_config``.
 """
 
@@ -76,4 +78,30 @@ def read_experiment(path: Path | str) -> dict:
             shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
             raise ConfigError(f"experiment file {path}: entry {key!r} = {shown} has the wrong type"
                               f" ({type(value).__name__}); expected {expected}")
+    check_per_run_keys(exp, path)
     return exp
+
+
+# Run-config keys the runner sets for each run itself: in [run-config] or a grid they would be
+# replaced silently (a [run-config] strategy once turned a file's three methods into one run).
+PER_RUN_KEYS = {
+    "strategy": "list the methods in 'strategies' (a variant's method goes in [methods.\"<label>\"] strategy)",
+    "seed": "list the seeds in 'seeds'",
+    "run-name": "each run is named <label>-seed<seed> by the runner",
+    "results-dir": "the runner writes into <out>/runs (run_simulation.py --out)",
+}
+
+
+def check_per_run_keys(exp: dict, path: Path) -> None:
+    """Refuse a key of ``PER_RUN_KEYS`` in ``[run-config]``, ``[grid]``, a
+    ``[methods.<label>]`` table (``strategy`` excepted: it names a variant's method) or its grid."""
+    tables = [("[run-config]", exp.get("run-config", {}), PER_RUN_KEYS),
+              ("[grid]", exp.get("grid", {}), PER_RUN_KEYS)]
+    for label, entry in exp.get("methods", {}).items():
+        tables.append((f"[methods.{label}]", entry, {k: v for k, v in PER_RUN_KEYS.items() if k != "strategy"}))
+        tables.append((f"[methods.{label}.grid]", entry.get("grid", {}), PER_RUN_KEYS))
+    for where, table, refused in tables:
+        for key in refused:
+            if isinstance(table, dict) and key in table:
+                raise ConfigError(f"experiment file {path}: {where} sets {key!r} = {table[key]!r}, a key the runner"
+                                  f" sets for each run itself; {refused[key]}")

@@ -11,19 +11,35 @@ app, about 3.5 MB a run) is deleted in ``close()``, unless the SuperLink failed 
 ``flwr run`` exited with an error: then its logs stay for the message that points at them.
 (A run whose ServerApp fails still ends ``flwr run`` with 0; its traceback is in the run's
 own output, which ``run()`` streams to the caller.) A ``home`` passed in is always kept.
+
+Ray writes its session folders (logs, sockets: hundreds of MB over many runs) under a
+private temporary folder (``RAY_TMPDIR``, Ray's own setting for its temp root; Flower 1.41's
+federation config offers no ``temp_dir``), not the shared ``/tmp/ray``, and ``close()``
+deletes it. Nothing outlives the object's owner either: ``start()`` first starts a watchdog
+(``fl_app/tooling/watchdog.py``) that, if this process dies without ``close()`` (``kill -9``),
+stops every process with this ``FLWR_HOME`` and deletes the temporary folders.
 """
 
 from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from fl_app.tooling.processes import Managed, exe, free_port, private_env, stop_processes, stream_flwr_run
+from fl_app.tooling.processes import (
+    Managed,
+    exe,
+    free_port,
+    private_env,
+    stop_marked,
+    stop_processes,
+    stream_flwr_run,
+)
 
 APP_DIR = Path(__file__).resolve().parents[2]
 
@@ -31,15 +47,21 @@ APP_DIR = Path(__file__).resolve().parents[2]
 class LocalSimulation:
     """Context manager: ``with LocalSimulation() as sim: sim.run({...}, num_supernodes=10)``."""
 
-    def __init__(self, app_dir: Path = APP_DIR, home: Path | None = None, ray_address: str | None = None):
+    def __init__(self, app_dir: Path = APP_DIR, home: Path | None = None, ray_address: str | None = None,
+                 hold: tuple[int, ...] = ()):
         """``ray_address`` (``host:port`` of a running Ray cluster's head) attaches the
         simulation to that cluster: the SuperLink's environment, which its SuperExec and the
         simulation process inherit, gets ``RAY_ADDRESS``, and Flower's ``ray.init()`` then
-        connects instead of starting a private Ray. ``close()`` stops only what this object
-        started (the cluster's own processes are not in its process tree)."""
+        connects instead of starting a private Ray (whose temp folder is then the cluster's,
+        left alone). ``close()`` stops only what this object started (the cluster's own
+        processes are not in its process tree and lack its FLWR_HOME). ``hold``: descriptors
+        the watchdog keeps open until it is done (the runner's folder lock)."""
         self.app_dir = Path(app_dir)
         self.home = Path(home) if home else Path(tempfile.mkdtemp(prefix="fl-drift-flwr-"))
         self.keep_home = home is not None
+        self.ray_address = ray_address
+        self.ray_dir: Path | None = None  # made by start(), unless the cluster at ray_address is used
+        self.hold = tuple(hold)
         self.http_port, self.control_port = free_port(), free_port()
         self.env = private_env(
             self.home,
@@ -49,6 +71,7 @@ class LocalSimulation:
         )
         self.process: subprocess.Popen | None = None
         self.managed: Managed | None = None
+        self.watchdog: subprocess.Popen | None = None
         self.log_file = self.home / "superlink.log"
 
     def __enter__(self) -> LocalSimulation:
@@ -67,6 +90,11 @@ class LocalSimulation:
             "--database", str(self.home / "state.db"),
         ]
         self.home.mkdir(parents=True, exist_ok=True)
+        if not self.ray_address:
+            # short: Ray's socket paths (<dir>/ray/session_<date>_<pid>/sockets/plasma_store) must fit 107 bytes
+            self.ray_dir = Path(tempfile.mkdtemp(prefix="fl-ray-"))
+            self.env["RAY_TMPDIR"] = str(self.ray_dir)
+        self.start_watchdog()
         with open(self.log_file, "ab") as log:
             self.process = subprocess.Popen(
                 command, env=self.env, cwd=self.app_dir, stdout=log, stderr=subprocess.STDOUT,
@@ -77,6 +105,7 @@ class LocalSimulation:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 self.keep_home = True
+                self.close()
                 raise RuntimeError(f"flower-superlink exited early; see {self.log_file}")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/health", timeout=1):
@@ -110,15 +139,49 @@ class LocalSimulation:
         self.keep_home |= rc != 0
         return rc
 
+    def start_watchdog(self) -> None:
+        """Start the watchdog (``fl_app/tooling/watchdog.py``) of this object's processes, in a
+        session of its own; its stdin is a pipe only this process writes to."""
+        remove = [str(self.ray_dir)] if self.ray_dir else []
+        remove += [] if self.keep_home else [str(self.home)]
+        self.watchdog = subprocess.Popen(
+            [sys.executable, "-m", "fl_app.tooling.watchdog", "--marker", f"FLWR_HOME={self.home}",
+             *(f"--remove={d}" for d in remove)],
+            cwd=Path(__file__).resolve().parents[2],  # the folder holding this fl_app package
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True, pass_fds=self.hold,
+        )
+
     def close(self) -> list[int]:
-        """Stop the SuperLink and every process it started; returns the PIDs that survived."""
+        """Stop the SuperLink and every process it started (by process tree, then by its
+        FLWR_HOME), delete Ray's temp folder, and dismiss the watchdog; returns the PIDs that
+        survived."""
         if self.managed is None:
             return []
         left = stop_processes([self.managed])
+        left += [p for p in stop_marked("FLWR_HOME", str(self.home)) if p not in left]
         self.process = self.managed = None
+        if not left and self.ray_dir is not None:
+            shutil.rmtree(self.ray_dir, ignore_errors=True)
         if not self.keep_home and not left:
             shutil.rmtree(self.home, ignore_errors=True)
+        self.dismiss_watchdog(left)
         return left
+
+    def dismiss_watchdog(self, left: list[int]) -> None:
+        """Tell the watchdog that everything is stopped and wait for it to exit; when
+        processes survived, close its pipe without a word instead: it goes on stopping them."""
+        if self.watchdog is None:
+            return
+        watchdog, self.watchdog = self.watchdog, None
+        if left:
+            watchdog.stdin.close()
+            return
+        try:
+            watchdog.communicate(b"done", timeout=10)
+        except (subprocess.TimeoutExpired, BrokenPipeError):
+            watchdog.kill()
+            watchdog.wait()
 
 
 def _toml_number(value: float) -> str:

@@ -5,10 +5,16 @@ sessions, so stopping one process group misses them. ``Managed`` remembers every
 it has seen while the tree was intact, and ``stop_processes`` ends the groups and then each
 remembered PID. Used by the simulation launcher (``fl_app/tooling/launch.py``) and the
 deployment launcher (``fl_app/tooling/deploy.py``); /proc is read by ``fl_app/tooling/procfs.py``.
+
+Every process a launcher starts inherits its private ``FLWR_HOME`` (``private_env``), Ray's
+daemons and workers included, so ``stop_marked`` finds and stops them by that marker even
+after the tree is broken (its launcher killed); ``fl_app/tooling/watchdog.py`` does so when a
+launcher dies. ``lock_folder`` gives one runner at a time a results folder.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
@@ -23,7 +29,7 @@ from pathlib import Path
 
 import tomli_w
 
-from fl_app.tooling.procfs import alive, descendants
+from fl_app.tooling.procfs import alive, descendants, processes_with_env
 
 BIN_DIR = Path(sys.executable).parent
 
@@ -119,6 +125,66 @@ def stop_processes(managed: list[Managed], grace: float = 5.0) -> list[int]:
                 return []
             time.sleep(0.1)
     return alive(seen)
+
+
+def stop_marked(name: str, value: str, grace: float = 5.0, limit: float = 25.0) -> list[int]:
+    """Stop every process whose environment has ``name=value`` (a launcher's FLWR_HOME):
+    SIGTERM, then SIGKILL to those still there ``grace`` s later, scanning /proc again every
+    0.2 s (a dying Ray raylet or SuperExec can start one more process) until none is left or
+    ``limit`` s have passed. Returns the PIDs left (empty on success)."""
+    first_seen: dict[int, float] = {}
+    deadline = time.monotonic() + limit
+    while pids := processes_with_env(name, value):
+        now = time.monotonic()
+        if now > deadline:
+            return pids
+        for pid in pids:
+            if pid not in first_seen:
+                first_seen[pid], sig = now, signal.SIGTERM
+            elif now - first_seen[pid] >= grace:
+                sig = signal.SIGKILL
+            else:
+                continue
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.2)
+    return []
+
+
+class FolderInUse(RuntimeError):
+    """Another runner holds the results folder's lock."""
+
+
+LOCK_NAME = ".lock"
+
+
+def lock_folder(folder: Path) -> int:
+    """Create ``folder`` if needed and hold ``<folder>/.lock`` (``fcntl.flock``, exclusive),
+    with this process's PID written in it; returns the open descriptor, which holds the lock
+    until it is closed, and the kernel closes it when the process dies by any signal: a stale
+    lock of a dead runner is simply taken. A descriptor handed to a child (the watchdog,
+    ``LocalSimulation(hold=...)``) keeps the lock held until that child ends too.
+
+    ``FolderInUse`` names the holder's PID when another process holds it; ``OSError`` when
+    the folder cannot be made or written (a file in its place, no permission)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        gone = holder.isdigit() and not Path(f"/proc/{holder}").exists()
+        state = (" (it has ended: its watchdog is still stopping the processes it started; try again in a few"
+                 " seconds)" if gone else "")
+        raise FolderInUse(f"{folder} is in use by another run_simulation.py, PID {holder}{state}: one runner per"
+                          f" results folder (lock {folder / LOCK_NAME}); wait for it to finish, stop it (kill"
+                          f" {holder}), or use another --out") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 
 
 def stream_flwr_run(
