@@ -79,14 +79,13 @@ def certs(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def live(certs, small_mnist, tmp_path_factory):
-    """The SuperLink on 127.0.0.1 and its edge on ``HOST``; stopped at the end, by PID, with
-    every process it started."""
+def live(certs, tmp_path_factory):
+    """The SuperLink on 127.0.0.1 and its edge on ``HOST`` (no data: nothing here trains);
+    stopped at the end, by PID, with every process it started."""
     if NGINX is None:
         pytest.skip("nginx is not installed (apt-get install nginx-light): the mTLS edge cannot be started")
     deployment = LocalDeployment(tls=TLS.in_dir(certs), devices=DeviceCA.in_dir(certs), edge_host=HOST,
-                                 home=tmp_path_factory.mktemp("mtls") / "flwr-home",
-                                 extra_env={"FL_DATA_DIR": str(small_mnist)})
+                                 home=tmp_path_factory.mktemp("mtls") / "flwr-home")
     try:
         deployment.start_superlink()
         yield deployment
