@@ -21,8 +21,10 @@ Each section names its fingerprint; runs made before fingerprints were recorded 
 For each experiment file (see run_simulation.py --config) it writes one section: a table with one
 row per label (a method, a variant ``[methods."<label>"]`` or a grid point ``fedavg[learning-rate=
 0.01]``): final and best test accuracy (mean +- std over seeds), rounds to the file's
-`target-accuracy` (first round at or above it; mean over the seeds that reached it), the final
-minimum per-class accuracy (drift made visible: the class the global model has forgotten most),
+`target-accuracy` (first round at or above it; mean over the seeds that reached it; else the
+run-config key of its [run-config]), megabytes per client per round (down / up) and client compute
+seconds per round (fl_app/results/report.py's cost columns; "n/a" for runs made before they were
+recorded), the final minimum per-class accuracy (drift made visible: the class the global model has forgotten most),
 the paper's number for the same cell and the seeds/rounds actually run; for a grid, the point with
 the highest best accuracy per label; one table row per ordering the paper claims (the file's
 `claims`, else the proposed methods against FedAvg and the paper's strongest baseline run): the
@@ -63,12 +65,16 @@ from fl_app.results.report import (  # noqa: E402
     client_cells,
     client_columns,
     client_views,
+    compute_cell,
+    cost_columns,
     drift_columns,
+    mb_cell,
     mean_std,
     plot,
     plot_drift,
     read_metrics,
     read_summary,
+    rounds_to_target,
 )
 from fl_app.results.stats import (  # noqa: E402
     HOLDS,
@@ -295,21 +301,12 @@ def table_mixes_data(name: str, kept: KeptRuns) -> str | None:
     return f"experiment {name}: {mixed}" if mixed else None
 
 
-def rounds_to_target(run_dir: Path, target: float) -> int | None:
-    """First round whose test accuracy is >= target, or None."""
-    for row in read_metrics(run_dir):
-        acc = row.get("test_accuracy")
-        if isinstance(acc, (int, float)) and math.isfinite(acc) and acc >= target:
-            return int(row["round"])
-    return None
-
-
 def method_row(method: str, dirs: list[Path], target: float | None, paper_value: float | None) -> dict:
     summaries = [read_summary(d) for d in dirs]
     drift = drift_columns(dirs) if dirs else {}
     final = mean_std([s["final_accuracy"] for s in summaries])
     best = mean_std([s["best_accuracy"] for s in summaries])
-    reached = [r for r in (rounds_to_target(d, target) for d in dirs) if r is not None] if target else []
+    reached = [r for r in (rounds_to_target(read_metrics(d), target) for d in dirs) if r is not None] if target else []
     stopped = [(d.name, s["stopped"]) for d, s in zip(dirs, summaries) if s.get("stopped")]
     return {
         "method": method, "seeds": len(summaries),
@@ -320,6 +317,7 @@ def method_row(method: str, dirs: list[Path], target: float | None, paper_value:
                       drift.get("final_min_class_accuracy_std", math.nan)),
         **(client_columns(dirs) if dirs else {}),
         **(client_mix_columns(dirs) if dirs else {}),
+        **(cost_columns(dirs) if dirs else {}),  # MB and client compute per round (fl_app/results/report.py)
     }
 
 
@@ -444,7 +442,7 @@ def section(path: Path, exp: dict, kept: KeptRuns, figures: Path, md_dir: Path) 
                   f"{kept.example}); a section never mixes two settings, and re-running the file replaces "
                   "them.", ""]
     paper = exp.get("paper-results", {})
-    rows = {row: method_row(row, dirs[row], exp.get("target-accuracy"), paper.get(row)) for row in labels}
+    rows = {row: method_row(row, dirs[row], experiment_target(exp), paper.get(row)) for row in labels}
     lines += provenance_line([d for row in labels for d in dirs[row]])
     lines += data_line((d.name, fingerprint_of(read_summary(d))) for row in labels for d in dirs[row])
     lines += results_table(exp, table, rows)
@@ -521,27 +519,36 @@ def provenance_line(dirs: list[Path]) -> list[str]:
     return [f"Code that made the kept runs (git revision): {', '.join(parts)}.", ""]
 
 
+def experiment_target(exp: dict) -> float | None:
+    """The file's ``target-accuracy``, else its [run-config]'s (the run-config key); None if neither."""
+    return exp.get("target-accuracy") or exp.get("run-config", {}).get("target-accuracy") or None
+
+
 def results_table(exp: dict, table: list[tuple[str, str, str]], rows: dict[str, dict]) -> list[str]:
-    """One row per label; the clients' accuracy column only when some run evaluated clients."""
-    target = exp.get("target-accuracy")
+    """One row per label; the clients' accuracy column only when some run evaluated clients.
+    The cost columns (MB per client per round, client compute per round) read 'n/a' for runs
+    made before they were recorded."""
+    target = experiment_target(exp)
     key = "best" if uses_best(exp) else "final"
     tt = f"rounds to {target:.0%}" if target else "rounds to target"
     views = client_views(rows.values())
-    lines = [f"| method | final accuracy | best accuracy | {tt} | min-class accuracy (final) | paper ({key}) "
+    lines = [f"| method | final accuracy | best accuracy | {tt} | MB per client per round (down / up) "
+             f"| client compute s per round | min-class accuracy (final) | paper ({key}) "
              "| seeds | rounds |" + "".join(f" {CLIENT_HEADERS[v]} |" for v in views),
-             "|---|---|---|---|---|---|---|---|" + "---|" * len(views)]
+             "|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(views)]
     for m, _, strategy in table:
         r = rows[m]
         pv = f"{r['paper']:.4f}" if r["paper"] is not None else "-"
         name_cell = f"**{m}**" if strategy in PROPOSED else m
         spread = "".join(f" {client_cells(r, v)} |" for v in views)
         if r["seeds"] == 0:
-            lines.append(f"| {name_cell} | {NOT_RUN} | {NOT_RUN} | {NOT_RUN} | - | {pv} | 0 | - |{spread}")
+            lines.append(f"| {name_cell} | {NOT_RUN} | {NOT_RUN} | {NOT_RUN} | - | - | - | {pv} | 0 | - |{spread}")
             continue
         rounds = "/".join(str(x) for x in r["rounds"])
         final = fmt_acc(r["final"], r["seeds"]) + (f" (stopped: {len(r['stopped'])}/{r['seeds']} seeds)" if r["stopped"] else "")
         lines.append(f"| {name_cell} | {final} | {fmt_acc(r['best'], r['seeds'])} | "
-                     f"{fmt_rounds_to_target(r)} | {fmt_acc(r['min_class'], r['seeds'])} | {pv} | {r['seeds']} | {rounds} |"
+                     f"{fmt_rounds_to_target(r)} | {mb_cell(r)} | {compute_cell(r)} | "
+                     f"{fmt_acc(r['min_class'], r['seeds'])} | {pv} | {r['seeds']} | {rounds} |"
                      + spread)
     return lines + [""]
 

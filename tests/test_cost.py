@@ -175,3 +175,24 @@ def test_the_last_rounds_header_says_how_many_rounds_were_averaged(tmp_path):
     assert "last 3 rounds − fedavg, paired (95% CI)" in md and "last 5" not in md
     assert tail_header([{"tail_rounds": 5}, {"tail_rounds": "3-5"}]) == "last 3-5 rounds"
     assert tail_header([{"tail_rounds": 1}]) == "last round"
+
+
+def test_docs_results_table_shows_the_cost_columns(tmp_path):
+    """scripts/make_results.py's table (docs/results.md): rounds to the experiment's target, then
+    MB per client per round and client compute per round; n/a for a run without the columns."""
+    from tests.test_make_results import mr
+
+    mb = 1_000_000
+    new = [make_run(tmp_path / "scaffold-seed0", 0, [0.5, 0.9], None, [2 * mb] * 2, [2 * mb] * 2, [1.5, 2.5])]
+    old = [make_run(tmp_path / "fedavg-seed0", 0, [0.5, 0.6], None)]
+    exp = {"target-accuracy": 0.8, "strategies": ["fedavg", "scaffold"]}
+    rows = {"fedavg": mr.method_row("fedavg", old, mr.experiment_target(exp), None),
+            "scaffold": mr.method_row("scaffold", new, mr.experiment_target(exp), None)}
+    lines = mr.results_table(exp, [("fedavg", "fedavg", "fedavg"), ("scaffold", "scaffold", "scaffold")], rows)
+    header = lines[0].split(" | ")
+    assert header[3:6] == ["rounds to 80%", "MB per client per round (down / up)", "client compute s per round"]
+    assert lines[2].split(" | ")[3:6] == ["not reached", "n/a", "n/a"]
+    assert lines[3].split(" | ")[3:6] == ["2.0", "2 / 2", "2"]
+    # the target may also come from the file's [run-config] (the run-config key)
+    assert mr.experiment_target({"run-config": {"target-accuracy": 0.7}}) == 0.7
+    assert mr.experiment_target({}) is None

@@ -124,22 +124,24 @@ def test_table_values_and_rounds_to_target(report):
     assert out.read_text() == text
     toy = section(text, "toy")
     # fedavg finals 0.6 / 0.4: mean 0.5, sample std 0.1414; bests 0.6 / 0.55; target 0.5 at rounds 2 and 1;
-    # last-round minimum class accuracy 0.13 / 0.33: mean 0.23, std 0.1414.
-    assert row(toy, "fedavg") == ["fedavg", "0.5000 ± 0.1414", "0.5750 ± 0.0354", "1.5", "0.2300 ± 0.1414",
-                                  "0.5600", "2", "3"]
+    # last-round minimum class accuracy 0.13 / 0.33: mean 0.23, std 0.1414; the runs predate the
+    # cost columns (MB per client per round, client compute per round): n/a.
+    assert row(toy, "fedavg") == ["fedavg", "0.5000 ± 0.1414", "0.5750 ± 0.0354", "1.5", "n/a", "n/a",
+                                  "0.2300 ± 0.1414", "0.5600", "2", "3"]
     # fedsol reaches the target with one seed only; its runs predate the min-class column.
     assert row(toy, "fedsol") == ["**fedsol**", "0.5750 ± 0.1768", "0.5900 ± 0.1556", "2.0 (1/2 seeds)",
-                                  "n/a", "0.6400", "2", "3"]
+                                  "n/a", "n/a", "n/a", "0.6400", "2", "3"]
     assert row(toy, "fedprox")[3] == "not reached"
     # A run that stopped early (e.g. diverged) is a result, marked as such and explained.
     assert row(toy, "fedprox")[1] == "0.3250 ± 0.0354 (stopped: 1/2 seeds)"
     assert "- fedprox-seed1: round 4: only 1 of 10 sampled clients returned a usable update" in toy
     assert "Findings: fedprox seed 1 diverged" in toy and "Findings:" not in section(text, "bestcell")
     # An interrupted run (no summary.json) is not a result.
-    assert row(toy, "fedntd") == ["fedntd", "not run yet", "not run yet", "not run yet", "-", "0.6300", "0", "-"]
+    assert row(toy, "fedntd") == ["fedntd", "not run yet", "not run yet", "not run yet", "-", "-", "-", "0.6300",
+                                  "0", "-"]
     # Overview: finished runs and their summed run time (5 s each in write_run).
     overview = next(l for l in text.splitlines() if l.startswith("| [toy]"))
-    finished = sum(int(r[6]) for r in (row(toy, m) for m in ("fedavg", "fedsol", "fedprox", "fedntd")))
+    finished = sum(int(r[8]) for r in (row(toy, m) for m in ("fedavg", "fedsol", "fedprox", "fedntd")))
     assert overview.split(" | ")[2].split("/")[0] == str(finished)
     assert overview.endswith(f" | {finished * 5 / 60:.1f} min |") and finished == 6
 
@@ -465,7 +467,7 @@ def test_runs_of_an_earlier_budget_are_counted_apart(tmp_path):
     assert "| 1/4 | partial (1 more runs from an earlier setting) |" in line
     # The section never mixes the two settings: the earlier run is left out of its tables and said so.
     sec = section(text, "g")
-    assert row(sec, "fedavg")[6:8] == ["1", "3"]
+    assert row(sec, "fedavg")[8:10] == ["1", "3"]
     assert row(sec, "fedgam")[1] == "not run yet"
     assert ("Left out: 1 kept runs made with an earlier setting of this file (e.g. num-server-rounds = 2, the "
             "file fixes 3)") in sec
@@ -488,6 +490,6 @@ def test_a_section_whose_runs_all_predate_the_files_setting_shows_them_as_such(t
     sec = section(text, "g")
     assert ("**Earlier setting.** All 2 kept runs were made with an earlier setting of this file (e.g. "
             "num-server-rounds = 2, the file fixes 3)") in sec
-    assert row(sec, "fedavg")[6:8] == ["1", "2"] and row(sec, "fedgam")[6:8] == ["1", "2"]
+    assert row(sec, "fedavg")[8:10] == ["1", "2"] and row(sec, "fedgam")[8:10] == ["1", "2"]
     line = next(l for l in text.splitlines() if l.startswith("| [g]"))
     assert "| 0/4 | partial (2 more runs from an earlier setting) |" in line

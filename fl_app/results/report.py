@@ -417,10 +417,11 @@ FIT_SECONDS = "fit_seconds_mean"  # the clients' own fit time, mean over the rou
 MB = 1e6
 COST_NOTE = ("Cost columns: rounds to target = the first round whose test accuracy is at or above the "
              "run-config `target-accuracy` (mean over the seeds that reached it; `no target` when none was "
-             "set, e.g. `--set target-accuracy=0.9`); MB = 10^6 bytes of the arrays each client was sent (down) and sent back (up) per round, "
-             "measured from the messages (SCAFFOLD's control variates included), the same for every seed; "
-             "client compute = the clients' own fit time per round (mean over a round's clients, then over "
-             "rounds, then seeds); n/a: runs made before these were recorded.")
+             "set, e.g. `--set target-accuracy=0.9`); MB = 10^6 bytes of the arrays each client was sent "
+             "(down) and sent back (up) per round, measured from the messages (SCAFFOLD's control variates "
+             "included), the same for every seed; client compute = the clients' own fit time per round "
+             "(mean over a round's clients, then over rounds, then seeds); n/a: runs made before these were "
+             "recorded.")
 
 
 def rounds_to_target(rows: list[dict], target: float) -> int | None:
@@ -494,20 +495,32 @@ def _seeds_part(have: int, seeds) -> str:
 
 def _cost_cells(r: dict) -> str:
     """comparison.md's cost cells: rounds to target ('3.0', '3.5 (2/3 seeds)', 'not reached',
-    'no target'), 'MB down / MB up', client compute 'mean ± std' seconds ('n/a' where the runs
-    predate the columns)."""
+    'no target'), ``mb_cell`` and ``compute_cell``."""
     if not r.get("target_seeds"):
         rounds = "no target"
     elif not r.get("target_reached_seeds"):
         rounds = "not reached"
     else:
         rounds = f"{r['rounds_to_target_mean']:.1f}" + _seeds_part(r["target_reached_seeds"], r["target_seeds"])
+    return f" {rounds} | {mb_cell(r)} | {compute_cell(r)} |"
+
+
+def mb_cell(r: dict) -> str:
+    """'MB down / MB up' per client per round of a ``cost_columns`` row; 'n/a' for runs made
+    before the bytes were recorded, with '(k/n seeds)' when only k of its n seeds have them."""
     down, up = r.get("mb_down_per_round", math.nan), r.get("mb_up_per_round", math.nan)
-    mb = (f"{down:.3g} / {up:.3g}" + _seeds_part(r.get("cost_seeds", 0), r.get("seeds"))
-          if math.isfinite(down) and math.isfinite(up) else "n/a")
+    if not (math.isfinite(down) and math.isfinite(up)):
+        return "n/a"
+    return f"{down:.3g} / {up:.3g}" + _seeds_part(r.get("cost_seeds", 0), r.get("seeds"))
+
+
+def compute_cell(r: dict) -> str:
+    """Client compute seconds per round of a ``cost_columns`` row: 'mean ± std' over seeds (the
+    mean alone for one seed), 'n/a' without the column."""
     fit, std = r.get("client_seconds_per_round_mean", math.nan), r.get("client_seconds_per_round_std")
-    compute = "n/a" if not math.isfinite(fit) else f"{fit:.3g}" if std is None else f"{fit:.3g} ± {std:.2g}"
-    return f" {rounds} | {mb} | {compute} |"
+    if not math.isfinite(fit):
+        return "n/a"
+    return f"{fit:.3g}" if std is None else f"{fit:.3g} ± {std:.2g}"
 
 
 # ------------------------------------------------------------------ drift and per-class
