@@ -5,9 +5,11 @@ Usage (the data folder holds mnist/{train,test}.parquet; without it the Hugging 
 
     python scripts/security_table.py --data-dir DATA --attackers 3        # runs, then writes the page
     python scripts/security_table.py --data-dir DATA --attackers 3 1      # f = 3 first, then f = 1
+    python scripts/security_table.py --data-dir DATA --seeds 0 1 2        # seed by seed
     python scripts/security_table.py --render                             # the page from kept runs only
 
-Each cell is one seeded run, driven in this process (no Ray, no SuperLink) with the project's
+Each run is one seeded run (the seed sets the IID split, the test images drawn, the model's
+initial weights and the clients' batch order), driven in this process (no Ray, no SuperLink) with the project's
 own pieces: every client is the method's real client behind ``NodeClient`` (which applies
 ``inject-faults``), the server is the method's strategy inside ``RecordingStrategy`` (which
 applies ``screening``), and the test accuracy is the server's evaluation. All 10 clients are
@@ -16,9 +18,17 @@ sampled every round; the attackers are partitions 0 .. f-1. Attacks: ``scale-x10
 0.9 x the screening bound, fl_app/node/attacks.py). Defences: every screening the method supports
 (fl_app/server/screening.py), with ``screen-attackers`` = f; Bulyan only where 10 >= 4f + 3.
 
-Each finished run is kept as one JSON file in ``docs/results/security/`` (a run already kept is
-not run again, so an interrupted table resumes), and the page is generated from those files
-only: nothing in it is typed by hand.
+Each finished run is kept as one JSON file in ``docs/results/security/``, named by method, f,
+attack, screening and seed (a run already kept is not run again, so an interrupted table
+resumes), and the page is generated from those files only: nothing in it is typed by hand,
+except the text below ``HAND_WRITTEN`` in the page, which regenerating keeps as it is.
+
+The page pairs runs by seed: a cell's loss is clean - attacked on the same seed (same split,
+test images and initial weights), in points, shown as the mean over the kept seeds with its 95%
+Student t interval (``fl_app.results.stats.paired_difference``). The acceptance asks, for every
+attack, a screening whose mean loss over at least ``SEEDS_NEEDED`` seeds is at most
+``TOLERANCE``; with fewer seeds kept it is not decided. Kept runs of different settings (other
+than the seed, attack and screening) are refused, naming both, not mixed into one page.
 """
 
 from __future__ import annotations
@@ -44,6 +54,7 @@ from flwr.server.client_manager import SimpleClientManager  # noqa: E402
 from fl_app.config import validate_config  # noqa: E402
 from fl_app.node.node_client import NodeClient  # noqa: E402
 from fl_app.registry import METHODS  # noqa: E402
+from fl_app.results.stats import Paired, paired_difference  # noqa: E402
 from fl_app.server.recording import RecordingStrategy  # noqa: E402
 from fl_app.server.screening import allowed_modes, min_replies  # noqa: E402
 from fl_app.tooling.inprocess import InProcessProxy  # noqa: E402
@@ -60,9 +71,11 @@ STRATEGIES = ("fedavg", "scaffold")
 ATTACKS = {"scale-x10": "scale:{k}:10", "sign-flip": "flip:{k}", "adaptive": "adaptive:{k}"}
 DEFENCE_ORDER = ("clip", "reject", "median", "trimmed-mean", "krum", "multi-krum", "bulyan")  # columns
 RUN_ORDER = ("multi-krum", "trimmed-mean", "reject", "clip", "median", "krum", "bulyan")  # likeliest first
-TOLERANCE = 0.03  # the acceptance target: within 3 points of the clean run
+TOLERANCE = 0.03  # the acceptance target: a mean loss of at most 3 points against the clean run
+SEEDS_NEEDED = 3  # the acceptance is over the mean of (at least) this many seeds
 SETTING = {"dataset": "mnist", "model": "cnn-small", "partitioner": "iid", "learning-rate": 0.05,
-           "local-epochs": 1, "batch-size": 32, "seed": 0}
+           "local-epochs": 1, "batch-size": 32, "seed": 0}  # "seed": the default, replaced per run
+HAND_WRITTEN = "<!-- hand-written below: scripts/security_table.py keeps this part of the page as it is -->"
 
 
 class Everyone(SimpleClientManager):
@@ -89,14 +102,14 @@ def cells(strategy: str, attackers: int) -> list[tuple[str, str]]:
     return out
 
 
-def run_name(strategy: str, attackers: int, attack: str, screening: str) -> str:
-    return f"{strategy}-f{attackers}-{attack}-{screening}"
+def run_name(strategy: str, attackers: int, attack: str, screening: str, seed: int) -> str:
+    return f"{strategy}-f{attackers}-{attack}-{screening}-s{seed}"
 
 
-def run_config(strategy: str, attackers: int, attack: str, screening: str, args) -> dict:
+def run_config(strategy: str, attackers: int, attack: str, screening: str, seed: int, args) -> dict:
     faults = ",".join(ATTACKS[attack].format(k=k) for k in range(attackers)) if attack != "clean" else ""
     return validate_config({
-        **SETTING, "strategy": strategy, "data-dir": args.data_dir, "num-server-rounds": args.rounds,
+        **SETTING, "seed": seed, "strategy": strategy, "data-dir": args.data_dir, "num-server-rounds": args.rounds,
         "fraction-fit": 1.0, "min-fit-clients": CLIENTS, "min-available-clients": CLIENTS,
         "inject-faults": faults, "screening": screening, "screen-attackers": attackers,
         "min-fit-fraction": 0.0,  # a wrecked model's clients may all send NaN: the run goes on
@@ -104,11 +117,12 @@ def run_config(strategy: str, attackers: int, attack: str, screening: str, args)
     })
 
 
-def load_data(args):
-    """Each client's first ``--per-client`` images of an IID split, and the test images."""
-    spec = PartitionSpec("mnist", CLIENTS, partitioner="iid", data_dir=args.data_dir, seed=SETTING["seed"])
+def load_data(args, seed: int):
+    """Each client's first ``--per-client`` images of the seed's IID split, and the first
+    ``--test`` images of the test split as the seed shuffles it."""
+    spec = PartitionSpec("mnist", CLIENTS, partitioner="iid", data_dir=args.data_dir, seed=seed)
     parts = [tuple(t[: args.per_client] for t in load_partition(spec, k)) for k in range(CLIENTS)]
-    x, y = load_test_split("mnist", args.data_dir, SETTING["seed"])
+    x, y = load_test_split("mnist", args.data_dir, seed)
     return parts, (x[: args.test], y[: args.test])
 
 
@@ -146,18 +160,21 @@ def one_run(cfg: dict, parts, test) -> dict:
             "seconds": round(time.monotonic() - started, 1)}
 
 
-def run_table(strategy: str, attackers: int, args, data) -> None:
-    """Runs (and keeps) every cell of one table not kept yet; with ``--shard i/n`` only the
-    cells whose position in ``cells`` is i modulo n (for n processes side by side)."""
+def run_table(strategy: str, attackers: int, seed: int, args, data) -> None:
+    """Runs (and keeps) every cell of one table and seed not kept yet; with ``--shard i/n`` only
+    the cells whose position in ``cells`` is i modulo n (for n processes side by side); with
+    ``--screenings`` only those screenings (and the clean run)."""
     KEPT.mkdir(parents=True, exist_ok=True)
     part, parts = args.shard
     for position, (attack, screening) in enumerate(cells(strategy, attackers)):
         if position % parts != part:
             continue
-        path = KEPT / f"{run_name(strategy, attackers, attack, screening)}.json"
+        if args.screenings and attack != "clean" and screening not in args.screenings:
+            continue
+        path = KEPT / f"{run_name(strategy, attackers, attack, screening, seed)}.json"
         if path.exists():
             continue
-        cfg = run_config(strategy, attackers, attack, screening, args)
+        cfg = run_config(strategy, attackers, attack, screening, seed, args)
         result = one_run(cfg, *data)
         setting = {k: cfg[k] for k in (*SETTING, "num-server-rounds", "inject-faults", "screening",
                                        "screen-attackers")}
@@ -170,99 +187,190 @@ def run_table(strategy: str, attackers: int, args, data) -> None:
 
 # ------------------------------------------------------------------ the page, from the kept runs
 NAMES = {"fedavg": "FedAvg", "scaffold": "SCAFFOLD"}
+PER_RUN = ("seed", "inject-faults", "screening", "screen-attackers")  # what differs between the runs of one page
 
 
 def load_kept(folder: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
 
 
-def final(records: list[dict], attack: str, screening: str) -> float | None:
-    hits = [r["accuracy"][-1] for r in records if r["attack"] == attack and r["screening"] == screening]
-    return hits[0] if hits else None
+def seed_of(record: dict) -> int:
+    return record["setting"]["seed"]
+
+
+def common_setting(record: dict) -> dict:
+    """What every run of one page must share: the setting without ``PER_RUN``, and the sizes."""
+    return {"clients": record["clients"], "per_client": record["per_client"], "test_images": record["test_images"],
+            **{k: v for k, v in record["setting"].items() if k not in PER_RUN}}
+
+
+def check_one_setting(records: list[dict]) -> None:
+    """Refuse kept runs made in two settings (ValueError naming one run of each and the keys that
+    differ): a paired loss between them would compare different experiments."""
+    first = records[0]
+    for r in records[1:]:
+        a, b = common_setting(first), common_setting(r)
+        if a != b:
+            keys = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+            raise ValueError(
+                f"kept runs of two settings: {describe(first)} and {describe(r)} differ in "
+                + ", ".join(f"{k} ({a.get(k)!r} vs {b.get(k)!r})" for k in keys)
+                + f"; move one setting's runs out of {KEPT.relative_to(ROOT)}")
+
+
+def describe(r: dict) -> str:
+    return run_name(r["strategy"], r["attackers"], r["attack"], r["screening"], seed_of(r))
+
+
+def finals(records: list[dict], attack: str, screening: str) -> dict[int, float]:
+    """Final test accuracy by seed of the kept runs of one cell."""
+    return {seed_of(r): r["accuracy"][-1] for r in records if r["attack"] == attack and r["screening"] == screening}
+
+
+def loss(records: list[dict], attack: str, screening: str) -> Paired:
+    """Accuracy lost to the attack under ``screening``: clean - attacked, paired by seed."""
+    return paired_difference(finals(records, "clean", "none"), finals(records, attack, screening))
+
+
+def points(p: Paired) -> str:
+    """'0.7 [-0.3, 1.7]' in points (n >= 2), '0.7 (1 seed)' (n = 1), '' (n = 0)."""
+    if p.n == 0:
+        return ""
+    if p.n == 1:
+        return f"{p.mean * 100:.1f} (1 seed)"
+    return f"{p.mean * 100:.1f} [{p.low * 100:.1f}, {p.high * 100:.1f}]"
 
 
 def table_lines(records: list[dict], strategy: str, attackers: int) -> list[str]:
-    """The accuracy table of one (strategy, f): a row per attack, a column per defence."""
+    """The loss table of one (strategy, f): a row per attack, a column per screening; a cell with
+    fewer seeds than the clean run says how many it has."""
     columns = ["none"] + defences(strategy, attackers)
-    lines = ["| attack | " + " | ".join("no defence" if c == "none" else c for c in columns) + " |",
+    clean = finals(records, "clean", "none")
+    lines = ["| attack | " + " | ".join("no screening" if c == "none" else c for c in columns) + " |",
              "|---" * (len(columns) + 1) + "|"]
-    for attack in ("clean", *ATTACKS):
-        shown = ["none"] if attack == "clean" else columns
-        values = [final(records, attack, c) for c in shown] + [None] * (len(columns) - len(shown))
-        lines.append(f"| {attack} | " + " | ".join("" if v is None else f"{v:.3f}" for v in values) + " |")
+    accuracy = sum(clean.values()) / len(clean)
+    lines.append(f"| clean (accuracy) | {accuracy:.3f} over seeds {', '.join(map(str, sorted(clean)))} |"
+                 + " |" * (len(columns) - 1))
+    for attack in ATTACKS:
+        values = []
+        for c in columns:
+            p = loss(records, attack, c)
+            values.append(points(p) + (f" (n = {p.n})" if 1 < p.n < len(clean) else ""))
+        lines.append(f"| {attack} | " + " | ".join(values) + " |")
     return lines
 
 
-def verdict_lines(records: list[dict], strategy: str, attackers: int, clean: float) -> list[str]:
-    """Per attack the best defence and its gap to clean; per defence the attacks it fails.
-    The acceptance is decided only when every attack has a defended run kept."""
-    lines, holds_all, undecided = [], True, False
+def best_screening(records: list[dict], strategy: str, attackers: int, attack: str):
+    """(screening, its Paired loss, status) for one attack. The best is the smallest mean loss among
+    the screenings kept for at least ``SEEDS_NEEDED`` seeds; status is 'within' when that is at most
+    ``TOLERANCE``, 'NOT within' when it is not and every screening has its seeds, else 'not decided'
+    (then the best shown is the best so far, over fewer seeds)."""
+    losses = {d: loss(records, attack, d) for d in defences(strategy, attackers)}
+    losses = {d: p for d, p in losses.items() if p.n > 0}
+    if not losses:
+        return None, None, "not decided"
+    complete = {d: p for d, p in losses.items() if p.n >= SEEDS_NEEDED}
+    pool = complete or losses
+    best = min(pool, key=lambda d: pool[d].mean)
+    if complete and complete[best].mean <= TOLERANCE + 1e-12:
+        return best, pool[best], "within"
+    if len(complete) == len(defences(strategy, attackers)):
+        return best, pool[best], "NOT within"
+    return best, pool[best], "not decided"
+
+
+def verdict_lines(records: list[dict], strategy: str, attackers: int) -> list[str]:
+    """Per attack the best screening and its loss; per screening the attacks it fails (mean
+    loss over its kept seeds above the tolerance); the acceptance over all attacks."""
+    lines, statuses = [], []
+    bar = f"{TOLERANCE * 100:.0f} points"
     for attack in ATTACKS:
-        scores = {d: final(records, attack, d) for d in defences(strategy, attackers)}
-        scores = {d: v for d, v in scores.items() if v is not None}
-        if not scores:
-            undecided = True
-            lines.append(f"- {attack}: no defended run kept yet")
+        best, p, status = best_screening(records, strategy, attackers, attack)
+        statuses.append(status)
+        if best is None:
+            lines.append(f"- {attack}: no screened run kept yet")
             continue
-        best = max(scores, key=scores.get)
-        gap = (scores[best] - clean) * 100
-        ok = scores[best] >= clean - TOLERANCE
-        holds_all &= ok
-        lines.append(f"- {attack}: best defence `{best}` {scores[best]:.3f} ({gap:+.1f} points vs clean; "
-                     f"{'within' if ok else 'NOT within'} {TOLERANCE * 100:.0f} points)")
+        accuracy = finals(records, attack, best)
+        mean_accuracy = sum(accuracy.values()) / len(accuracy)
+        seeds = f"{p.n} seed{'s' if p.n > 1 else ''}"
+        interval = f" [{p.low * 100:.1f}, {p.high * 100:.1f}]" if p.n > 1 else ""
+        lead = "best screening" if status != "not decided" else "best so far"
+        short = [d for d in defences(strategy, attackers) if loss(records, attack, d).n < SEEDS_NEEDED]
+        why = f" (fewer than {SEEDS_NEEDED} seeds kept for {', '.join(short)})" if status == "not decided" else ""
+        lines.append(f"- {attack}: {lead} `{best}`, loss {p.mean * 100:.1f} points{interval} over {seeds}, "
+                     f"mean accuracy {mean_accuracy:.3f}: {status}{'' if status == 'not decided' else ' ' + bar}{why}")
     lines.append("")
     for d in defences(strategy, attackers):
-        kept = {a: v for a in ATTACKS if (v := final(records, a, d)) is not None}
+        kept = {a: p for a in ATTACKS if (p := loss(records, a, d)).n > 0}
         if not kept:
             continue
-        fails = [f"{a} ({v:.3f})" for a, v in kept.items() if v < clean - TOLERANCE]
-        holds = [a for a, v in kept.items() if v >= clean - TOLERANCE]
+        fails = [f"{a} ({p.mean * 100:.1f} points)" for a, p in kept.items() if p.mean > TOLERANCE + 1e-12]
+        holds = [a for a, p in kept.items() if p.mean <= TOLERANCE + 1e-12]
         lines.append(f"- `{d}` fails against: {', '.join(fails) or 'none'}; holds against: "
                      f"{', '.join(holds) or 'none'}")
-    verdict = "not decided (runs missing)" if undecided and holds_all else ("met" if holds_all else "NOT met")
-    lines += ["", f"Acceptance (every attack within {TOLERANCE * 100:.0f} points of clean with its best "
-              f"defence): **{verdict}**."]
+    verdict = ("NOT met" if "NOT within" in statuses else
+               "met" if all(s == "within" for s in statuses) else "not decided (runs missing)")
+    lines += ["", f"Acceptance (every attack: some screening's mean loss over at least {SEEDS_NEEDED} seeds "
+              f"at most {bar}): **{verdict}**."]
     return lines
 
 
 def section(records: list[dict], strategy: str, attackers: int) -> list[str]:
     mine = [r for r in records if r["strategy"] == strategy and r["attackers"] == attackers]
-    clean = final(mine, "clean", "none")
     lines = [f"## {NAMES[strategy]}, f = {attackers} of {CLIENTS}", ""]
+    if not finals(mine, "clean", "none"):
+        return lines + ["The clean run is not kept yet: no loss to show.", ""]
     lines += table_lines(mine, strategy, attackers) + [""]
-    if clean is None:
-        return lines + ["The clean run is not kept yet: no verdict.", ""]
-    missing = len(cells(strategy, attackers)) - len(mine)
-    if missing:
-        lines += [f"{missing} of {len(cells(strategy, attackers))} runs are not kept yet.", ""]
-    lines += verdict_lines(mine, strategy, attackers, clean) + [""]
+    seeds = sorted({seed_of(r) for r in mine})
+    wanted = len(cells(strategy, attackers)) * len(seeds)
+    if len(mine) < wanted:
+        lines += [f"{wanted - len(mine)} of {wanted} runs (every cell on seeds {', '.join(map(str, seeds))}) "
+                  "are not kept yet.", ""]
+    lines += verdict_lines(mine, strategy, attackers) + [""]
     return lines
 
 
-def render_page(records: list[dict]) -> str:
-    """docs/security.md: the setting, then per (method, f) the table and its verdicts."""
+def render_page(records: list[dict], hand_written: str = "") -> str:
+    """docs/security.md: the setting, then per (method, f) the loss table and its verdicts, then
+    ``hand_written`` (the page's text from ``HAND_WRITTEN`` on, kept as it is)."""
     lines = ["# Security table: model poisoning against FedAvg and SCAFFOLD", "",
              "Generated by `scripts/security_table.py` from the runs kept in `docs/results/security/`; "
-             "do not edit by hand.", ""]
+             "do not edit by hand above the marker at the end (text below it is kept as it is).", ""]
     if not records:
-        return "\n".join(lines + ["No runs are kept yet.", ""])
-    r0 = records[0]
-    setting = ", ".join(f"{k} = {v}" for k, v in r0["setting"].items()
-                        if k not in ("inject-faults", "screening", "screen-attackers"))
-    seconds = sum(r["seconds"] for r in records)
-    lines += [f"Setting: {r0['clients']} clients, all sampled every round, {r0['per_client']} training images "
-              f"each (IID), test accuracy on {r0['test_images']} MNIST test images after the last round; "
-              f"{setting}. One seeded run per cell; the attackers are partitions 0 .. f-1. "
-              f"{len(records)} runs, {seconds / 60:.0f} minutes in all on a shared 2-core CPU machine.", "",
-              *ABOUT, ""]
-    for attackers in sorted({r["attackers"] for r in records}, reverse=True):
-        for strategy in STRATEGIES:
-            if any(r["strategy"] == strategy and r["attackers"] == attackers for r in records):
-                lines += section(records, strategy, attackers)
-    return "\n".join(lines)
+        lines.append("No runs are kept yet.")
+    else:
+        check_one_setting(records)
+        r0 = records[0]
+        setting = ", ".join(f"{k} = {v}" for k, v in r0["setting"].items() if k not in PER_RUN)
+        seeds = sorted({seed_of(r) for r in records})
+        seconds = sum(r["seconds"] for r in records)
+        lines += [f"Setting: {r0['clients']} clients, all sampled every round, {r0['per_client']} training images "
+                  f"each (IID), test accuracy on {r0['test_images']} MNIST test images after the last round; "
+                  f"{setting}. Seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}: the seed sets the split, the test images "
+                  "drawn, the initial weights and the batch order; the attackers are partitions 0 .. f-1. "
+                  f"{len(records)} runs, {seconds / 60:.0f} minutes in all on a shared 2-core CPU machine.", "",
+                  *ABOUT, ""]
+        for attackers in sorted({r["attackers"] for r in records}, reverse=True):
+            for strategy in STRATEGIES:
+                if any(r["strategy"] == strategy and r["attackers"] == attackers for r in records):
+                    lines += section(records, strategy, attackers)
+    lines.append(HAND_WRITTEN)
+    text = "\n".join(lines) + "\n"
+    return text + hand_written.lstrip("\n") if hand_written.strip() else text
+
+
+def hand_written_part(page: str) -> str:
+    """The text after ``HAND_WRITTEN`` in an existing page ('' without the marker)."""
+    _, marker, rest = page.partition(HAND_WRITTEN)
+    return rest if marker else ""
 
 
 ABOUT = [
+    "Each cell is the accuracy the attack costs, in points: clean minus attacked final accuracy on the same "
+    "seed, as the mean over the kept seeds and its 95% Student t interval over them "
+    "(`fl_app/results/stats.py`); a negative loss is a gain. The acceptance asks, for each attack, a screening "
+    f"whose mean loss over at least {SEEDS_NEEDED} seeds is at most {TOLERANCE * 100:.0f} points.",
+    "",
     "Attacks (`inject-faults`, fl_app/node/attacks.py): `scale-x10` multiplies each attacker's update by 10; "
     "`sign-flip` sends its negation; `adaptive` sends its negation scaled to 0.9 x the screening bound "
     "(3 x its own update norm under `reject`, the clip bound under `clip`), so that it stays just "
@@ -276,6 +384,11 @@ ABOUT = [
     "updates against each other. SCAFFOLD allows only the rules that keep or drop whole replies "
     "(clip, reject, krum, multi-krum): a robust value of the weights alone would leave its control "
     "variate open to the attackers.",
+    "",
+    "What this rests on: the attackers poison the model update only (SCAFFOLD's delta c_i is sent as "
+    "computed); the server is told the true f (`screen-attackers`); every client is sampled every round and "
+    "the split is IID, so honest updates resemble each other. Who can reach the deployment at all is "
+    "docs/deployment.md's subject.",
 ]
 
 
@@ -297,18 +410,31 @@ def main(argv=None) -> int:
     parser.add_argument("--test", type=int, default=2000, help="test images")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--shard", type=shard, default=(0, 1), help="i/n: run every n-th cell from the i-th")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[SETTING["seed"]],
+                        help="seeds, run one after the other (each seed's whole table before the next)")
+    parser.add_argument("--screenings", nargs="+", choices=("none", *DEFENCE_ORDER), default=None,
+                        help="run only these screenings (and the clean run); default: every one that applies")
     parser.add_argument("--render", action="store_true", help="only write the page from the kept runs")
     args = parser.parse_args(argv)
     for f in args.attackers:
         if not 1 <= f < CLIENTS / 2:
             parser.error(f"--attackers {f} is invalid: f must be in [1, {CLIENTS // 2 - 1}] for {CLIENTS} clients")
+    for seed in args.seeds:
+        if seed < 0:
+            parser.error(f"--seeds {seed} is invalid: a seed must be >= 0")
     if not args.render:
         torch.set_num_threads(args.threads)
-        data = load_data(args)
-        for f in args.attackers:
-            for strategy in args.strategies:
-                run_table(strategy, f, args, data)
-    PAGE.write_text(render_page(load_kept(KEPT)))
+        for seed in args.seeds:
+            data = load_data(args, seed)
+            for f in args.attackers:
+                for strategy in args.strategies:
+                    run_table(strategy, f, seed, args, data)
+    try:
+        page = render_page(load_kept(KEPT), hand_written_part(PAGE.read_text() if PAGE.exists() else ""))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    PAGE.write_text(page)
     print(f"wrote {PAGE.relative_to(ROOT)}")
     return 0
 

@@ -157,29 +157,120 @@ def test_shards_split_the_cells():
             shard(bad)
 
 
-def _record(attack, screening, acc, strategy="scaffold", f=3):
+def _record(attack, screening, acc, strategy="scaffold", f=3, seed=0, **setting):
     return {"strategy": strategy, "attackers": f, "attack": attack, "screening": screening, "clients": 10,
-            "per_client": 400, "test_images": 2000, "setting": {"seed": 0}, "accuracy": [0.1, acc],
-            "num_rejected": [0, 0], "seconds": 60.0}
+            "per_client": 400, "test_images": 2000, "setting": {"seed": seed, "learning-rate": 0.05, **setting},
+            "accuracy": [0.1, acc], "num_rejected": [0, 0], "seconds": 60.0}
+
+
+def _scaffold_table(clean, attacked, seeds=(0, 1, 2)):
+    """Kept runs of SCAFFOLD, f = 3: ``clean`` and ``attacked[(attack, screening)]`` are lists of
+    final accuracies, one per seed of ``seeds``."""
+    records = [_record("clean", "none", acc, seed=s) for s, acc in zip(seeds, clean)]
+    for (attack, screening), accs in attacked.items():
+        records += [_record(attack, screening, acc, seed=s) for s, acc in zip(seeds, accs)]
+    return records
+
+
+def test_loss_is_paired_by_seed_with_the_stats_interval():
+    from fl_app.results.stats import paired_difference
+    from scripts.security_table import loss, points
+
+    records = _scaffold_table([0.90, 0.92, 0.88], {("adaptive", "multi-krum"): [0.89, 0.90, 0.88]})
+    p = loss(records, "adaptive", "multi-krum")
+    # by hand: losses 0.01, 0.02, 0.00 -> mean 0.01, sd 0.01, half-width 4.303 * 0.01 / sqrt(3) = 0.02484
+    assert p.n == 3 and p.mean == pytest.approx(0.01) and p.high - p.mean == pytest.approx(0.024844, abs=1e-6)
+    assert p == paired_difference({0: 0.90, 1: 0.92, 2: 0.88}, {0: 0.89, 1: 0.90, 2: 0.88})
+    assert points(p) == "1.0 [-1.5, 3.5]"
+    # a seed kept for the attacked run only is not paired: it does not count
+    records.append(_record("adaptive", "clip", 0.5, seed=7))
+    assert loss(records, "adaptive", "clip").n == 0 and points(loss(records, "adaptive", "clip")) == ""
 
 
 def test_page_verdicts_come_from_the_kept_runs():
     from scripts.security_table import render_page
 
-    records = [_record("clean", "none", 0.90)]
+    attacked = {}
     for attack in ("scale-x10", "sign-flip", "adaptive"):
-        records += [_record(attack, "none", 0.10), _record(attack, "clip", 0.50), _record(attack, "reject", 0.20),
-                    _record(attack, "multi-krum", 0.88)]
-    records.append(_record("scale-x10", "krum", 0.86))
+        attacked.update({(attack, "none"): [0.10] * 3, (attack, "clip"): [0.50] * 3,
+                         (attack, "reject"): [0.20] * 3, (attack, "multi-krum"): [0.89, 0.88, 0.87]})
+    records = _scaffold_table([0.90, 0.90, 0.90], attacked)
+    records.append(_record("scale-x10", "krum", 0.86))  # one seed of krum only
     page = render_page(records)
-    assert "| clean | 0.900 |" in page and "| sign-flip | 0.100 | 0.500 | 0.200 |  | 0.880 |" in page
-    assert "- adaptive: best defence `multi-krum` 0.880 (-2.0 points vs clean; within 3 points)" in page
-    assert "- `clip` fails against: scale-x10 (0.500), sign-flip (0.500), adaptive (0.500); holds against: none" \
-        in page
-    assert "- `krum` fails against: scale-x10 (0.860); holds against: none" in page
-    assert "Acceptance (every attack within 3 points of clean with its best defence): **met**" in page
-    assert "2 of 16 runs are not kept yet" in page  # krum for sign-flip and adaptive
-    records[-2]["accuracy"][-1] = 0.86  # adaptive's multi-krum drops to 4 points below clean
+    assert "| clean (accuracy) | 0.900 over seeds 0, 1, 2 | | | | |" in page
+    assert "| sign-flip | 80.0 [80.0, 80.0] | 40.0 [40.0, 40.0] | 70.0 [70.0, 70.0] |  | 2.0 [-0.5, 4.5] |" in page
+    assert "| scale-x10 | 80.0 [80.0, 80.0] | 40.0 [40.0, 40.0] | 70.0 [70.0, 70.0] | 4.0 (1 seed) |" in page
+    assert ("- adaptive: best screening `multi-krum`, loss 2.0 points [-0.5, 4.5] over 3 seeds, mean accuracy "
+            "0.880: within 3 points") in page
+    assert "- `clip` fails against: scale-x10 (40.0 points), sign-flip (40.0 points), adaptive (40.0 points)" in page
+    assert "- `krum` fails against: scale-x10 (4.0 points); holds against: none" in page
+    assert "**met**" in page
+    assert "8 of 48 runs (every cell on seeds 0, 1, 2) are not kept yet" in page  # krum: 2 seeds of scale-x10, 3+3
+    # adaptive's multi-krum loses 4 points on average: other screenings could still hold (krum not run)
+    for r in records:
+        if r["attack"] == "adaptive" and r["screening"] == "multi-krum":
+            r["accuracy"][-1] = 0.86
+    undecided = render_page(records)
+    assert "- adaptive: best so far `multi-krum`, loss 4.0 points" in undecided
+    assert "0.860: not decided (fewer than 3 seeds kept for krum)" in undecided
+    assert "**not decided (runs missing)**" in undecided
+    # every screening run on 3 seeds and the best still loses 4 points: NOT met
+    for seed in (0, 1, 2):
+        records.append(_record("adaptive", "krum", 0.80, seed=seed))
+    assert "- adaptive: best screening `multi-krum`, loss 4.0 points" in render_page(records)
     assert "**NOT met**" in render_page(records)
-    partial = render_page([r for r in records if not (r["attack"] == "adaptive" and r["screening"] != "none")])
-    assert "- adaptive: no defended run kept yet" in partial and "**not decided (runs missing)**" in partial
+
+
+def test_fewer_than_three_seeds_do_not_decide():
+    from scripts.security_table import render_page
+
+    attacked = {(a, "multi-krum"): [0.90, 0.90] for a in ("scale-x10", "sign-flip", "adaptive")}
+    page = render_page(_scaffold_table([0.90, 0.90], attacked, seeds=(0, 1)))
+    assert ("- adaptive: best so far `multi-krum`, loss 0.0 points [0.0, 0.0] over 2 seeds, mean accuracy 0.900: "
+            "not decided (fewer than 3 seeds kept for clip, reject, krum, multi-krum)") in page
+    assert "**not decided (runs missing)**" in page
+    partial = render_page(_scaffold_table([0.9], {}))
+    assert "- adaptive: no screened run kept yet" in partial
+
+
+def test_runs_of_two_settings_are_refused():
+    from scripts.security_table import render_page
+
+    records = [_record("clean", "none", 0.9), _record("adaptive", "krum", 0.9, seed=1, **{"learning-rate": 0.1})]
+    with pytest.raises(ValueError, match=r"scaffold-f3-clean-none-s0 and scaffold-f3-adaptive-krum-s1 differ in "
+                                         r"learning-rate \(0.05 vs 0.1\)"):
+        render_page(records)
+
+
+def test_render_keeps_the_hand_written_part(tmp_path, monkeypatch):
+    import json
+
+    import scripts.security_table as table
+
+    kept, page = tmp_path / "kept", tmp_path / "security.md"
+    kept.mkdir()
+    monkeypatch.setattr(table, "KEPT", kept)
+    monkeypatch.setattr(table, "PAGE", page)
+    monkeypatch.setattr(table, "ROOT", tmp_path)
+    record = _record("clean", "none", 0.9)
+    name = table.run_name("scaffold", 3, "clean", "none", 0)
+    assert name == "scaffold-f3-clean-none-s0"
+    (kept / f"{name}.json").write_text(json.dumps(record))
+    assert table.main(["--render"]) == 0
+    generated = page.read_text()
+    assert generated.rstrip().endswith(table.HAND_WRITTEN) and "0.900 over seeds 0" in generated
+    page.write_text(generated + "\n## Deployment\n\nWritten by hand.\n")
+    record["accuracy"][-1] = 0.8
+    (kept / f"{name}.json").write_text(json.dumps(record))
+    assert table.main(["--render"]) == 0
+    again = page.read_text()
+    assert "0.800 over seeds 0" in again and again.endswith("\n## Deployment\n\nWritten by hand.\n")
+    assert again.count(table.HAND_WRITTEN) == 1
+
+
+def test_bad_seeds_are_refused(capsys):
+    from scripts.security_table import main
+
+    with pytest.raises(SystemExit):
+        main(["--seeds", "-1", "--render"])
+    assert "--seeds -1 is invalid: a seed must be >= 0" in capsys.readouterr().err
