@@ -73,6 +73,16 @@ def processes_with_env(name: str, value: str) -> list[int]:
     return found
 
 
+def environ_of(pid: int) -> dict[str, str]:
+    """The environment ``pid`` was started with ({} when it is gone or not readable)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (item.decode(errors="replace").split("=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return dict(pairs)
+
+
 def memory_kib(pid: int) -> tuple[int, int]:
     """(RSS, PSS) of one process in KiB; (0, 0) if it is gone."""
     try:

@@ -1,0 +1,166 @@
+"""Issue 41: a runner that cannot outlive itself or share a folder.
+
+`kill -9` of `run_simulation.py` left 13 processes (SuperLink, SuperExec, flwr-simulation, Ray)
+that finished the run unattended, and a `--resume` of the same folder started meanwhile wrote
+into it too. Now a watchdog (fl_app/tooling/watchdog.py) stops everything with the runner's
+FLWR_HOME when the runner dies, Ray's session folders live in a private temp folder that goes
+with it, and a results folder is held by one runner at a time (an flock'ed ``.lock``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fl_app.tooling.processes import FolderInUse, lock_folder
+from fl_app.tooling.procfs import descendants, environ_of, processes_with_env
+from tests.conftest import ROOT
+
+GONE_WITHIN = 30.0  # seconds after the runner's death (the issue's bound)
+
+
+def wait_until(condition, timeout: float, step: float = 0.2):
+    """``condition()``'s first truthy value within ``timeout`` s, else its last value."""
+    deadline = time.monotonic() + timeout
+    while not (value := condition()) and time.monotonic() < deadline:
+        time.sleep(step)
+    return value
+
+
+def python(code: str, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, **kwargs)
+
+
+# ---- the folder lock ------------------------------------------------------------------------------------
+
+def test_a_held_folder_is_refused_naming_the_holder_and_a_dead_holder_s_lock_is_taken(tmp_path):
+    out = tmp_path / "out"
+    holder = python(f"from fl_app.tooling.processes import lock_folder; import time; lock_folder(__import__('pathlib')"
+                    f".Path({str(out)!r})); print('held', flush=True); time.sleep(120)", stdout=subprocess.PIPE,
+                    text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(FolderInUse, match=f"in use by another run_simulation.py, PID {holder.pid}"):
+            lock_folder(out)
+    finally:
+        holder.kill()  # SIGKILL: the lock is left behind, stale
+        holder.wait()
+    fd = lock_folder(out)  # taken over
+    try:
+        assert (out / ".lock").read_text() == f"{os.getpid()}\n"
+    finally:
+        os.close(fd)
+
+
+# ---- the watchdog, without Flower ------------------------------------------------------------------------
+
+LAUNCHER = """
+import os, subprocess, sys, time
+from pathlib import Path
+marker, folder = sys.argv[1], sys.argv[2]
+watchdog = subprocess.Popen([sys.executable, "-m", "fl_app.tooling.watchdog", "--marker", f"FLWR_HOME={marker}",
+                             f"--remove={folder}"], stdin=subprocess.PIPE, start_new_session=True)
+# like SuperExec: a child in a session of its own that ignores SIGTERM (only SIGKILL ends it)
+child = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+                          " time.sleep(600)"], env={**os.environ, "FLWR_HOME": marker}, start_new_session=True)
+print(child.pid, flush=True)
+if sys.argv[3] == "close":
+    child.kill(); child.wait()
+    watchdog.communicate(b"done")
+    print("closed", flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_watchdog_stops_a_dead_launcher_s_processes_and_removes_its_folders(tmp_path):
+    marker, folder = str(tmp_path / "home"), tmp_path / "ray"
+    folder.mkdir()
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, marker, str(folder), "die"], cwd=ROOT,
+                                stdout=subprocess.PIPE, text=True)
+    child = int(launcher.stdout.readline())
+    assert processes_with_env("FLWR_HOME", marker) == [child]
+    launcher.kill()  # kill -9: the watchdog's pipe closes
+    launcher.wait()
+    assert wait_until(lambda: not processes_with_env("FLWR_HOME", marker), GONE_WITHIN)
+    assert wait_until(lambda: not folder.exists(), 5)
+
+
+def test_the_watchdog_of_a_launcher_that_closed_touches_nothing(tmp_path):
+    marker, folder = str(tmp_path / "home"), tmp_path / "ray"
+    folder.mkdir()
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, marker, str(folder), "close"], cwd=ROOT,
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        launcher.stdout.readline()
+        assert launcher.stdout.readline().strip() == "closed"  # the watchdog has exited on "done"
+    finally:
+        launcher.kill()
+        launcher.wait()
+    time.sleep(1)
+    assert folder.exists()
+
+
+# ---- a real runner, killed with SIGKILL ------------------------------------------------------------------
+
+def runner(out: Path, data: Path, *extra: str) -> subprocess.Popen:
+    argv = ["--strategy", "fedavg", "--dataset", "mnist", "--data-dir", str(data), "--set", "model=cnn-small",
+            "--set", "tracking=none", "--clients", "2", "--rounds", "50", "--out", str(out), *extra]
+    return subprocess.Popen([sys.executable, "run_simulation.py", *argv], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def started_ray(pid: int) -> dict[int, tuple[str, str]] | None:
+    """The runner's process tree once Ray's raylet runs in it, else None."""
+    tree = descendants([pid])
+    return tree if any(name == "raylet" for _, name in tree.values()) else None
+
+
+# a real simulation up to Ray, then its death: 45 s on a 2-core machine at load 3.5 (the default run keeps it)
+def test_kill_9_of_the_runner_leaves_no_process_and_frees_its_folder(tmp_path, mnist_sample):
+    data, out = mnist_sample(600, 100), tmp_path / "out"
+    first = runner(out, data)
+    try:
+        tree = wait_until(lambda: first.poll() is None and started_ray(first.pid), 300, step=0.5)
+        assert tree, f"the runner ended or Ray never started: {first.stdout.read() if first.poll() else ''}"
+        home = next(env["FLWR_HOME"] for pid in tree if "FLWR_HOME" in (env := environ_of(pid)))
+        ray_dir = Path(next(env["RAY_TMPDIR"] for pid in tree if "RAY_TMPDIR" in (env := environ_of(pid))))
+        assert list((ray_dir / "ray").glob("session_2*")), "Ray did not use its private temp folder"
+        marked = processes_with_env("FLWR_HOME", home)
+        assert len(marked) >= 5  # SuperLink, SuperExec, flwr-simulation, flwr run, Ray's daemons and workers
+
+        # a second runner on the folder in use, by --out or by --resume, is refused in one line
+        same_out = ["--strategy", "fedavg", "--dataset", "mnist", "--data-dir", str(data), "--set", "model=cnn-small",
+                    "--clients", "2", "--out", str(out)]
+        for argv in (same_out, ["--resume", str(out)]):
+            done = subprocess.run([sys.executable, "run_simulation.py", *argv], cwd=ROOT, capture_output=True,
+                                  text=True, timeout=300)
+            assert done.returncode == 2, done.stderr
+            assert done.stderr.count("\n") == 1 and f"in use by another run_simulation.py, PID {first.pid}" in done.stderr
+
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait()
+        killed = time.monotonic()
+        gone = wait_until(lambda: not processes_with_env("FLWR_HOME", home), GONE_WITHIN)
+        assert gone, f"processes left {GONE_WITHIN:.0f} s after kill -9: {processes_with_env('FLWR_HOME', home)}"
+        print(f"every process of the runner gone {time.monotonic() - killed:.1f} s after kill -9")
+        assert wait_until(lambda: not ray_dir.exists() and not Path(home).exists(), 10)
+        fd = wait_until(lambda: try_lock(out), 10)  # the stale lock is taken over once the watchdog is done
+        assert fd, "the dead runner's folder stayed locked"
+        os.close(fd)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+
+
+def try_lock(folder: Path) -> int | None:
+    try:
+        return lock_folder(folder)
+    except FolderInUse:
+        return None
