@@ -2,7 +2,7 @@
 """Compare methods on the same split, model and budget with Flower's simulation (`flwr run`).
 
 Example:
-    FL_DATA_DIR=/path/to/data python run_simulation.py --strategy fedavg,fedprox \
+    FL_DATA_DIR=/path/to/data python run_simulation.py --strategy fedavg,fedprox \\
         --dataset mnist --rounds 3 --clients 20 --fraction 0.25 --seeds 0 1
 
 Every (strategy, seed) is one `flwr run` on a private local SuperLink (started here, stopped
@@ -81,7 +81,7 @@ from fl_app.tooling.experiment import read_experiment
 from fl_app.tooling.launch import LocalSimulation
 from fl_app.tooling.plan import check_axes, grid_points, label, parse_grid, resolve_rows, run_name
 from fl_app.tooling.processes import FolderInUse, MissingTool, lock_folder
-from fl_app.tooling.quiet import for_output, is_noise, plain
+from fl_app.tooling.quiet import for_output, is_noise, plain, quiet_libraries
 from strategies.base import fedavg_kwargs
 from tasks.datasets import DataUnavailableError, PartitionError, resolve_data_dir
 from tasks.partitioning import PartitionSpec, check_data
@@ -118,7 +118,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ray-address", help="run on this running Ray cluster (head host:port, see README) instead of "
                    "a private Ray on this machine")
     p.add_argument("--quiet", action="store_true", help="print only the per-round progress lines")
-    p.add_argument("--verbose", action="store_true", help="also print Flower's and Ray's own log lines")
+    p.add_argument("--verbose", action="store_true",
+                   help="also print Flower's, Ray's and MLflow's own log lines and the libraries' deprecation warnings")
     p.add_argument("--resume", metavar="DIR", help="continue the interrupted comparison in DIR")
     p.add_argument("--list", nargs="?", const="all", choices=("all", "methods", "models", "datasets", "keys"),
                    help="print methods (one line each), models, datasets, run-config keys (default, range); exit")
@@ -509,6 +510,7 @@ def main(argv: list[str] | None = None) -> int:
     # everything it started are stopped; finished runs and checkpoints stay for --resume.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     args = parse_args(argv)
+    quiet_libraries(args.verbose)  # fl_app/tooling/quiet.py: hidden unless --verbose
     if args.list:
         from fl_app.tooling.listing import listing
 

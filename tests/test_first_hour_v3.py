@@ -113,3 +113,97 @@ def test_the_readme_venv_is_git_ignored():
         pytest.skip("not a git checkout")
     for path in (".venv/bin/python", ".flwr_home/config.toml", "results/compare-1/comparison.md"):
         assert subprocess.run(["git", "check-ignore", "-q", path], cwd=ROOT).returncode == 0, path
+
+
+# ------------------------------------------------------------------ run_simulation.py --help
+def test_help_shows_the_example_as_it_is_typed():
+    """The module docstring is argparse's description: a backslash-newline in it joined the two
+    lines of the example ('fedavg,fedprox         --dataset'); the help shows both lines, the
+    first ending in the shell's line continuation."""
+    import ast
+
+    doc = ast.get_docstring(ast.parse((ROOT / "run_simulation.py").read_text()), clean=False)
+    example = doc.split("Example:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert example[0].endswith("--strategy fedavg,fedprox \\"), example
+    assert example[1].strip().startswith("--dataset mnist"), example
+
+
+# ------------------------------------------------------------------ library noise
+# Lines a run with tracking = "mlflow" and partitioner = "shard" printed before the fix.
+LIBRARY_NOISE = [
+    "/work/venv/lib/python3.11/site-packages/pyarrow/compute.py:231: FutureWarning: Specifying null_placement in "
+    "SortOptions is deprecated as of 25.0.0. Specify null_placement per sort_key instead.",
+    "  return options_class(*args, **kwargs)",
+    "/work/venv/lib/python3.11/site-packages/mlflow/store/tracking/sqlalchemy_store.py:327: SADeprecationWarning: "
+    "The ``noload`` loader strategy is deprecated and will be removed in a future release.",
+    "  sqlalchemy.orm.configure_mappers()",
+    "2026/11/25 16:36:47 INFO mlflow.store.db.utils: Creating initial MLflow database tables...",
+    "2026/11/25 16:36:47 INFO mlflow.store.db.utils: Updating database tables",
+    "INFO  [alembic.runtime.migration] Context impl SQLiteImpl.",
+]
+
+
+def test_library_warnings_and_mlflow_lines_are_noise():
+    from fl_app.tooling.quiet import is_noise
+
+    for line in LIBRARY_NOISE:
+        assert is_noise(line), line
+    # what stays: fl-drift's own warnings (its files are not in site-packages), a library's
+    # other warnings, fl-drift's lines, the MLflow run fl-drift names, errors
+    assert not is_noise("/work/main/fl_app/server/recording.py:10: FutureWarning: ours")
+    assert not is_noise("/x/site-packages/torch/cuda/__init__.py:5: UserWarning: CUDA initialization failed")
+    assert not is_noise("\x1b[92mINFO \x1b[0m:      mlflow: run fc6835 in sqlite:////tmp/runs/mlflow.db")
+    assert not is_noise("2026/11/25 16:36:47 ERROR mlflow.store: the store is locked")
+
+
+def test_the_runner_hides_library_warnings_unless_verbose(monkeypatch):
+    """``quiet_libraries``: a library's FutureWarning is ignored, fl-drift's is not; with
+    ``--verbose`` nothing is hidden. run_simulation.main applies it before anything else."""
+    import warnings
+
+    import run_simulation
+    from fl_app.tooling.quiet import quiet_libraries
+
+    def shown(verbose: bool) -> list[str]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            quiet_libraries(verbose)
+            for module in ("pyarrow.compute", "mlflow.store.tracking.sqlalchemy_store", "fl_app.server.recording"):
+                warnings.warn_explicit("w", FutureWarning, "f.py", 1, module=module)
+        return [str(w.filename) + ":" + str(w.message) for w in caught]
+
+    monkeypatch.delenv("HF_DATASETS_DISABLE_PROGRESS_BARS", raising=False)
+    assert len(shown(verbose=True)) == 3 and "HF_DATASETS_DISABLE_PROGRESS_BARS" not in os.environ
+    assert len(shown(verbose=False)) == 1  # fl-drift's own
+    assert os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] == "1"
+
+    called = []
+    monkeypatch.setattr(run_simulation, "quiet_libraries", called.append)
+    assert run_simulation.main(["--list", "models"]) == 0
+    assert run_simulation.main(["--list", "models", "--verbose"]) == 0
+    assert called == [False, True]
+
+
+def test_the_shard_split_future_warning_is_hidden():
+    """The warning the issue saw with ``--check``: flwr-datasets' shard partitioner sorts with
+    pyarrow options deprecated in pyarrow 25; hidden by ``quiet_libraries``."""
+    import warnings
+
+    from datasets import Dataset
+    from flwr_datasets.partitioner import ShardPartitioner
+
+    from fl_app.tooling.quiet import quiet_libraries
+
+    def warned(quiet: bool) -> list[str]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if quiet:
+                quiet_libraries(False)
+            partitioner = ShardPartitioner(num_partitions=2, partition_by="label", num_shards_per_partition=2)
+            partitioner.dataset = Dataset.from_dict({"label": [i % 3 for i in range(40)]})
+            partitioner.load_partition(0)
+        return [str(w.message) for w in caught if issubclass(w.category, (FutureWarning, DeprecationWarning))]
+
+    if not warned(quiet=False):
+        pytest.skip("this pyarrow/datasets pair warns no more")
+    assert warned(quiet=True) == []

@@ -1,13 +1,21 @@
-"""Which lines of a ``flwr run --stream`` output are Flower/Ray boilerplate.
+"""Which lines of a ``flwr run --stream`` output are Flower/Ray boilerplate, and the libraries'
+own chatter in the runner's process.
 
 The runner hides these (about 40 a run) and prints the rest: fl-drift's own progress and
-warnings, the run id, every WARNING it does not know, every ERROR and traceback line.
+warnings, the run id, every WARNING it does not know, every ERROR and traceback line. Hidden
+as well, unless ``--verbose``: the libraries' deprecation and future warnings (a pyarrow
+``FutureWarning`` under flwr-datasets' shard partitioner, SQLAlchemy's ``SADeprecationWarning``
+under MLflow), nothing a user of fl-drift can act on, with the source line Python prints under
+them; MLflow's and alembic's INFO lines when a tracking store is created; and in the runner's
+own process (``quiet_libraries``) the same warnings and Hugging Face's progress bars.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import sys
+import warnings
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -21,7 +29,18 @@ NOISE = (
     "aggregate_fit: received", "No fit_metrics_aggregation_fn", "No evaluate_metrics_aggregation_fn",
     "fit progress:", "configure_evaluate: no clients selected", "[SUMMARY]", "History (loss,",
     "History (metrics,", "Manually terminating ClientAppActor",
+    # the source lines Python prints under the library warnings below (LIBRARY_WARNING)
+    "return options_class(*args, **kwargs)", "sqlalchemy.orm.configure_mappers()",
 )
+# A Python warning's first line from a library (its file in site-packages): a deprecation or a
+# future change, e.g. ".../site-packages/pyarrow/compute.py:231: FutureWarning: ...".
+LIBRARY_WARNING = re.compile(r"[/\\](site|dist)-packages[/\\]\S+\.py:\d+: \w*(Deprecation|Future)\w*Warning\b")
+# MLflow's and alembic's own log lines ("2026/11/25 16:36:47 INFO mlflow.store.db.utils: Creating
+# initial MLflow database tables...", "INFO  [alembic.runtime.migration] Context impl SQLiteImpl.")
+LIBRARY_INFO = re.compile(r"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d INFO (mlflow|alembic)\b|^INFO\s+\[alembic\.")
+# The libraries whose deprecation and future warnings the runner's own process hides.
+LIBRARIES = ("pyarrow", "datasets", "flwr_datasets", "huggingface_hub", "pandas", "mlflow", "sqlalchemy", "alembic",
+             "ray", "flwr")
 # Flower's History printout, one value per line: "round 2: 0.29" (losses), then the metrics
 # dict pretty-printed: "{'accuracy': [(0, 0.1),", "'min_class_accuracy': [(0, 0.0),",
 # "(1, 0.045)," and the closing "(3, 0.31)]}".
@@ -54,4 +73,20 @@ def is_noise(line: str) -> bool:
         return True
     if re.match(r"^Run finished \d+ round", message):
         return True
+    if LIBRARY_WARNING.search(text) or LIBRARY_INFO.match(text.strip()):
+        return True
     return any(n in text for n in NOISE) or bool(HISTORY.match(message))
+
+
+def quiet_libraries(verbose: bool) -> None:
+    """The runner's own process, unless ``verbose``: the deprecation and future warnings of
+    ``LIBRARIES`` are ignored (``--check`` partitions the data in this process, and a shard split
+    meets pyarrow's ``FutureWarning``), and ``HF_DATASETS_DISABLE_PROGRESS_BARS`` is set unless the
+    user set it (the "Generating train split" bars, here and in the processes the runner starts,
+    which inherit the environment). fl-drift's own warnings are never hidden."""
+    if verbose:
+        return
+    for library in LIBRARIES:
+        for category in (DeprecationWarning, FutureWarning):
+            warnings.filterwarnings("ignore", category=category, module=rf"{library}(\.|$)")
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
