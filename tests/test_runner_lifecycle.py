@@ -146,6 +146,10 @@ def test_kill_9_of_the_runner_leaves_no_process_and_frees_its_folder(tmp_path, m
         os.kill(first.pid, signal.SIGKILL)
         first.wait()
         killed = time.monotonic()
+        early = try_lock(out)  # the watchdog holds the lock until the dead runner's processes are gone:
+        if early is not None:  # taken now, so none may be left (processes do not come back)
+            os.close(early)
+            assert not processes_with_env("FLWR_HOME", home), "the folder was free while the runner's processes ran"
         gone = wait_until(lambda: not processes_with_env("FLWR_HOME", home), GONE_WITHIN)
         assert gone, f"processes left {GONE_WITHIN:.0f} s after kill -9: {processes_with_env('FLWR_HOME', home)}"
         print(f"every process of the runner gone {time.monotonic() - killed:.1f} s after kill -9")
