@@ -9,6 +9,14 @@ A method overrides the smallest hook that expresses its local update:
 - ``begin_round`` / ``end_round``: per-round work and extra fit metrics;
 - ``receive`` / ``reply``: extra arrays travelling with the weights (control variates).
 
+A method converted to functions (``tasks.functional``, issue #44) names its ``LocalUpdate`` in
+``LOCAL_UPDATE`` instead of overriding the step hooks: ``fit`` then runs the round through
+``tasks.functional.local_round`` (same data, batch order, augmentation, learning rate and
+optimiser as the hook loop), and ``functional_inputs`` / ``functional_outputs`` carry its state
+and extra arrays between ``context.state``, ``receive`` and ``reply``. ``LOCAL_UPDATE`` is read
+from the class's own namespace, never inherited: a subclass that changes a hook (FedASAM's
+perturbation on FedSAM, FedSMOO on FedDyn) keeps the hook loop until it declares its own.
+
 Per-client state that must survive rounds lives in ``context.state`` (``load_state`` /
 ``save_state``), which Flower persists per node in simulation and deployment alike.
 
@@ -31,6 +39,7 @@ from flwr.common import Context
 
 from tasks.augment import Augment
 from tasks.datasets import input_shape
+from tasks.functional import Hyper, LocalUpdate, RoundResult, local_round, module_state
 from tasks.local_files import load_local_file
 from tasks.models import Classifier, cached_model, default_device, get_weights, set_weights
 from tasks.optim import build_optimizer
@@ -69,6 +78,8 @@ class DriftClient(NumPyClient):
     # A local step's cost relative to one SGD step, one forward-backward pass a step, plain SGD; read by the
     # run-time estimate of `run_simulation.py --check` (fl_app/tooling/estimate.py).
     STEP_COST = 1.0
+    # The method's local update as functions (module docstring); None: the hook loop.
+    LOCAL_UPDATE: LocalUpdate | None = None
 
     def __init__(self, cfg: dict, context: Context, partition_id: int, num_partitions: int):
         self.cfg = cfg
@@ -147,12 +158,44 @@ class DriftClient(NumPyClient):
         set_weights(self.model, self.receive(parameters))
         self.round_start = [p.detach().clone() for p in self.params()]  # w_t
         self.lr = self.cfg["learning-rate"] * self.cfg["lr-decay"] ** (server_round - 1)
-        self.optimizer = build_optimizer(self.params(), self.cfg, self.lr)  # fresh state each round
         x, y = self.data
         generator = torch.Generator().manual_seed(
             hash((self.cfg["seed"], self.partition_id, server_round)) & 0x7FFFFFFF
         )
         augment = Augment.for_round(self.cfg, self.device, self.partition_id, server_round)
+        update = self.local_update()
+        if update is not None:
+            metrics = self.fit_functional(update, x, y, generator, augment)
+        else:
+            metrics = self.fit_hooks(server_round, x, y, generator, augment)
+        return self.reply(), len(x), metrics
+
+    def local_update(self) -> LocalUpdate | None:
+        """This class's own ``LOCAL_UPDATE`` (not an inherited one: module docstring)."""
+        return type(self).__dict__.get("LOCAL_UPDATE")
+
+    def fit_functional(self, update: LocalUpdate, x: torch.Tensor, y: torch.Tensor,
+                       generator: torch.Generator, augment: Augment) -> dict[str, Any]:
+        """The round as ``tasks.functional.local_round`` from the model's weights and buffers;
+        the result is loaded back into ``self.model`` (what ``reply`` sends)."""
+        params, buffers = module_state(self.model)
+        state, server = self.functional_inputs()
+        result = local_round(update, self.model, params, buffers, state, server,
+                             Hyper.from_config(self.cfg, self.lr, update.keys), x, y,
+                             self.cfg["batch-size"], self.cfg["local-epochs"], generator, augment)
+        with torch.no_grad():
+            for name, p in self.model.named_parameters():
+                p.copy_(result.params[name])
+            for name, b in self.model.named_buffers():
+                b.copy_(result.buffers[name])
+        metrics = dict(result.metrics)
+        metrics.update(self.functional_outputs(result) or {})
+        return metrics
+
+    def fit_hooks(self, server_round: int, x: torch.Tensor, y: torch.Tensor,
+                  generator: torch.Generator, augment: Augment) -> dict[str, Any]:
+        """The round as the hook loop: ``train_step``, ``adjust_gradients``, the optimiser."""
+        self.optimizer = build_optimizer(self.params(), self.cfg, self.lr)  # fresh state each round
         extra_metrics = self.begin_round(server_round) or {}
         self.model.train()
         loss_sum, steps = torch.zeros((), device=self.device), 0
@@ -166,7 +209,7 @@ class DriftClient(NumPyClient):
         metrics = {"train_loss": loss_sum.item() / max(steps, 1), "num_steps": steps}
         metrics.update(extra_metrics)
         metrics.update(self.end_round(steps) or {})
-        return self.reply(), len(x), metrics
+        return metrics
 
     def evaluate(self, parameters: list[np.ndarray], config: dict) -> tuple[float, int, dict]:
         """Loss and accuracy of the received model on this client's local test split (its
@@ -184,6 +227,16 @@ class DriftClient(NumPyClient):
     def reply(self) -> list[np.ndarray]:
         """What goes back to the server: the local weights (plus method extras)."""
         return get_weights(self.model)
+
+    def functional_inputs(self) -> tuple[dict, dict]:
+        """(the client's state, what the server sent besides the weights) for ``LOCAL_UPDATE``,
+        as ``tasks.functional`` takes them (default: none)."""
+        return {}, {}
+
+    def functional_outputs(self, result: RoundResult) -> dict[str, Any] | None:
+        """Keep ``result.state`` in ``context.state`` and ``result.reply`` for ``reply``; may
+        return extra fit metrics (default: nothing to keep)."""
+        return None
 
     def begin_round(self, server_round: int) -> dict[str, Any] | None:
         """Work before the first local step; may return fit metrics."""

@@ -19,6 +19,10 @@ Protocol (``strategies/control_variates.py`` is the server side):
   in the gradient, so these methods refuse ``optimizer`` adam/adamw before training
   (``ControlVariateStrategy.resolve_config``).
 
+The rule for c_i+ is ``tasks.functional.methods.control_variate_update``; SCAFFOLD runs the
+whole round as ``tasks.functional.SCAFFOLD`` (``functional_inputs`` / ``functional_outputs``
+below), FedPVR and FedGAM-CV through the hooks.
+
 c and c_i start at zero and cover trainable parameters only; ``cv_param_names`` selects
 which ones (all of them by default; FedPVR: the last Linear layers). The client reports
 ||c_i+|| as the fit metric ``ci_norm``.
@@ -34,8 +38,9 @@ from torch import nn
 
 from clients.base import DriftClient
 from clients.perturbation import global_norm
+from tasks.functional import RoundResult
+from tasks.functional.methods import control_variate_update
 from tasks.layout import cv_names_in_state_order, trainable_param_names
-from tasks.optim import effective_steps
 
 CI_STATE = "cv-ci"
 
@@ -102,18 +107,24 @@ class ControlVariateClient(DriftClient):
         metrics = dict(super().end_round(steps) or {})
         names = [n for n, _ in self.model.named_parameters()]
         w_t = dict(zip(names, self.round_start))
-        if steps > 0:
-            scale = 1.0 / (self.lr * effective_steps(steps, self.cfg["momentum"]))
-            ci_new = [
-                ci - c + (w_t[n] - p.detach()) * scale
-                for n, p, c, ci in zip(self.cv_names, self.cv_params, self.c, self.ci)
-            ]
-        else:  # no local step: nothing was learned about this client's direction
-            ci_new = [ci.clone() for ci in self.ci]
+        w = {n: p.detach() for n, p in zip(self.cv_names, self.cv_params)}
+        ci_new = control_variate_update(w_t, w, dict(zip(self.cv_names, self.c)), dict(zip(self.cv_names, self.ci)),
+                                        steps, self.lr, self.cfg["momentum"])
+        metrics["ci_norm"] = float(global_norm(self._keep([ci_new[n] for n in self.cv_names])))
+        return metrics
+
+    def _keep(self, ci_new: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Store c_i+ in ``context.state`` and delta c_i = c_i+ - c_i for ``reply``."""
         self.delta_c = [new - old for new, old in zip(ci_new, self.ci)]
         self.save_state(CI_STATE, [t.cpu().numpy() for t in ci_new])
-        metrics["ci_norm"] = float(global_norm(ci_new))
-        return metrics
+        return ci_new
+
+    # ------------------------------------------------- the functional path (SCAFFOLD)
+    def functional_inputs(self) -> tuple[dict, dict]:
+        return {"ci": dict(zip(self.cv_names, self.ci))}, {"c": dict(zip(self.cv_names, self.c))}
+
+    def functional_outputs(self, result: RoundResult) -> None:
+        self._keep([result.state["ci"][n] for n in self.cv_names])
 
     def reply(self) -> list[np.ndarray]:
         if self.delta_c is None:

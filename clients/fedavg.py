@@ -10,7 +10,10 @@ Summary: client - | server - | client state - | server state - | traffic -
 """
 
 from clients.base import DriftClient
+from tasks.functional import FEDAVG
 
 
 class FedAvgClient(DriftClient):
-    """Local SGD with cross-entropy, no correction."""
+    """Local SGD with cross-entropy, no correction: ``tasks.functional.FEDAVG``."""
+
+    LOCAL_UPDATE = FEDAVG

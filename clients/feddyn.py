@@ -32,25 +32,44 @@ server state h | traffic -
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from clients.base import DriftClient
+from tasks.functional import FEDDYN, Hyper, RoundResult
+from tasks.functional.methods import feddyn_begin, feddyn_end
 
 STATE = "feddyn-grad"
 
 
 class FedDynClient(DriftClient):
+    """FedDyn runs ``tasks.functional.FEDDYN`` (``LOCAL_UPDATE``); the hooks below, whose
+    begin and end are the same functions, serve FedSMOO, which changes the step (``LOCAL_UPDATE``
+    is not inherited)."""
+
+    LOCAL_UPDATE = FEDDYN
     ALPHA_KEY = "feddyn-alpha"  # FedSMOO reuses this client's dual with its own key
+
+    def _named(self, tensors) -> dict[str, torch.Tensor]:
+        return {n: t for (n, _), t in zip(self.model.named_parameters(), tensors)}
+
+    def _hyper(self) -> Hyper:
+        return Hyper(lr=self.lr, keys={"feddyn-alpha": self.cfg[self.ALPHA_KEY]})
+
+    def _stored(self) -> dict:
+        """{"grad": g_k by parameter name} from ``context.state``, or {} (g_k = 0) at first."""
+        saved = self.load_state(STATE)
+        if saved is None:
+            return {}
+        return {"grad": self._named(torch.as_tensor(a, device=self.device) for a in saved)}
 
     def begin_round(self, server_round: int):
         self.alpha = self.cfg[self.ALPHA_KEY]
-        saved = self.load_state(STATE)
-        if saved is None:
-            self.prev_grad = [torch.zeros_like(p) for p in self.params()]
-        else:
-            self.prev_grad = [torch.as_tensor(a, device=self.device) for a in saved]
+        ctx = feddyn_begin(self._named(self.round_start), self._stored(), {}, self._hyper())
+        self.prev_grad = list(ctx["grad"].values())
         # g_k + alpha w_t, fixed for the round (see adjust_gradients)
-        self.offset = [g + self.alpha * p0 for g, p0 in zip(self.prev_grad, self.round_start)]
+        self.offset = list(ctx["offset"].values())
         return None
 
     def adjust_gradients(self) -> None:
@@ -80,7 +99,18 @@ class FedDynClient(DriftClient):
 
     @torch.no_grad()
     def end_round(self, steps: int):
-        new = [g - self.alpha * (p.detach() - p0)
-               for g, p, p0 in zip(self.prev_grad, self.params(), self.round_start)]
-        self.save_state(STATE, [g.cpu().numpy() for g in new])
-        return {"feddyn_grad_norm": float(torch.sqrt(sum((g**2).sum() for g in new)))}
+        state, _, metrics = feddyn_end(self._named(self.round_start), self._named(p.detach() for p in self.params()),
+                                       steps, {"grad": self._named(self.prev_grad)}, {}, self._hyper())
+        return self._keep(state, metrics)
+
+    def _keep(self, state: dict, metrics: dict) -> dict[str, Any]:
+        """Store the new g_k in ``context.state`` (parameter order); the metrics as floats."""
+        self.save_state(STATE, [g.cpu().numpy() for g in state["grad"].values()])
+        return {k: float(v) for k, v in metrics.items()}
+
+    # -------------------------------------------------- the functional path (FedDyn)
+    def functional_inputs(self) -> tuple[dict, dict]:
+        return self._stored(), {}
+
+    def functional_outputs(self, result: RoundResult) -> None:
+        self._keep(result.state, {})

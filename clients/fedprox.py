@@ -13,12 +13,13 @@ fit config
 """
 
 from clients.base import DriftClient
+from tasks.functional import FEDPROX
 
 
 class FedProxClient(DriftClient):
-    """Adds mu * (w - w_t) to every gradient; mu is the run config's ``proximal-mu``, read like
-    every other method's key (Flower's FedProx strategy also sends it as ``proximal_mu`` in the
-    fit config; the client does not need that copy)."""
+    """Adds mu * (w - w_t) to every gradient (``tasks.functional.methods.proximal_direction``);
+    mu is the run config's ``proximal-mu``, read like every other method's key (Flower's FedProx
+    strategy also sends it as ``proximal_mu`` in the fit config; the client does not need that
+    copy)."""
 
-    def adjust_gradients(self) -> None:
-        self.add_proximal_gradient(self.cfg["proximal-mu"])
+    LOCAL_UPDATE = FEDPROX

@@ -17,13 +17,20 @@ import torch
 
 from clients.base import DriftClient
 from clients.perturbation import perturbed, sam_eps
+from tasks.functional import FEDSAM
 from tasks.keys import Key, positive
 
 
 class FedSAMClient(DriftClient):
+    """FedSAM runs ``tasks.functional.FEDSAM`` (``LOCAL_UPDATE``: w + eps is a copy of the
+    weights there, w itself is never moved, the same values as ``perturbed``'s exact restore).
+    The hooks below are the SAM step of the subclasses that change it (FedASAM's perturbation,
+    FedSMOO's), which keep the hook loop: ``LOCAL_UPDATE`` is not inherited."""
+
     # A local step's cost relative to one SGD step, two passes: ascent, then descent; read by the
     # run-time estimate of `run_simulation.py --check` (fl_app/tooling/estimate.py).
     STEP_COST = 2.0
+    LOCAL_UPDATE = FEDSAM
     # rho 0.05-0.5 in the literature; 0.05 is SAM's usual CIFAR value (FedSOL's table used 0.1)
     CONFIG_KEYS = {"sam-rho": Key(0.05, positive, "> 0 (SAM radius)")}
 

@@ -18,7 +18,11 @@ down, Δc_i up
 """
 
 from clients.control_variates import ControlVariateClient
+from tasks.functional import SCAFFOLD
 
 
 class ScaffoldClient(ControlVariateClient):
-    """Cross-entropy gradient from the base client, corrected in ``adjust_gradients``."""
+    """Cross-entropy gradient corrected by c - c_i, then c_i+ and delta c_i:
+    ``tasks.functional.SCAFFOLD``, with c, c_i and the reply handled by ``ControlVariateClient``."""
+
+    LOCAL_UPDATE = SCAFFOLD

@@ -1,0 +1,210 @@
+"""Drivers of a round of local training: one client (``local_round``) or K clients in one
+``torch.func.vmap`` (``cohort_round``), both running a ``LocalUpdate``'s step function.
+
+Per-client batch order: every epoch is ``tasks.train.batches`` with the client's generator
+(the same ``torch.randperm`` stream as ``clients.base.DriftClient``), so a client's batches
+are the same on both paths. The cohort path takes them as index lists (``batch_schedule``).
+
+Cohort masking: at the cohort's s-th step the clients that still have an s-th step are
+grouped by the size of that batch (an epoch's last batch may be shorter); each group is one
+vmap call over all K clients, every client fed a batch of that size from its own data. A client
+outside the group (finished, or its batch has another size) is masked: its weights, buffers,
+optimiser state and loss sum are kept as they were (``torch.where``), so what it was fed
+changes nothing; no client ever trains on samples that are not its own batch.
+Tolerance: vmap batches the K clients' convolutions and matmuls into grouped/batched kernels
+that sum in another order, so a cohort client equals its separate ``local_round`` within float
+rounding (tests: 1e-5 relative in float32); a cohort of one runs unbatched and equals it exactly.
+
+BatchNorm: the running statistics are per-client outputs of every step (stacked buffers in,
+new stacked buffers out; ``tasks.functional.core.cross_entropy``), masked like the weights, so
+BN models run as a cohort too. (A tiny last batch makes BN's gradient ill-conditioned: the
+rounding differences then grow faster than for models without BN.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+from torch.func import vmap
+
+from tasks.functional.core import Hyper, Tree
+from tasks.functional.methods import LocalUpdate
+from tasks.functional.optim import opt_init, opt_step
+from tasks.train import batches
+
+
+@dataclass
+class RoundResult:
+    """A client's round: new weights and buffers, its new state, what it replies besides the
+    weights, its fit metrics (``train_loss``, ``num_steps``, then the method's, as floats)."""
+
+    params: Tree
+    buffers: Tree
+    state: dict
+    reply: dict
+    metrics: dict
+
+
+def make_step(update: LocalUpdate, model: nn.Module, hp: Hyper, t: int) -> Callable:
+    """The local step t (1-based) as a pure function
+    (params, buffers, opt_state, x, y, w_t, ctx) -> (params', buffers', opt_state', loss)."""
+    def step(params, buffers, opt_state, x, y, w_t, ctx):
+        direction, new_buffers, loss = update.direction(model, params, buffers, x, y, w_t, ctx, hp)
+        new_params, new_opt = opt_step(params, direction, opt_state, hp, t)
+        return new_params, new_buffers, new_opt, loss
+    return step
+
+
+def local_round(update: LocalUpdate, model: nn.Module, params: Tree, buffers: Tree, state: dict,
+                server: dict, hp: Hyper, x: torch.Tensor, y: torch.Tensor, batch_size: int,
+                epochs: int, generator: torch.Generator,
+                augment: Callable[[torch.Tensor], torch.Tensor] | None = None) -> RoundResult:
+    """One client's round from w_t = ``params``: ``epochs`` shuffled passes over (x, y), each
+    batch augmented by ``augment`` (when given) before its step; ``model`` is put in training
+    mode and used as a skeleton only."""
+    model.train()
+    w_t = params
+    ctx = update.begin(w_t, state, server, hp)
+    opt_state = opt_init(params, hp)
+    loss_sum, steps = torch.zeros((), device=x.device), 0
+    for _ in range(epochs):
+        for xb, yb in batches(x, y, batch_size, generator):
+            xb = augment(xb) if augment is not None else xb
+            step = make_step(update, model, hp, steps + 1)
+            params, buffers, opt_state, loss = step(params, buffers, opt_state, xb, yb, w_t, ctx)
+            loss_sum += loss
+            steps += 1
+    new_state, reply, method_metrics = update.end(w_t, params, steps, ctx, state, hp)
+    metrics = {"train_loss": loss_sum.item() / max(steps, 1), "num_steps": steps}
+    metrics.update({k: float(v) for k, v in method_metrics.items()})
+    return RoundResult(params, buffers, new_state, reply, metrics)
+
+
+def batch_schedule(sizes: Sequence[int], batch_size: int, epochs: int,
+                   generators: Sequence[torch.Generator]) -> list[list[torch.Tensor]]:
+    """Per client, the sample indices of each of its local steps, in its per-client order:
+    ``tasks.train.batches`` over ``arange(n)`` with the client's generator, epoch after epoch."""
+    schedule = []
+    for n, gen in zip(sizes, generators):
+        index = torch.arange(n)
+        schedule.append([idx for _ in range(epochs) for idx, _ in batches(index, index, batch_size, gen)])
+    return schedule
+
+
+def _select(mask: torch.Tensor, new, old):
+    """``new`` where ``mask`` (one bool per client, first dimension), else ``old``; on pytrees."""
+    if isinstance(new, dict):
+        return {k: _select(mask, new[k], old[k]) for k in new}
+    return torch.where(mask.view(-1, *([1] * (new.dim() - 1))), new, old)
+
+
+def stack_trees(trees: Sequence):
+    """K pytrees (dicts or tuples of tensors) -> one with a leading client dimension."""
+    if isinstance(trees[0], dict):
+        return {k: stack_trees([t[k] for t in trees]) for k in trees[0]}
+    if isinstance(trees[0], tuple):
+        return tuple(stack_trees([t[i] for t in trees]) for i in range(len(trees[0])))
+    return torch.stack(list(trees))
+
+
+def unstack_tree(tree, k: int):
+    """Client ``k`` of a stacked pytree."""
+    if isinstance(tree, dict):
+        return {n: unstack_tree(v, k) for n, v in tree.items()}
+    return tree[k]
+
+
+@dataclass
+class CohortResult:
+    """K clients' round: weights and buffers stacked (client dimension first); per client its
+    new state, reply and fit metrics, as ``RoundResult`` has them for one client."""
+
+    params: Tree
+    buffers: Tree
+    states: list[dict]
+    replies: list[dict]
+    metrics: list[dict]
+
+
+def step_groups(schedule: list[list[torch.Tensor]], s: int) -> dict[int, list[int]]:
+    """The clients with an s-th step, grouped by that batch's size."""
+    groups: dict[int, list[int]] = {}
+    for k, steps in enumerate(schedule):
+        if s < len(steps):
+            groups.setdefault(len(steps[s]), []).append(k)
+    return groups
+
+
+def step_indices(schedule, s: int, size: int, members: list[int], sizes: Sequence[int],
+                 offsets: Sequence[int]) -> torch.Tensor:
+    """[K, size] rows into the concatenated data: a member's s-th batch; for any other client
+    (masked, its outputs dropped) its own first ``size`` samples, cycled if it has fewer."""
+    rows = []
+    for k in range(len(schedule)):
+        own = schedule[k][s] if k in members else torch.arange(size) % sizes[k]
+        rows.append(own + offsets[k])
+    return torch.stack(rows)
+
+
+def cohort_step(step: Callable, k_all: int) -> Callable:
+    """``step`` over stacked clients: ``vmap`` for K > 1. A cohort of one runs ``step`` on its
+    one client unbatched (the per-client path's kernels exactly: vmap would turn a Linear
+    layer's addmm into a batched matmul that rounds differently, by about one ulp)."""
+    if k_all > 1:
+        return vmap(step)
+
+    def one(*args):
+        return stack_trees([step(*(unstack_tree(a, 0) for a in args))])
+    return one
+
+
+def cohort_round(update: LocalUpdate, model: nn.Module, params: Tree, buffers: Tree,
+                 states: Sequence[dict], server: dict, hp: Hyper,
+                 data: Sequence[tuple[torch.Tensor, torch.Tensor]], batch_size: int, epochs: int,
+                 generators: Sequence[torch.Generator]) -> CohortResult:
+    """K clients' rounds in one vmap per step: client k starts from ``params[name][k]`` with
+    ``states[k]``, trains on ``data[k]`` in the order of ``generators[k]``; ``server`` is what
+    the server sent, the same for all. Equal to K ``local_round`` calls within rounding
+    (module docstring). ``model`` is a skeleton (a copy on the meta device will do)."""
+    sizes = [len(x) for x, _ in data]
+    if min(sizes) == 0:
+        raise ValueError(f"cohort clients need data: sizes {sizes}; train an empty client on its own")
+    schedule = batch_schedule(sizes, batch_size, epochs, generators)
+    offsets = torch.tensor([0, *sizes[:-1]]).cumsum(0).tolist()
+    x_all, y_all = torch.cat([x for x, _ in data]), torch.cat([y for _, y in data])
+    model.train()
+    w_t, k_all = params, len(data)
+    ctx = stack_trees([update.begin(unstack_tree(w_t, k), states[k], server, hp) for k in range(k_all)])
+    opt_state = opt_init(params, hp)
+    loss_sum = torch.zeros(k_all, device=x_all.device)
+    for s in range(max(len(steps) for steps in schedule)):
+        step = cohort_step(make_step(update, model, replace(hp, vmapped=k_all > 1), s + 1), k_all)
+        for size, members in step_groups(schedule, s).items():
+            idx = step_indices(schedule, s, size, members, sizes, offsets).to(x_all.device)
+            new_params, new_buffers, new_opt, loss = step(params, buffers, opt_state, x_all[idx], y_all[idx], w_t, ctx)
+            if len(members) == k_all:
+                params, buffers, opt_state, loss_sum = new_params, new_buffers, new_opt, loss_sum + loss
+                continue
+            mask = torch.zeros(k_all, dtype=torch.bool)
+            mask[members] = True
+            mask = mask.to(x_all.device)
+            params, buffers = _select(mask, new_params, params), _select(mask, new_buffers, buffers)
+            opt_state, loss_sum = _select(mask, new_opt, opt_state), torch.where(mask, loss_sum + loss, loss_sum)
+    return _finish(update, w_t, params, buffers, ctx, states, hp, schedule, loss_sum)
+
+
+def _finish(update, w_t, params, buffers, ctx, states, hp, schedule, loss_sum) -> CohortResult:
+    """Each client's ``end`` (the same function as its ``local_round``'s) and metrics."""
+    new_states, replies, metrics = [], [], []
+    for k, steps in enumerate(schedule):
+        state, reply, method_metrics = update.end(unstack_tree(w_t, k), unstack_tree(params, k), len(steps),
+                                                  unstack_tree(ctx, k), states[k], hp)
+        new_states.append(state)
+        replies.append(reply)
+        m = {"train_loss": loss_sum[k].item() / max(len(steps), 1), "num_steps": len(steps)}
+        m.update({name: float(v) for name, v in method_metrics.items()})
+        metrics.append(m)
+    return CohortResult(params, buffers, new_states, replies, metrics)
