@@ -19,6 +19,11 @@ Output defaults to results/experiments/<name>.
 `--grid KEY=V1,V2` (repeatable) runs every method once per value (the product over several
 `--grid` keys), each a labelled row in comparison.md/.csv and the plots.
 
+An experiment file's `[tune]` table (the tuning protocol, docs/experiments.md; `--tune` asks for
+it explicitly, `--no-tune` skips it) first searches each row's grid on a validation split held out
+of the training data, in <out>/tuning, writes the choice and every point's numbers to
+<out>/tuning.json, then runs the table with the chosen values (fl_app/tooling/tuning.py).
+
 `--list [methods|models|datasets|keys]` prints what can be chosen; `--check` validates every
 run (config, data, federation size) and exits without launching anything.
 An output folder's finished runs are never re-run: re-running the same command continues.
@@ -82,6 +87,15 @@ from fl_app.tooling.launch import LocalSimulation
 from fl_app.tooling.plan import check_axes, grid_points, label, parse_grid, resolve_rows, run_name
 from fl_app.tooling.processes import FolderInUse, MissingTool, lock_folder
 from fl_app.tooling.quiet import for_output, is_noise, plain, quiet_libraries
+from fl_app.tooling.tuning import (
+    SEARCH_FOLDER,
+    SearchPlan,
+    apply_choice,
+    plan_search,
+    read_tuning,
+    tuning_record,
+    write_tuning,
+)
 from strategies.base import fedavg_kwargs
 from tasks.datasets import DataUnavailableError, PartitionError, resolve_data_dir
 from tasks.partitioning import PartitionSpec, check_data
@@ -111,6 +125,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="any run-config key (repeatable; --list keys); wins over the experiment file")
     p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
                    help="one labelled row per value, e.g. learning-rate=0.01,0.05 (repeatable: the product)")
+    p.add_argument("--tune", action=argparse.BooleanOptionalAction, default=None,
+                   help="run the experiment file's [tune] search first and the table with its choice (the default"
+                        " when the file has a [tune] table); --no-tune runs the file's values, untuned")
     p.add_argument("--out", help="output folder (default: results/compare-<time>)")
     p.add_argument("--cpus-per-client", type=float, default=1.0, help="Ray CPUs per simulated client (default: 1)")
     p.add_argument("--gpus-per-client", type=float, default=None,
@@ -128,7 +145,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.list:
         return args
     if args.resume:
-        args = argparse.Namespace(**{"grid": [], "verbose": False, "list": None,
+        args = argparse.Namespace(**{"grid": [], "verbose": False, "list": None, "tune": None,
                                      "env_data_dir": None, "cwd": None, **read_runner_record(args.resume, p),
                                      "resume": args.resume, "out": args.resume, "quiet": args.quiet,
                                      "check": args.check})
@@ -522,8 +539,16 @@ def main(argv: list[str] | None = None) -> int:
             check_out_folder(out)
             # a folder that exists may be another runner's: refused before its runs are read
             lock = None if args.check or not out.exists() else take_folder(out, held)
+            search = plan_search(args)  # the [tune] search (fl_app/tooling/tuning.py), or None
+            if search:
+                args.experiment = apply_choice(args.experiment, read_tuning(out))  # a finished search's choice
+                search.configs = validate(search.args, out / SEARCH_FOLDER / "runs")
             configs = validate(args, out / "runs")
             if args.check:
+                if search:
+                    print(f"tuning search ({search.protocol.describe(search.rounds)}):")
+                    print_check(search.configs, out / SEARCH_FOLDER / "runs", args.clients)
+                    print("the table (its tuned rows run the values the search chooses):")
                 print_check(configs, out / "runs", args.clients)
                 return 0
             lock = lock or take_folder(out, held)
@@ -532,11 +557,31 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         gpus = plan(args, out)
         try:
+            if search:
+                configs = run_search(args, search, out, gpus, lock)
             outcome = launch(args, configs, out / "runs", gpus, lock)
         except MissingTool as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
+        except (ConfigError, DataUnavailableError, PartitionError) as exc:  # the search chose nothing
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
         return report(outcome, out)
+
+
+def run_search(args: argparse.Namespace, search: SearchPlan, out: Path, gpus: float, lock: int | None) -> list:
+    """The [tune] search (its runs kept in <out>/tuning like any comparison's), its record
+    <out>/tuning.json, and the table's configs with the chosen values (checked again, so a
+    table run made with another choice is refused, not kept)."""
+    runs = out / SEARCH_FOLDER / "runs"
+    print(f"tuning search: {search.protocol.describe(search.rounds)}; its accuracies are on the validation split",
+          flush=True)
+    report(launch(search.args, search.configs, runs, gpus, lock), out / SEARCH_FOLDER)
+    record = tuning_record(search.protocol, search.rounds, runs)
+    print(f"tuning: wrote {write_tuning(out, record)}; chosen: " + "; ".join(
+        f"{row} {entry['chosen']}" for row, entry in record["rows"].items()), flush=True)
+    args.experiment = apply_choice(args.experiment, record)
+    return validate(args, out / "runs")
 
 
 def check_out_folder(out: Path) -> None:

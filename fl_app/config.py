@@ -93,6 +93,15 @@ GENERAL_KEYS: dict[str, Key] = {
                                 "in [0, 1) (share of each client's partition held out as its local test split,"
                                 " scored with the global model; 0 = off)"),
     "client-state": Key("memory", choices=("memory", "disk")),
+    # Tuning (fl_app/tooling/tuning.py): a share of the training split held out before it is
+    # partitioned (no client trains on it); the server then scores it instead of the test split.
+    "validation-fraction": Key(0.0, lambda v: 0 <= v <= 0.5,
+                               "in [0, 0.5] (share of the training split held out as the validation split"
+                               " the server scores instead of the test split; 0 = off, the test split)"),
+    # Which tuning protocol chose this run's settings (written by the runner's [tune]; training
+    # never reads it; '' = none recorded).
+    "tuning-protocol": Key("", None, "text: the protocol that chose this run's settings (set by the runner's"
+                                     " [tune]; '' = none recorded)"),
     # Reporting (fl_app/results/report.py): comparison.md's rounds to target is the first round
     # whose test accuracy is >= this; training never reads it. 0 = no target: what is worth
     # reaching depends on dataset, model and budget (0.3 on CIFAR-10 to 0.99 on MNIST in experiments/).
@@ -236,6 +245,11 @@ def _check_combinations(cfg: dict) -> None:
         raise ConfigError(
             f"run-config key 'augment' = {cfg['augment']!r} needs an image dataset; use 'none'"
             " with dataset 'synthetic'"
+        )
+    if cfg["dataset"] == "synthetic" and cfg["validation-fraction"] > 0:
+        raise ConfigError(
+            f"run-config key 'validation-fraction' = {cfg['validation-fraction']} needs an image dataset (the"
+            " synthetic data is generated per device, with no shared training split to hold out); use 0"
         )
     if cfg["resume"] and not cfg["run-name"]:
         raise ConfigError(

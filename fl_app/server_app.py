@@ -35,7 +35,8 @@ def run_name(cfg: dict) -> str:
 
 
 def make_evaluate_fn(cfg: dict, startup: ServerStartup):
-    """Centralized evaluation of the global weights on the test split, every round. Its first
+    """Centralized evaluation of the global weights on the test split (the validation split held
+    out of the training data when ``validation-fraction`` > 0: a tuning run), every round. Its first
     call (round 0, once the nodes are connected) is where the server's start-up completes:
     ``start_up`` holds the steps (``fl_app/server/startup.py``)."""
     device = default_device()

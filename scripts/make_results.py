@@ -32,6 +32,14 @@ mean paired difference over seeds with its 95% t interval and a verdict holds / 
 undecided (fl_app/results/stats.py); the accuracy curves (docs/results/<name>-accuracy.png) and the clients' update
 diversity per round (docs/results/<name>-drift.png).
 
+Each row names how its settings were chosen (the tuning column, P1, P2, ... with a legend):
+the tuning protocol its runs recorded (run-config ``tuning-protocol``, written by the runner's
+``[tune]`` search, fl_app/tooling/tuning.py), else the experiment file's ``[chosen-by]`` statement
+for the row (or ``all``), else "protocol not recorded". A claim is counted only between two rows
+of the same, known protocol; otherwise its line shows the difference and says "not counted", and
+the overview counts it apart. A tuning record (``tuning.json``, copied by ``--collect``) is shown
+beside the table: the choice and every grid point's score on the validation split.
+
 The paper's number is compared with our best accuracy when the experiment's `paper` entry says
 the table reports the best accuracy (FedPGVC), else with our final accuracy; the claims use the
 same metric.
@@ -88,6 +96,14 @@ from fl_app.results.stats import (  # noqa: E402
 )
 from fl_app.tooling.experiment import read_experiment  # noqa: E402
 from fl_app.tooling.plan import check_axes, grid_points, label, resolve_rows, run_name  # noqa: E402
+from fl_app.tooling.tuning import (  # noqa: E402
+    TUNING_FILE,
+    apply_choice,
+    comparable,
+    read_tuning,
+    row_protocol,
+    tuning_lines,
+)
 
 STORE = ROOT / "docs" / "results" / "runs"
 MACHINE_PATHS = ("data-dir", "results-dir")  # config keys that name folders of the machine that ran
@@ -198,11 +214,13 @@ class KeptRuns(NamedTuple):
     left_out: int
     shows_earlier: bool
     example: str
+    tuning: dict | None = None  # the experiment's tuning record (<results>/<name>/tuning.json), if any
 
 
 def kept_runs(path: Path, exp: dict, results: Path) -> KeptRuns:
     runs = runs_folder(results, exp.get("name", path.stem))
-    expected = expected_runs(exp)
+    tuning = read_tuning(Path(results) / exp.get("name", path.stem))  # the tuned rows' chosen values
+    expected = expected_runs(apply_choice(exp, tuning))
     seeds = exp.get("seeds", [0])
     found, current, example = {}, {}, ""
     for row, _, _ in experiment_rows(exp):
@@ -217,8 +235,8 @@ def kept_runs(path: Path, exp: dict, results: Path) -> KeptRuns:
                 example = example or why
     n_found, n_current = (sum(len(v) for v in x.values()) for x in (found, current))
     if n_current or not n_found:
-        return KeptRuns(current, n_current, n_found - n_current, False, example)
-    return KeptRuns(found, 0, n_found, True, example)
+        return KeptRuns(current, n_current, n_found - n_current, False, example, tuning)
+    return KeptRuns(found, 0, n_found, True, example, tuning)
 
 
 def collect(source: Path, store: Path, experiments: list[tuple[Path, dict]]) -> list[str]:
@@ -238,7 +256,7 @@ def collect(source: Path, store: Path, experiments: list[tuple[Path, dict]]) -> 
     for path, exp in experiments:
         name = exp.get("name", path.stem)
         runs = Path(source) / name / "runs"
-        expected = expected_runs(exp)
+        expected = expected_runs(apply_choice(exp, read_tuning(Path(source) / name)))
         for d in sorted(runs.glob("*")) if runs.is_dir() else []:
             summary = read_summary(d)
             if summary is not None:
@@ -253,6 +271,11 @@ def collect(source: Path, store: Path, experiments: list[tuple[Path, dict]]) -> 
         raise ConfigError(f"--collect refused: {mixed}; one table never mixes two data sets (re-run them on"
                           " one data set, or leave the others out of --collect's folder)")
     copied = []
+    for path, exp in experiments:  # the tuning record beside the runs it chose for (fl_app/tooling/tuning.py)
+        name = exp.get("name", path.stem)
+        if (Path(source) / name / TUNING_FILE).is_file():
+            (Path(store) / name).mkdir(parents=True, exist_ok=True)
+            shutil.copy2(Path(source) / name / TUNING_FILE, Path(store) / name / TUNING_FILE)
     for name, d, summary in found:
         target = Path(store) / name / d.name
         if target.exists():
@@ -371,15 +394,44 @@ def claim_tests(exp: dict, dirs: dict[str, list[Path]]) -> list[tuple[Claim, Pai
     side has no finished run. The one place a verdict is computed: the section's claims table and
     the overview's counts both read it."""
     key = "best" if uses_best(exp) else "final"
+    protocols = row_protocols(exp, dirs)
     tests = []
     for c in experiment_claims(exp, list(dirs)):
         a, b = (accuracy_by_seed(dirs[m], f"{key}_accuracy") for m in (c.better, c.worse))
         if not a or not b:
-            tests.append((c, None, None))
+            tests.append((c, None, None, ""))
             continue
         tail = paired_difference(*(accuracy_by_seed(dirs[m], TAIL_KEY) for m in (c.better, c.worse)))
-        tests.append((c, paired_difference(a, b), tail))
+        pa, pb = protocols[c.better], protocols[c.worse]
+        uncounted = "" if comparable(pa, pb) else (
+            f"{NOT_COUNTED}: {c.better} and {c.worse} were tuned differently" if pa != pb else
+            f"{NOT_COUNTED}: how the rows were tuned is not recorded")
+        tests.append((c, paired_difference(a, b), tail, uncounted))
     return tests
+
+
+NOT_COUNTED = "not counted"
+
+
+def row_protocols(exp: dict, dirs: dict[str, list[Path]]) -> dict[str, str]:
+    """Row label -> how its settings were chosen (``fl_app.tooling.tuning.row_protocol``: the
+    protocol its runs recorded, else the file's [chosen-by], else "protocol not recorded")."""
+    names = {row: name for row, name, _ in experiment_rows(exp)}
+    return {row: row_protocol(exp, names.get(row, row), d) for row, d in dirs.items()}
+
+
+def protocol_legend(protocols: dict[str, str], labels: list[str]) -> tuple[dict[str, str], list[str]]:
+    """Short names (P1, P2, ...) for the protocols of the shown rows, in order of first use, and
+    the legend lines; a claim is counted only between rows of one protocol."""
+    short: dict[str, str] = {}
+    for row in labels:
+        short.setdefault(protocols[row], f"P{len(short) + 1}")
+    if not short:
+        return {}, []
+    lines = ["How each row's settings were chosen (the tuning column; a claim is counted only between rows of "
+             "the same protocol, never one whose protocol is not recorded):", ""]
+    lines += [f"- {p}: {text}" for text, p in short.items()]
+    return {row: short[protocols[row]] for row in labels}, lines + [""]
 
 
 def claims_decided(exp: dict, dirs: dict[str, list[Path]]) -> str:
@@ -388,8 +440,8 @@ def claims_decided(exp: dict, dirs: dict[str, list[Path]]) -> str:
     tests = claim_tests(exp, dirs)
     if not tests:
         return "-"
-    counts = Counter(d.verdict if d is not None else NOT_RUN for _, d, _ in tests)
-    order = (HOLDS, REFUTED, UNDECIDED, NOT_RUN)
+    counts = Counter(NOT_COUNTED if why else d.verdict if d is not None else NOT_RUN for _, d, _, why in tests)
+    order = (HOLDS, REFUTED, UNDECIDED, NOT_COUNTED, NOT_RUN)
     return ", ".join(f"{counts[v]} {v}" for v in order if counts[v])
 
 
@@ -403,14 +455,15 @@ def claim_lines(exp: dict, dirs: dict[str, list[Path]]) -> list[str]:
     paper = exp.get("paper-results", {})
     lines = [f"Claimed orderings ({key} accuracy, paired by seed: same partition and client sampling; mean "
              "difference better − worse with its 95% Student t interval over seeds; `holds` = interval above "
-             "0, `refuted` = below 0, `undecided` = contains 0 or fewer than 2 paired seeds). The verdict is "
+             "0, `refuted` = below 0, `undecided` = contains 0 or fewer than 2 paired seeds; `not counted` = "
+             "the two rows were not tuned by one known protocol, see the tuning column). The verdict is "
              f"on the paper's metric; the column after it is the same test on each run's mean accuracy over "
              f"its last {TAIL_ROUNDS} rounds, which tells an ordering lost in one round's swing from one that "
              "is not there:", "",
              f"| claim | source | paper | difference here [95% CI] | paired seeds | verdict "
              f"| last {TAIL_ROUNDS} rounds [95% CI] |",
              "|---|---|---|---|---|---|---|"]
-    for c, d, t in tests:
+    for c, d, t, why in tests:
         if c.better in paper and c.worse in paper:
             pv = f"{paper[c.better] - paper[c.worse]:+.4f}"
         else:
@@ -419,7 +472,8 @@ def claim_lines(exp: dict, dirs: dict[str, list[Path]]) -> list[str]:
             lines.append(f"| {c.text()} | {c.source or '-'} | {pv} | {NOT_RUN} | 0 | {NOT_RUN} | - |")
             continue
         tail = f"{fmt_paired(t)} {t.verdict}" if t.n else "-"
-        lines.append(f"| {c.text()} | {c.source or '-'} | {pv} | {fmt_paired(d)} | {d.n} | **{d.verdict}** "
+        verdict = f"{why} ({d.verdict} if counted)" if why else f"**{d.verdict}**"
+        lines.append(f"| {c.text()} | {c.source or '-'} | {pv} | {fmt_paired(d)} | {d.n} | {verdict} "
                      f"| {tail} |")
     return lines + [""]
 
@@ -443,9 +497,13 @@ def section(path: Path, exp: dict, kept: KeptRuns, figures: Path, md_dir: Path) 
                   "them.", ""]
     paper = exp.get("paper-results", {})
     rows = {row: method_row(row, dirs[row], experiment_target(exp), paper.get(row)) for row in labels}
+    short, legend = protocol_legend(row_protocols(exp, dirs), labels)
+    for row in labels:
+        rows[row]["tuning"] = short[row]
     lines += provenance_line([d for row in labels for d in dirs[row]])
     lines += data_line((d.name, fingerprint_of(read_summary(d))) for row in labels for d in dirs[row])
     lines += results_table(exp, table, rows)
+    lines += legend + tuning_lines(kept.tuning)
     lines += grid_winners(table, rows)
     stops = [f"- {run}: {why}" for m in labels if rows[m]["seeds"] for run, why in rows[m]["stopped"]]
     if stops:
@@ -534,22 +592,23 @@ def results_table(exp: dict, table: list[tuple[str, str, str]], rows: dict[str, 
     views = client_views(rows.values())
     lines = [f"| method | final accuracy | best accuracy | {tt} | MB per client per round (down / up) "
              f"| client compute s per round | min-class accuracy (final) | paper ({key}) "
-             "| seeds | rounds |" + "".join(f" {CLIENT_HEADERS[v]} |" for v in views),
-             "|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(views)]
+             "| seeds | rounds | tuning |" + "".join(f" {CLIENT_HEADERS[v]} |" for v in views),
+             "|---|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(views)]
     for m, _, strategy in table:
         r = rows[m]
         pv = f"{r['paper']:.4f}" if r["paper"] is not None else "-"
         name_cell = f"**{m}**" if strategy in PROPOSED else m
         spread = "".join(f" {client_cells(r, v)} |" for v in views)
         if r["seeds"] == 0:
-            lines.append(f"| {name_cell} | {NOT_RUN} | {NOT_RUN} | {NOT_RUN} | - | - | - | {pv} | 0 | - |{spread}")
+            lines.append(f"| {name_cell} | {NOT_RUN} | {NOT_RUN} | {NOT_RUN} | - | - | - | {pv} | 0 | - "
+                         f"| {r.get('tuning', '-')} |{spread}")
             continue
         rounds = "/".join(str(x) for x in r["rounds"])
         final = fmt_acc(r["final"], r["seeds"]) + (f" (stopped: {len(r['stopped'])}/{r['seeds']} seeds)" if r["stopped"] else "")
         lines.append(f"| {name_cell} | {final} | {fmt_acc(r['best'], r['seeds'])} | "
                      f"{fmt_rounds_to_target(r)} | {mb_cell(r)} | {compute_cell(r)} | "
-                     f"{fmt_acc(r['min_class'], r['seeds'])} | {pv} | {r['seeds']} | {rounds} |"
-                     + spread)
+                     f"{fmt_acc(r['min_class'], r['seeds'])} | {pv} | {r['seeds']} | {rounds} "
+                     f"| {r.get('tuning', '-')} |" + spread)
     return lines + [""]
 
 

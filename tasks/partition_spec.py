@@ -22,6 +22,7 @@ class PartitionSpec:
     data_dir: str = ""
     synthetic_alpha: float = 1.0
     synthetic_beta: float = 1.0
+    validation_fraction: float = 0.0  # held out of the training split before it is partitioned
 
     @classmethod
     def from_config(cls, cfg: dict, num_partitions: int) -> PartitionSpec:
@@ -36,6 +37,7 @@ class PartitionSpec:
             data_dir=resolve_data_dir(cfg["data-dir"]),
             synthetic_alpha=cfg["synthetic-alpha"],
             synthetic_beta=cfg["synthetic-beta"],
+            validation_fraction=cfg["validation-fraction"],
         )
 
     def identity(self) -> dict:
@@ -49,6 +51,8 @@ class PartitionSpec:
             return {**out, "synthetic-alpha": float(self.synthetic_alpha),
                     "synthetic-beta": float(self.synthetic_beta)}
         out["partitioner"] = self.partitioner
+        if self.validation_fraction:  # left out at 0, so runs made before the key keep their identity
+            out["validation-fraction"] = float(self.validation_fraction)
         if self.partitioner == "dirichlet":
             out.update({"alpha": float(self.alpha), "min-partition-size": self.min_partition_size})
         elif self.partitioner == "shard":

@@ -1,6 +1,11 @@
 """Cutting a dataset's training split into client partitions (flwr-datasets partitioners)
 and loading a partition or the test split as tensors.
 
+With ``validation-fraction`` > 0 a share of the training split is held out as the
+``validation`` split before the rest is partitioned (``HoldOutValidation``): no client trains
+on it, and the server scores it instead of the test split (``load_validation_split``), so a
+tuning search never looks at the test split.
+
 Decoded partitions are cached per process (``functools.lru_cache``), so a Ray actor or a
 SuperNode decodes each client's images once, not every round. A partitioning that passed
 ``check_data`` is remembered on disk (``tasks/partition_cache.py``).
@@ -57,6 +62,38 @@ def _make_partitioner(spec: PartitionSpec, label_column: str):
     raise PartitionError(f"unknown partitioner {spec.partitioner!r}; valid choices: dirichlet, shard, iid")
 
 
+VALIDATION = "validation"  # the split held out of the training split (validation-fraction)
+
+
+def validation_size(rows: int, fraction: float) -> int:
+    """Examples of a ``rows``-row training split held out as the validation split:
+    floor(fraction x rows), at least one when ``fraction`` > 0, none at 0."""
+    return max(1, int(fraction * rows)) if fraction > 0 else 0
+
+
+class HoldOutValidation:
+    """A flwr-datasets preprocessor: after FederatedDataset's seeded shuffle (the run's seed),
+    the first ``validation_size`` rows of ``train`` become the ``validation`` split and the
+    rest stay ``train``, the split the partitioner cuts. So the validation split is a seeded
+    random sample of the training split, disjoint from every client's partition, and never
+    touches the test split (a split of another file). flwr-datasets' ``Divider`` does the cut,
+    given row counts: with fractions it floors each split apart (a row can be lost) and
+    refuses f + (1 - f) when floating point makes it exceed 1."""
+
+    def __init__(self, fraction: float):
+        self.fraction = fraction
+
+    def __call__(self, dataset):
+        from flwr_datasets.preprocessor import Divider
+
+        rows = len(dataset["train"])
+        held = validation_size(rows, self.fraction)
+        if held >= rows:
+            raise PartitionError(f"validation-fraction = {self.fraction} holds out {held} of {rows} training"
+                                 " examples: none left to train on; lower it")
+        return Divider({"train": {VALIDATION: held, "train": rows - held}})(dataset)
+
+
 @functools.lru_cache(maxsize=4)
 def federated_dataset(spec: PartitionSpec):
     """The flwr-datasets FederatedDataset for ``spec``: the data folder's parquet files when a
@@ -68,6 +105,8 @@ def federated_dataset(spec: PartitionSpec):
     # shuffle=True with the run seed: the CIFAR-10 parquet rows are grouped by class, and
     # IidPartitioner cuts contiguous blocks.
     common = dict(partitioners=partitioners, shuffle=True, seed=spec.seed)
+    if spec.validation_fraction > 0:
+        common["preprocessor"] = HoldOutValidation(spec.validation_fraction)
     files = local_parquet_files(spec.dataset, spec.data_dir)
     if files is not None:
         try:
@@ -197,8 +236,26 @@ def load_test_split(dataset: str, data_dir: str, seed: int) -> tuple[torch.Tenso
     return to_tensors(federated_dataset(source).load_split("test"), DATASETS[dataset])
 
 
+@functools.lru_cache(maxsize=4)
+def load_validation_split(dataset: str, data_dir: str, seed: int, fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The validation split held out of the training split (``HoldOutValidation``), decoded:
+    the same rows for every partitioning with this dataset, data, seed and fraction (the
+    shuffle is the run seed's), so the server loads it before it knows the partition count."""
+    if dataset not in DATASETS:
+        raise DataUnavailableError(f"unknown dataset {dataset!r}; valid choices: {', '.join(DATASETS)}")
+    source = PartitionSpec(dataset=dataset, num_partitions=1, partitioner="iid", seed=seed, data_dir=data_dir,
+                           validation_fraction=fraction)
+    return to_tensors(federated_dataset(source).load_split(VALIDATION), DATASETS[dataset])
+
+
 def train_rows(spec: PartitionSpec) -> int:
-    """Rows of the training split (local files: from the parquet footer, nothing decoded)."""
+    """Rows of the training split the partitioner cuts (local files: from the parquet footer,
+    nothing decoded), the validation split (``validation-fraction``) taken out."""
+    rows = _all_train_rows(spec)
+    return rows - validation_size(rows, spec.validation_fraction)
+
+
+def _all_train_rows(spec: PartitionSpec) -> int:
     files = local_parquet_files(spec.dataset, spec.data_dir)
     if files is not None:
         import pyarrow.parquet as pq

@@ -56,6 +56,10 @@ fedavg = 0.56
 fedprox = 0.60
 fedntd = 0.63
 fedsol = 0.64
+
+# how the rows' settings were chosen: one known protocol for all, so their claims are counted
+[chosen-by]
+all = "fixed from the toy paper"
 """
 
 BEST = """
@@ -69,6 +73,10 @@ target-accuracy = 0.99
 [paper-results]
 fedavg = 0.9900
 fedpgvc = 0.9905
+
+# how the rows' settings were chosen: one known protocol for all, so their claims are counted
+[chosen-by]
+all = "fixed from the toy paper"
 """
 
 GHOST = """
@@ -82,6 +90,10 @@ target-accuracy = 0.9
 [paper-results]
 fedavg = 0.95
 fedgam = 0.98
+
+# how the rows' settings were chosen: one known protocol for all, so their claims are counted
+[chosen-by]
+all = "fixed from the toy paper"
 """
 
 
@@ -127,10 +139,10 @@ def test_table_values_and_rounds_to_target(report):
     # last-round minimum class accuracy 0.13 / 0.33: mean 0.23, std 0.1414; the runs predate the
     # cost columns (MB per client per round, client compute per round): n/a.
     assert row(toy, "fedavg") == ["fedavg", "0.5000 ± 0.1414", "0.5750 ± 0.0354", "1.5", "n/a", "n/a",
-                                  "0.2300 ± 0.1414", "0.5600", "2", "3"]
+                                  "0.2300 ± 0.1414", "0.5600", "2", "3", "P1"]
     # fedsol reaches the target with one seed only; its runs predate the min-class column.
     assert row(toy, "fedsol") == ["**fedsol**", "0.5750 ± 0.1768", "0.5900 ± 0.1556", "2.0 (1/2 seeds)",
-                                  "n/a", "n/a", "n/a", "0.6400", "2", "3"]
+                                  "n/a", "n/a", "n/a", "0.6400", "2", "3", "P1"]
     assert row(toy, "fedprox")[3] == "not reached"
     # A run that stopped early (e.g. diverged) is a result, marked as such and explained.
     assert row(toy, "fedprox")[1] == "0.3250 ± 0.0354 (stopped: 1/2 seeds)"
@@ -138,7 +150,7 @@ def test_table_values_and_rounds_to_target(report):
     assert "Findings: fedprox seed 1 diverged" in toy and "Findings:" not in section(text, "bestcell")
     # An interrupted run (no summary.json) is not a result.
     assert row(toy, "fedntd") == ["fedntd", "not run yet", "not run yet", "not run yet", "-", "-", "-", "0.6300",
-                                  "0", "-"]
+                                  "0", "-", "P1"]
     # Overview: finished runs and their summed run time (5 s each in write_run).
     overview = next(l for l in text.splitlines() if l.startswith("| [toy]"))
     finished = sum(int(r[8]) for r in (row(toy, m) for m in ("fedavg", "fedsol", "fedprox", "fedntd")))

@@ -44,7 +44,14 @@ from fl_app.server.sampling import SeededClientManager
 from fl_app.server.screening import check_replies
 from tasks.datasets import PartitionError, resolve_data_dir
 from tasks.keys import ConfigError
-from tasks.partitioning import PartitionSpec, check_data, check_partition_count, load_test, load_test_split
+from tasks.partitioning import (
+    PartitionSpec,
+    check_data,
+    check_partition_count,
+    load_test,
+    load_test_split,
+    load_validation_split,
+)
 
 log = logging.getLogger("flwr.fl_drift")
 
@@ -60,9 +67,14 @@ class ServerStartup:
         self.checked: Future = Future()  # the federation's size passed (its node count), or why not
 
     def begin(self) -> None:
-        """Start decoding a real dataset's test split in the background."""
+        """Start decoding a real dataset's test split in the background; with
+        ``validation-fraction`` > 0 the validation split held out of the training data instead
+        (a tuning run: its scores must never come from the test split)."""
         cfg = self.cfg
-        if cfg["dataset"] != "synthetic":
+        if cfg["dataset"] != "synthetic" and cfg["validation-fraction"] > 0:
+            self.prefetched = in_background(load_validation_split, cfg["dataset"], resolve_data_dir(cfg["data-dir"]),
+                                            cfg["seed"], cfg["validation-fraction"])
+        elif cfg["dataset"] != "synthetic":
             self.prefetched = in_background(
                 load_test_split, cfg["dataset"], resolve_data_dir(cfg["data-dir"]), cfg["seed"])
 
@@ -117,7 +129,7 @@ def settled_count(client_manager, minimum: int) -> int:
     registers them, holding the lock that node registration needs), so the pause between
     reads is at least 2 x the last read: reading then takes at most a third of the time
     (with a fixed 0.2 s pause, registering 200000 nodes took 25 s instead of 5 s alone on a
-    busy 2-core machine: ``bench/refusal.py --settle``)."""
+    busy 2-core machine: ``bench/trust.py settle``)."""
     client_manager.wait_for(minimum)
     started = time.monotonic()
     count = client_manager.num_available()

@@ -1,0 +1,370 @@
+"""The tuning protocol (issue 42): one way of choosing every row's settings of a comparison,
+the same for every method of a table, so that a claim compares methods and not their tuning.
+
+An experiment file states it in a ``[tune]`` table::
+
+    [tune]
+    seeds = [0, 1]              # the search's seeds
+    budget = 0.25               # share of the table's num-server-rounds each search run trains
+    metric = "last-5-mean"      # best | final | last-5-mean (validation accuracy)
+    validation-fraction = 0.1   # share of the training split held out for the scores (default 0.1)
+    untuned = ["fedavg-lr0.001"]  # rows kept at the file's values (labelled, claims not counted)
+
+    [tune.grid]                 # the search grid of every row ...
+    learning-rate = [0.0003, 0.001, 0.003, 0.01]
+
+    [tune.scaffold]             # ... or a row's own (its keys replace the shared grid's)
+    learning-rate = [0.01, 0.03, 0.05, 0.1, 0.2]
+
+The runner (``run_simulation.py --config FILE``; ``--tune`` asks for it explicitly, ``--no-tune``
+skips it) first runs the search through its own grid machinery (``fl_app/tooling/plan.py``:
+each grid point a labelled row, in ``<out>/tuning/runs``), with ``validation-fraction`` set, so
+the clients never train on the held-out examples and the server scores them instead of the
+test split (``tasks/partitioning.py``); then it picks, per row, the grid point with the highest
+mean over the search seeds of the metric (ties: the first in grid order), writes the choice and
+every point's numbers to ``<out>/tuning.json`` and runs the table with the chosen values. Each
+table run records the protocol (run-config ``tuning-protocol``, in its summary.json), which is
+how ``scripts/make_results.py`` tells rows tuned by one protocol from rows tuned otherwise:
+a claim is counted only between rows whose protocols are the same and known.
+
+Why ``last-5-mean`` is the metric of the FedPGVC files: the best round of a short search rewards
+a rate that peaks early and then swings (fedpgvc-mnist-dir05-lr-search chose FedPGVC's Adam
+0.01 on its best round; at 100 rounds that rate fell a point below its running best in 60-79
+rounds); the mean of the last rounds of the search scores the rate that is still good at the
+end of the budget, and is less at the mercy of one round than the final accuracy.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fl_app.config import ConfigError, spec
+from fl_app.results.report import read_summary, tail_accuracy
+from fl_app.tooling.plan import grid_points, label, run_name
+
+METRICS = ("best", "final", "last-5-mean")
+TUNING_FILE = "tuning.json"
+SEARCH_FOLDER = "tuning"
+DEFAULT_VALIDATION = 0.1
+PROTOCOL_ENTRIES = ("seeds", "budget", "metric", "validation-fraction", "untuned", "grid")
+# keys the protocol sets for every search run itself: never a grid axis
+SET_BY_PROTOCOL = ("num-server-rounds", "validation-fraction", "tuning-protocol", "strategy", "seed",
+                   "run-name", "results-dir")
+NOT_RECORDED = "protocol not recorded"
+NOT_TUNED = "not tuned (listed in [tune] untuned)"
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """A checked ``[tune]`` table: the search's seeds, budget (share of the rounds), metric,
+    validation share, and per tuned row its grid (axes: run-config key -> values)."""
+
+    seeds: tuple[int, ...]
+    budget: float
+    metric: str
+    validation_fraction: float
+    grids: dict[str, dict[str, list]] = field(default_factory=dict)
+    untuned: tuple[str, ...] = ()
+
+    def search_rounds(self, rounds: int) -> int:
+        """Rounds of each search run: the budget's share of the table's, at least one."""
+        return max(1, round(self.budget * rounds))
+
+    def describe(self, rounds: int) -> str:
+        """The protocol in one line, recorded by every table run it tuned (run-config
+        ``tuning-protocol``): two rows tuned alike record the same text. The grids are per row
+        (SGD and Adam rows need other rates) and are in tuning.json, not in this text."""
+        return (f"tuned on a validation split ({self.validation_fraction:g} of the training data), seeds "
+                f"{' '.join(map(str, self.seeds))}, {self.search_rounds(rounds)} of {rounds} rounds "
+                f"(budget {self.budget:g}), {self.metric} validation accuracy, argmax over the row's grid")
+
+
+def _where(path: Any) -> str:
+    return f"experiment file {path}: " if path else ""
+
+
+def read_protocol(exp: dict, rows: list[str], path: Any = None) -> Protocol | None:
+    """The experiment's ``[tune]`` table checked for the listed ``rows`` (labels), or None
+    without one. Every problem is a one-line ``ConfigError`` naming the entry and what is valid."""
+    tune = exp.get("tune")
+    if tune is None:
+        return None
+    where = _where(path)
+    if not isinstance(tune, dict):
+        raise ConfigError(f"{where}[tune] must be a table, got {tune!r}")
+    listed = list(exp.get("strategies", []))
+    for key, value in tune.items():
+        if key not in PROTOCOL_ENTRIES and not isinstance(value, dict):
+            raise ConfigError(f"{where}[tune] key {key!r} is unknown; valid keys: {', '.join(PROTOCOL_ENTRIES)},"
+                              f" or a table [tune.<row>] for one of the rows {', '.join(listed)}")
+        if key not in PROTOCOL_ENTRIES and key not in listed:
+            raise ConfigError(f"{where}[tune.{key}] names no row of the file; valid rows: {', '.join(listed)}")
+    seeds, budget, metric, fraction = _scalars(tune, where)
+    untuned = tune.get("untuned", [])
+    if not (isinstance(untuned, list) and all(u in listed for u in untuned)):
+        raise ConfigError(f"{where}[tune] untuned = {untuned!r} is invalid: must be a list of rows of the file;"
+                          f" valid rows: {', '.join(listed)}")
+    if exp.get("grid") or any(isinstance(m, dict) and m.get("grid") for m in exp.get("methods", {}).values()):
+        raise ConfigError(f"{where}[tune] and a [grid] in one file: a grid's points are rows of the table, a"
+                          " [tune] grid is searched; give the search in [tune.grid] or [tune.<row>] only")
+    shared = _axes(tune.get("grid", {}), f"{where}[tune.grid]")
+    grids = {}
+    for row in rows:
+        if row in untuned:
+            continue
+        axes = {**shared, **_axes(tune.get(row, {}), f"{where}[tune.{row}]")}
+        if not axes:
+            raise ConfigError(f"{where}[tune] gives row {row!r} no grid: add [tune.grid] (every row) or"
+                              f" [tune.{row}], or list it in untuned")
+        grids[row] = axes
+    return Protocol(tuple(seeds), float(budget), metric, float(fraction), grids, tuple(untuned))
+
+
+def _scalars(tune: dict, where: str) -> tuple[list[int], float, str, float]:
+    """[tune]'s seeds, budget, metric and validation-fraction, each checked."""
+    for key in ("seeds", "budget", "metric"):
+        if key not in tune:
+            raise ConfigError(f"{where}[tune] has no {key!r}; it needs seeds (e.g. [0, 1]), budget (share of the"
+                              f" rounds, in (0, 1]) and metric (one of {', '.join(METRICS)})")
+    seeds = tune["seeds"]
+    if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
+                                                      for s in seeds)):
+        raise ConfigError(f"{where}[tune] seeds = {seeds!r} is invalid: must be a non-empty list of integers >= 0")
+    budget = tune["budget"]
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget <= 1:
+        raise ConfigError(f"{where}[tune] budget = {budget!r} is invalid: must be a number in (0, 1] (the share"
+                          " of the table's num-server-rounds each search run trains)")
+    if tune["metric"] not in METRICS:
+        raise ConfigError(f"{where}[tune] metric = {tune['metric']!r} is invalid; valid choices: {', '.join(METRICS)}")
+    fraction = tune.get("validation-fraction", DEFAULT_VALIDATION)
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 0.5:
+        raise ConfigError(f"{where}[tune] validation-fraction = {fraction!r} is invalid: must be in (0, 0.5]"
+                          " (the share of the training split held out for the search's scores)")
+    return seeds, budget, tune["metric"], fraction
+
+
+def _axes(table: Any, where: str) -> dict[str, list]:
+    """A grid table: run-config keys (not one the protocol sets) to non-empty lists."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where} must be a table of run-config keys to lists of values, got {table!r}")
+    keys = spec()
+    for key, values in table.items():
+        if key not in keys:
+            raise ConfigError(f"{where} key {key!r} is not a run-config key (run_simulation.py --list keys)")
+        if key in SET_BY_PROTOCOL:
+            raise ConfigError(f"{where} key {key!r} is set by the protocol itself; searchable keys are the other"
+                              " run-config keys, e.g. learning-rate")
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"{where} {key} = {values!r} is invalid: must be a non-empty list of values")
+    return dict(table)
+
+
+def search_experiment(exp: dict, protocol: Protocol, rounds: int) -> dict:
+    """The experiment the search runs through the runner's grid machinery: the tuned rows,
+    each with its grid as ``[methods.<row>.grid]``, the search seeds, the budget's rounds and
+    the validation split; no claims (a search claims nothing)."""
+    methods = {name: dict(keys) for name, keys in exp.get("methods", {}).items()}
+    for row, axes in protocol.grids.items():
+        methods.setdefault(row, {})["grid"] = axes
+    run_config = {**exp.get("run-config", {}), "num-server-rounds": protocol.search_rounds(rounds),
+                  "validation-fraction": protocol.validation_fraction}
+    return {"name": f"{exp.get('name', 'experiment')}-tuning", "strategies": list(protocol.grids),
+            "seeds": list(protocol.seeds), "clients": exp.get("clients", 10), "run-config": run_config,
+            "methods": methods}
+
+
+def run_score(run_dir: Path, metric: str) -> float | None:
+    """One search run's score on the validation split: its best or final accuracy, or the
+    mean over its last 5 evaluated rounds; None when it did not finish or trained nothing."""
+    summary = read_summary(run_dir)
+    if summary is None or summary.get("rounds") == 0 or summary.get("untrained"):
+        return None
+    value = {"best": lambda: summary.get("best_accuracy"), "final": lambda: summary.get("final_accuracy"),
+             "last-5-mean": lambda: tail_accuracy(run_dir)}[metric]()
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def score_points(protocol: Protocol, runs_dir: Path) -> dict[str, list[dict]]:
+    """Per tuned row, every grid point with its score per search seed and their mean (None
+    unless every seed finished: a point is compared on all seeds or not at all)."""
+    table = {}
+    for row, axes in protocol.grids.items():
+        points = []
+        for point in grid_points(axes):
+            scores = {seed: run_score(Path(runs_dir) / run_name(label(row, point), seed), protocol.metric)
+                      for seed in protocol.seeds}
+            done = [s for s in scores.values() if s is not None]
+            points.append({"values": point, "scores": {str(k): v for k, v in scores.items()},
+                           "mean": sum(done) / len(done) if len(done) == len(scores) else None})
+        table[row] = points
+    return table
+
+
+def choose(points: list[dict]) -> dict | None:
+    """The values of the point with the highest mean score (the first in grid order on a tie);
+    None when no point finished on every seed."""
+    done = [p for p in points if p["mean"] is not None]
+    if not done:
+        return None
+    return max(done, key=lambda p: p["mean"])["values"]  # max keeps the first of equal keys
+
+
+def tuning_record(protocol: Protocol, rounds: int, runs_dir: Path) -> dict:
+    """tuning.json's content: the protocol, and per row the choice and every point's numbers.
+    ``ConfigError`` when a row has no point that finished on every seed (the table is not run:
+    a row cannot be said to be tuned without a choice)."""
+    table = score_points(protocol, runs_dir)
+    rows, failed = {}, []
+    for row, points in table.items():
+        chosen = choose(points)
+        if chosen is None:
+            failed.append(row)
+        rows[row] = {"chosen": chosen, "points": points}
+    if failed:
+        raise ConfigError(f"tuning chose nothing for {', '.join(failed)}: no grid point finished on every search seed"
+                          f" (see {runs_dir}); widen or fix the grid and run again")
+    return {"protocol": protocol.describe(rounds), "metric": protocol.metric, "seeds": list(protocol.seeds),
+            "budget": protocol.budget, "rounds": rounds, "search-rounds": protocol.search_rounds(rounds),
+            "validation-fraction": protocol.validation_fraction, "scored-on": "validation split",
+            "untuned": list(protocol.untuned), "rows": rows}
+
+
+def write_tuning(out: Path, record: dict) -> Path:
+    path = Path(out) / TUNING_FILE
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return path
+
+
+def read_tuning(folder: Path) -> dict | None:
+    """``<folder>/tuning.json``, or None when there is none; an unreadable one is a ConfigError."""
+    path = Path(folder) / TUNING_FILE
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text())
+        if not isinstance(record.get("rows"), dict) or not isinstance(record.get("protocol"), str):
+            raise ValueError("no 'rows' table or 'protocol' text")
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path} is not a tuning record ({exc}); it is written by run_simulation.py's tuning:"
+                          " remove it and run the tuning again") from None
+    return record
+
+
+def apply_choice(exp: dict, record: dict | None) -> dict:
+    """The experiment with each tuned row's chosen values and the protocol's text
+    (``tuning-protocol``) in its ``[methods.<row>]`` keys: what the table's runs use, and what
+    make_results expects them to have recorded. Rows the record does not tune are unchanged."""
+    if not record:
+        return exp
+    methods = {name: dict(keys) for name, keys in exp.get("methods", {}).items()}
+    for row, entry in record["rows"].items():
+        if row in exp.get("strategies", []) and entry.get("chosen") is not None:
+            methods.setdefault(row, {}).update({**entry["chosen"], "tuning-protocol": record["protocol"]})
+    return {**exp, "methods": methods}
+
+
+# ---- make_results: which protocol chose each row's settings --------------------------------
+
+def row_protocol(exp: dict, name: str, dirs: list[Path]) -> str:
+    """How the settings of row ``name`` (a listed label) were chosen, for the runs shown: the
+    protocol the runs recorded (``tuning-protocol``); for runs that recorded none, the file's
+    ``[chosen-by]`` statement for the row (or its ``all``), else "not tuned" for a row the
+    [tune] table leaves untuned, else "protocol not recorded" (never guessed)."""
+    recorded = {str(((read_summary(d) or {}).get("config") or {}).get("tuning-protocol") or "") for d in dirs}
+    tuned = sorted(r for r in recorded if r)
+    if len(tuned) > 1 or (tuned and "" in recorded):
+        return "mixed protocols: " + " | ".join(tuned + ([NOT_RECORDED] if "" in recorded else []))
+    if tuned:
+        return tuned[0]
+    stated = exp.get("chosen-by", {})
+    if name in stated:
+        return stated[name]
+    if "all" in stated:
+        return stated["all"]
+    if name in (exp.get("tune") or {}).get("untuned", []):
+        return NOT_TUNED
+    return NOT_RECORDED
+
+
+def comparable(a: str, b: str) -> bool:
+    """A claim between two rows is counted only when they were tuned by the same, known protocol."""
+    return a == b and a != NOT_RECORDED and not a.startswith("mixed protocols")
+
+
+def tuning_lines(record: dict | None) -> list[str]:
+    """docs/results.md's account of a tuning record: the protocol, and per row the chosen
+    values and every grid point's mean score (validation accuracy, the protocol's metric)."""
+    if not record:
+        return []
+    lines = [f"Tuning (`tuning.json`): {record['protocol']}; scores are {record['metric']} accuracy on the "
+             f"validation split, mean over the search seeds (chosen in bold; `-` = not finished on every seed):", ""]
+    for row, entry in record["rows"].items():
+        cells = []
+        for p in entry["points"]:
+            values = ", ".join(f"{k}={v}" for k, v in p["values"].items())
+            score = "-" if p["mean"] is None else f"{p['mean']:.4f}"
+            cells.append(f"**{values}: {score}**" if p["values"] == entry.get("chosen") else f"{values}: {score}")
+        lines.append(f"- {row}: " + "; ".join(cells))
+    return lines + [""]
+
+
+# ---- the runner: the search before the table ------------------------------------------------
+
+@dataclass
+class SearchPlan:
+    """The [tune] search of one runner call: its protocol, the table's rounds it is a share of,
+    a copy of the runner's arguments that runs it (``args``), and its checked configs."""
+
+    protocol: Protocol
+    rounds: int
+    args: Any
+    configs: list = field(default_factory=list)
+
+
+def plan_search(args: Any) -> SearchPlan | None:
+    """The search the runner's arguments ask for: with an experiment file's ``[tune]`` table
+    (``--tune`` asks for it explicitly and is refused without one; ``--no-tune`` skips it), a
+    copy of ``args`` running the listed tuned rows' grids (``search_experiment``); None without
+    tuning. A key both fixed on the command line and searched is refused (one line), as are
+    ``--grid`` and a ``validation-fraction`` given on the command line: the protocol sets them."""
+    import copy
+
+    from fl_app.config import GENERAL_KEYS, parse_override
+
+    exp = getattr(args, "experiment", None) or {}
+    wanted = getattr(args, "tune", None)
+    if wanted is False:
+        return None
+    if "tune" not in exp:
+        if wanted:
+            raise ConfigError("--tune needs an experiment file with a [tune] table (--config FILE; see"
+                              " docs/experiments.md, 'Tuning protocol')")
+        return None
+    names = [s.strip() for s in args.strategy.split(",") if s.strip()]
+    protocol = read_protocol(exp, names, getattr(args, "config", None))
+    if not protocol.grids:
+        return None
+    if getattr(args, "grid", None):
+        raise ConfigError(f"--grid {' '.join(args.grid)} and the file's [tune] search in one call: the search's grid is"
+                          " [tune]'s; drop --grid, or add --no-tune to run a plain grid")
+    command = dict(parse_override(t) for t in args.overrides)
+    if getattr(args, "rounds", None) is not None:
+        command["num-server-rounds"] = args.rounds
+    fixed = sorted(({k for axes in protocol.grids.values() for k in axes} | {"validation-fraction", "tuning-protocol"})
+                   & set(command))
+    if fixed:
+        raise ConfigError(f"{fixed} given on the command line, and the [tune] protocol searches or sets them; give"
+                          " each key one way (or add --no-tune to run the file's values untuned)")
+    rounds = int(command.get("num-server-rounds", exp.get("run-config", {}).get(
+        "num-server-rounds", GENERAL_KEYS["num-server-rounds"].default)))
+    search = copy.copy(args)
+    search.experiment = search_experiment(exp, protocol, rounds)
+    search.strategy = ",".join(protocol.grids)
+    search.seeds = list(protocol.seeds)
+    search.rounds = None
+    search.overrides = [t for t in args.overrides if parse_override(t)[0] != "num-server-rounds"]
+    return SearchPlan(protocol, rounds, search)

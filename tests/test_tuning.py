@@ -1,0 +1,396 @@
+"""The tuning protocol (issue 42, fl_app/tooling/tuning.py): the validation split held out of
+the training data, the search's choice, the chosen values in the table's runs, make_results'
+refusal to count a claim between rows tuned differently, and the [tune] table's errors.
+
+No training: tiny parquet files whose rows carry an id (``uid``), fabricated run folders."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib.util
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from PIL import Image
+
+import run_simulation
+from fl_app.config import ConfigError, validate_config
+from fl_app.server.startup import ServerStartup
+from fl_app.tooling.experiment import read_experiment
+from fl_app.tooling.plan import label, run_name
+from fl_app.tooling.tuning import (
+    NOT_RECORDED,
+    Protocol,
+    apply_choice,
+    choose,
+    plan_search,
+    read_protocol,
+    score_points,
+    tuning_record,
+    write_tuning,
+)
+from tasks.catalogue import DATASETS
+from tasks.datasets import to_tensors
+from tasks.partition_spec import PartitionSpec
+from tasks.partitioning import (
+    VALIDATION,
+    _partition_rows,
+    federated_dataset,
+    load_validation_split,
+    train_rows,
+    validation_size,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+# the Hugging Face features the hub's MNIST parquet declares: the image column decodes as an image
+HF_FEATURES = json.dumps({"info": {"features": {"image": {"_type": "Image"}, "label": {
+    "names": [str(i) for i in range(10)], "_type": "ClassLabel"}, "uid": {"dtype": "int64", "_type": "Value"}}}})
+TRAIN, TEST = 300, 60
+
+
+def _png(array: np.ndarray) -> dict:
+    buf = io.BytesIO()
+    Image.fromarray(array).save(buf, format="PNG")
+    return {"bytes": buf.getvalue(), "path": None}
+
+
+@pytest.fixture(scope="module")
+def tiny_mnist(tmp_path_factory) -> Path:
+    """A data folder mnist/{train,test}.parquet: 300 training rows (uid 0-299) and 60 test rows
+    (uid 1000-1059), 28x28 images whose first pixel is the uid mod 256, labels 0-9."""
+    folder = tmp_path_factory.mktemp("data")
+    (folder / "mnist").mkdir()
+    rng = np.random.default_rng(0)
+    for split, uids in (("train", range(TRAIN)), ("test", range(1000, 1000 + TEST))):
+        images = rng.integers(0, 256, size=(len(uids), 28, 28), dtype=np.uint8)
+        images[:, 0, 0] = [u % 256 for u in uids]
+        labels = np.array([u % 10 for u in uids], dtype=np.int64)
+        cells = pa.array([_png(a) for a in images], pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+        table = pa.table({"image": cells, "label": labels, "uid": list(uids)})
+        pq.write_table(table.replace_schema_metadata({"huggingface": HF_FEATURES}), folder / "mnist" / f"{split}.parquet")
+    return folder
+
+
+# ---- the validation split -------------------------------------------------------------------
+
+@pytest.mark.parametrize("partitioner", ["dirichlet", "iid"])
+def test_validation_split_is_disjoint_from_test_and_from_every_partition(tiny_mnist, partitioner):
+    spec = PartitionSpec("mnist", 4, partitioner, alpha=1.0, min_partition_size=5, seed=3,
+                         data_dir=str(tiny_mnist), validation_fraction=0.2)
+    fds = federated_dataset(spec)
+    validation = list(fds.load_split(VALIDATION)["uid"])
+    test = set(fds.load_split("test")["uid"])
+    parts = [set(_partition_rows(spec, pid)["uid"]) for pid in range(4)]
+    assert len(validation) == len(set(validation)) == validation_size(TRAIN, 0.2) == 60
+    assert not set(validation) & test, "the validation split overlaps the test split"
+    assert test == set(range(1000, 1000 + TEST)), "the test split is the test file's, whole"
+    for pid, part in enumerate(parts):
+        assert not part & set(validation), f"partition {pid} trains on validation rows"
+    assert set().union(*parts) | set(validation) == set(range(TRAIN)), "a training row was lost"
+    assert sum(len(p) for p in parts) == train_rows(spec) == TRAIN - 60
+    assert validation != list(range(60)), "the validation rows are a seeded random sample, not the first rows"
+
+
+def test_server_scores_the_clients_held_out_rows(tiny_mnist):
+    """The server loads the validation split without the partitioning (iid, one partition) and
+    gets the very rows the clients' partitioning held out; its tuning run scores them."""
+    spec = PartitionSpec("mnist", 4, "dirichlet", alpha=1.0, min_partition_size=5, seed=3,
+                         data_dir=str(tiny_mnist), validation_fraction=0.2)
+    held_out = to_tensors(federated_dataset(spec).load_split(VALIDATION), DATASETS["mnist"])
+    server = load_validation_split("mnist", str(tiny_mnist), 3, 0.2)
+    assert torch.equal(server[0], held_out[0]) and torch.equal(server[1], held_out[1])
+    cfg = validate_config({"dataset": "mnist", "data-dir": str(tiny_mnist), "seed": 3, "validation-fraction": 0.2})
+    startup = ServerStartup(cfg, client_manager=None)
+    startup.begin()
+    x, y = startup.prefetched.result()
+    assert torch.equal(x, server[0]) and len(y) == 60
+    plain = ServerStartup({**cfg, "validation-fraction": 0.0}, client_manager=None)
+    plain.begin()
+    assert len(plain.prefetched.result()[1]) == TEST  # without the key: the test split, as before
+
+
+def test_no_validation_fraction_keeps_every_training_row(tiny_mnist):
+    spec = PartitionSpec("mnist", 3, "iid", seed=1, data_dir=str(tiny_mnist))
+    assert sorted(u for pid in range(3) for u in _partition_rows(spec, pid)["uid"]) == list(range(TRAIN))
+    assert "validation-fraction" not in spec.identity()  # earlier runs' fingerprints unchanged
+
+
+def test_validation_fraction_is_refused_where_it_cannot_apply():
+    with pytest.raises(ConfigError, match="'validation-fraction' = 0.1 needs an image dataset"):
+        validate_config({"dataset": "synthetic", "model": "mlp", "validation-fraction": 0.1})
+    with pytest.raises(ConfigError, match=r"'validation-fraction' = 0.6 is invalid: must be in \[0, 0.5\]"):
+        validate_config({"validation-fraction": 0.6})
+
+
+# ---- choosing -------------------------------------------------------------------------------
+
+def test_choose_takes_the_highest_mean_first_on_ties_and_skips_unfinished_points():
+    points = [{"values": {"learning-rate": 0.01}, "mean": 0.50},
+              {"values": {"learning-rate": 0.03}, "mean": 0.70},
+              {"values": {"learning-rate": 0.05}, "mean": None},
+              {"values": {"learning-rate": 0.1}, "mean": 0.70}]
+    assert choose(points) == {"learning-rate": 0.03}
+    assert choose([{"values": {"learning-rate": 0.1}, "mean": None}]) is None
+
+
+def write_run(runs: Path, row: str, seed: int, accs: list[float], protocol: str = "", lr: float | None = None,
+              strategy: str | None = None) -> None:
+    d = runs / run_name(row, seed)
+    d.mkdir(parents=True)
+    with (d / "metrics.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["round", "test_accuracy", "test_loss", "train_loss", "num_clients", "round_seconds"])
+        for r, a in enumerate(accs, 1):
+            w.writerow([r, a, 1 - a, 0.5, 10, 1.0])
+    config = {"strategy": strategy or row.split("[")[0], "seed": seed, "tuning-protocol": protocol}
+    if lr is not None:
+        config["learning-rate"] = lr
+    (d / "summary.json").write_text(json.dumps({
+        "config": config, "rounds": len(accs), "final_accuracy": accs[-1], "best_accuracy": max(accs),
+        "final_loss": 0.1, "total_seconds": 5.0, "stopped": None}))
+
+
+PEAKY = [0.2, 0.9, 0.5, 0.5, 0.5, 0.5, 0.5]  # best 0.9, last-5 mean 0.5
+STEADY = [0.2, 0.6, 0.8, 0.8, 0.8, 0.8, 0.8]  # best 0.8, last-5 mean 0.8
+
+
+@pytest.mark.parametrize("metric, chosen", [("last-5-mean", 0.01), ("best", 0.1), ("final", 0.01)])
+def test_the_search_picks_the_argmax_of_its_metric_over_seeds(tmp_path, metric, chosen):
+    protocol = Protocol((0, 1), 0.25, metric, 0.1, {"fedavg": {"learning-rate": [0.01, 0.1, 0.3]}})
+    for seed in (0, 1):
+        write_run(tmp_path, label("fedavg", {"learning-rate": 0.01}), seed, STEADY)
+        write_run(tmp_path, label("fedavg", {"learning-rate": 0.1}), seed, PEAKY)
+    write_run(tmp_path, label("fedavg", {"learning-rate": 0.3}), 0, [0.95] * 7)  # seed 1 missing: not compared
+    points = score_points(protocol, tmp_path)["fedavg"]
+    assert [p["mean"] for p in points][2] is None
+    want = {"last-5-mean": (0.8, 0.5), "best": (0.8, 0.9), "final": (0.8, 0.5)}[metric]
+    assert [p["mean"] for p in points][:2] == pytest.approx(list(want))
+    record = tuning_record(protocol, 28, tmp_path)
+    assert record["rows"]["fedavg"]["chosen"] == {"learning-rate": chosen}
+    assert record["search-rounds"] == 7 and record["scored-on"] == "validation split"
+
+
+def test_a_row_without_a_finished_point_stops_the_table(tmp_path):
+    protocol = Protocol((0,), 0.25, "best", 0.1, {"fedavg": {"learning-rate": [0.01]}})
+    with pytest.raises(ConfigError, match="tuning chose nothing for fedavg"):
+        tuning_record(protocol, 20, tmp_path)
+
+
+# ---- the choice in the table's runs ---------------------------------------------------------
+
+EXPERIMENT = """
+name = "tiny"
+strategies = ["fedavg", "fedprox", "fedavg-fixed"]
+seeds = [5]
+clients = 3
+
+[run-config]
+dataset = "mnist"
+model = "lenet"
+partitioner = "iid"
+num-server-rounds = 8
+fraction-fit = 1.0
+
+[methods.fedprox]
+optimizer = "sgd"
+learning-rate = 0.05
+
+[methods.fedavg-fixed]
+strategy = "fedavg"
+learning-rate = 0.02
+
+[tune]
+seeds = [0, 1]
+budget = 0.25
+metric = "last-5-mean"
+validation-fraction = 0.2
+untuned = ["fedavg-fixed"]
+
+[tune.grid]
+learning-rate = [0.001, 0.01]
+
+[tune.fedprox]
+learning-rate = [0.03, 0.1]
+proximal-mu = [0.01, 0.1]
+"""
+
+
+def runner_args(exp: dict, data: Path, **given) -> argparse.Namespace:
+    base = dict(experiment=exp, strategy=",".join(exp["strategies"]), seeds=exp["seeds"], clients=exp["clients"],
+                overrides=[], grid=[], dataset=None, rounds=None, fraction=None, alpha=None, data_dir=str(data),
+                cwd=None, env_data_dir=None, tune=None, config="tiny.toml")
+    return argparse.Namespace(**{**base, **given})
+
+
+def test_the_chosen_values_flow_into_the_tables_runs(tmp_path, tiny_mnist):
+    (tmp_path / "tiny.toml").write_text(EXPERIMENT)
+    exp = read_experiment(tmp_path / "tiny.toml")
+    args = runner_args(exp, tiny_mnist)
+    search = plan_search(args)
+    configs = run_simulation.build_configs(search.args, tmp_path / "tuning" / "runs")
+    rows = sorted({row for row, _, _ in configs})
+    assert rows == ["fedavg[learning-rate=0.001]", "fedavg[learning-rate=0.01]",
+                    "fedprox[learning-rate=0.03,proximal-mu=0.01]", "fedprox[learning-rate=0.03,proximal-mu=0.1]",
+                    "fedprox[learning-rate=0.1,proximal-mu=0.01]", "fedprox[learning-rate=0.1,proximal-mu=0.1]"]
+    assert {seed for _, seed, _ in configs} == {0, 1}
+    assert all(raw["num-server-rounds"] == 2 and raw["validation-fraction"] == 0.2 for _, _, raw in configs)
+    for row, seed, _ in configs:  # the search's runs, as if they had finished
+        good = row in ("fedavg[learning-rate=0.01]", "fedprox[learning-rate=0.1,proximal-mu=0.01]")
+        write_run(tmp_path / "tuning" / "runs", row, seed, [0.5, 0.9 if good else 0.7])
+    record = tuning_record(search.protocol, search.rounds, tmp_path / "tuning" / "runs")
+    write_tuning(tmp_path, record)
+    args.experiment = apply_choice(args.experiment, record)
+    table = {row: raw for row, _, raw in run_simulation.build_configs(args, tmp_path / "runs")}
+    assert table["fedavg"]["learning-rate"] == 0.01
+    assert (table["fedprox"]["learning-rate"], table["fedprox"]["proximal-mu"]) == (0.1, 0.01)
+    assert table["fedavg"]["tuning-protocol"] == table["fedprox"]["tuning-protocol"] == record["protocol"]
+    assert "2 of 8 rounds" in record["protocol"] and "validation split (0.2" in record["protocol"]
+    assert table["fedavg-fixed"]["learning-rate"] == 0.02 and "tuning-protocol" not in table["fedavg-fixed"]
+    assert all(raw.get("validation-fraction", 0) == 0 for raw in table.values())  # the table trains on all
+
+
+def test_command_line_keys_the_search_sets_are_refused(tmp_path, tiny_mnist):
+    (tmp_path / "tiny.toml").write_text(EXPERIMENT)
+    exp = read_experiment(tmp_path / "tiny.toml")
+    with pytest.raises(ConfigError, match=r"\['learning-rate'\] given on the command line.*--no-tune"):
+        plan_search(runner_args(exp, tiny_mnist, overrides=["learning-rate=0.01"]))
+    with pytest.raises(ConfigError, match="--grid"):
+        plan_search(runner_args(exp, tiny_mnist, grid=["local-epochs=1,2"]))
+    assert plan_search(runner_args(exp, tiny_mnist, tune=False)) is None
+    plain = {k: v for k, v in exp.items() if k != "tune"}
+    with pytest.raises(ConfigError, match=r"--tune needs an experiment file with a \[tune\] table"):
+        plan_search(runner_args(plain, tiny_mnist, tune=True))
+    assert plan_search(runner_args(plain, tiny_mnist)) is None
+    search = plan_search(runner_args(exp, tiny_mnist, rounds=40))  # --rounds: the table's, the search a share
+    assert search.rounds == 40 and search.args.experiment["run-config"]["num-server-rounds"] == 10
+
+
+# ---- the [tune] table's errors --------------------------------------------------------------
+
+@pytest.mark.parametrize("change, message", [
+    (('metric = "last-5-mean"', 'metric = "bestest"'),
+     "[tune] metric = 'bestest' is invalid; valid choices: best, final, last-5-mean"),
+    (("budget = 0.25", "budget = 0"), "[tune] budget = 0 is invalid: must be a number in (0, 1]"),
+    (("seeds = [0, 1]", "seed = [0, 1]"), "[tune] key 'seed' is unknown; valid keys: seeds, budget, metric"),
+    (("[tune.fedprox]", "[tune.fedproxx]"), "[tune.fedproxx] names no row of the file; valid rows: fedavg, fedprox"),
+    (("[tune.grid]\nlearning-rate", "[tune.grid]\nnum-server-rounds"),
+     "[tune.grid] key 'num-server-rounds' is set by the protocol itself"),
+    (("[tune.grid]\nlearning-rate", "[tune.grid]\nlearning-rat"), "[tune.grid] key 'learning-rat' is not a run-config key"),
+    (("[tune.grid]\nlearning-rate = [0.001, 0.01]\n", ""), "[tune] gives row 'fedavg' no grid"),
+    (('untuned = ["fedavg-fixed"]', 'untuned = ["fedsol"]'), "[tune] untuned = ['fedsol'] is invalid"),
+    (("validation-fraction = 0.2", "validation-fraction = 0.9"), "[tune] validation-fraction = 0.9 is invalid"),
+    (('metric = "last-5-mean"\n', ""), "[tune] has no 'metric'"),
+    (("[tune.fedprox]\nlearning-rate = [0.03, 0.1]", "[tune.fedprox]\nlearning-rate = []"),
+     "[tune.fedprox] learning-rate = [] is invalid: must be a non-empty list"),
+])
+def test_a_bad_tune_table_is_one_line_naming_the_key(tmp_path, change, message):
+    old, new = change
+    assert old in EXPERIMENT
+    path = tmp_path / "bad.toml"
+    path.write_text(EXPERIMENT.replace(old, new, 1))
+    with pytest.raises(ConfigError) as caught:
+        read_experiment(path)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+    assert str(path) in str(caught.value)
+
+
+def test_a_grid_beside_tune_is_refused(tmp_path):
+    path = tmp_path / "grid.toml"
+    path.write_text(EXPERIMENT.replace("[tune]", "[grid]\nlocal-epochs = [1, 2]\n\n[tune]"))
+    with pytest.raises(ConfigError, match=r"\[tune\] and a \[grid\] in one file"):
+        read_experiment(path)
+
+
+def test_the_fedpgvc_files_tune_every_claimed_row():
+    """Every row a claim names is tuned (a grid of its own or the shared one); the SGD rows'
+    grids reach past the earlier choice 0.05, the top of the earlier search."""
+    for path in sorted((ROOT / "experiments").glob("fedpgvc-*-dir*.toml")):
+        if "lr-search" in path.name:
+            continue
+        exp = read_experiment(path)
+        protocol = read_protocol(exp, exp["strategies"], path)
+        claimed = {side.split()[0] for c in exp["claims"] for side in c.split(">")}
+        assert claimed <= set(protocol.grids), path.name
+        for row in ("scaffold", "fednova", "fedpvr"):
+            rates = protocol.grids[row]["learning-rate"]
+            assert min(rates) < 0.05 < max(rates), (path.name, row)
+
+
+# ---- make_results: claims only between rows tuned alike -------------------------------------
+
+_spec = importlib.util.spec_from_file_location("make_results_tuning", ROOT / "scripts" / "make_results.py")
+mr = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(mr)
+
+CLAIMS = """
+name = "fair"
+paper = "Toy (Doe 2020), Table 1: test accuracy"
+strategies = ["fedavg", "fedprox", "fedsol"]
+seeds = [0, 1, 2]
+clients = 10
+claims = ["fedsol > fedavg (Table 1)", "fedsol > fedprox (Table 1)"]
+
+[run-config]
+num-server-rounds = 4
+"""
+
+
+def _store(tmp_path: Path, protocols: dict[str, str], chosen_by: str = "") -> tuple[Path, Path]:
+    exps, store = tmp_path / "exps", tmp_path / "store"
+    exps.mkdir(parents=True)
+    (exps / "fair.toml").write_text(CLAIMS + chosen_by)
+    for row, protocol in protocols.items():
+        for seed in range(3):
+            top = 0.8 if row == "fedsol" else 0.6
+            write_run(store / "fair", row, seed, [0.3, 0.5, top - 0.01 * seed, top + 0.01 * seed], protocol)
+    return exps, store
+
+
+def test_a_claim_between_differently_tuned_rows_is_not_counted(tmp_path):
+    exps, store = _store(tmp_path, {"fedavg": "tuned: A", "fedprox": "tuned: B", "fedsol": "tuned: A"})
+    text = mr.make_results(exps, store, tmp_path / "out" / "results.md")
+    lines = {line.split(" |")[0]: line for line in text.splitlines() if line.startswith("| fedsol > ")}
+    assert "| **holds** |" in lines["| fedsol > fedavg"]
+    assert "not counted: fedsol and fedprox were tuned differently (holds if counted)" in lines["| fedsol > fedprox"]
+    assert "| [fair](#fair) | Toy (Doe 2020), Table 1 | 9/9 | complete | 1 holds, 1 not counted |" in text
+    assert "- P1: tuned: A" in text and "- P2: tuned: B" in text
+    assert "| fedprox | " in text and text.split("| fedprox | ")[1].split("\n")[0].count("| P2 |") == 1
+
+
+def test_rows_without_a_recorded_protocol_take_the_files_statement_or_are_not_counted(tmp_path):
+    exps, store = _store(tmp_path, {"fedavg": "", "fedprox": "", "fedsol": ""})
+    text = mr.make_results(exps, store, tmp_path / "out" / "results.md")
+    assert f"- P1: {NOT_RECORDED}" in text and "0 holds" not in text and "| 2 not counted |" in text
+    exps2, store2 = _store(tmp_path / "stated", {"fedavg": "", "fedprox": "", "fedsol": ""},
+                           '\n[chosen-by]\nall = "fixed from the paper"\nfedprox = "project default mu"\n')
+    text = mr.make_results(exps2, store2, tmp_path / "out2" / "results.md")
+    assert "- P1: fixed from the paper" in text and "- P2: project default mu" in text
+    assert "| 1 holds, 1 not counted |" in text
+
+
+def test_make_results_shows_the_tuning_record_and_expects_its_choice(tmp_path):
+    protocol = "tuned on a validation split (0.1 of the training data), seeds 0 1, 1 of 4 rounds"
+    exps, store = _store(tmp_path, {})
+    for row, lr in (("fedavg", 0.01), ("fedprox", 0.03), ("fedsol", 0.01)):
+        for seed in range(3):
+            top = 0.8 if row == "fedsol" else 0.6
+            write_run(store / "fair", row, seed, [0.3, 0.5, top - 0.01 * seed, top + 0.01 * seed], protocol, lr)
+    record = {"protocol": protocol, "metric": "last-5-mean", "rows": {
+        row: {"chosen": {"learning-rate": lr}, "points": [{"values": {"learning-rate": lr}, "mean": 0.7},
+                                                          {"values": {"learning-rate": 0.3}, "mean": None}]}
+        for row, lr in (("fedavg", 0.01), ("fedprox", 0.03), ("fedsol", 0.01))}}
+    (store / "fair" / "tuning.json").write_text(json.dumps(record))
+    text = mr.make_results(exps, store, tmp_path / "out" / "results.md")
+    assert "| 9/9 | complete | 2 holds |" in text
+    assert "- fedprox: **learning-rate=0.03: 0.7000**; learning-rate=0.3: -" in text
+    record["rows"]["fedprox"]["chosen"] = {"learning-rate": 0.3}  # the kept fedprox runs are not this choice
+    (store / "fair" / "tuning.json").write_text(json.dumps(record))
+    text = mr.make_results(exps, store, tmp_path / "out" / "results.md")
+    assert "| 6/9 | partial (3 more runs from an earlier setting) |" in text
