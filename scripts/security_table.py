@@ -297,8 +297,11 @@ def verdict_lines(records: list[dict], strategy: str, attackers: int) -> list[st
         lead = "best screening" if status != "not decided" else "best so far"
         short = [d for d in defences(strategy, attackers) if loss(records, attack, d).n < SEEDS_NEEDED]
         why = f" (fewer than {SEEDS_NEEDED} seeds kept for {', '.join(short)})" if status == "not decided" else ""
+        above = (f"; the interval's upper end {p.high * 100:.1f} is above {bar}, so the bar is met by the mean, "
+                 "not shown at 95%") if status == "within" and p.n > 1 and p.high > TOLERANCE + 1e-12 else ""
         lines.append(f"- {attack}: {lead} `{best}`, loss {p.mean * 100:.1f} points{interval} over {seeds}, "
-                     f"mean accuracy {mean_accuracy:.3f}: {status}{'' if status == 'not decided' else ' ' + bar}{why}")
+                     f"mean accuracy {mean_accuracy:.3f}: {status}{'' if status == 'not decided' else ' ' + bar}{why}"
+                     f"{above}")
     lines.append("")
     for d in defences(strategy, attackers):
         kept = {a: p for a in ATTACKS if (p := loss(records, a, d)).n > 0}

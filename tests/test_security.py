@@ -201,7 +201,8 @@ def test_page_verdicts_come_from_the_kept_runs():
     assert "| sign-flip | 80.0 [80.0, 80.0] | 40.0 [40.0, 40.0] | 70.0 [70.0, 70.0] |  | 2.0 [-0.5, 4.5] |" in page
     assert "| scale-x10 | 80.0 [80.0, 80.0] | 40.0 [40.0, 40.0] | 70.0 [70.0, 70.0] | 4.0 (1 seed) |" in page
     assert ("- adaptive: best screening `multi-krum`, loss 2.0 points [-0.5, 4.5] over 3 seeds, mean accuracy "
-            "0.880: within 3 points") in page
+            "0.880: within 3 points; the interval's upper end 4.5 is above 3 points, so the bar is met by the mean, "
+            "not shown at 95%") in page
     assert "- `clip` fails against: scale-x10 (40.0 points), sign-flip (40.0 points), adaptive (40.0 points)" in page
     assert "- `krum` fails against: scale-x10 (4.0 points); holds against: none" in page
     assert "**met**" in page
@@ -274,3 +275,14 @@ def test_bad_seeds_are_refused(capsys):
     with pytest.raises(SystemExit):
         main(["--seeds", "-1", "--render"])
     assert "--seeds -1 is invalid: a seed must be >= 0" in capsys.readouterr().err
+
+
+def test_an_interval_inside_the_bar_says_nothing_more():
+    from scripts.security_table import render_page
+
+    attacked = {(a, "multi-krum"): [0.89, 0.90, 0.91] for a in ("scale-x10", "sign-flip", "adaptive")}
+    attacked.update({(a, d): [0.5] * 3 for a in ("scale-x10", "sign-flip", "adaptive") for d in ("clip", "reject")})
+    page = render_page(_scaffold_table([0.90, 0.91, 0.92], attacked))
+    assert ("- adaptive: best screening `multi-krum`, loss 1.0 points [1.0, 1.0] over 3 seeds, mean accuracy 0.900: "
+            "within 3 points\n") in page
+    assert "**met**" in page and "above 3 points" not in page
