@@ -33,7 +33,9 @@ Where torch's vmap cannot batch an operator of the model (torch 2.13 on CPU: ``g
 on a tensor it treats as channels-last, which the 1x1 shortcut convolutions of ``resnet18``
 produce), the check's error is printed and only ``sequential`` and ``concat`` are measured.
 BatchNorm models (``*-bn``) are left out: vmap over per-client running statistics needs
-the buffers handled as outputs, which this bench does not do.
+the buffers handled as outputs, which this bench does not do (``tasks.functional`` does:
+``bench/cohort.py`` times whole rounds of the methods' functional local updates, per client
+and as a cohort, reusing this file's ``timed`` and ``sync``).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ A method overrides the smallest hook that expresses its local update:
 - ``begin_round`` / ``end_round``: per-round work and extra fit metrics;
 - ``receive`` / ``reply``: extra arrays travelling with the weights (control variates).
 
-A method converted to functions (``tasks.functional``, issue #44) names its ``LocalUpdate`` in
+A method converted to functions (``tasks.functional``) names its ``LocalUpdate`` in
 ``LOCAL_UPDATE`` instead of overriding the step hooks: ``fit`` then runs the round through
 ``tasks.functional.local_round`` (same data, batch order, augmentation, learning rate and
 optimiser as the hook loop), and ``functional_inputs`` / ``functional_outputs`` carry its state

@@ -1,4 +1,4 @@
-"""The functional local updates (``tasks.functional``, issue #44) against independent references.
+"""The functional local updates (``tasks.functional``) against independent references.
 
 (a) One round of each converted method equals the module-based training it replaces: a loop
     written here as ``DriftClient``'s hook loop was (``torch.optim`` on a module, the method's

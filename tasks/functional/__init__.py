@@ -1,4 +1,4 @@
-"""Each method's local update written once, as functions with no hidden module state (issue #44).
+"""Each method's local update written once, as functions with no hidden module state.
 
 Contract. A method's local update is a ``LocalUpdate`` (``tasks.functional.methods``): three
 pure functions of tensors in dicts keyed by parameter name,
