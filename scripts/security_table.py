@@ -390,8 +390,8 @@ ABOUT = [
     "",
     "What this rests on: the attackers poison the model update only (SCAFFOLD's delta c_i is sent as "
     "computed); the server is told the true f (`screen-attackers`); every client is sampled every round and "
-    "the split is IID, so honest updates resemble each other. Who can reach the deployment at all is "
-    "docs/deployment.md's subject.",
+    "the split is IID, so honest updates resemble each other. Who can reach a deployment at all, and "
+    "what that rests on, is [Deploy on real devices](deployment.md)'s subject.",
 ]
 
 
