@@ -453,6 +453,7 @@ def claim_lines(exp: dict, dirs: dict[str, list[Path]]) -> list[str]:
         return []
     key = "best" if uses_best(exp) else "final"
     paper = exp.get("paper-results", {})
+    short, _ = protocol_legend(row_protocols(exp, dirs), list(dirs))  # the results table's P1, P2, ...
     lines = [f"Claimed orderings ({key} accuracy, paired by seed: same partition and client sampling; mean "
              "difference better − worse with its 95% Student t interval over seeds; `holds` = interval above "
              "0, `refuted` = below 0, `undecided` = contains 0 or fewer than 2 paired seeds; `not counted` = "
@@ -461,20 +462,21 @@ def claim_lines(exp: dict, dirs: dict[str, list[Path]]) -> list[str]:
              f"its last {TAIL_ROUNDS} rounds, which tells an ordering lost in one round's swing from one that "
              "is not there:", "",
              f"| claim | source | paper | difference here [95% CI] | paired seeds | verdict "
-             f"| last {TAIL_ROUNDS} rounds [95% CI] |",
-             "|---|---|---|---|---|---|---|"]
+             f"| last {TAIL_ROUNDS} rounds [95% CI] | tuning (better / worse) |",
+             "|---|---|---|---|---|---|---|---|"]
     for c, d, t, why in tests:
         if c.better in paper and c.worse in paper:
             pv = f"{paper[c.better] - paper[c.worse]:+.4f}"
         else:
             pv = "-"
+        tuning = f"{short.get(c.better, '-')} / {short.get(c.worse, '-')}"
         if d is None:
-            lines.append(f"| {c.text()} | {c.source or '-'} | {pv} | {NOT_RUN} | 0 | {NOT_RUN} | - |")
+            lines.append(f"| {c.text()} | {c.source or '-'} | {pv} | {NOT_RUN} | 0 | {NOT_RUN} | - | {tuning} |")
             continue
         tail = f"{fmt_paired(t)} {t.verdict}" if t.n else "-"
         verdict = f"{why} ({d.verdict} if counted)" if why else f"**{d.verdict}**"
         lines.append(f"| {c.text()} | {c.source or '-'} | {pv} | {fmt_paired(d)} | {d.n} | {verdict} "
-                     f"| {tail} |")
+                     f"| {tail} | {tuning} |")
     return lines + [""]
 
 

@@ -179,7 +179,7 @@ def test_claims_paired_interval_and_verdict(report):
     mean, low, high = (float(x) for x in cells[3].replace("[", "").replace("]", "").replace(",", "").split())
     assert (mean, low, high) == pytest.approx((0.075, 0.075 - 0.31765, 0.075 + 0.31765), abs=1.01e-4)
     # The strongest baseline of the paper's table (FedNTD 0.63) has no finished run.
-    assert claim_row(toy, "fedsol > fedntd")[3:] == ["not run yet", "0", "not run yet", "-"]
+    assert claim_row(toy, "fedsol > fedntd")[3:] == ["not run yet", "0", "not run yet", "-", "P1 / P1"]
     best = section(text, "bestcell")
     # "best" in the paper entry: best accuracies, 0.88 - 0.90 on one seed: no interval.
     assert "(best accuracy, paired by seed" in best
@@ -200,7 +200,8 @@ def test_explicit_claims_refuted_and_holds(tmp_path):
     sec = section(text, "c")
     # d = g - a = -0.05, -0.04, -0.06: mean -0.05, sd 0.01, t(df 2) = 4.303: half 0.024843.
     assert claim_row(sec, "fedgam > fedavg")[1:] == ["Table 3", "+0.0300", "-0.0500 [-0.0748, -0.0252]", "3",
-                                                     "**refuted**", "-0.0500 [-0.0748, -0.0252] refuted"]
+                                                     "**refuted**", "-0.0500 [-0.0748, -0.0252] refuted",
+                                                     "P1 / P1"]
     assert claim_row(sec, "fedgam > fedavg")[1] == "Table 3"
     assert sec.count("| fedgam > fedavg |") == 2  # "fedavg < fedgam" is the same claim turned round
     # The overview counts the section's verdicts, one per listed claim.

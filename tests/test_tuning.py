@@ -359,6 +359,7 @@ def test_a_claim_between_differently_tuned_rows_is_not_counted(tmp_path):
     lines = {line.split(" |")[0]: line for line in text.splitlines() if line.startswith("| fedsol > ")}
     assert "| **holds** |" in lines["| fedsol > fedavg"]
     assert "not counted: fedsol and fedprox were tuned differently (holds if counted)" in lines["| fedsol > fedprox"]
+    assert lines["| fedsol > fedprox"].endswith("| P1 / P2 |") and lines["| fedsol > fedavg"].endswith("| P1 / P1 |")
     assert "| [fair](#fair) | Toy (Doe 2020), Table 1 | 9/9 | complete | 1 holds, 1 not counted |" in text
     assert "- P1: tuned: A" in text and "- P2: tuned: B" in text
     assert "| fedprox | " in text and text.split("| fedprox | ")[1].split("\n")[0].count("| P2 |") == 1
