@@ -395,3 +395,17 @@ def test_make_results_shows_the_tuning_record_and_expects_its_choice(tmp_path):
     (store / "fair" / "tuning.json").write_text(json.dumps(record))
     text = mr.make_results(exps, store, tmp_path / "out" / "results.md")
     assert "| 6/9 | partial (3 more runs from an earlier setting) |" in text
+
+
+def test_check_validates_and_estimates_the_search_and_the_table(tmp_path, tiny_mnist, capsys):
+    """``--check`` on a file with [tune]: every search run (validation split, the budget's rounds)
+    and every table run is validated, each part estimated, nothing launched or written."""
+    (tmp_path / "tiny.toml").write_text(EXPERIMENT.replace('partitioner = "iid"', 'partitioner = "iid"\ntracking = "none"'))
+    out = tmp_path / "out"
+    code = run_simulation.main(["--config", str(tmp_path / "tiny.toml"), "--data-dir", str(tiny_mnist),
+                                "--out", str(out), "--check", "--tune"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "tuning search (tuned on a validation split (0.2 of the training data), seeds 0 1, 2 of 8 rounds" in printed
+    assert "ok: fedprox[learning-rate=0.1,proximal-mu=0.1] seed 1 -> " in printed and "ok: fedavg-fixed seed 5" in printed
+    assert printed.count("estimated run time") == 2 and not out.exists()
