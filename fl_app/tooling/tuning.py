@@ -262,7 +262,7 @@ def apply_choice(exp: dict, record: dict | None) -> dict:
         return exp
     methods = {name: dict(keys) for name, keys in exp.get("methods", {}).items()}
     for row, entry in record["rows"].items():
-        if row in exp.get("strategies", []) and entry.get("chosen") is not None:
+        if entry.get("chosen") is not None:  # also a row given by --strategy only
             methods.setdefault(row, {}).update({**entry["chosen"], "tuning-protocol": record["protocol"]})
     return {**exp, "methods": methods}
 
