@@ -84,11 +84,13 @@ def test_the_watchdog_stops_a_dead_launcher_s_processes_and_removes_its_folders(
     launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, marker, str(folder), "die"], cwd=ROOT,
                                 stdout=subprocess.PIPE, text=True)
     child = int(launcher.stdout.readline())
-    assert processes_with_env("FLWR_HOME", marker) == [child]
+    assert wait_until(lambda: processes_with_env("FLWR_HOME", marker) == [child], 10), processes_with_env(
+        "FLWR_HOME", marker)
     launcher.kill()  # kill -9: the watchdog's pipe closes
     launcher.wait()
-    assert wait_until(lambda: not processes_with_env("FLWR_HOME", marker), GONE_WITHIN)
-    assert wait_until(lambda: not folder.exists(), 5)
+    assert wait_until(lambda: not processes_with_env("FLWR_HOME", marker), GONE_WITHIN), processes_with_env(
+        "FLWR_HOME", marker)
+    assert wait_until(lambda: not folder.exists(), 10), "the watchdog did not remove the folder"
 
 
 def test_the_watchdog_of_a_launcher_that_closed_touches_nothing(tmp_path):

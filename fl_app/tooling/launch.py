@@ -158,8 +158,8 @@ class LocalSimulation:
         survived."""
         if self.managed is None:
             return []
-        left = stop_processes([self.managed])
-        left += [p for p in stop_marked("FLWR_HOME", str(self.home)) if p not in left]
+        stop_processes([self.managed])  # the tree: groups, then each PID seen (SIGTERM first)
+        left = stop_marked("FLWR_HOME", str(self.home))  # what carries its FLWR_HOME: the tree's survivors too
         self.process = self.managed = None
         if not left and self.ray_dir is not None:
             shutil.rmtree(self.ray_dir, ignore_errors=True)
