@@ -84,7 +84,15 @@ from fl_app.server.checkpoint import CHECKPOINT, load_checkpoint
 from fl_app.server.preflight import check_data_dir, check_nodes
 from fl_app.tooling.experiment import read_experiment
 from fl_app.tooling.launch import LocalSimulation
-from fl_app.tooling.plan import check_axes, grid_points, label, parse_grid, resolve_rows, run_name
+from fl_app.tooling.plan import (
+    check_axes,
+    check_command_line_keys,
+    grid_points,
+    label,
+    parse_grid,
+    resolve_rows,
+    run_name,
+)
 from fl_app.tooling.processes import FolderInUse, MissingTool, lock_folder
 from fl_app.tooling.quiet import for_output, is_noise, plain, quiet_libraries
 from fl_app.tooling.tuning import (
@@ -220,6 +228,7 @@ def build_configs(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str, i
     for text in args.overrides:
         key, value = parse_override(text)
         command_line[key] = value
+    check_command_line_keys(command_line, "--set")
     cli_grid = parse_grid(getattr(args, "grid", []) or [])
     both = sorted(set(cli_grid) & set(command_line))
     if both:

@@ -68,6 +68,24 @@ def test_the_runner_now_runs_the_three_methods_of_the_file(tmp_path):
     assert [raw["strategy"] for _, _, raw in configs] == ["fedavg", "fedprox", "scaffold"]
 
 
+@pytest.mark.parametrize("argv, expected", [
+    (["--set", "seed=3"], "--set seed=... is invalid: the runner sets 'seed' for each run itself; list the seeds"),
+    (["--grid", "seed=0,1"], "--grid seed=... is invalid"),
+    (["--grid", "strategy=fedavg,fedprox"], "--grid strategy=... is invalid"),
+    (["--set", "results-dir=/tmp/x"], "choose the folder with --out"),
+])
+def test_a_per_run_key_on_the_command_line_is_refused(tmp_path, capsys, argv, expected):
+    """`--grid seed=0,1` made two rows labelled seed=0 and seed=1 that both ran --seeds' seed 0."""
+    assert run_simulation.main([*SYNTH, *argv, "--check", "--out", str(tmp_path / "o")]) == 2
+    assert expected in one_line_error(capsys)
+
+
+def test_set_strategy_is_still_the_method_list(tmp_path):
+    args = run_simulation.parse_args([*SYNTH, "--set", "strategy=fedavg,fedprox"])
+    configs = run_simulation.build_configs(args, tmp_path / "runs")
+    assert [raw["strategy"] for _, _, raw in configs] == ["fedavg", "fedprox"]
+
+
 # ---- --clients 0 -------------------------------------------------------------------------------------
 
 def test_clients_zero_is_refused_not_replaced_by_ten(tmp_path, capsys):

@@ -20,6 +20,20 @@ from typing import Any
 
 from fl_app.config import ConfigError, did_you_mean, parse_override
 
+# Run-config keys the runner sets for each run itself, and the flag that sets each: given by
+# --set or --grid they would be replaced silently (``--grid seed=0,1`` made two rows of one seed).
+RUNNER_KEYS = {"strategy": "list the methods with --strategy a,b", "seed": "list the seeds with --seeds",
+               "run-name": "runs are named <label>-seed<seed>", "results-dir": "choose the folder with --out"}
+
+
+def check_command_line_keys(keys, flag: str) -> None:
+    """Refuse a ``RUNNER_KEYS`` key given by ``flag`` (``--set``: strategy excepted, it is read
+    as the method list)."""
+    for key in keys:
+        if key in RUNNER_KEYS and not (flag == "--set" and key == "strategy"):
+            raise ConfigError(f"{flag} {key}=... is invalid: the runner sets {key!r} for each run itself;"
+                              f" {RUNNER_KEYS[key]}")
+
 
 def parse_grid(items: list[str]) -> dict[str, list[Any]]:
     """``["learning-rate=0.01,0.05"]`` -> ``{"learning-rate": [0.01, 0.05]}`` (typed per key)."""
@@ -32,6 +46,7 @@ def parse_grid(items: list[str]) -> dict[str, list[Any]]:
         if not parsed:
             raise ConfigError(f"--grid {text!r} lists no values")
         axes[parsed[0][0]] = [v for _, v in parsed]
+    check_command_line_keys(axes, "--grid")
     return axes
 
 
