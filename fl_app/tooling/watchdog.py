@@ -38,7 +38,7 @@ DONE = b"done"
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="stop a dead launcher's processes (see the module docstring)")
     parser.add_argument("--marker", required=True, metavar="NAME=VALUE", help="environment entry of its processes")
-    parser.add_argument("--remove", action="append", default=[], metavar="DIR", help="folder to remove afterwards (temporary)")
+    parser.add_argument("--remove", action="append", default=[], metavar="DIR", help="temporary folder to remove")
     args = parser.parse_args(argv)
     for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
