@@ -237,6 +237,8 @@ def build_configs(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str, i
     if args.clients < 1:
         raise ConfigError(f"--clients = {args.clients} is invalid: must be >= 1")
     base.setdefault("min-available-clients", args.clients)
+    if "target-accuracy" in experiment:  # the file's target: comparison.md's rounds to it, as docs/results.md
+        base.setdefault("target-accuracy", experiment["target-accuracy"])
     listed = command_line.pop("strategy", base.pop("strategy", args.strategy))
     names = [s.strip() for s in listed.split(",") if s.strip()]
     configs = []
@@ -259,7 +261,8 @@ def build_configs(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str, i
     return configs
 
 
-IGNORED_ON_RERUN = {"resume", "results-dir"}  # by design: continuation flag; the folder may move
+# by design: continuation flag; the folder may move; the target only reads the accuracies afterwards
+IGNORED_ON_RERUN = {"resume", "results-dir", "target-accuracy"}
 
 
 def as_read_now(recorded: dict) -> dict:

@@ -506,3 +506,25 @@ def test_a_section_whose_runs_all_predate_the_files_setting_shows_them_as_such(t
     assert row(sec, "fedavg")[8:10] == ["1", "2"] and row(sec, "fedgam")[8:10] == ["1", "2"]
     line = next(l for l in text.splitlines() if l.startswith("| [g]"))
     assert "| 0/4 | partial (2 more runs from an earlier setting) |" in line
+
+
+def test_experiment_target_reaches_every_run_and_never_makes_a_kept_run_stale(tmp_path):
+    """An experiment file's top-level target-accuracy becomes each run's run-config key (so the
+    runner's comparison.md shows rounds to it, as docs/results.md does), and a run kept from
+    before the key existed, or made with another target, is not a changed run: the target only
+    reads the accuracies afterwards."""
+    import json
+
+    import run_simulation
+    from fl_app.config import validate_config
+
+    f = ROOT / "experiments" / "fedgam-mnist-dir03.toml"
+    args = run_simulation.parse_args(["--config", str(f)])
+    configs = run_simulation.build_configs(args, tmp_path)
+    target = args.experiment["target-accuracy"]
+    assert {raw["target-accuracy"] for _, _, raw in configs} == {target}
+    row, seed, raw = configs[0]
+    other = validate_config({**raw, "target-accuracy": 0.5 if target != 0.5 else 0.6})
+    (tmp_path / raw["run-name"]).mkdir()
+    (tmp_path / raw["run-name"] / "run-config.json").write_text(json.dumps(other))
+    assert run_simulation.changed_runs(configs[:1], tmp_path) == []
