@@ -2,8 +2,8 @@
 al., ICML 2022; Caldarola, Caputo, Ciccone, ECCV 2022).
 
 - Client, per batch: g = ∇f(w; b); ε = ρ g / ‖g‖ (the norm over all trainable parameters);
-  d = ∇f(w + ε; b), applied at w. The weights go back to w by copy
-  (`clients.perturbation.perturbed`) and BN statistics count the unperturbed pass only (the
+  d = ∇f(w + ε; b), applied at w. w + ε is a copy of the weights (`tasks.functional.FEDSAM`):
+  w itself never moves, and BN statistics count the unperturbed pass only (the
   [perturbation rules](#sharpness-and-perturbation)).
 - Server: the weighted mean (Flower's FedAvg, `DriftFedAvg`). State: none.
 - Keys: `sam-rho` ρ (0.05, > 0; the papers use 0.05 to 0.5), read by the client.

@@ -16,8 +16,10 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-# Added to every norm in a denominator (FedSOL's 1e-12; GAM's perturb_eps).
-NORM_EPS = 1e-12
+from tasks.functional.core import NORM_EPS
+from tasks.functional.core import sam_eps as _sam_eps
+
+__all__ = ["NORM_EPS", "asam_eps", "global_norm", "perturbed", "sam_eps"]
 
 
 def global_norm(tensors: Sequence[torch.Tensor | None]) -> torch.Tensor:
@@ -30,9 +32,10 @@ def global_norm(tensors: Sequence[torch.Tensor | None]) -> torch.Tensor:
 
 
 def sam_eps(grads: Sequence[torch.Tensor | None], rho: float) -> list[torch.Tensor | None]:
-    """SAM's ascent step: eps = rho * g / ||g||, the norm taken over all of ``grads``."""
-    scale = rho / (global_norm(grads) + NORM_EPS)
-    return [None if g is None else g.detach() * scale for g in grads]
+    """SAM's ascent step eps = rho * g / (||g|| + NORM_EPS) on detached gradients: the one
+    definition, ``tasks.functional.core.sam_eps`` (its norm equals ``global_norm`` bit for bit on
+    CPU: the same per-tensor kernel)."""
+    return _sam_eps([None if g is None else g.detach() for g in grads], rho)
 
 
 def asam_eps(

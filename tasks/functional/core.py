@@ -13,8 +13,8 @@ from torch.func import functional_call, grad_and_value
 
 Tree = dict[str, torch.Tensor]
 
-# Added to a norm in a denominator: SAM's eps = rho g / (||g|| + NORM_EPS), the value of
-# clients.perturbation.NORM_EPS (FedSOL's 1e-12), which the hook-based methods use.
+# Added to every norm in a denominator (FedSOL's 1e-12; GAM's perturb_eps): the one value, which
+# clients.perturbation (the hook-based methods) imports from here.
 NORM_EPS = 1e-12
 
 
@@ -92,6 +92,19 @@ def keep_layout(new: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     if new.stride() == like.stride():
         return new
     return torch.empty_strided(like.size(), like.stride(), dtype=like.dtype, device=like.device).copy_(new)
+
+
+def sam_eps(grads: Iterable[torch.Tensor | None], rho: float) -> list[torch.Tensor | None]:
+    """SAM's ascent step, the one definition of it: eps = rho g / (||g|| + NORM_EPS), the norm over
+    all of ``grads`` (None entries skipped, and None in the result). Every SAM-style method uses
+    it: FedSAM's functional step here, and FedGAM, FedSMOO (and FedSAM's hook twin in the tests)
+    through ``clients.perturbation.sam_eps``. Plain tensor ops, so vmap batches it."""
+    grads = list(grads)
+    present = [g for g in grads if g is not None]
+    if not present:
+        return [None] * len(grads)
+    scale = rho / (tree_norm(present) + NORM_EPS)
+    return [None if g is None else g * scale for g in grads]
 
 
 def tree_norm(tensors: Iterable[torch.Tensor]) -> torch.Tensor:

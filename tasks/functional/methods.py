@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from tasks.functional.core import NORM_EPS, Hyper, Tree, grad_and_loss, keep_layout, tree_norm
+from tasks.functional.core import Hyper, Tree, grad_and_loss, keep_layout, sam_eps, tree_norm
 from tasks.optim import effective_steps
 
 Begin = Callable[[Tree, dict, dict, Hyper], dict]
@@ -115,8 +115,8 @@ def sam_direction(model, params, buffers, x, y, w_t, ctx, hp):
     The buffers are those of the first (unperturbed) pass: the second pass's are dropped, as
     ``clients.perturbation.perturbed`` restores them."""
     grads, loss, new_buffers = grad_and_loss(model, params, buffers, x, y, hp)
-    scale = hp.keys["sam-rho"] / (tree_norm(grads.values()) + NORM_EPS)
-    perturbed = {n: keep_layout(p + grads[n] * scale, p) for n, p in params.items()}
+    eps = dict(zip(grads, sam_eps(grads.values(), hp.keys["sam-rho"])))
+    perturbed = {n: keep_layout(p + eps[n], p) for n, p in params.items()}
     sharp, _, _ = grad_and_loss(model, perturbed, new_buffers, x, y, hp)
     return sharp, new_buffers, loss
 
