@@ -173,7 +173,8 @@ def test_make_certs_signs_a_server_certificate_for_the_host(tmp_path):
     ca.public_key().verify(server.signature, server.tbs_certificate_bytes, ec.ECDSA(server.signature_hash_algorithm))
     san = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert {str(ip) for ip in san.get_values_for_type(x509.IPAddress)} == {"10.1.2.3", "127.0.0.1", "::1"}
-    assert set(san.get_values_for_type(x509.DNSName)) == {"link.lan", "localhost"}
+    # every IP also as a DNS name: nginx 1.22 (the deployment's mTLS edge) checks DNS names only
+    assert set(san.get_values_for_type(x509.DNSName)) == {"link.lan", "localhost", "10.1.2.3", "127.0.0.1", "::1"}
     assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
     # a second host later: same CA, so existing SuperNodes keep trusting the SuperLink
     subprocess.run([sys.executable, script, "--out", str(tmp_path), "--host", "10.1.2.4"],
