@@ -95,6 +95,14 @@ def test_clients_zero_is_refused_not_replaced_by_ten(tmp_path, capsys):
     assert run_simulation.parse_args([*SYNTH, "--clients", "0"]).clients == 0
 
 
+@pytest.mark.parametrize("listed", ["", ",", " , "])
+def test_empty_strategy_list_is_refused_not_replaced_by_fedavg(listed, capsys):
+    with pytest.raises(SystemExit) as exc:
+        run_simulation.parse_args([*SYNTH, "--strategy", listed])
+    assert exc.value.code == 2
+    assert "names no method" in capsys.readouterr().err
+
+
 # ---- a screening rule needs enough sampled replies -------------------------------------------------
 
 @pytest.mark.parametrize("argv, expected", [
