@@ -78,10 +78,11 @@ if __name__ == "__main__" and missing_data_dir(sys.argv[1:]):
 
 from fl_app.config import ConfigError, parse_override, validate_config
 from fl_app.config import spec as config_keys
-from fl_app.registry import get_method, method_names
+from fl_app.registry import method_names
 from fl_app.results.report import compare, plot, plot_curves, plot_drift, read_summary, write_comparison
 from fl_app.server.checkpoint import CHECKPOINT, load_checkpoint
 from fl_app.server.preflight import check_data_dir, check_nodes
+from fl_app.server_app import build_strategy, resolve
 from fl_app.tooling.experiment import read_experiment
 from fl_app.tooling.launch import LocalSimulation
 from fl_app.tooling.plan import (
@@ -104,7 +105,6 @@ from fl_app.tooling.tuning import (
     tuning_record,
     write_tuning,
 )
-from strategies.base import fedavg_kwargs
 from tasks.datasets import DataUnavailableError, PartitionError, resolve_data_dir
 from tasks.partitioning import PartitionSpec, check_data
 
@@ -208,10 +208,14 @@ def resolve_experiment(args: argparse.Namespace, parser: argparse.ArgumentParser
     return args
 
 
-def check_method(cfg: dict) -> None:
-    """Build the method's strategy once, as the ServerApp will: method-specific checks (a BN
-    model for FedBN, enough Linear layers for FedPGVC, ...) then fail here, before any launch."""
-    get_method(cfg["strategy"]).strategy.from_config(cfg, **fedavg_kwargs(cfg, None, None))
+def check_method(raw: dict) -> dict:
+    """The ServerApp's own checks of the method (``fl_app.server_app.resolve``) and its
+    strategy built once, as the ServerApp will: method-specific refusals (a BN model for FedBN,
+    enough Linear layers for FedPGVC, an optimiser SCAFFOLD cannot use, a screening mode the
+    method does not allow, ...) then fail here, before any launch. The validated config."""
+    cfg, method = resolve(raw)
+    build_strategy(cfg, method)
+    return cfg
 
 
 def build_configs(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str, int, dict]]:
@@ -255,10 +259,9 @@ def build_configs(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str, i
                 given = str(raw.get("data-dir", ""))
                 given = str(Path(args.cwd or ".", given)) if given and args.cwd else given
                 raw["data-dir"] = resolve_data_dir(given, args.env_data_dir)
-                cfg = validate_config(raw)
+                cfg = check_method(raw)
                 check_data_dir(cfg)
                 check_nodes(cfg, args.clients)
-                check_method(cfg)
                 configs.append((row, seed, raw))
     return configs
 
@@ -404,9 +407,9 @@ def print_check(configs: list[tuple[str, int, dict]], runs_dir: Path, clients: i
     continued run costs its start and its remaining rounds)."""
     from fl_app.tooling.estimate import describe
 
-    left = []
+    left, step_costs = [], []
     for row, seed, raw in configs:
-        cfg, run_dir = validate_config(raw), runs_dir / raw["run-name"]
+        (cfg, method), run_dir = resolve(raw), runs_dir / raw["run-name"]
         rounds = rounds_left(cfg, run_dir)
         status = ("finished, kept" if rounds == 0 else
                   f"continues after round {cfg['num-server-rounds'] - rounds}" if rounds < cfg["num-server-rounds"]
@@ -414,7 +417,8 @@ def print_check(configs: list[tuple[str, int, dict]], runs_dir: Path, clients: i
         print(f"ok: {row} seed {seed} -> {run_dir} ({status})")
         if rounds:
             left.append({**cfg, "num-server-rounds": rounds})
-    print(describe(left, clients, kept=len(configs) - len(left)))
+            step_costs.append(method.client.STEP_COST)
+    print(describe(left, clients, kept=len(configs) - len(left), step_costs=step_costs))
 
 
 def plan(args: argparse.Namespace, out: Path) -> float:

@@ -6,7 +6,7 @@ Not a test; run by hand:
     FL_DATA_DIR=/path/to/data python bench/drift.py --clients 5 10 --run results/cmp/runs/fedavg-seed0
 
 - drift: ``round_drift`` on K replies of the model (serialised as Flower sends them, read
-  through the same zero-copy views RecordingStrategy uses), median of ``--reps`` calls;
+  through the same zero-copy views the server uses), median of ``--reps`` calls;
 - per-class: ``evaluate(..., per_class=True)`` against the plain ``evaluate`` on the MNIST
   test split, interleaved, median of ``--reps`` each;
 - with ``--run``, the median ``round_seconds`` of that run's metrics.csv, and each cost as a
@@ -31,6 +31,7 @@ from flwr.common import ndarrays_to_parameters
 from fl_app.results.report import read_metrics
 from fl_app.server.drift import round_drift
 from fl_app.server.recording import _views
+from strategies.base import DriftFedAvg
 from tasks.datasets import input_shape, resolve_data_dir
 from tasks.models import build_model, get_weights
 from tasks.partitioning import load_test_split
@@ -43,12 +44,12 @@ def time_drift(model: str, dataset: str, clients: int, reps: int) -> float:
     replies = [ndarrays_to_parameters([(a + 0.01 * rng.standard_normal(a.shape)).astype(a.dtype) for a in sent])
                for _ in range(clients)]
     sent_params = ndarrays_to_parameters(sent)
-    cfg = {"model": model, "dataset": dataset, "strategy": "fedavg"}
-    round_drift(cfg, _views(sent_params), [(100, _views(p)) for p in replies])  # warm: model layout cached
+    cfg = {"model": model, "dataset": dataset}
+    round_drift(cfg, DriftFedAvg, _views(sent_params), [(100, _views(p)) for p in replies])  # warm: model layout cached
     times = []
     for _ in range(reps):
         start = time.perf_counter()
-        round_drift(cfg, _views(sent_params), [(100 + i, _views(p)) for i, p in enumerate(replies)])
+        round_drift(cfg, DriftFedAvg, _views(sent_params), [(100 + i, _views(p)) for i, p in enumerate(replies)])
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 

@@ -81,6 +81,12 @@ class DriftClient(NumPyClient):
     # The method's local update as functions (module docstring); None: the hook loop.
     LOCAL_UPDATE: LocalUpdate | None = None
 
+    @classmethod
+    def mods(cls, cfg: dict) -> tuple:
+        """The Flower client mods this method's runs of ``cfg`` need around each message (the
+        ClientApp applies them, ``fl_app/client_app.py``). Default: none."""
+        return ()
+
     def __init__(self, cfg: dict, context: Context, partition_id: int, num_partitions: int):
         self.cfg = cfg
         self.context = context

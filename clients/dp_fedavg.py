@@ -35,8 +35,16 @@ Summary: client update clipped (client mode) | server clipping, noise, uniform m
 state - | server state accountant | traffic -
 """
 
+from flwr.client.mod import fixedclipping_mod
+
 from clients.base import DriftClient
 
 
 class DPFedAvgClient(DriftClient):
     """Local SGD with cross-entropy; clipping and noise are Flower's (mod and strategy wrapper)."""
+
+    @classmethod
+    def mods(cls, cfg: dict) -> tuple:
+        """Flower's ``fixedclipping_mod`` with ``dp-mode = "client"``: the client clips its own
+        update to the norm the strategy wrapper sends."""
+        return (fixedclipping_mod,) if cfg["dp-mode"] == "client" else ()

@@ -4,12 +4,12 @@ wrapped in ``NodeClient`` (faults, state mirror, warm-up, timing around the meth
 from __future__ import annotations
 
 from flwr.client import ClientApp
-from flwr.client.mod import fixedclipping_mod
+from flwr.client.mod import make_ffn
 from flwr.common import Context
 
-from fl_app.config import validate_config
+from fl_app.config import method_config, validate_config
 from fl_app.node.node_client import NodeClient, match_threads_to_cpu_share
-from fl_app.registry import get_method
+from fl_app.registry import Method, get_method
 
 
 def node_partition(node_config: dict) -> tuple[int, int]:
@@ -29,21 +29,26 @@ def node_partition(node_config: dict) -> tuple[int, int]:
         ) from exc
 
 
+def resolve(run_config) -> tuple[dict, Method]:
+    """The run config validated and its method: the one place the client side looks the
+    method up by name; the method's client class is passed down from here."""
+    cfg = validate_config(run_config)
+    method = get_method(cfg["strategy"])
+    return method_config(cfg, method.strategy), method
+
+
 def client_fn(context: Context):
-    cfg = validate_config(context.run_config)
+    cfg, method = resolve(context.run_config)
     partition_id, num_partitions = node_partition(context.node_config)
-    client_cls = get_method(cfg["strategy"]).client
     match_threads_to_cpu_share()  # before the method client builds its model
-    return NodeClient(client_cls(cfg, context, partition_id, num_partitions)).to_client()
+    return NodeClient(method.client(cfg, context, partition_id, num_partitions)).to_client()
 
 
-def dp_clipping_mod(msg, context: Context, call_next):
-    """Flower's fixedclipping_mod, only in runs of dp-fedavg with dp-mode "client"."""
-    from strategies.dp_fedavg import uses_client_clipping
-
-    if uses_client_clipping(context.run_config):
-        return fixedclipping_mod(msg, context, call_next)
-    return call_next(msg, context)
+def method_mods(msg, context: Context, call_next):
+    """The Flower mods the run's method client declares (``mods(run_config)``: DP-FedAvg's
+    client-side clipping), around this message; none for most methods."""
+    _, method = resolve(context.run_config)
+    return make_ffn(call_next, list(method.client.mods(context.run_config)))(msg, context)
 
 
-app = ClientApp(client_fn=client_fn, mods=[dp_clipping_mod])
+app = ClientApp(client_fn=client_fn, mods=[method_mods])

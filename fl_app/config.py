@@ -189,6 +189,7 @@ def validate_config(raw: Mapping[str, Any], strategies: tuple[str, ...] | None =
     """Return a complete, typed config (defaults filled in) or raise ConfigError.
 
     ``strategies`` lists the valid method names; by default it is read from the registry.
+    The checks of one method (``method_config``) need the method, resolved by the caller.
     """
     if strategies is None:
         from fl_app.registry import method_names
@@ -215,13 +216,18 @@ def validate_config(raw: Mapping[str, Any], strategies: tuple[str, ...] | None =
                 f"run-config key '{name}' = {value!r} is invalid: must be {key.allowed}"
             )
         cfg[name] = value
-    from fl_app.registry import METHODS
+    _check_combinations(cfg)
+    return cfg
+
+
+def method_config(cfg: dict, strategy: type) -> dict:
+    """``cfg`` (validated) checked and adjusted for its method, given as the method's strategy
+    class (resolved by the caller, ``fl_app.server_app.resolve`` / ``fl_app.client_app``): the
+    class's own ``resolve_config`` and the screening modes it allows."""
     from fl_app.server.screening import check_screening
 
-    if cfg["strategy"] in METHODS:
-        cfg = METHODS[cfg["strategy"]].strategy.resolve_config(cfg)
-        check_screening(cfg, METHODS[cfg["strategy"]].strategy)
-    _check_combinations(cfg)
+    cfg = strategy.resolve_config(cfg)
+    check_screening(cfg, strategy)
     return cfg
 
 

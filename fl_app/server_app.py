@@ -1,4 +1,5 @@
-"""ServerApp: validates the run config, builds the chosen method's strategy, records results."""
+"""ServerApp: validates the run config, resolves its method once, builds the method's strategy
+and fl-drift's ``DriftServer`` (``fl_app/server/server.py``) that runs it and records results."""
 
 from __future__ import annotations
 
@@ -10,13 +11,13 @@ import numpy as np
 from flwr.common import Context, ndarrays_to_parameters
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 
-from fl_app.config import ConfigError, validate_config
-from fl_app.registry import get_method
+from fl_app.config import ConfigError, method_config, validate_config
+from fl_app.registry import Method, get_method
 from fl_app.results.report import read_metrics
 from fl_app.server.checkpoint import Checkpoint, load_checkpoint
 from fl_app.server.preflight import check_data_dir, loud
-from fl_app.server.recording import RecordingStrategy
 from fl_app.server.sampling import SeededClientManager
+from fl_app.server.server import DriftServer
 from fl_app.server.startup import ServerStartup
 from strategies.base import fedavg_kwargs
 from tasks.datasets import DataUnavailableError, PartitionError, input_shape
@@ -34,32 +35,40 @@ def run_name(cfg: dict) -> str:
     return f"{cfg['strategy']}-{cfg['dataset']}-{cfg['partitioner']}-seed{cfg['seed']}-{stamp}"
 
 
-def make_evaluate_fn(cfg: dict, startup: ServerStartup):
-    """Centralized evaluation of the global weights on the test split (the validation split held
-    out of the training data when ``validation-fraction`` > 0: a tuning run), every round. Its first
-    call (round 0, once the nodes are connected) is where the server's start-up completes:
-    ``start_up`` holds the steps (``fl_app/server/startup.py``)."""
-    device = default_device()
-    model = build_model(cfg["model"], input_shape(cfg["dataset"])).to(device)
-    test_data: list = []
+class CentralEvaluation:
+    """The method strategy's ``evaluate_fn``: the global weights on the server's test split (the
+    validation split held out of the training data when ``validation-fraction`` > 0: a tuning
+    run), every round it is asked. The split is handed in once, by the server's start-up
+    (``load``), before round 0's evaluation."""
 
-    def evaluate_fn(server_round: int, arrays: list, config: dict):
+    def __init__(self, cfg: dict):
+        self.device = default_device()
+        self.model = build_model(cfg["model"], input_shape(cfg["dataset"])).to(self.device)
+        self.test_data: list = []
+
+    def load(self, x, y) -> None:
+        self.test_data[:] = [x.to(self.device), y.to(self.device)]
+
+    def __call__(self, server_round: int, arrays: list, config: dict):
+        if not self.test_data:
+            raise RuntimeError("the server's test split is not loaded: the start-up (load) runs before round 0")
+        return evaluate_global(self.model, self.test_data, arrays)
+
+
+def start_up_steps(startup: ServerStartup, evaluation: CentralEvaluation):
+    """Start-up steps 2 and 3 (``fl_app/server/startup.py``) around the initial model's
+    evaluation, as one call for the server's start-up: ask the nodes for their partitions and
+    load the test split, evaluate round 0 (``evaluate_initial``; None on resume), then check
+    the partitioning (before round 1). Data and partition errors are one ``fl-drift:`` line."""
+
+    def complete(evaluate_initial) -> None:
         with loud(DataUnavailableError, PartitionError):
-            if not test_data:
-                return start_up(arrays)
-            return evaluate_global(model, test_data, arrays)
+            evaluation.load(*startup.test_split())
+            if evaluate_initial is not None:
+                evaluate_initial()
+            startup.ready()
 
-    def start_up(arrays: list):
-        """Start-up steps 2 and 3 around the initial model's evaluation: ask the nodes for their
-        partitions and take the test split, evaluate, then check the partitioning (before
-        round 1)."""
-        x, y = startup.test_split()
-        test_data.extend([x.to(device), y.to(device)])
-        result = evaluate_global(model, test_data, arrays)
-        startup.ready()
-        return result
-
-    return evaluate_fn
+    return complete
 
 
 def evaluate_global(model, test_data: list, arrays: list) -> tuple[float, dict]:
@@ -78,12 +87,26 @@ def server_fn(context: Context) -> ServerAppComponents:
         return _server_components(context)
 
 
-def _server_components(context: Context) -> ServerAppComponents:
-    """Validate the run config, set the starting point (fresh or resumed), begin the start-up
-    (step 1), build the method's strategy inside the recorder."""
-    cfg = validate_config(context.run_config)
-    check_data_dir(cfg)
+def resolve(run_config) -> tuple[dict, Method]:
+    """The run config validated and its method: the one place the server side looks the
+    method up by name (the runner's checks call this too, so all agree); the method is passed
+    down as an object from here."""
+    cfg = validate_config(run_config)
     method = get_method(cfg["strategy"])
+    return method_config(cfg, method.strategy), method
+
+
+def build_strategy(cfg: dict, method: Method, initial=None, evaluate_fn=None):
+    """The method's Flower strategy for ``cfg`` (method-specific refusals raise here)."""
+    return method.strategy.from_config(cfg, **fedavg_kwargs(cfg, initial, evaluate_fn))
+
+
+def _server_components(context: Context) -> ServerAppComponents:
+    """Validate the run config and resolve its method, set the starting point (fresh or
+    resumed), begin the start-up (step 1), build the method's strategy and the server that
+    runs it."""
+    cfg, method = resolve(context.run_config)
+    check_data_dir(cfg)
     run_dir = Path(cfg["results-dir"]).expanduser() / run_name(cfg)
     checkpoint, weights = starting_point(cfg, run_dir)
     client_manager = SeededClientManager(cfg["seed"], wait_seconds=cfg["wait-for-nodes"])
@@ -91,21 +114,21 @@ def _server_components(context: Context) -> ServerAppComponents:
         client_manager.draws = checkpoint.sampler_draws
     startup = ServerStartup(cfg, client_manager)
     startup.begin()  # start-up step 1: decode the test split while the nodes start
-    inner = method.strategy.from_config(
-        cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(weights), make_evaluate_fn(cfg, startup))
-    )
-    strategy = RecordingStrategy(
-        inner, cfg, run_dir, cfg["num-server-rounds"], resume_from=checkpoint,
+    evaluation = CentralEvaluation(cfg)
+    strategy = build_strategy(cfg, method, ndarrays_to_parameters(weights), evaluation)
+    server = DriftServer(
+        client_manager=client_manager, strategy=strategy, cfg=cfg, run_dir=run_dir,
+        start_up=start_up_steps(startup, evaluation), resume_from=checkpoint,
         previous_rows=read_metrics(run_dir) if checkpoint is not None else None,
     )
     done = checkpoint.round if checkpoint is not None else 0
     return ServerAppComponents(
-        strategy=strategy,
+        server=server,
         config=ServerConfig(
             num_rounds=max(cfg["num-server-rounds"] - done, 0),
             round_timeout=cfg["round-timeout"] or None,
         ),
-        client_manager=client_manager,
+        client_manager=client_manager,  # the server's own (Flower uses the server's)
     )
 
 

@@ -11,7 +11,7 @@ Usage (the data folder holds mnist/{train,test}.parquet; without it the Hugging 
 Each run is one seeded run (the seed sets the IID split, the test images drawn, the model's
 initial weights and the clients' batch order), driven in this process (no Ray, no SuperLink) with the project's
 own pieces: every client is the method's real client behind ``NodeClient`` (which applies
-``inject-faults``), the server is the method's strategy inside ``RecordingStrategy`` (which
+``inject-faults``), the server is the method's strategy inside ``DriftServer``'s steps (``RoundByRound``) (which
 applies ``screening``), and the test accuracy is the server's evaluation. All 10 clients are
 sampled every round; the attackers are partitions 0 .. f-1. Attacks: ``scale-x10``
 (``scale:k:10``), ``sign-flip`` (``flip:k``), ``adaptive`` (``adaptive:k``: a sign flip sized to
@@ -55,9 +55,11 @@ from fl_app.config import validate_config  # noqa: E402
 from fl_app.node.node_client import NodeClient  # noqa: E402
 from fl_app.registry import METHODS  # noqa: E402
 from fl_app.results.stats import Paired, paired_difference  # noqa: E402
-from fl_app.server.recording import RecordingStrategy  # noqa: E402
 from fl_app.server.screening import allowed_modes, min_replies  # noqa: E402
-from fl_app.tooling.inprocess import InProcessProxy  # noqa: E402
+from fl_app.tooling.inprocess import (
+    InProcessProxy,  # noqa: E402
+    RoundByRound,  # noqa: E402
+)
 from strategies.base import fedavg_kwargs  # noqa: E402
 from tasks.datasets import input_shape  # noqa: E402
 from tasks.models import build_model, get_weights, set_weights  # noqa: E402
@@ -139,7 +141,7 @@ def one_run(cfg: dict, parts, test) -> dict:
         return loss, {"accuracy": accuracy}
 
     inner = method.strategy.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w0), evaluate_fn))
-    strategy = RecordingStrategy(inner, cfg, Path(tempfile.mkdtemp(prefix="fl-drift-security-")),
+    strategy = RoundByRound(inner, cfg, Path(tempfile.mkdtemp(prefix="fl-drift-security-")),
                                  num_rounds=cfg["num-server-rounds"])
     manager = Everyone()
     for k in range(CLIENTS):

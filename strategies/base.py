@@ -35,7 +35,7 @@ def fedavg_kwargs(cfg: dict, initial_parameters: Parameters, evaluate_fn: Callab
     Evaluation is centralized (``evaluate_fn`` on the server's test split); with
     ``client-test-fraction`` > 0 every client also scores the global model on its local test
     split (``fraction_evaluate`` 1: all connected clients; the rounds are chosen by
-    ``fl_app.server.recording.RecordingStrategy.configure_evaluate``), else no client is asked.
+    ``fl_app.server.server.DriftServer.evaluate_on_clients``), else no client is asked.
     """
     return dict(
         fraction_fit=cfg["fraction-fit"],

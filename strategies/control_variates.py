@@ -2,7 +2,7 @@
 
 The server holds c (zeros at the start, one array per parameter that carries a control
 variate, state_dict order). ``configure_fit`` sends weights + c; each reply is weights +
-delta c_i with the same count and shapes (so ``RecordingStrategy``'s check holds).
+delta c_i with the same count and shapes (so the server's reply check, ``fl_app.server.recording.check_reply``, holds).
 ``aggregate_fit`` takes the n_k-weighted mean of the weights (Flower's FedAvg) and updates
 
     c <- c + (1/D) * sum_{i in S_t} delta c_i,

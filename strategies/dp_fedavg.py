@@ -74,14 +74,6 @@ def rdp_epsilon(q: float, noise_multiplier: float, rounds: int, delta: float) ->
     return best
 
 
-def uses_client_clipping(run_config) -> bool:
-    """True for runs whose clients must clip their own updates (fixedclipping_mod)."""
-    return (
-        run_config.get("strategy") == "dp-fedavg"
-        and run_config.get("dp-mode", DPFedAvgStrategy.CONFIG_KEYS["dp-mode"].default) == "client"
-    )
-
-
 @contextmanager
 def global_numpy_seeded(seed: int | None, server_round: int) -> Iterator[None]:
     """NumPy's global generator seeded by (seed, round) inside the block and restored after it

@@ -233,22 +233,20 @@ class AppProxy(ClientProxy):
 
 
 def serve_in_process(run_config: dict, nodes: int) -> None:
-    """One run with no Ray and no SuperLink: the ServerApp's ``server_fn`` components on Flower's
-    own server loop (``flwr.server.Server``), ``nodes`` new nodes (partition k of ``nodes``, empty
-    ``context.state``) served by ``AppProxy``. Exceptions of the server (an injected crash,
-    ``RunAborted``) propagate. Clients fit one at a time: in one process they share the cached
-    model (``tasks.models.cached_model``), as the clients of one Ray actor do."""
-    from flwr.server.server import Server
-
+    """One run with no Ray and no SuperLink: the ServerApp's ``server_fn`` components (its
+    ``DriftServer``, run as Flower's ServerApp runs it: ``fit``), ``nodes`` new nodes (partition k
+    of ``nodes``, empty ``context.state``) served by ``AppProxy``. Exceptions of the server (an
+    injected crash, ``RunAborted``) propagate. Clients fit one at a time: in one process they
+    share the cached model (``tasks.models.cached_model``), as the clients of one Ray actor do."""
     from fl_app.server_app import server_fn
 
     components = server_fn(Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config=run_config))
-    manager = components.client_manager
+    server = components.server
+    manager = server.client_manager()
     for k in range(nodes):  # node ids in another order than the partitions
         node_config = {"partition-id": k, "num-partitions": nodes}
         context = Context(run_id=0, node_id=900 - 7 * k, node_config=node_config, state=RecordDict(),
                           run_config=run_config)
         manager.register(AppProxy(str(900 - 7 * k), context))
-    server = Server(client_manager=manager, strategy=components.strategy)
     server.set_max_workers(1)
     server.fit(components.config.num_rounds, timeout=None)

@@ -68,18 +68,35 @@ def eval_res(acc: float) -> EvaluateRes:
     return EvaluateRes(Status(Code.OK, ""), 0.5, 10, {"accuracy": acc})
 
 
+class EvalProxy(FakeProxy):
+    """A node that scores the global model on its local test split at ``accuracy``."""
+
+    def __init__(self, cid, accuracy):
+        super().__init__(cid)
+        self.accuracy, self.asked = accuracy, 0
+
+    def evaluate(self, ins, timeout, group_id):
+        self.asked += 1
+        return eval_res(self.accuracy)
+
+
+class EvalManager(FakeManager):
+    def __init__(self, accuracies):
+        self.proxies = [EvalProxy(str(i), a) for i, a in enumerate(accuracies)]
+
+
 def test_row_waits_for_the_clients_scores(tmp_path):
+    """The server's evaluate step asks the clients after its own evaluation, and the round's
+    row (written by the record step after it) has both."""
     strategy, w0 = make_strategy(tmp_path, rounds=1, **{"client-test-fraction": 0.2})
-    manager = FakeManager(4)
+    manager = EvalManager([0.2, 0.6, 0.8, 1.0])
     params = strategy.initialize_parameters(manager)
     strategy.evaluate(0, params)
+    assert all(p.asked == 0 for p in manager.proxies)  # not for the initial model
     strategy.configure_fit(1, params, manager)
     new, _ = strategy.aggregate_fit(1, [(FakeProxy(str(i)), fit_res(w0, 5, {})) for i in range(4)], [])
     strategy.evaluate(1, new)
-    assert read_metrics(strategy.run_dir) == []  # the row waits for the client-side evaluation
-    ins = strategy.configure_evaluate(1, new, manager)
-    assert len(ins) == 4  # every client
-    strategy.aggregate_evaluate(1, [(FakeProxy(str(i)), eval_res(a)) for i, a in enumerate([0.2, 0.6, 0.8, 1.0])], [])
+    assert [p.asked for p in manager.proxies] == [1, 1, 1, 1]  # every client
     row = read_metrics(strategy.run_dir)[0]
     assert row["client_accuracy_mean"] == pytest.approx(0.65) and row["client_accuracy_worst10"] == pytest.approx(0.2)
     assert row["client_eval_clients"] == 4 and row["test_accuracy"] == pytest.approx(0.6)
@@ -88,13 +105,13 @@ def test_row_waits_for_the_clients_scores(tmp_path):
 
 def test_off_by_default_asks_no_client(tmp_path):
     strategy, w0 = make_strategy(tmp_path, rounds=1)
-    manager = FakeManager(4)
+    manager = EvalManager([0.5] * 4)
     params = strategy.initialize_parameters(manager)
     strategy.configure_fit(1, params, manager)
     new, _ = strategy.aggregate_fit(1, [(FakeProxy(str(i)), fit_res(w0, 5, {})) for i in range(4)], [])
     strategy.evaluate(1, new)
     assert "client_accuracy_mean" not in read_metrics(strategy.run_dir)[0]
-    assert strategy.configure_evaluate(1, new, manager) == []
+    assert all(p.asked == 0 for p in manager.proxies)
 
 
 def test_client_evaluation_leaves_the_fit_sampling_unchanged():

@@ -14,7 +14,7 @@ from clients.fedgam_cv import FedGAMCVClient
 from clients.fedpvr import FedPVRClient
 from clients.scaffold import ScaffoldClient
 from fl_app.config import validate_config
-from fl_app.server.recording import RecordingStrategy
+from fl_app.tooling.inprocess import RoundByRound
 from strategies.base import fedavg_kwargs
 from strategies.fedgam_cv import FedGAMCVStrategy
 from strategies.fedpvr import FedPVRStrategy
@@ -101,7 +101,7 @@ def test_two_rounds_partial_participation_follow_algorithm_2(method, tmp_path):
     cfg = _cfg(method)
     w0 = get_weights(build_model("logreg", input_shape("synthetic"), seed=3))
     inner = strategy_cls.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w0), None))
-    strategy = RecordingStrategy(inner, cfg, tmp_path, num_rounds=2)
+    strategy = RoundByRound(inner, cfg, tmp_path, num_rounds=2)
     manager = FixedSampling()
     clients = []
     for k in range(4):

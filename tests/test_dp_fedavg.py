@@ -75,12 +75,12 @@ def test_client_mode_mod_clips_and_wrapper_sends_norm(monkeypatch):
     def call_next(m, ctx):  # the "client": returns a far-away model
         return Message(content=compat.fitres_to_recorddict(fit_res(big, 7), keep_input=True), reply_to=m)
 
-    out = client_app.dp_clipping_mod(msg, fake_context({"strategy": "dp-fedavg", "dp-mode": "client"}), call_next)
+    out = client_app.method_mods(msg, fake_context({"strategy": "dp-fedavg", "dp-mode": "client"}), call_next)
     sent = parameters_to_ndarrays(compat.recorddict_to_fitres(out.content, keep_input=True).parameters)
     assert abs(_norm([sent[0] - w_t[0]]) - C) < 1e-4  # clipped onto the bound
     # other runs pass through untouched
     for rc in ({"strategy": "dp-fedavg", "dp-mode": "server"}, {"strategy": "fedavg"}):
-        out = client_app.dp_clipping_mod(msg, fake_context(rc), call_next)
+        out = client_app.method_mods(msg, fake_context(rc), call_next)
         sent = parameters_to_ndarrays(compat.recorddict_to_fitres(out.content, keep_input=True).parameters)
         np.testing.assert_array_equal(sent[0], big[0])
     # the server side aggregates the (clipped) results with zero noise: update norm <= C

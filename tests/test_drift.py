@@ -19,7 +19,7 @@ from fl_app.server.drift import (
     layout,
     round_drift,
 )
-from fl_app.server.recording import RecordingStrategy
+from fl_app.tooling.inprocess import RoundByRound
 from strategies.base import DriftFedAvg, fedavg_kwargs
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights
@@ -50,7 +50,7 @@ def _gram(deltas):
 
 
 def test_hand_computation_three_clients_unequal_weights():
-    p = aggregation_weights("fedavg", N)
+    p = aggregation_weights(get_method("fedavg").strategy, N)
     np.testing.assert_allclose(p, [0.5, 0.25, 0.25])
     got = drift_metrics(_gram(DELTAS), p)
     for name in ("drift_norm_mean", "drift_norm_max", "step_norm", "update_diversity", "update_cosine_mean"):
@@ -61,9 +61,10 @@ def test_hand_computation_three_clients_unequal_weights():
 
 def test_uniform_weights_for_plain_mean_methods():
     for method in ("feddyn", "dp-fedavg", "fedsmoo"):
-        np.testing.assert_allclose(aggregation_weights(method, N), [1 / 3] * 3)
+        np.testing.assert_allclose(aggregation_weights(get_method(method).strategy, N), [1 / 3] * 3)
     # p = 1/3: step = (0, 1), ||step||^2 = 1, sum p ||D||^2 = 7/3
-    assert drift_metrics(_gram(DELTAS), aggregation_weights("feddyn", N))["update_diversity"] == pytest.approx(7 / 3)
+    feddyn = get_method("feddyn").strategy
+    assert drift_metrics(_gram(DELTAS), aggregation_weights(feddyn, N))["update_diversity"] == pytest.approx(7 / 3)
 
 
 @pytest.mark.parametrize("method", ["fedsmoo", "feddyn"])
@@ -72,7 +73,8 @@ def test_plain_mean_methods_drift_columns_are_unweighted(method):
     mean_k Delta_k whatever the n_k: with the hand example's p = 1/3, step = (0, 1) and
     diversity 7/3 (an n_k-weighted drift would give sqrt(5/8) and 16/5)."""
     sent = _mlp_arrays() + [np.zeros(10, np.float32)]
-    got = round_drift({"model": "mlp", "dataset": "synthetic", "strategy": method}, sent, list(zip(N, _replies(sent))))
+    got = round_drift({"model": "mlp", "dataset": "synthetic"}, get_method(method).strategy, sent,
+                      list(zip(N, _replies(sent))))
     assert got["step_norm"] == pytest.approx(1.0, rel=1e-6)
     assert got["update_diversity"] == pytest.approx(7 / 3, rel=1e-6)
 
@@ -83,7 +85,7 @@ def test_drift_weights_follow_each_strategy_class_declaration():
     for name in method_names():
         uniform = get_method(name).strategy.UNIFORM_MEAN
         want = [1 / 3] * 3 if uniform else [0.5, 0.25, 0.25]
-        np.testing.assert_allclose(aggregation_weights(name, N), want, err_msg=name)
+        np.testing.assert_allclose(aggregation_weights(get_method(name).strategy, N), want, err_msg=name)
 
 
 def test_one_client():
@@ -94,7 +96,7 @@ def test_one_client():
 
 
 def test_identical_updates_give_diversity_one_and_cosine_one():
-    got = drift_metrics(_gram([(1.0, -2.0)] * 3), aggregation_weights("fedavg", N))
+    got = drift_metrics(_gram([(1.0, -2.0)] * 3), aggregation_weights(get_method("fedavg").strategy, N))
     assert got["update_diversity"] == pytest.approx(1.0)
     assert got["update_cosine_mean"] == pytest.approx(1.0)
     assert got["step_norm"] == pytest.approx(math.sqrt(5))
@@ -106,7 +108,7 @@ def test_zero_step_gives_nan_diversity_and_cosine():
     assert got["step_norm"] == 0.0 and got["drift_norm_mean"] == 1.0
     assert math.isnan(got["update_diversity"]) and math.isnan(got["update_cosine_mean"])
     # nobody moved (e.g. a zero learning rate)
-    got = drift_metrics(np.zeros((3, 3)), aggregation_weights("fedavg", N))
+    got = drift_metrics(np.zeros((3, 3)), aggregation_weights(get_method("fedavg").strategy, N))
     assert got["step_norm"] == got["drift_norm_max"] == 0.0
     assert math.isnan(got["update_diversity"]) and math.isnan(got["update_cosine_mean"])
 
@@ -126,18 +128,18 @@ def _mlp_arrays():
 
 
 def test_layout_head_body_and_buffers():
-    n, head, body = layout("mlp", "synthetic", "fedavg")
+    n, head, body = layout("mlp", "synthetic", get_method("fedavg").strategy)
     assert (n, head, body) == (4, (2, 3), (0, 1))
     # cnn-bn: BN weight/bias are trainable (body); running stats and counters are excluded
     model = build_model("cnn-bn", input_shape("mnist"))
     names = list(model.state_dict())
-    n, head, body = layout("cnn-bn", "mnist", "fedavg")
+    n, head, body = layout("cnn-bn", "mnist", get_method("fedavg").strategy)
     assert n == len(names)
     assert [names[i] for i in head] == ["head.weight", "head.bias"]
     assert not any("running" in names[i] or "num_batches" in names[i] for i in body)
     assert any(names[i].endswith("1.weight") for i in body)  # the first BN's weight
     # FedBN keeps BN on the clients: not part of its drift
-    _, _, fedbn_body = layout("cnn-bn", "mnist", "fedbn")
+    _, _, fedbn_body = layout("cnn-bn", "mnist", get_method("fedbn").strategy)
     assert len(fedbn_body) == len(body) - 4
 
 
@@ -156,11 +158,11 @@ def _replies(sent, extra_delta=1000.0):
 
 def test_round_drift_uses_the_weights_only():
     sent = _mlp_arrays() + [np.zeros(10, np.float32)]  # + an extra array after the weights
-    cfg = {"model": "mlp", "dataset": "synthetic", "strategy": "scaffold"}
-    got = round_drift(cfg, sent, list(zip(N, _replies(sent))))
+    cfg, scaffold = {"model": "mlp", "dataset": "synthetic"}, get_method("scaffold").strategy
+    got = round_drift(cfg, scaffold, sent, list(zip(N, _replies(sent))))
     for name, want in EXPECTED.items():
         assert got[name] == pytest.approx(want, rel=1e-6), name
-    assert round_drift(cfg, None, []) == {}
+    assert round_drift(cfg, scaffold, None, []) == {}
 
 
 def test_recording_strategy_writes_drift_columns(tmp_path):
@@ -168,7 +170,7 @@ def test_recording_strategy_writes_drift_columns(tmp_path):
     w0 = _mlp_arrays()
     inner = DriftFedAvg.from_config(
         cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w0), lambda r, a, c: (0.0, {"accuracy": 0.5})))
-    strategy = RecordingStrategy(inner, cfg, tmp_path / "run", 1)
+    strategy = RoundByRound(inner, cfg, tmp_path / "run", 1)
 
     class Proxy:
         def __init__(self, cid):
@@ -199,7 +201,7 @@ def test_recording_strategy_writes_drift_columns(tmp_path):
 def test_docs_name_every_column_written():
     readme = (Path(__file__).resolve().parent.parent / "docs" / "running.md").read_text()  # "What a run writes"
     sent = _mlp_arrays()
-    columns = round_drift({"model": "mlp", "dataset": "synthetic", "strategy": "fedavg"}, sent,
+    columns = round_drift({"model": "mlp", "dataset": "synthetic"}, get_method("fedavg").strategy, sent,
                           list(zip(N, _replies(sent + [np.zeros(1, np.float32)]))))
     for name in [*columns, "min_class_accuracy", "per_class_accuracy.csv", "update_diversity_mean",
                  "final_min_class_accuracy_mean"]:
@@ -209,5 +211,6 @@ def test_docs_name_every_column_written():
 def test_no_column_for_a_part_without_parameters():
     sent = get_weights(build_model("logreg", input_shape("synthetic"), seed=0))  # head only
     replies = [[a + np.float32(k) for a in sent] for k in (1, 2)]
-    got = round_drift({"model": "logreg", "dataset": "synthetic", "strategy": "fedavg"}, sent, list(zip([1, 3], replies)))
+    got = round_drift({"model": "logreg", "dataset": "synthetic"}, get_method("fedavg").strategy, sent,
+                      list(zip([1, 3], replies)))
     assert "body_diversity" not in got and got["head_diversity"] == pytest.approx(got["update_diversity"])

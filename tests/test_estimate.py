@@ -3,6 +3,7 @@
 import pytest
 
 from fl_app.config import validate_config
+from fl_app.registry import get_method
 from fl_app.tooling.estimate import ROUND_SECONDS, START_SECONDS, Probe, describe, local_steps, run_seconds
 
 
@@ -15,7 +16,8 @@ def test_run_seconds_by_hand():
     # per round: 10 clients x 20 steps x 15 ms / 2 in parallel = 1.5 s, plus 10000 x 1e-5 = 0.1 s eval
     assert run_seconds(cfg, 100, probe, parallel=2) == pytest.approx(START_SECONDS + 45 * (1.6 + ROUND_SECONDS))
     two_pass = {**cfg, "strategy": "fedgam-cv"}  # two forward-backward passes a step
-    assert run_seconds(two_pass, 100, probe, parallel=2) == pytest.approx(START_SECONDS + 45 * (3.1 + ROUND_SECONDS))
+    step_cost = get_method("fedgam-cv").client.STEP_COST
+    assert run_seconds(two_pass, 100, probe, parallel=2, step_cost=step_cost) == pytest.approx(START_SECONDS + 45 * (3.1 + ROUND_SECONDS))
 
 
 def test_min_fit_clients_and_synthetic():

@@ -1,5 +1,5 @@
 """Every registered method trains two rounds end to end in this process: the method's strategy
-inside ``RecordingStrategy``, its clients inside ``NodeClient``, each client loading its own
+inside ``DriftServer``'s steps (``RoundByRound``), its clients inside ``NodeClient``, each client loading its own
 partition, Flower's sampling and the server's evaluation, with no Ray and no SuperLink.
 
 What this leaves out is Flower's transport (serialising the messages, the Ray actors and the
@@ -21,8 +21,8 @@ from flwr.server.client_manager import SimpleClientManager
 from fl_app.config import validate_config
 from fl_app.node.node_client import NodeClient
 from fl_app.registry import METHODS, method_names
-from fl_app.server.recording import RecordingStrategy
 from fl_app.server_app import evaluate_global
+from fl_app.tooling.inprocess import RoundByRound
 from strategies.base import fedavg_kwargs
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights
@@ -53,7 +53,7 @@ def two_rounds(method: str, results_dir) -> tuple[list[dict], float]:
         return evaluate_global(model, test, arrays)
 
     inner = registered.strategy.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w0), evaluate_fn))
-    strategy = RecordingStrategy(inner, cfg, results_dir / method, num_rounds=2)
+    strategy = RoundByRound(inner, cfg, results_dir / method, num_rounds=2)
     manager = SimpleClientManager()
     for k in range(NODES):
         context = Context(run_id=0, node_id=k, node_config={}, state=RecordDict(), run_config={})

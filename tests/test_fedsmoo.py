@@ -15,7 +15,7 @@ from clients.fedsmoo import MU_STATE, FedSMOOClient
 from fl_app.config import ConfigError, validate_config
 from fl_app.node.node_client import NodeClient
 from fl_app.server.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from fl_app.server.recording import RecordingStrategy
+from fl_app.tooling.inprocess import RoundByRound
 from strategies.base import fedavg_kwargs
 from strategies.feddyn import FedDynStrategy
 from strategies.fedsmoo import FedSMOOStrategy
@@ -292,7 +292,7 @@ def test_bad_replies_are_rejected_and_good_ones_pass(tmp_path):
                            "min-available-clients": 3, "fraction-fit": 1.0, "min-fit-fraction": 0.0})
     w0 = get_weights(build_model("logreg", input_shape("synthetic"), seed=3))
     inner = FedSMOOStrategy.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w0), None))
-    strategy = RecordingStrategy(inner, cfg, tmp_path, num_rounds=1)
+    strategy = RoundByRound(inner, cfg, tmp_path, num_rounds=1)
     manager = SimpleClientManager()
     clients = []
     for k in range(3):

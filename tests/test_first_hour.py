@@ -300,13 +300,13 @@ def test_fedbn_with_cnn_is_refused_naming_cnn_bn(tmp_path):
 
 def test_summary_records_clients_data_source_versions_and_revision(tmp_path, monkeypatch):
     from fl_app.registry import get_method
-    from fl_app.server.recording import RecordingStrategy
+    from fl_app.tooling.inprocess import RoundByRound
     from strategies.base import fedavg_kwargs
 
     monkeypatch.delenv("FL_DRIFT_REVISION", raising=False)
     cfg = validate_config({"dataset": "synthetic", "model": "logreg"})
     inner = get_method("fedavg").strategy.from_config(cfg, **fedavg_kwargs(cfg, None, None))
-    recording = RecordingStrategy(inner, cfg, tmp_path / "run", 1)
+    recording = RoundByRound(inner, cfg, tmp_path / "run", 1)
     recording.client_manager = SeededClientManager(0)
     recording.client_manager.num_partitions = 7
     recording.write_summary()

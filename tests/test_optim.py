@@ -11,6 +11,7 @@ from clients.fedavg import FedAvgClient
 from clients.scaffold import ScaffoldClient
 from fl_app.config import GENERAL_KEYS, ConfigError, validate_config
 from fl_app.registry import METHODS
+from fl_app.server_app import resolve
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights
 from tasks.optim import OPTIMIZERS, effective_steps
@@ -126,11 +127,11 @@ REFUSE = {
 @pytest.mark.parametrize("optimizer", ["adam", "adamw"])
 def test_methods_that_need_sgd_refuse_adam(method, optimizer):
     with pytest.raises(ConfigError) as err:
-        validate_config({"strategy": method, "optimizer": optimizer})
+        resolve({"strategy": method, "optimizer": optimizer})
     msg = str(err.value)
     assert f"'optimizer' = {optimizer!r}" in msg and f"strategy {method!r}" in msg
     assert REFUSE[method] in msg and "valid choices: sgd" in msg
-    validate_config({"strategy": method, "optimizer": "sgd", "momentum": 0.9})  # SGD is fine
+    resolve({"strategy": method, "optimizer": "sgd", "momentum": 0.9})  # SGD is fine
 
 
 def test_momentum_with_adam_is_refused():

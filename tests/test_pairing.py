@@ -13,8 +13,8 @@ from flwr.common import Code, GetPropertiesRes, Status, ndarrays_to_parameters
 
 from fl_app.config import validate_config
 from fl_app.registry import get_method, method_names
-from fl_app.server.recording import RecordingStrategy
 from fl_app.server.sampling import SeededClientManager
+from fl_app.tooling.inprocess import RoundByRound
 from fl_app.tooling.plan import resolve_rows
 from strategies.base import fedavg_kwargs
 from tasks.datasets import input_shape
@@ -35,21 +35,20 @@ class Proxy:
 
 def sampled(method: str, seed: int, tmp_path: Path, rounds: int = 4, **extra) -> list[list[int]]:
     """The partitions a method's server samples for fit in each round, as the ServerApp builds it
-    (RecordingStrategy around the method's strategy, SeededClientManager), with Flower's round
-    order: configure_fit, then configure_evaluate."""
+    (DriftServer around the method's strategy, SeededClientManager): its configure step each
+    round (client-side evaluation is off, as by default)."""
     cfg = validate_config({"strategy": method, "dataset": "mnist", "model": "lenet-bn" if method == "fedbn" else "lenet",
                            "fraction-fit": 0.3, "min-available-clients": CLIENTS, "seed": seed,
                            "num-server-rounds": rounds, **extra})
     params = ndarrays_to_parameters(get_weights(build_model(cfg["model"], input_shape("mnist"), seed=seed)))
     inner = get_method(method).strategy.from_config(cfg, **fedavg_kwargs(cfg, params, None))
-    strategy = RecordingStrategy(inner, cfg, tmp_path / f"{method}-{seed}", rounds)
+    strategy = RoundByRound(inner, cfg, tmp_path / f"{method}-{seed}", rounds)
     manager = SeededClientManager(seed)
     for pid in range(CLIENTS):  # node ids in another order than the partitions
         manager.register(Proxy(str(9000 - 37 * pid), pid))
     out = []
     for rnd in range(1, rounds + 1):
         out.append(sorted(c.pid for c, _ in strategy.configure_fit(rnd, params, manager)))
-        strategy.configure_evaluate(rnd, params, manager)
     return out
 
 

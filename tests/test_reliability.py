@@ -200,7 +200,7 @@ def test_non_finite_aggregate_is_discarded(tmp_path):
     from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
     from flwr.server.strategy import FedAvg
 
-    from fl_app.server.recording import RecordingStrategy
+    from fl_app.tooling.inprocess import RoundByRound
 
     class Proxy:
         def __init__(self, cid):
@@ -217,14 +217,14 @@ def test_non_finite_aggregate_is_discarded(tmp_path):
     ones = np.ones((2,), dtype=np.float32)
     results = [(Proxy(str(i)), FitRes(Status(Code.OK, ""), ndarrays_to_parameters([ones]), 10, {}))
                for i in range(2)]
-    recording = RecordingStrategy(OverflowingServer(), cfg, tmp_path / "run", num_rounds=1)
+    recording = RoundByRound(OverflowingServer(), cfg, tmp_path / "run", num_rounds=1)
     recording.participation.sampled, recording.round_started, recording.row = 2, 0.0, {}
     parameters, metrics = recording.aggregate_fit(1, results, [])
     assert parameters is None and metrics == {}
     assert recording.row["num_clients"] == 2 and recording.row["num_rejected"] == 0
     assert "server_metric" not in recording.row
 
-    recording = RecordingStrategy(FedAvg(), cfg, tmp_path / "run2", num_rounds=1)  # control: kept
+    recording = RoundByRound(FedAvg(), cfg, tmp_path / "run2", num_rounds=1)  # control: kept
     recording.participation.sampled, recording.round_started, recording.row = 2, 0.0, {}
     parameters, _ = recording.aggregate_fit(1, results, [])
     assert parameters is not None

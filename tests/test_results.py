@@ -1,4 +1,4 @@
-"""RecordingStrategy: metrics.csv / summary.json contents and rejection of bad updates."""
+"""DriftServer's record: metrics.csv / summary.json contents and rejection of bad updates."""
 
 import csv
 import json
@@ -8,7 +8,8 @@ from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters
 
 from fl_app.config import validate_config
 from fl_app.results.report import compare, read_metrics, read_summary, write_comparison
-from fl_app.server.recording import RecordingStrategy, summarise_client_metrics
+from fl_app.server.recording import summarise_client_metrics
+from fl_app.tooling.inprocess import RoundByRound
 from strategies.base import DriftFedAvg, fedavg_kwargs
 from tests.conftest import FakeManager, FakeProxy
 
@@ -25,7 +26,7 @@ def make_strategy(tmp_path, rounds=2, **overrides):
         return float(np.abs(arrays[0]).sum()), {"accuracy": 0.5 + 0.1 * rnd}
 
     inner = DriftFedAvg.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w0), evaluate_fn))
-    return RecordingStrategy(inner, cfg, tmp_path / "run", rounds), w0
+    return RoundByRound(inner, cfg, tmp_path / "run", rounds), w0
 
 
 def test_rows_summary_and_rejections(tmp_path):

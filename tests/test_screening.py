@@ -1,4 +1,4 @@
-"""Update screening (fl_app/server/screening.py) against hand computations, through RecordingStrategy,
+"""Update screening (fl_app/server/screening.py) against hand computations, through DriftServer's steps,
 and its per-method capability."""
 
 import logging
@@ -11,7 +11,6 @@ from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 from fl_app.config import ConfigError, validate_config
 from fl_app.registry import METHODS
 from fl_app.results.report import read_metrics
-from fl_app.server.recording import RecordingStrategy
 from fl_app.server.screening import (
     allowed_modes,
     clip_factor,
@@ -20,6 +19,8 @@ from fl_app.server.screening import (
     scale_update,
     update_norm,
 )
+from fl_app.server_app import resolve
+from fl_app.tooling.inprocess import RoundByRound
 from strategies.base import DriftFedAvg, fedavg_kwargs
 from tests.conftest import FakeManager
 from tests.helpers_baselines import fit_res
@@ -97,13 +98,13 @@ def test_median_and_trimmed_mean_by_hand():
     np.testing.assert_allclose(trimmed[0], np.full((2, 2), 1.0 + (1 + 2 + 3) / 3))
 
 
-# ------------------------------------------------------------------ through RecordingStrategy
+# ------------------------------------------------------------------ through DriftServer's steps
 
 
 def recorder(tmp_path, strategy_cls=DriftFedAvg, **overrides):
     cfg = validate_config({"fraction-fit": 1.0, "min-available-clients": 2, **overrides})
     inner = strategy_cls.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(W_T), None))
-    return RecordingStrategy(inner, cfg, tmp_path / "run", num_rounds=1), inner
+    return RoundByRound(inner, cfg, tmp_path / "run", num_rounds=1), inner
 
 
 def one_round(strategy, replies, sizes):
@@ -270,7 +271,7 @@ def test_every_unsupported_mode_is_refused_at_validation(name):
     allowed = set(allowed_modes(METHODS[name].strategy))
     for mode in sorted(({"clip", "reject"} | MEAN_MODES) - allowed):
         with pytest.raises(ConfigError) as err:
-            validate_config({"strategy": name, "screening": mode})
+            resolve({"strategy": name, "screening": mode})
         msg = str(err.value)
         assert f"'screening' = {mode!r}" in msg and name in msg and "valid choices for it: none" in msg
 
@@ -296,6 +297,6 @@ def test_fedbn_local_bn_entries_are_not_screened(tmp_path):
 
     cfg = validate_config({"strategy": "fedbn", "model": "cnn-bn", "screening": "clip"})
     inner = FedBNStrategy.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(W_T), None))
-    strategy = RecordingStrategy(inner, cfg, tmp_path / "run", num_rounds=1)
+    strategy = RoundByRound(inner, cfg, tmp_path / "run", num_rounds=1)
     bn = bn_indices(build_model("cnn-bn", input_shape("mnist")))
     assert bn and strategy.screening.skip == frozenset(bn)

@@ -9,6 +9,7 @@ from flwr.server.strategy.aggregate import aggregate_krum
 
 from fl_app.config import ConfigError, validate_config
 from fl_app.server.screening import decide, krum_keep, krum_scores, min_replies, robust_weights
+from fl_app.server_app import resolve
 from tests.test_screening import W_T, client
 
 # five updates on the float vector (the matrix update 0): four honest near (1, 1), one far
@@ -100,7 +101,7 @@ def test_too_few_replies_update_nothing():
 ])
 def test_config_refusals_are_one_line(cfg, words):
     with pytest.raises(ConfigError) as err:
-        validate_config(cfg)
+        resolve(cfg)  # the ServerApp's validation, with the method's own checks
     assert "\n" not in str(err.value)
     for w in words:
         assert w in str(err.value)

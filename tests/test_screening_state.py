@@ -13,7 +13,7 @@ from clients.feddyn import FedDynClient
 from clients.scaffold import ScaffoldClient
 from fl_app.config import validate_config
 from fl_app.node.node_client import NodeClient
-from fl_app.server.recording import RecordingStrategy
+from fl_app.tooling.inprocess import RoundByRound
 from strategies.base import fedavg_kwargs
 from strategies.feddyn import FedDynStrategy
 from strategies.scaffold import ScaffoldStrategy
@@ -41,7 +41,7 @@ def _federation(strategy_cls, client_cls, screening, tmp_path):
     })
     w0 = get_weights(build_model("logreg", input_shape("synthetic"), seed=1))
     inner = strategy_cls.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w0), None))
-    strategy = RecordingStrategy(inner, cfg, tmp_path, num_rounds=2)
+    strategy = RoundByRound(inner, cfg, tmp_path, num_rounds=2)
     manager = Everyone()
     for k in range(K):
         g = torch.Generator().manual_seed(10 + k)

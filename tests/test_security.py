@@ -2,7 +2,7 @@
 clipping and outlier rejection keep the final accuracy within 3 points of the clean run.
 
 Real clients (inject-faults applies the attack in ``NodeClient.fit``), Flower's FedAvg inside
-``RecordingStrategy`` (which screens), driven in process: no Ray, no SuperLink. Every client
+``DriftServer`` (which screens, driven by ``RoundByRound``), driven in process: no Ray, no SuperLink. Every client
 holds 400 images of an IID split (the effect does not need all 60 000); 5 rounds of cnn-small.
 Run with ``-s`` to see every run's accuracy per round.
 """
@@ -20,7 +20,7 @@ from flwr.server.client_manager import SimpleClientManager
 from clients.fedavg import FedAvgClient
 from fl_app.config import validate_config
 from fl_app.node.node_client import NodeClient
-from fl_app.server.recording import RecordingStrategy
+from fl_app.tooling.inprocess import RoundByRound
 from strategies.base import DriftFedAvg, fedavg_kwargs
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights, set_weights
@@ -65,7 +65,7 @@ def final_accuracy(data_dir: str, faults: str, screening: str) -> tuple[float, .
     import tempfile
 
     inner = DriftFedAvg.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w0), evaluate_fn))
-    strategy = RecordingStrategy(inner, cfg, tempfile.mkdtemp(prefix="fl-drift-security-"), num_rounds=ROUNDS)
+    strategy = RoundByRound(inner, cfg, tempfile.mkdtemp(prefix="fl-drift-security-"), num_rounds=ROUNDS)
     manager = Everyone()
     for k in range(K):
         client = FedAvgClient(cfg, fake_context(), partition_id=k, num_partitions=K)

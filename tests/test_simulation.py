@@ -48,7 +48,7 @@ DRIFT_COLUMNS = ("drift_norm_mean", "drift_norm_max", "step_norm", "update_diver
                  "head_diversity", "body_diversity")
 
 
-@pytest.mark.slow  # 3 MNIST rounds; the columns are unit-tested through RecordingStrategy in tests/test_drift.py
+@pytest.mark.slow  # 3 MNIST rounds; the columns are unit-tested through DriftServer's steps in tests/test_drift.py
 @pytest.mark.parametrize("method", ["fedavg", "scaffold"])
 def test_drift_per_class_accuracy_and_tensorboard_on_mnist(sim, shared_data, method, tmp_path):
     """3 rounds on MNIST, 4 clients: the drift columns, min_class_accuracy with its per-class

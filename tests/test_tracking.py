@@ -167,12 +167,12 @@ class _Manager:
 
 
 def _record_one_round(run_dir: Path, **keys) -> dict:
-    """One round through RecordingStrategy (FedAvg, logreg shapes, a fixed evaluation), as the
+    """One round through DriftServer's steps (FedAvg, logreg shapes, a fixed evaluation), as the
     ServerApp runs it, with run-config ``keys``; returns the validated config."""
     from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 
     from fl_app.config import validate_config
-    from fl_app.server.recording import RecordingStrategy
+    from fl_app.tooling.inprocess import RoundByRound
     from strategies.base import DriftFedAvg, fedavg_kwargs
 
     cfg = validate_config({"fraction-fit": 1.0, "num-server-rounds": 1, "model": "logreg",
@@ -184,7 +184,7 @@ def _record_one_round(run_dir: Path, **keys) -> dict:
                                             "per_class_accuracy": [0.25, 0.75]}
 
     inner = DriftFedAvg.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w0), evaluate_fn))
-    strategy = RecordingStrategy(inner, cfg, run_dir, 1)
+    strategy = RoundByRound(inner, cfg, run_dir, 1)
     params = strategy.initialize_parameters(_Manager())
     assert "per_class_accuracy" not in strategy.evaluate(0, params)[1]  # kept out of Flower's history
     ins = strategy.configure_fit(1, params, _Manager())

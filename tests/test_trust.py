@@ -208,14 +208,14 @@ def test_check_says_which_runs_are_kept_or_continued_and_estimates_only_what_is_
 # ---- 3. a round without any usable update is flagged ------------------------------------------------
 
 def recorded_run(run_dir: Path, rounds_ok: list[bool]) -> Path:
-    """A RecordingStrategy run of len(rounds_ok) rounds under min-fit-fraction = 0; in a round
+    """A RoundByRound run of len(rounds_ok) rounds under min-fit-fraction = 0; in a round
     marked False the only sampled client failed."""
     import numpy as np
     from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
     from flwr.server.strategy import FedAvg
 
     from fl_app.config import validate_config
-    from fl_app.server.recording import RecordingStrategy
+    from fl_app.tooling.inprocess import RoundByRound
 
     class Proxy:
         cid = "0"
@@ -223,7 +223,7 @@ def recorded_run(run_dir: Path, rounds_ok: list[bool]) -> Path:
     cfg = validate_config({"dataset": "synthetic", "model": "logreg", "min-fit-fraction": 0.0})
     params = ndarrays_to_parameters([np.ones((2,), np.float32)])
     inner = FedAvg(evaluate_fn=lambda rnd, arrays, config: (1.0, {"accuracy": 0.1 + 0.1 * rnd}))
-    recording = RecordingStrategy(inner, cfg, run_dir, num_rounds=len(rounds_ok))
+    recording = RoundByRound(inner, cfg, run_dir, num_rounds=len(rounds_ok))
     for rnd, ok in enumerate(rounds_ok, 1):
         recording.participation.sampled, recording.round_started = 1, 0.0
         recording.row = {"round": rnd, "num_clients": 0, "num_failures": 0, "num_rejected": 0, "num_dropped": 0}

@@ -1,7 +1,7 @@
 """``NodeClient``: what a node does around a method's local training.
 
 The ClientApp wraps every method client (a ``clients.base.DriftClient``) in ``NodeClient``,
-the client-side counterpart of the server's ``RecordingStrategy``. The method's ``fit`` is
+the client-side counterpart of the server's ``DriftServer``. The method's ``fit`` is
 its local training only; around it ``NodeClient.fit``:
 
 1. counts the arrays the node's ``context.state`` carried into the round;

@@ -22,10 +22,12 @@ which is accumulated chunk by chunk from read-only views of the replies: each re
 converted to float64 once, a chunk at a time, and never copied whole.
 
 p_k and the entries that count are the method's own facts, declared on its strategy class
-(strategies/base.py ``FromConfig``): p_k = 1/K when the class's ``UNIFORM_MEAN`` is set
-(its server takes the plain mean: FedDyn, FedSMOO, DP-FedAvg), else n_k / sum n (the
-n_k-weighted mean); entries its ``local_entries`` names (FedBN's BN layers) stay on the
-clients and are left out. No method is named here.
+(strategies/base.py ``FromConfig``) and read from the strategy the server runs, handed in:
+p_k = 1/K when the class's ``UNIFORM_MEAN`` is set (its server takes the plain mean: FedDyn,
+FedSMOO, DP-FedAvg), else n_k / sum n (the n_k-weighted mean); entries its ``local_entries``
+names (FedBN's BN layers) stay on the clients and are left out. A plain Flower strategy,
+which declares neither, is taken as the n_k-weighted mean with nothing local. No method is
+named or looked up here.
 """
 
 from __future__ import annotations
@@ -34,8 +36,6 @@ import functools
 import math
 
 import numpy as np
-
-from fl_app.registry import get_method
 
 CHUNK = 1 << 16  # elements per client per chunk: K x 512 KiB of float64, cache-sized
 
@@ -84,22 +84,22 @@ def drift_metrics(g: np.ndarray, p: np.ndarray) -> dict[str, float]:
     }
 
 
-def aggregation_weights(strategy: str, num_examples: list[int]) -> np.ndarray:
-    """p_k as the method ``strategy`` aggregates: 1/K when its strategy class declares
+def aggregation_weights(strategy: type, num_examples: list[int]) -> np.ndarray:
+    """p_k as the strategy class ``strategy`` aggregates: 1/K when it declares
     ``UNIFORM_MEAN``, else n_k / sum n (also 1/K when no client reports any example)."""
     n = np.asarray(num_examples, dtype=np.float64)
-    if get_method(strategy).strategy.UNIFORM_MEAN or n.sum() <= 0:
+    if getattr(strategy, "UNIFORM_MEAN", False) or n.sum() <= 0:
         return np.full(len(n), 1.0 / len(n))
     return n / n.sum()
 
 
 @functools.lru_cache(maxsize=8)
-def layout(model_name: str, dataset: str, strategy: str) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+def layout(model_name: str, dataset: str, strategy: type) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
     """(number of state arrays N, head indices, body indices) in state_dict order.
 
     Head and body hold the trainable floating-point parameters of ``model.head`` and of the
     rest of the model; buffers (BN running statistics, counters) are in neither. Entries the
-    method's strategy declares client-local (``local_entries``: FedBN's BN layers), which never
+    strategy class declares client-local (``local_entries``: FedBN's BN layers), which never
     leave the clients, are left out too.
     """
     from tasks.datasets import input_shape
@@ -107,7 +107,7 @@ def layout(model_name: str, dataset: str, strategy: str) -> tuple[int, tuple[int
 
     model = build_model(model_name, input_shape(dataset))
     params = {name for name, t in model.named_parameters() if t.requires_grad and t.is_floating_point()}
-    local = set(get_method(strategy).strategy.local_entries(model))
+    local = set(strategy.local_entries(model)) if hasattr(strategy, "local_entries") else set()
     head, body = [], []
     for i, name in enumerate(model.state_dict()):
         if name in params and i not in local:
@@ -116,18 +116,19 @@ def layout(model_name: str, dataset: str, strategy: str) -> tuple[int, tuple[int
 
 
 def round_drift(
-    cfg: dict, sent: list[np.ndarray] | None, replies: list[tuple[int, list[np.ndarray]]]
+    cfg: dict, strategy: type, sent: list[np.ndarray] | None, replies: list[tuple[int, list[np.ndarray]]]
 ) -> dict[str, float]:
-    """The round's drift columns from what was sent and the accepted (n_k, arrays) replies.
+    """The round's drift columns from what was sent and the accepted (n_k, arrays) replies, for
+    a run of the strategy class ``strategy`` (its declared facts, see the module docstring).
 
     Only the first N arrays (the model state) count; methods append extra arrays (control
     variates, ...) after them. Empty when nothing was sent or no reply is usable.
     """
-    n_state, head, body = layout(cfg["model"], cfg["dataset"], cfg["strategy"])
+    n_state, head, body = layout(cfg["model"], cfg["dataset"], strategy)
     if sent is None or not replies or len(sent) < n_state:
         return {}
     arrays = [a for _, a in replies]
-    p = aggregation_weights(cfg["strategy"], [n for n, _ in replies])
+    p = aggregation_weights(strategy, [n for n, _ in replies])
     g_head = gram(sent, arrays, list(head))
     g_body = gram(sent, arrays, list(body))
     out = drift_metrics(g_head + g_body, p)

@@ -277,7 +277,7 @@ def decide(clients: list[list[np.ndarray]], w_t: list[np.ndarray], mode: str, cl
 
 
 class Screening:
-    """Applies ``screening`` to the replies of each round (called by ``RecordingStrategy``)."""
+    """Applies ``screening`` to the replies of each round (called by ``DriftServer.screen``)."""
 
     def __init__(self, cfg: dict, skip=()):
         self.mode = cfg["screening"]

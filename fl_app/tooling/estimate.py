@@ -33,8 +33,6 @@ import os
 import time
 from dataclasses import dataclass
 
-from fl_app.registry import get_method
-
 START_SECONDS = 20.0
 ROUND_SECONDS = 0.3
 TRAIN_SIZE = {"mnist": 60000, "fashion_mnist": 60000, "cifar10": 50000, "cifar100": 50000}
@@ -57,10 +55,11 @@ def local_steps(cfg: dict, clients: int) -> int:
     return cfg["local-epochs"] * max(1, math.ceil(n / cfg["batch-size"]))
 
 
-def run_seconds(cfg: dict, clients: int, probe: Probe, parallel: int) -> float:
-    """Estimated seconds of one run of ``cfg`` (see the module docstring for the formula)."""
+def run_seconds(cfg: dict, clients: int, probe: Probe, parallel: int, step_cost: float = 1.0) -> float:
+    """Estimated seconds of one run of ``cfg`` (see the module docstring for the formula);
+    ``step_cost``: the method client's ``STEP_COST`` (its local step against one SGD step)."""
     per_round = max(cfg["min-fit-clients"], math.ceil(clients * cfg["fraction-fit"]))
-    train = per_round * local_steps(cfg, clients) * probe.step_seconds * get_method(cfg["strategy"]).client.STEP_COST
+    train = per_round * local_steps(cfg, clients) * probe.step_seconds * step_cost
     evaluate = TEST_SIZE.get(cfg["dataset"], 1000) * probe.forward_seconds_per_example
     return START_SECONDS + cfg["num-server-rounds"] * (train / max(1, parallel) + evaluate + ROUND_SECONDS)
 
@@ -102,20 +101,22 @@ def _dims(shape) -> tuple[int, ...]:
     return (shape.size,) if shape.channels == 0 else (shape.channels, shape.size, shape.size)
 
 
-def describe(configs: list[dict], clients: int, parallel: int | None = None, kept: int = 0) -> str:
+def describe(configs: list[dict], clients: int, parallel: int | None = None, kept: int = 0,
+             step_costs: list[float] | None = None) -> str:
     """The estimate for a list of validated run configs, one probe per (dataset, model, batch);
-    ``kept``: runs that already finished and cost nothing (named, not counted)."""
+    ``kept``: runs that already finished and cost nothing (named, not counted); ``step_costs``:
+    each config's method client's ``STEP_COST`` (default 1 each)."""
     parallel = parallel or os.cpu_count() or 1
     kept_text = f" ({kept} finished runs kept)" if kept else ""
     if not configs:
         return f"estimated run time on this machine: nothing left to run{kept_text}"
     probes: dict[tuple, Probe] = {}
     total = 0.0
-    for cfg in configs:
+    for cfg, step_cost in zip(configs, step_costs or [1.0] * len(configs)):
         key = (cfg["dataset"], cfg["model"], cfg["batch-size"])
         if key not in probes:
             probes[key] = measure(cfg)
-        total += run_seconds(cfg, clients, probes[key], parallel)
+        total += run_seconds(cfg, clients, probes[key], parallel, step_cost)
     measured = "; ".join(f"{m} on {d}, batch {b}: {p.step_seconds * 1000:.1f} ms/step"
                          for (d, m, b), p in probes.items())
     return (f"estimated run time on this machine: {total / 60:.0f} min for {len(configs)} runs{kept_text} "

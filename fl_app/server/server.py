@@ -1,0 +1,272 @@
+"""``DriftServer``: fl-drift's Flower ``Server`` (the legacy API). Its ``fit`` is the whole run,
+written down in order: the start-up before round 1, then every round
+
+    configure -> send -> collect -> screen -> aggregate -> evaluate -> record -> checkpoint
+
+each step a method of its own below, calling the small parts that do the work:
+``Participation`` (drop-outs, too few successes), ``check_reply`` and ``Screening`` (which
+replies the method sees, and how), ``round_drift`` (the drift columns), ``RunRecord``
+(metrics.csv, summary.json), ``RunTracker`` (per-class file, trackers) and the checkpoint
+functions. The method's own ``Strategy`` is called for what a Flower strategy does
+(``configure_fit``, ``aggregate_fit``, ``evaluate``, ``configure_evaluate``,
+``aggregate_evaluate``) and for nothing else, so it stays a plain Flower ``Strategy`` that also
+runs under Flower's own ``Server``. Sending and collecting use Flower's public
+``flwr.server.server.fit_clients`` / ``evaluate_clients``, the functions its own ``Server``
+uses (a thread per client, each reply or failure as it comes back).
+
+The rules the steps apply, whatever the method:
+- a reply whose arrays contain NaN/Inf, or whose count or shapes differ from what was sent,
+  is rejected before screening (``num_rejected``); an aggregate that is not finite is
+  discarded and the previous global model kept;
+- failed clients (raised, timed out) are counted (``num_failures``); ``drop-rate`` drops
+  clients (``num_dropped``) and the run stops with ``RunAborted`` when fewer than
+  ``min-fit-fraction`` of the sampled clients succeed;
+- ``screening`` clips, rejects or robustly replaces the accepted updates before the method
+  aggregates them (``num_clipped``, ``screen_bound``);
+- every ``checkpoint-every`` rounds a checkpoint is written; a resumed run starts at the
+  round after its checkpoint's;
+- ``inject-faults = "crash-after:<round>"`` crashes the server after that round.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+from flwr.common import FitIns, parameters_to_ndarrays
+from flwr.server import Server
+from flwr.server.client_manager import ClientManager
+from flwr.server.history import History
+from flwr.server.server import evaluate_clients, fit_clients
+from flwr.server.strategy import Strategy
+
+from fl_app.server.checkpoint import Checkpoint, checkpoint_due, save_checkpoint
+from fl_app.server.crash import crash_if_injected
+from fl_app.server.drift import round_drift
+from fl_app.server.participation import Participation, RunAborted
+from fl_app.server.placement import record_ray_nodes
+from fl_app.server.recording import (
+    RunRecord,
+    _finite,
+    _views,
+    check_reply,
+    client_accuracy_stats,
+    evaluated_round,
+    in_node_order,
+    message_nbytes,
+    summarise_client_metrics,
+)
+from fl_app.server.screening import Screening
+from fl_app.server.tracking import RunTracker
+
+log = logging.getLogger("flwr.fl_drift")
+
+
+class DriftServer(Server):
+    """Runs one fl-drift run: ``fit`` is the loop; ``start_up`` and one method per step.
+
+    ``start_up`` is a callable (``fl_app.server_app``) that completes the server's start-up
+    once the nodes are known: it loads the test split into the strategy's evaluation and
+    checks the data and the partitioning. ``resume_from`` is the checkpoint a resumed run
+    continues (its rows: ``previous_rows``)."""
+
+    def __init__(self, *, client_manager: ClientManager, strategy: Strategy, cfg: dict, run_dir: Path,
+                 start_up=None, resume_from: Checkpoint | None = None, previous_rows: list[dict] | None = None):
+        super().__init__(client_manager=client_manager, strategy=strategy)
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.num_rounds = cfg["num-server-rounds"]  # of the whole run, resumed or not
+        self.record = RunRecord(cfg, run_dir)
+        self.tracker = RunTracker(self.run_dir, cfg)
+        self.screening = Screening(cfg, getattr(strategy, "screen_skip", ()))
+        self.participation = Participation(cfg)
+        self.complete_start_up = start_up
+        self.resume_from = resume_from
+        self.done = resume_from.round if resume_from is not None else 0  # rounds before this process
+        self.last_checkpoint = self.done
+        self.sent_weights: list[np.ndarray] | None = None  # w_t, for the drift columns
+        self.sent_shapes: list[tuple] | None = None  # what every reply must match
+        self.round_started = 0.0
+        if resume_from is not None:
+            if hasattr(strategy, "set_state"):
+                strategy.set_state(resume_from.strategy_state)
+            self.record.resume(resume_from, previous_rows or [])
+
+    # ------------------------------------------------------------------ the run
+    def fit(self, num_rounds: int, timeout: float | None) -> tuple[History, float]:
+        """The run: start-up, then rounds ``done + 1`` .. ``num-server-rounds`` (``num_rounds``,
+        Flower's count for this process, is the same number of rounds)."""
+        history = History()
+        if not self.start_up(history):
+            return history, 0.0
+        for server_round in range(self.done + 1, self.num_rounds + 1):
+            instructions = self.configure(server_round)
+            if instructions:
+                results, failures = fit_clients(  # send, then collect the replies and failures
+                    instructions, max_workers=self.max_workers, timeout=timeout, group_id=server_round)
+                accepted = self.screen(server_round, results, failures)
+                self.aggregate(server_round, accepted, failures, history)
+            per_class = self.evaluate(server_round, timeout, history)
+            self.record_round(server_round, per_class)
+            self.checkpoint(server_round)
+            if server_round == self.num_rounds:
+                self.finish()
+            crash_if_injected(self.cfg, server_round)
+        return history, self.record.elapsed()
+
+    # ------------------------------------------------------------------ start-up
+    def start_up(self, history: History) -> bool:
+        """Before round 1: the initial parameters, the test split and the data checks
+        (``complete_start_up``), the initial model's evaluation (round 0; not on resume: the
+        checkpoint's model is already recorded) and the data fingerprint. False when a resumed
+        run has no round left (its summary is then written)."""
+        if self.done >= self.num_rounds:
+            self.finish()
+            return False
+        self.parameters = self.strategy.initialize_parameters(client_manager=self._client_manager)
+        if self.complete_start_up is not None:
+            self.complete_start_up(self.evaluate_initial if self.resume_from is None else None)
+        elif self.resume_from is None:
+            self.evaluate_initial()
+        self.record.data_fingerprint(self._client_manager)  # the nodes have reported their partitions
+        return True
+
+    def evaluate_initial(self) -> tuple | None:
+        """Round 0: the initial model's test accuracy and loss (round 0 of the plots); its
+        loss and metrics less the per-class accuracies (None without an evaluation)."""
+        result = self.strategy.evaluate(0, self.parameters)
+        if result is None:
+            return None
+        loss, metrics = result[0], {k: v for k, v in result[1].items() if k != "per_class_accuracy"}
+        self.record.initial = {"initial_accuracy": float(metrics.get("accuracy", float("nan"))),
+                               "initial_loss": float(loss)}
+        log.info("initial model: test accuracy %.4f, loss %.4f", self.record.initial["initial_accuracy"], loss)
+        return loss, metrics
+
+    # ------------------------------------------------------------------ the steps of a round
+    def configure(self, server_round: int) -> list[tuple]:
+        """The method samples and instructs its clients; ``drop-rate`` drops some; every
+        instruction carries where the run keeps its files and its last checkpoint."""
+        self.round_started = time.monotonic()
+        row = self.record.begin_round(server_round)
+        self.sent_weights = _views(self.parameters)
+        instructions = self.strategy.configure_fit(server_round, self.parameters, self._client_manager)
+        self.screening.begin_round(self.parameters)  # w_t: the global model the clients receive
+        instructions, row["num_dropped"] = self.participation.select(server_round, instructions)
+        row["bytes_down_per_client"] = message_nbytes([ins.parameters for _, ins in instructions])
+        if instructions:
+            self.sent_shapes = [a.shape for a in parameters_to_ndarrays(instructions[0][1].parameters)]
+        extra = {"run-dir": str(self.run_dir.resolve()), "checkpoint-round": self.last_checkpoint,
+                 "checkpoint-every": self.cfg["checkpoint-every"]}
+        return [(c, FitIns(ins.parameters, {**ins.config, **extra})) for c, ins in instructions]
+
+    def screen(self, server_round: int, results: list, failures: list) -> list:
+        """The replies the method will see, in node order: those that pass ``check_reply``,
+        then ``screening``; counts them into the row with the clients' metrics, and stops the
+        run (``RunAborted``) when too few sampled clients succeeded."""
+        row = self.record.row
+        row["fit_phase_seconds"] = time.monotonic() - self.round_started  # sampling to the last reply
+        row["bytes_up_per_client"] = message_nbytes([res.parameters for _, res in results])
+        accepted = []
+        for client, res in in_node_order(results, self._client_manager):
+            problem = check_reply(res, self.sent_shapes)
+            if problem:
+                log.warning("round %d: rejected the update of node %s: %s", server_round, client.cid, problem)
+            else:
+                accepted.append((client, res))
+        accepted = self.screening.apply(server_round, accepted, row)
+        row.update(num_clients=len(accepted), num_failures=len(failures), num_rejected=len(results) - len(accepted))
+        for failure in failures:
+            log.warning("round %d: a client failed: %r", server_round, failure)
+        row.update(summarise_client_metrics([(r.num_examples, r.metrics) for _, r in accepted]))
+        row.update(record_ray_nodes(self.run_dir, server_round, accepted))
+        reason = self.participation.shortfall(server_round, len(accepted), len(results), len(failures))
+        if reason:  # the rounds so far are a result: the summary says why and where the run stopped
+            self.record.write_summary(self._client_manager, stopped=reason)
+            raise RunAborted(f"{reason}. Stopping the run; the summary and the last checkpoint are kept.")
+        return accepted
+
+    def aggregate(self, server_round: int, accepted: list, failures: list, history: History) -> tuple:
+        """The drift columns, then the method's aggregation into the new global model; a
+        round without accepted replies, or a non-finite aggregate, keeps the previous one.
+        The new parameters and the method's metrics, or (None, {}) when the model stays."""
+        if not accepted:
+            return None, {}
+        replies = [(r.num_examples, _views(r.parameters)) for _, r in accepted]
+        self.record.row.update(round_drift(self.cfg, type(self.strategy), self.sent_weights, replies))
+        parameters, metrics = self.strategy.aggregate_fit(server_round, accepted, failures)
+        if parameters is not None and not _finite(parameters_to_ndarrays(parameters)):
+            log.error("round %d: the aggregate is not finite; keeping the previous global model", server_round)
+            return None, {}
+        self.record.row.update({k: v for k, v in (metrics or {}).items() if isinstance(v, (int, float))})
+        history.add_metrics_distributed_fit(server_round=server_round, metrics=metrics or {})
+        if parameters is not None:
+            self.parameters = parameters
+        return parameters, metrics
+
+    def evaluate(self, server_round: int, timeout: float | None, history: History) -> list | None:
+        """The server's evaluation of the new global model in the rounds that evaluate
+        (``evaluate-every``, always the last), then, with ``client-test-fraction`` > 0, the
+        clients' on their own test splits; the per-class accuracies (None when not evaluated)."""
+        if not evaluated_round(server_round, self.cfg["evaluate-every"], self.num_rounds):
+            return None
+        result = self.strategy.evaluate(server_round, self.parameters)
+        if result is None:
+            return None
+        loss, metrics = result[0], dict(result[1])
+        per_class = metrics.pop("per_class_accuracy", None)  # to per_class_accuracy.csv, not the history
+        self.record.row.update(test_loss=float(loss), test_accuracy=float(metrics.get("accuracy", float("nan"))))
+        if "min_class_accuracy" in metrics:
+            self.record.row["min_class_accuracy"] = float(metrics["min_class_accuracy"])
+        history.add_loss_centralized(server_round=server_round, loss=loss)
+        history.add_metrics_centralized(server_round=server_round, metrics=metrics)
+        if self.cfg["client-test-fraction"] > 0:
+            self.evaluate_on_clients(server_round, timeout)
+        return per_class
+
+    def evaluate_on_clients(self, server_round: int, timeout: float | None) -> None:
+        """The clients' accuracies of the global model on their local test splits, into the row."""
+        instructions = self.strategy.configure_evaluate(server_round, self.parameters, self._client_manager)
+        if not instructions:
+            return
+        results, failures = evaluate_clients(instructions, max_workers=self.max_workers, timeout=timeout,
+                                             group_id=server_round)
+        self.strategy.aggregate_evaluate(server_round, results, failures)
+        accuracies = [float(r.metrics["accuracy"]) for _, r in results
+                      if isinstance(r.metrics.get("accuracy"), (int, float))]
+        self.record.row.update(client_accuracy_stats(accuracies))
+        for failure in failures:
+            log.warning("round %d: a client failed to evaluate: %r", server_round, failure)
+
+    def record_round(self, server_round: int, per_class) -> None:
+        """The round's row to metrics.csv (accuracy and loss empty when not evaluated), the
+        per-class file and trackers, and one log line."""
+        row = self.record.row
+        row["round_seconds"] = time.monotonic() - self.round_started
+        self.record.write_row(row)
+        self.tracker.log_round(row, per_class)
+        if "test_accuracy" in row:
+            tested = f"test accuracy {row['test_accuracy']:.4f}, test loss {row['test_loss']:.4f}"
+        else:
+            tested = f"test accuracy not evaluated (evaluate-every {self.cfg['evaluate-every']})"
+        log.info("round %d/%d: %s, clients %d, failures %d, %.1fs", server_round, self.num_rounds, tested,
+                 row.get("num_clients", 0), row.get("num_failures", 0), row["round_seconds"])
+
+    def checkpoint(self, server_round: int) -> None:
+        """A checkpoint when one is due (``checkpoint-every``, and the last round)."""
+        if not checkpoint_due(self.cfg["checkpoint-every"], server_round, self.num_rounds):
+            return
+        state = self.strategy.get_state() if hasattr(self.strategy, "get_state") else {}
+        draws = getattr(self._client_manager, "draws", 0)
+        save_checkpoint(self.run_dir, Checkpoint(server_round, parameters_to_ndarrays(self.parameters), state,
+                                                 draws, self.record.elapsed(), self.cfg["model"]))
+        self.last_checkpoint = server_round
+
+    def finish(self) -> None:
+        """Summary file; client-state mirrors are only needed to resume, so remove them."""
+        self.record.write_summary(self._client_manager)
+        self.tracker.close()
+        shutil.rmtree(self.run_dir / "client-state", ignore_errors=True)
