@@ -100,7 +100,7 @@ class DriftServer(Server):
         """The run: start-up, then rounds ``done + 1`` .. ``num-server-rounds`` (``num_rounds``,
         Flower's count for this process, is the same number of rounds)."""
         history = History()
-        if not self.start_up(history):
+        if not self.start_up():
             return history, 0.0
         for server_round in range(self.done + 1, self.num_rounds + 1):
             instructions = self.configure(server_round)
@@ -118,7 +118,7 @@ class DriftServer(Server):
         return history, self.record.elapsed()
 
     # ------------------------------------------------------------------ start-up
-    def start_up(self, history: History) -> bool:
+    def start_up(self) -> bool:
         """Before round 1: the initial parameters, the test split and the data checks
         (``complete_start_up``), the initial model's evaluation (round 0; not on resume: the
         checkpoint's model is already recorded) and the data fingerprint. False when a resumed

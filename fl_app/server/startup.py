@@ -4,13 +4,14 @@ the nodes' own start-up (``fl_app/node/background.py``):
 1. ``begin()`` (in ``server_fn``): start decoding the test split in the background. A real
    dataset's test split does not depend on the partitioning, so it is decoded while Ray and the
    nodes start, instead of after they report.
-2. ``test_split()`` (at round 0's evaluation, Flower's first call once it registers the nodes):
+2. ``test_split()`` (in ``DriftServer.start_up``, the first thing its ``fit`` does, once Flower
+   has registered the nodes):
    ask the nodes for their partition ids in the background and return the decoded test split.
    The nodes are asked as soon as Flower knows them, since their first message starts their
    warm-up (``fl_app.node.node_client.start_warm_up``); asking from ``server_fn`` would come before Flower
    registers any node.
-3. ``ready()`` (after round 0 is evaluated): wait for the nodes' answers and check the
-   partitioning they reported (``check_data``), before round 1.
+3. ``ready()`` (after round 0 is evaluated, still in the start-up): wait for the nodes' answers
+   and check the partitioning they reported (``check_data``), before round 1.
 
 Before step 2 returns, the federation's size is checked: the node count, once it stops
 growing, against what the data can be cut into (``check_partition_count``) and what the
