@@ -202,7 +202,7 @@ def resolve_experiment(args: argparse.Namespace, parser: argparse.ArgumentParser
         args.out = args.out or f"results/experiments/{exp.get('name', path.stem)}"
     if args.strategy is not None and not [s for s in args.strategy.split(",") if s.strip()]:
         parser.error(f"--strategy {args.strategy!r} names no method; give one or a comma list (--list methods)")
-    args.strategy = args.strategy or "fedavg"
+    args.strategy = args.strategy or config_keys()["strategy"].default
     args.seeds = args.seeds or [0]
     args.clients = 10 if args.clients is None else args.clients  # --clients 0 is refused, not replaced
     return args

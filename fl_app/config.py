@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fl_app.node.faults import FAULT_FORMS, parse_faults
+from fl_app.registry import DEFAULT_METHOD
 from tasks.catalogue import DATASET_NAMES as DATASETS
 from tasks.keys import ConfigError, Key, at_least, non_negative, positive, unit_interval
 from tasks.models import FLAT_MODELS, IMAGE_MODELS, MODELS
@@ -33,7 +34,7 @@ SCREENING_MODES = ("none", "clip", "reject", "median", "trimmed-mean", "krum", "
 # General keys. Method-specific keys (prefixed by the method, e.g. ``ri-lambda``) are declared
 # as ``CONFIG_KEYS`` of the method's client or strategy class and merged in by ``spec()``.
 GENERAL_KEYS: dict[str, Key] = {
-    "strategy": Key("fedavg"),  # choices come from the registry (see validate_config)
+    "strategy": Key(DEFAULT_METHOD),  # choices come from the registry (see validate_config)
     "num-server-rounds": Key(3, at_least(1), ">= 1"),
     "fraction-fit": Key(0.5, unit_interval, "in (0, 1]"),
     "min-fit-clients": Key(1, at_least(1), ">= 1"),

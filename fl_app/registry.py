@@ -76,6 +76,10 @@ METHODS: dict[str, Method] = {
 }
 
 
+DEFAULT_METHOD = "fedavg"  # the run config's default ``strategy``
+REFERENCE_METHOD = "fedavg"  # the row a comparison measures every other row against, when it ran
+
+
 def method_names() -> tuple[str, ...]:
     return tuple(METHODS)
 

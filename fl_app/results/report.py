@@ -96,8 +96,11 @@ def compare(runs: dict[str, list[Path]]) -> list[dict]:
 
 
 def reference_row(labels: list[str]) -> str | None:
-    """The row every other row is compared with: ``fedavg`` when it ran, else the first row."""
-    return "fedavg" if "fedavg" in labels else (labels[0] if labels else None)
+    """The row every other row is compared with: the registry's ``REFERENCE_METHOD`` (FedAvg)
+    when it ran, else the first row."""
+    from fl_app.registry import REFERENCE_METHOD
+
+    return REFERENCE_METHOD if REFERENCE_METHOD in labels else (labels[0] if labels else None)
 
 
 TAIL_ROUNDS = 5
