@@ -10,7 +10,7 @@ a cycle cannot hide behind a lazy import. Allowed edges, with no exception:
 - ``fl_app`` (the composition root) imports anything below it, and inside it the rooms import
   one way too (``FL_APP_LAYERS``, top to bottom): ``fl_app.tooling`` (the runner's and
   deployment's tools, outside a Flower run) -> the entry points (``server_app``,
-  ``client_app``) -> ``config`` (the run-config schema) -> ``fl_app.server`` (the round loop's wrapper and its steps) and
+  ``client_app``) -> ``config`` (the run-config schema) -> ``fl_app.server`` (the server's round loop and its parts) and
   ``fl_app.results`` (reading finished runs) -> ``fl_app.node`` (what a node does around a
   method's client) -> ``fl_app.registry`` (the method catalogue). A room imports its own
   modules and the rooms below it, never one above or beside it.

@@ -1,2 +1,3 @@
-"""The server side of a run: the recording wrapper around a method's strategy and what it
-runs each round (screening, participation, drift, checkpoints, tracking), and the start-up."""
+"""The server side of a run: fl-drift's Flower server (``server.py``, its round loop) and the
+parts its steps call (reply checks and records, screening, participation, drift, checkpoints,
+tracking), and the start-up."""
