@@ -117,7 +117,7 @@ def _server_components(context: Context) -> ServerAppComponents:
     evaluation = CentralEvaluation(cfg)
     strategy = build_strategy(cfg, method, ndarrays_to_parameters(weights), evaluation)
     server = DriftServer(
-        client_manager=client_manager, strategy=strategy, cfg=cfg, run_dir=run_dir,
+        client_manager=client_manager, strategy=strategy, cfg=cfg, run_dir=run_dir, method_class=method.strategy,
         start_up=start_up_steps(startup, evaluation), resume_from=checkpoint,
         previous_rows=read_metrics(run_dir) if checkpoint is not None else None,
     )

@@ -142,7 +142,7 @@ def one_run(cfg: dict, parts, test) -> dict:
 
     inner = method.strategy.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w0), evaluate_fn))
     strategy = RoundByRound(inner, cfg, Path(tempfile.mkdtemp(prefix="fl-drift-security-")),
-                                 num_rounds=cfg["num-server-rounds"])
+                            num_rounds=cfg["num-server-rounds"], method_class=method.strategy)
     manager = Everyone()
     for k in range(CLIENTS):
         context = Context(run_id=0, node_id=k, node_config={}, state=RecordDict(), run_config={})

@@ -53,7 +53,7 @@ def two_rounds(method: str, results_dir) -> tuple[list[dict], float]:
         return evaluate_global(model, test, arrays)
 
     inner = registered.strategy.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w0), evaluate_fn))
-    strategy = RoundByRound(inner, cfg, results_dir / method, num_rounds=2)
+    strategy = RoundByRound(inner, cfg, results_dir / method, num_rounds=2, method_class=registered.strategy)
     manager = SimpleClientManager()
     for k in range(NODES):
         context = Context(run_id=0, node_id=k, node_config={}, state=RecordDict(), run_config={})

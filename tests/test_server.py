@@ -56,3 +56,18 @@ def test_a_method_strategy_runs_under_flowers_own_server_to_the_same_model(tmp_p
     initial = get_weights(build_model("logreg", input_shape("synthetic"), seed=1))
     assert not np.allclose(flower[0], initial[0])  # it trained
     assert (tmp_path / "ours" / "run" / "metrics.csv").exists()
+
+
+def test_the_server_reads_the_facts_the_method_registers_not_its_wrappers(tmp_path):
+    """DP-FedAvg's strategy is one of Flower's DP wrappers, which declare none of the method's
+    facts; the ServerApp hands the server the registered class, whose UNIFORM_MEAN weights the
+    drift columns (read from the wrapper, they were n_k-weighted: same_metrics caught it)."""
+    from fl_app.server_app import server_fn
+    from strategies.dp_fedavg import DPFedAvgStrategy
+    from tests.conftest import fake_context
+
+    components = server_fn(fake_context({"strategy": "dp-fedavg", "dataset": "synthetic", "model": "logreg",
+                                         "results-dir": str(tmp_path), "tracking": "none"}))
+    server = components.server
+    assert not isinstance(server.strategy, DPFedAvgStrategy)
+    assert server.method_class is DPFedAvgStrategy and DPFedAvgStrategy.UNIFORM_MEAN

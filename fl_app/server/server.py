@@ -68,14 +68,19 @@ log = logging.getLogger("flwr.fl_drift")
 class DriftServer(Server):
     """Runs one fl-drift run: ``fit`` is the loop; ``start_up`` and one method per step.
 
-    ``start_up`` is a callable (``fl_app.server_app``) that completes the server's start-up
-    once the nodes are known: it loads the test split into the strategy's evaluation and
-    checks the data and the partitioning. ``resume_from`` is the checkpoint a resumed run
-    continues (its rows: ``previous_rows``)."""
+    ``method_class`` is the strategy class the method registers, whose declared facts the drift
+    columns read (``UNIFORM_MEAN``, ``local_entries``); it is not always ``strategy``'s own class
+    (DP-FedAvg's ``from_config`` returns one of Flower's DP wrappers), so the ServerApp passes it
+    down; by default ``type(strategy)``. ``start_up`` is a callable (``fl_app.server_app``) that
+    completes the server's start-up once the nodes are known: it loads the test split into the
+    strategy's evaluation and checks the data and the partitioning. ``resume_from`` is the
+    checkpoint a resumed run continues (its rows: ``previous_rows``)."""
 
     def __init__(self, *, client_manager: ClientManager, strategy: Strategy, cfg: dict, run_dir: Path,
-                 start_up=None, resume_from: Checkpoint | None = None, previous_rows: list[dict] | None = None):
+                 method_class: type | None = None, start_up=None, resume_from: Checkpoint | None = None,
+                 previous_rows: list[dict] | None = None):
         super().__init__(client_manager=client_manager, strategy=strategy)
+        self.method_class = method_class or type(strategy)
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.num_rounds = cfg["num-server-rounds"]  # of the whole run, resumed or not
@@ -196,7 +201,7 @@ class DriftServer(Server):
         if not accepted:
             return None, {}
         replies = [(r.num_examples, _views(r.parameters)) for _, r in accepted]
-        self.record.row.update(round_drift(self.cfg, type(self.strategy), self.sent_weights, replies))
+        self.record.row.update(round_drift(self.cfg, self.method_class, self.sent_weights, replies))
         parameters, metrics = self.strategy.aggregate_fit(server_round, accepted, failures)
         if parameters is not None and not _finite(parameters_to_ndarrays(parameters)):
             log.error("round %d: the aggregate is not finite; keeping the previous global model", server_round)

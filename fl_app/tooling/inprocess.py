@@ -52,14 +52,16 @@ class RoundByRound:
 
     Each call is the step it names; nothing is inferred from the order of the calls."""
 
-    def __init__(self, inner, cfg: dict, run_dir, num_rounds: int, resume_from=None, previous_rows=None):
+    def __init__(self, inner, cfg: dict, run_dir, num_rounds: int, resume_from=None, previous_rows=None,
+                 method_class: type | None = None):
         from flwr.server.client_manager import SimpleClientManager
 
         from fl_app.server.server import DriftServer
 
         self.server = DriftServer(client_manager=SimpleClientManager(), strategy=inner,
                                   cfg={**cfg, "num-server-rounds": num_rounds}, run_dir=run_dir,
-                                  resume_from=resume_from, previous_rows=previous_rows)
+                                  method_class=method_class, resume_from=resume_from,
+                                  previous_rows=previous_rows)
         self.inner = inner
 
     # what tests read and set
