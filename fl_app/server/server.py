@@ -115,12 +115,17 @@ class DriftServer(Server):
                 accepted = self.screen(server_round, results, failures)
                 self.aggregate(server_round, accepted, failures, history)
             per_class = self.evaluate(server_round, timeout, history)
-            self.record_round(server_round, per_class)
-            self.checkpoint(server_round)
-            if server_round == self.num_rounds:
-                self.finish()
-            crash_if_injected(self.cfg, server_round)
+            self.record_and_checkpoint(server_round, per_class)
         return history, self.record.elapsed()
+
+    def record_and_checkpoint(self, server_round: int, per_class) -> None:
+        """The end of every round, in this order: the metrics row, the checkpoint, summary.json
+        after the last round, then an injected crash (``crash-after:<round>``) if one is due."""
+        self.record_round(server_round, per_class)
+        self.checkpoint(server_round)
+        if server_round == self.num_rounds:
+            self.finish()
+        crash_if_injected(self.cfg, server_round)
 
     # ------------------------------------------------------------------ start-up
     def start_up(self) -> bool:

@@ -133,19 +133,13 @@ class RoundByRound:
         history gets them; None when not evaluated); for t >= 1 also the rest of the round."""
         from flwr.server.history import History
 
-        from fl_app.server.crash import crash_if_injected
-
         server = self.server
         server.parameters = parameters
         if server_round == 0:
             return server.evaluate_initial()
         history = History()
         per_class = server.evaluate(server_round, None, history)
-        server.record_round(server_round, per_class)
-        server.checkpoint(server_round)
-        if server_round == server.num_rounds:
-            server.finish()
-        crash_if_injected(server.cfg, server_round)
+        server.record_and_checkpoint(server_round, per_class)
         if not history.losses_centralized:
             return None
         metrics = {name: values[-1][1] for name, values in history.metrics_centralized.items()}
