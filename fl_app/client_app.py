@@ -10,6 +10,7 @@ from flwr.common import Context
 from fl_app.config import method_config, validate_config
 from fl_app.node.node_client import NodeClient, match_threads_to_cpu_share
 from fl_app.registry import Method, get_method
+from tasks.models import set_cuda_precision
 
 
 def node_partition(node_config: dict) -> tuple[int, int]:
@@ -41,6 +42,7 @@ def client_fn(context: Context):
     cfg, method = resolve(context.run_config)
     partition_id, num_partitions = node_partition(context.node_config)
     match_threads_to_cpu_share()  # before the method client builds its model
+    set_cuda_precision(cfg["cuda-tf32"])
     return NodeClient(method.client(cfg, context, partition_id, num_partitions)).to_client()
 
 

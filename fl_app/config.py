@@ -94,6 +94,10 @@ GENERAL_KEYS: dict[str, Key] = {
                                 "in [0, 1) (share of each client's partition held out as its local test split,"
                                 " scored with the global model; 0 = off)"),
     "client-state": Key("memory", choices=("memory", "disk")),
+    # Precision on CUDA (tasks.models.set_cuda_precision), set by both apps before any model is
+    # built; decided here, not inherited from PyTorch (TF32 on for cuDNN convolutions by default).
+    "cuda-tf32": Key(False, None, "true or false (TF32 for CUDA matmuls and convolutions; false = full fp32;"
+                                  " no effect on CPU)"),
     # Tuning (fl_app/tooling/tuning.py): a share of the training split held out before it is
     # partitioned (no client trains on it); the server then scores it instead of the test split.
     "validation-fraction": Key(0.0, lambda v: 0 <= v <= 0.5,

@@ -21,7 +21,7 @@ from fl_app.server.server import DriftServer
 from fl_app.server.startup import ServerStartup
 from strategies.base import fedavg_kwargs
 from tasks.datasets import DataUnavailableError, PartitionError, input_shape
-from tasks.models import build_model, default_device, get_weights, set_weights
+from tasks.models import build_model, default_device, get_weights, set_cuda_precision, set_weights
 from tasks.train import evaluate
 
 log = logging.getLogger("flwr.fl_drift")
@@ -106,6 +106,7 @@ def _server_components(context: Context) -> ServerAppComponents:
     resumed), begin the start-up (step 1), build the method's strategy and the server that
     runs it."""
     cfg, method = resolve(context.run_config)
+    set_cuda_precision(cfg["cuda-tf32"])  # before the server's evaluation model is built
     check_data_dir(cfg)
     run_dir = Path(cfg["results-dir"]).expanduser() / run_name(cfg)
     checkpoint, weights = starting_point(cfg, run_dir)

@@ -272,6 +272,16 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def set_cuda_precision(tf32: bool) -> None:
+    """TF32 for CUDA matmuls and cuDNN convolutions on (``tf32``) or off, both alike: the run
+    decides it (run-config ``cuda-tf32``, recorded with the config in summary.json) instead of
+    inheriting PyTorch's defaults, which enable TF32 for cuDNN convolutions but not for matmuls,
+    so the same run gave 10-bit-mantissa convolutions beside full fp32 linear layers. Off (the
+    default) trains in full fp32, the numbers the CPU path gives to rounding. No effect on CPU."""
+    torch.backends.cuda.matmul.allow_tf32 = bool(tf32)
+    torch.backends.cudnn.allow_tf32 = bool(tf32)
+
+
 def get_weights(model: nn.Module) -> list:
     """Model state (parameters and buffers, in state_dict order) as numpy arrays.
 
