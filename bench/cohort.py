@@ -60,7 +60,7 @@ from vmap import sync, timed  # noqa: E402
 from tasks.datasets import input_shape  # noqa: E402
 from tasks.functional import METHODS, Hyper, cohort_round, local_round, module_state  # noqa: E402
 from tasks.functional.rounds import stack_trees, unstack_tree  # noqa: E402
-from tasks.models import build_model, default_device  # noqa: E402
+from tasks.models import build_model, default_device, set_cuda_precision  # noqa: E402
 
 KEYS = {"proximal-mu": 0.01, "sam-rho": 0.05, "feddyn-alpha": 0.01}  # the methods' defaults
 
@@ -204,7 +204,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = args.tf32
+    set_cuda_precision(args.tf32)
     device = default_device()
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} torch threads"
     print(f"device: {device} ({where}); torch {torch.__version__}; TF32 {'on' if args.tf32 else 'off'};"

@@ -3,6 +3,8 @@ wrapped in ``NodeClient`` (faults, state mirror, warm-up, timing around the meth
 
 from __future__ import annotations
 
+import functools
+
 from flwr.client import ClientApp
 from flwr.client.mod import make_ffn
 from flwr.common import Context
@@ -46,11 +48,20 @@ def client_fn(context: Context):
     return NodeClient(method.client(cfg, context, partition_id, num_partitions)).to_client()
 
 
+@functools.lru_cache(maxsize=8)
+def _declared_mods(run_config: frozenset) -> tuple:
+    """The mods of a run's method client, resolved once per run config (per process), not on
+    every message: resolving validates the whole config."""
+    config = dict(run_config)
+    _, method = resolve(config)
+    return tuple(method.client.mods(config))
+
+
 def method_mods(msg, context: Context, call_next):
     """The Flower mods the run's method client declares (``mods(run_config)``: DP-FedAvg's
     client-side clipping), around this message; none for most methods."""
-    _, method = resolve(context.run_config)
-    return make_ffn(call_next, list(method.client.mods(context.run_config)))(msg, context)
+    mods = _declared_mods(frozenset(context.run_config.items()))
+    return make_ffn(call_next, list(mods))(msg, context)
 
 
 app = ClientApp(client_fn=client_fn, mods=[method_mods])
