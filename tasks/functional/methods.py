@@ -37,15 +37,14 @@ def no_state(w_t: Tree, params: Tree, steps: int, ctx: dict, state: dict, hp: Hy
 @dataclass(frozen=True)
 class LocalUpdate:
     """One method's local update (see the package docstring for the three functions).
-    ``keys``: the run-config keys the method reads (``Hyper.keys``); ``passes``: forward-backward
-    passes per step (2 for SAM)."""
+    ``keys``: the run-config keys the method reads (``Hyper.keys``). A step's cost (two passes
+    for SAM) is the client class's ``STEP_COST``, read by the run-time estimate."""
 
     name: str
     direction: Direction
     begin: Begin = no_context
     end: End = no_state
     keys: tuple[str, ...] = ()
-    passes: int = 1
 
 
 # ------------------------------------------------------------------------------- FedAvg
@@ -121,7 +120,7 @@ def sam_direction(model, params, buffers, x, y, w_t, ctx, hp):
     return sharp, new_buffers, loss
 
 
-FEDSAM = LocalUpdate("fedsam", sam_direction, keys=("sam-rho",), passes=2)
+FEDSAM = LocalUpdate("fedsam", sam_direction, keys=("sam-rho",))
 
 
 # ------------------------------------------------------------------------------- FedDyn
