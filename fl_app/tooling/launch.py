@@ -62,6 +62,9 @@ class LocalSimulation:
         self.ray_address = ray_address
         self.ray_dir: Path | None = None  # made by start(), unless the cluster at ray_address is used
         self.hold = tuple(hold)
+        # Ray's own resources for this simulation's runs (Flower's ``init-args-num-cpus`` /
+        # ``-num-gpus``); empty: Ray counts the machine. Set by --parallel (fl_app/tooling/parallel.py).
+        self.ray_resources: dict[str, int] = {}
         self.http_port, self.control_port = free_port(), free_port()
         self.env = private_env(
             self.home,
@@ -129,7 +132,7 @@ class LocalSimulation:
         federation = (
             f"num-supernodes={num_supernodes} client-resources-num-cpus={_toml_number(cpus_per_client)}"
             f" client-resources-num-gpus={float(gpus_per_client)}"
-        )
+        ) + "".join(f" init-args-{key}={int(value)}" for key, value in self.ray_resources.items())
         assert self.managed is not None, "start() first"
         rc = stream_flwr_run(
             self.app_dir, "local", run_config, self.env, self.home, ["--federation-config", federation],
