@@ -42,6 +42,7 @@ import os
 import signal
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -85,6 +86,7 @@ from fl_app.server.preflight import check_data_dir, check_nodes
 from fl_app.server_app import build_strategy, resolve
 from fl_app.tooling.experiment import read_experiment
 from fl_app.tooling.launch import LocalSimulation
+from fl_app.tooling.parallel import Failed, Machine, Pool, check_workers, default_workers, say, split
 from fl_app.tooling.plan import (
     check_axes,
     check_command_line_keys,
@@ -142,6 +144,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="Ray GPUs per client (default: 0, or 1/clients-in-parallel when CUDA is present)")
     p.add_argument("--ray-address", help="run on this running Ray cluster (head host:port, see README) instead of "
                    "a private Ray on this machine")
+    p.add_argument("--parallel", type=int, metavar="N",
+                   help="runs at a time, each on its own private SuperLink and Ray with 1/N of the machine (default:"
+                        " as many as the cores, GPUs and memory hold, 1 on a machine under 8 cores; docs/running.md)")
     p.add_argument("--quiet", action="store_true", help="print only the per-round progress lines")
     p.add_argument("--verbose", action="store_true",
                    help="also print Flower's, Ray's and MLflow's own log lines and the libraries' deprecation warnings")
@@ -153,10 +158,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.list:
         return args
     if args.resume:
-        args = argparse.Namespace(**{"grid": [], "verbose": False, "list": None, "tune": None,
+        args = argparse.Namespace(**{"grid": [], "verbose": False, "list": None, "tune": None, "parallel": None,
                                      "env_data_dir": None, "cwd": None, **read_runner_record(args.resume, p),
                                      "resume": args.resume, "out": args.resume, "quiet": args.quiet,
-                                     "check": args.check})
+                                     "check": args.check,
+                                     **({"parallel": args.parallel} if args.parallel is not None else {})})
     else:
         args.env_data_dir = resolve_data_dir("")  # recorded in runner.json: a new shell may differ
         args.cwd = os.getcwd()  # relative data-dir values resolve against it, on --resume too
@@ -380,6 +386,7 @@ def validate(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str, int, d
     """Step 2: every check that can fail before anything is launched or written (resources,
     configs, data, checkpoints, runs made with another config); raises the first problem."""
     check_resources(args)
+    check_workers(getattr(args, "parallel", None))
     configs = build_configs(args, runs_dir)
     for spec in {PartitionSpec.from_config(validate_config(c), args.clients) for _, _, c in configs}:
         check_data(spec)
@@ -436,9 +443,9 @@ def plan(args: argparse.Namespace, out: Path) -> float:
     return min(1.0, args.cpus_per_client / 2) if torch.cuda.is_available() else 0.0
 
 
-def progress_printer(args: argparse.Namespace, tail: list[str]):
+def progress_printer(args: argparse.Namespace, tail: list[str], lead: str = "    "):
     """The callback for one run's output lines: keeps the last 40 in ``tail``, prints what
-    --quiet / --verbose ask for."""
+    --quiet / --verbose ask for, each line after ``lead`` (the run's tag when runs go in parallel)."""
     def on_line(line: str) -> None:
         tail.append(line)
         del tail[:-40]
@@ -447,64 +454,112 @@ def progress_printer(args: argparse.Namespace, tail: list[str]):
         else:
             show = args.verbose or not is_noise(line)
         if show:
-            print("   ", for_output(line), flush=True)
+            say(lead + for_output(line))
 
     return on_line
 
 
 def launch(args: argparse.Namespace, configs: list[tuple[str, int, dict]], runs_dir: Path, gpus: float,
            lock: int | None = None) -> Outcome:
-    """Step 4: one `flwr run` per (row, seed) on a private SuperLink; finished runs are kept,
-    checkpointed ones continue. The SuperLink's watchdog also holds the folder ``lock``, so
-    after a ``kill -9`` of this runner the folder stays taken until its processes are gone."""
+    """Step 4: one `flwr run` per (row, seed) on a private SuperLink, ``--parallel`` runs at a
+    time (fl_app/tooling/parallel.py: a SuperLink, Ray and watchdog per worker, each with its
+    share of the machine); finished runs are kept, checkpointed ones continue. Every worker's
+    watchdog also holds the folder ``lock``, so after a ``kill -9`` of this runner the folder
+    stays taken until all their processes are gone. The outcome lists the runs in the sweep's
+    order however many ran at once, so the comparison is written the same way."""
+    parts: list[Outcome] = []  # one per config, merged in order
+    jobs: list[tuple[int, str, int, dict]] = []
+    for i, (row, seed, cfg) in enumerate(configs, 1):
+        parts.append(Outcome())
+        run_dir = runs_dir / cfg["run-name"]
+        earlier = read_summary(run_dir)
+        if earlier is None:
+            jobs.append((i, row, seed, cfg))
+            continue
+        how = f"stopped earlier ({earlier['stopped']})" if earlier.get("stopped") else "finished earlier"
+        if trained_nothing(earlier):
+            how = f"failed earlier: {trained_nothing(earlier)}"
+            parts[-1].failed.append(cfg["run-name"])
+        elif earlier.get("stopped"):
+            parts[-1].stopped.append(cfg["run-name"])
+        say(f"[{i}/{len(configs)}] {row} seed {seed}: {how}, kept")
+        parts[-1].runs.setdefault(row, []).append(run_dir)
+    if jobs:
+        run_all(args, jobs, len(configs), runs_dir, gpus, lock, parts)
     outcome = Outcome()
-    with LocalSimulation(ray_address=getattr(args, "ray_address", None), hold=(lock,) if lock else ()) as sim:
-        for i, (row, seed, cfg) in enumerate(configs, 1):
-            run_dir = runs_dir / cfg["run-name"]
-            where = f"[{i}/{len(configs)}] {row} seed {seed}"
-            earlier = read_summary(run_dir)
-            if earlier is not None:
-                how = f"stopped earlier ({earlier['stopped']})" if earlier.get("stopped") else "finished earlier"
-                if trained_nothing(earlier):
-                    how = f"failed earlier: {trained_nothing(earlier)}"
-                    outcome.failed.append(cfg["run-name"])
-                elif earlier.get("stopped"):
-                    outcome.stopped.append(cfg["run-name"])
-                print(f"{where}: {how}, kept", flush=True)
-                outcome.runs.setdefault(row, []).append(run_dir)
-                continue
-            if (run_dir / CHECKPOINT).exists():
-                cfg = {**cfg, "resume": True}
-            run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / "run-config.json").write_text(json.dumps(validate_config(cfg), indent=1))
-            print(f"{where} -> {run_dir}" + (" (resuming)" if cfg.get("resume") else ""), flush=True)
-            tail: list[str] = []
-            sim.run(cfg, num_supernodes=args.clients, cpus_per_client=args.cpus_per_client,
-                    gpus_per_client=gpus, on_line=progress_printer(args, tail))
-            record_run(row, cfg["run-name"], run_dir, tail, outcome)
+    for part in parts:
+        for row, run_dirs in part.runs.items():
+            outcome.runs.setdefault(row, []).extend(run_dirs)
+        outcome.failed += part.failed
+        outcome.stopped += part.stopped
     return outcome
 
 
-def record_run(row: str, name: str, run_dir: Path, tail: list[str], outcome: Outcome) -> None:
-    """After one run: print its result (or why it failed) and file it in ``outcome``."""
+def run_all(args: argparse.Namespace, jobs: list[tuple[int, str, int, dict]], total: int, runs_dir: Path,
+            gpus: float, lock: int | None, parts: list[Outcome]) -> None:
+    """The runs still to launch (``jobs``: index in the sweep, row, seed, config), each filed
+    in ``parts[index - 1]``; on ``--parallel`` workers (default: ``default_workers``)."""
+    cluster = getattr(args, "ray_address", None)
+    machine = Machine.here()
+    n = min(len(jobs), getattr(args, "parallel", None)
+            or default_workers(machine, len(jobs), args.cpus_per_client, gpus, cluster=bool(cluster)))
+    shares = split(n, machine, args.cpus_per_client, gpus, cluster=bool(cluster),
+                   visible=os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if n > 1:
+        say(f"running {len(jobs)} runs {n} at a time (--parallel {n}), each on its own SuperLink and Ray with "
+            + "; ".join(sorted({share.describe() for share in shares})))
+
+    def start(share) -> tuple[LocalSimulation, float]:
+        sim = LocalSimulation(ray_address=cluster, hold=(lock,) if lock else ())
+        sim.ray_resources = {k: v for k, v in (("num-cpus", share.ray_cpus), ("num-gpus", share.ray_gpus))
+                             if v is not None}
+        if share.cuda_devices is not None:
+            sim.env["CUDA_VISIBLE_DEVICES"] = share.cuda_devices
+        sim.start()
+        return sim, share.gpus_per_client
+
+    def work(worker: tuple[LocalSimulation, float], job: tuple[int, str, int, dict]) -> None:
+        (sim, gpus_per_client), (i, row, seed, cfg) = worker, job
+        run_dir, lead = runs_dir / cfg["run-name"], "    " if n == 1 else f"  [{i}/{total}] "
+        if (run_dir / CHECKPOINT).exists():
+            cfg = {**cfg, "resume": True}
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "run-config.json").write_text(json.dumps(validate_config(cfg), indent=1))
+        say(f"[{i}/{total}] {row} seed {seed} -> {run_dir}" + (" (resuming)" if cfg.get("resume") else ""))
+        tail: list[str] = []
+        sim.run(cfg, num_supernodes=args.clients, cpus_per_client=args.cpus_per_client,
+                gpus_per_client=gpus_per_client, on_line=progress_printer(args, tail, lead))
+        if not pool.stopping.is_set():  # stopped by Ctrl-C: not a result, nothing to report
+            record_run(row, cfg["run-name"], run_dir, tail, parts[i - 1], lead)
+
+    pool = Pool(jobs, shares, start=start, stop=lambda worker: worker[0].close(), work=work)
+    for (i, _, _, cfg), result in zip(jobs, pool.results()):
+        if isinstance(result, Failed):  # the runner's own error in one run (the others went on)
+            parts[i - 1].failed.append(cfg["run-name"])
+            say(f"  [{i}/{total}] run failed in the runner: "
+                + "".join(traceback.format_exception(result.error)).rstrip(), sys.stderr)
+
+
+def record_run(row: str, name: str, run_dir: Path, tail: list[str], outcome: Outcome, lead: str = "    ") -> None:
+    """After one run: print its result (or why it failed), each line after ``lead``, and file
+    it in ``outcome``."""
     summary = read_summary(run_dir)
     if summary is None:
         outcome.failed.append(name)
         causes = [plain(t).split("fl-drift:", 1)[1].strip() for t in tail if "fl-drift:" in t]
-        print("    run failed" + (f": {causes[0]}" if causes else "") + "; last lines:\n    "
-              + "\n    ".join(for_output(t, sys.stderr) for t in tail[-15:]), file=sys.stderr)
+        say(lead + "run failed" + (f": {causes[0]}" if causes else "") + "; last lines:\n"
+            + "\n".join(lead + for_output(t, sys.stderr) for t in tail[-15:]), sys.stderr)
         return
     if trained_nothing(summary):  # kept: the comparison shows it as "no result"
         outcome.failed.append(name)
-        print(f"    run failed: {trained_nothing(summary)}", file=sys.stderr, flush=True)
+        say(f"{lead}run failed: {trained_nothing(summary)}", sys.stderr)
     elif summary.get("rounds_without_update"):
-        print(f"    warning: no client update was used in rounds {summary['rounds_without_update']}",
-              file=sys.stderr, flush=True)
+        say(f"{lead}warning: no client update was used in rounds {summary['rounds_without_update']}", sys.stderr)
     if summary.get("stopped") and not trained_nothing(summary):
         outcome.stopped.append(name)
-        print(f"    stopped after {summary['rounds']} rounds: {summary['stopped']}", flush=True)
-    print(f"    final accuracy {_fmt(summary['final_accuracy'])}, best {_fmt(summary['best_accuracy'])},"
-          f" {summary['total_seconds']:.0f}s", flush=True)
+        say(f"{lead}stopped after {summary['rounds']} rounds: {summary['stopped']}")
+    say(f"{lead}final accuracy {_fmt(summary['final_accuracy'])}, best {_fmt(summary['best_accuracy'])},"
+        f" {summary['total_seconds']:.0f}s")
     outcome.runs.setdefault(row, []).append(run_dir)
 
 
