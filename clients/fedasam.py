@@ -21,17 +21,16 @@ Summary: client adaptive SAM gradient | server - | client state - | server state
 from __future__ import annotations
 
 from clients.fedsam import FedSAMClient
-from clients.perturbation import asam_eps
+from tasks.functional.sharpness import FEDASAM
 from tasks.keys import Key, non_negative, positive
 
 
 class FedASAMClient(FedSAMClient):
-    # replaces FedSAM's sam-rho (its perturbation replaces FedSAM's, the only reader)
+    """FedSAM with ASAM's perturbation: ``tasks.functional.sharpness.FEDASAM``."""
+
+    LOCAL_UPDATE = FEDASAM
+    # replaces FedSAM's sam-rho: FEDASAM reads these two keys instead
     CONFIG_KEYS = {
         "asam-rho": Key(0.5, positive, "> 0 (ASAM radius)"),
         "asam-eta": Key(0.01, non_negative, ">= 0 (ASAM T_w = |w| + eta)"),
     }
-
-    def perturbation(self, params: list, grads: list) -> list:
-        scaled = [name.rsplit(".", 1)[-1] == "weight" for name, _ in self.model.named_parameters()]
-        return asam_eps(params, grads, self.cfg["asam-rho"], self.cfg["asam-eta"], scaled)

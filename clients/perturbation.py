@@ -1,4 +1,4 @@
-"""SAM-style weight perturbation, written once for FedSOL, FedGAM, FedSAM, FedASAM (and FedSMOO).
+"""SAM-style weight perturbation for the hook-based clients (FedSAM's hook twin, FedSOL, FedGAM, FedSMOO).
 
 Every such method does: compute a perturbation eps, move the weights to w + eps, take a
 gradient there, and go back to w. Going back is done by copying the saved w, never by
@@ -19,7 +19,7 @@ from torch import nn
 from tasks.functional.core import NORM_EPS
 from tasks.functional.core import sam_eps as _sam_eps
 
-__all__ = ["NORM_EPS", "asam_eps", "global_norm", "perturbed", "sam_eps"]
+__all__ = ["NORM_EPS", "global_norm", "perturbed", "sam_eps"]
 
 
 def global_norm(tensors: Sequence[torch.Tensor | None]) -> torch.Tensor:
@@ -36,43 +36,6 @@ def sam_eps(grads: Sequence[torch.Tensor | None], rho: float) -> list[torch.Tens
     definition, ``tasks.functional.core.sam_eps`` (its norm equals ``global_norm`` bit for bit on
     CPU: the same per-tensor kernel)."""
     return _sam_eps([None if g is None else g.detach() for g in grads], rho)
-
-
-def asam_eps(
-    params: Sequence[torch.Tensor],
-    grads: Sequence[torch.Tensor | None],
-    rho: float,
-    eta: float,
-    scaled: Sequence[bool] | None = None,
-) -> list[torch.Tensor | None]:
-    """Adaptive SAM (Kwon et al. 2021): eps = rho * T^2 g / ||T g||, T = |w| + eta elementwise.
-
-    ``scaled[i] = False`` uses T = 1 for that tensor (the official ASAM code normalises only
-    weight tensors, not biases); by default every tensor is scaled. Each eps is built in one
-    buffer (T, then T*g, then T*T*g in place), so the rescaling adds few passes over w.
-    """
-    if scaled is None:
-        scaled = [True] * len(params)
-    eps: list[torch.Tensor | None] = []
-    ts: list[torch.Tensor | None] = []
-    for p, g, s in zip(params, grads, scaled):
-        if g is None:
-            eps.append(None)
-            ts.append(None)
-        elif s:
-            t = p.detach().abs().add_(eta)
-            eps.append(t * g.detach())  # T g
-            ts.append(t)
-        else:
-            eps.append(g.detach().clone())
-            ts.append(None)
-    scale = rho / (global_norm(eps) + NORM_EPS)
-    for e, t in zip(eps, ts):
-        if e is not None:
-            if t is not None:
-                e.mul_(t)
-            e.mul_(scale)
-    return eps
 
 
 @contextmanager

@@ -174,7 +174,8 @@ TWINS = {"fedavg": (FedAvgClient, HookFedAvg), "fedprox": (FedProxClient, HookFe
 
 def test_lookup_is_not_inherited():
     assert FedSAMClient(*_client_args()).local_update() is not None
-    for cls in (HookFedAvg, HookScaffold, HookFedSAM, HookFedDyn, FedASAMClient, FedSMOOClient, DriftClient):
+    assert FedASAMClient(*_client_args()).local_update().name == "fedasam"  # its own, not FedSAM's
+    for cls in (HookFedAvg, HookScaffold, HookFedSAM, HookFedDyn, FedSMOOClient, DriftClient):
         assert cls.__dict__.get("LOCAL_UPDATE") is None and cls(*_client_args()).local_update() is None
 
 
