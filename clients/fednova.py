@@ -22,7 +22,11 @@ a fit metric
 """
 
 from clients.base import DriftClient
+from tasks.functional.corrections import FEDNOVA
 
 
 class FedNovaClient(DriftClient):
-    """Local SGD with cross-entropy; tau_k travels as the ``num_steps`` fit metric."""
+    """Local SGD with cross-entropy, FedAvg's step (``tasks.functional.corrections.FEDNOVA``);
+    tau_k travels as the ``num_steps`` fit metric."""
+
+    LOCAL_UPDATE = FEDNOVA

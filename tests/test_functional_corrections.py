@@ -1,0 +1,160 @@
+"""The functional local updates of ``tasks.functional.corrections`` (FedNova, FedBN, DP-FedAvg,
+FedPVR, RI-FedAvg).
+
+(a) One round of each update against the formula written out here in float64 (the
+    cross-entropy gradient of logistic regression by hand, the method's correction, SGD), and
+    each converted NumPyClient against its hook-path twin through ``fit`` over two rounds, bit
+    for bit (the per-client path gives the numbers it gave before the conversion).
+(b) A cohort of K = 3 clients of different sizes (one ``vmap``) equals three ``local_round``
+    calls within 1e-5 relative (float32: vmap's batched kernels sum in another order), and a
+    cohort of one equals ``local_round`` exactly.
+(c) State carried across two rounds where the method has state.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from clients.fednova import FedNovaClient
+from tasks.catalogue import InputShape
+from tasks.functional import Hyper, cohort_round, local_round, module_state
+from tasks.functional.corrections import CORRECTIONS
+from tasks.functional.rounds import stack_trees, unstack_tree
+from tasks.models import build_model
+from tests.conftest import make_client
+
+FLAT = InputShape(0, 5, 3)  # logistic regression on 5 features, 3 classes: small enough to write out
+IMAGES = InputShape(1, 8, 10)
+KEYS = {"ri-lambda": 0.3}
+PLAIN = ("fednova",)  # FedAvg's step under the method's own name
+
+
+# ------------------------------------------------------------------- (a) by hand
+def logreg_grad(w: np.ndarray, b: np.ndarray, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Gradient of the mean cross-entropy of logits x w^T + b: dz = (softmax(z) - onehot(y)) / B."""
+    z = x @ w.T + b
+    p = np.exp(z - z.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    dz = (p - np.eye(w.shape[0])[y]) / len(x)
+    return dz.T @ x, dz.sum(0)
+
+
+def flat_round(name: str, state: dict, server: dict, lr: float = 0.5, epochs: int = 2):
+    """``epochs`` full-batch steps of ``name`` on logistic regression: (w_t, x, y, result)."""
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(6, FLAT.size, generator=gen), torch.randint(0, FLAT.classes, (6,), generator=gen)
+    model = build_model("logreg", FLAT, seed=1)
+    params, buffers = module_state(model)
+    result = local_round(CORRECTIONS[name], model, params, buffers, state, server, Hyper(lr=lr, keys=KEYS),
+                         x, y, 64, epochs, torch.Generator().manual_seed(1))
+    return params, x.double().numpy(), y.numpy(), result
+
+
+def _f64(tree: dict) -> list[np.ndarray]:
+    return [t.double().numpy() for t in tree.values()]
+
+
+@pytest.mark.parametrize("name", PLAIN)
+def test_plain_step_by_hand(name):
+    """w_{s+1} = w_s - lr g(w_s), two full-batch steps; the step count is reported (FedNova's tau_k)."""
+    w_t, x, y, result = flat_round(name, {}, {})
+    w, b = _f64(w_t)
+    for _ in range(2):
+        gw, gb = logreg_grad(w, b, x, y)
+        w, b = w - 0.5 * gw, b - 0.5 * gb
+    got_w, got_b = _f64(result.params)
+    np.testing.assert_allclose(got_w, w, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(got_b, b, rtol=0, atol=1e-6)
+    assert result.metrics["num_steps"] == 2 and result.state == {} and result.reply == {}
+
+
+# ------------------------------- (a) the converted clients against their hook twins
+class HookFedNova(FedNovaClient):
+    """Inherits no LOCAL_UPDATE: the hook loop FedNova ran before its conversion."""
+
+
+TWINS = {"fednova": (FedNovaClient, HookFedNova, "logreg", {})}
+
+
+def _twin_inputs(model_name: str):
+    gen = torch.Generator().manual_seed(4)
+    shape = (1, 28, 28) if model_name.endswith("-bn") else (60,)
+    return torch.randn(10, *shape, generator=gen), torch.randint(0, 10, (10,), generator=gen)
+
+
+def _server_extras(name: str, client) -> list[np.ndarray]:
+    """What the server sends besides the weights (nothing for these methods)."""
+    return []
+
+
+@pytest.mark.parametrize("name", sorted(TWINS))
+def test_client_equals_its_hook_twin(name):
+    new_cls, hook_cls, model_name, extra_cfg = TWINS[name]
+    x, y = _twin_inputs(model_name)
+    cfg = {"learning-rate": 0.1, "batch-size": 4, "local-epochs": 2, "momentum": 0.9, "weight-decay": 1e-3,
+           "model": model_name, "dataset": "mnist" if model_name.endswith("-bn") else "synthetic", **extra_cfg}
+    new_client, hook_client = (make_client(cls, cfg, x, y) for cls in (new_cls, hook_cls))
+    assert new_client.local_update() is CORRECTIONS[name] and hook_client.local_update() is None
+    weights = new_client.get_parameters({})
+    extras = _server_extras(name, new_client)
+    for server_round in (1, 2):  # round 2 starts from whatever state round 1 left
+        a, n_a, m_a = new_client.fit([w.copy() for w in weights + extras], {"server-round": server_round})
+        b, n_b, m_b = hook_client.fit([w.copy() for w in weights + extras], {"server-round": server_round})
+        assert n_a == n_b and m_a == m_b and list(m_a) == list(m_b)
+        assert len(a) == len(b) and all(np.array_equal(u, v) for u, v in zip(a, b))
+    assert set(new_client.context.state) == set(hook_client.context.state)
+    for key in hook_client.context.state:
+        stored = zip(new_client.load_state(key), hook_client.load_state(key))
+        assert all(np.array_equal(u, v) for u, v in stored)
+
+
+# ------------------------------------------------------------------------- (b) cohorts
+def _cohort_inputs(model_name: str, sizes: list[int], seed: int = 5):
+    """K clients' stacked weights, their data, per-client states and the server's message."""
+    gen = torch.Generator().manual_seed(seed)
+    models = [build_model(model_name, IMAGES, seed=k) for k in range(len(sizes))]
+    params, buffers = (stack_trees(t) for t in zip(*(module_state(m) for m in models)))
+    params = {n: p.contiguous() for n, p in params.items()}  # the layout vmap batches
+    data = [(torch.randn(n, 1, 8, 8, generator=gen), torch.randint(0, 10, (n,), generator=gen)) for n in sizes]
+    states = [{} for _ in sizes]
+    server: dict = {}
+    return build_model(model_name, IMAGES).to("meta"), params, buffers, data, states, server
+
+
+def _compare(name: str, model_name: str, sizes: list[int], rel: float):
+    skeleton, params, buffers, data, states, server = _cohort_inputs(model_name, sizes)
+    hp = Hyper(lr=0.05, momentum=0.9, weight_decay=5e-4, keys=KEYS)
+    update = CORRECTIONS[name]
+    together = cohort_round(update, skeleton, params, buffers, states, server, hp, data, 4, 2,
+                            [torch.Generator().manual_seed(10 + k) for k in range(len(sizes))])
+    for k in range(len(sizes)):
+        alone = local_round(update, skeleton, unstack_tree(params, k), unstack_tree(buffers, k), states[k], server,
+                            hp, *data[k], 4, 2, torch.Generator().manual_seed(10 + k))
+        assert together.metrics[k]["num_steps"] == alone.metrics["num_steps"]
+        pairs = [(together.params[n][k], alone.params[n]) for n in alone.params]
+        pairs += [(together.buffers[n][k], alone.buffers[n]) for n in alone.buffers]
+        pairs += [(together.states[k][s][n], alone.state[s][n]) for s in alone.state for n in alone.state[s]]
+        pairs += [(together.replies[k][r][n], alone.reply[r][n]) for r in alone.reply for n in alone.reply[r]]
+        for u, v in pairs:
+            if rel == 0:
+                assert torch.equal(u, v)
+            else:
+                assert (u - v).abs().max() <= rel * v.abs().max().clamp_min(1e-12)
+        assert list(together.metrics[k]) == list(alone.metrics)
+        for key, value in alone.metrics.items():
+            assert together.metrics[k][key] == pytest.approx(value, rel=max(rel, 1e-12))
+
+
+COHORT_MODEL = {"fednova": "cnn-small"}
+
+
+@pytest.mark.parametrize("name", sorted(COHORT_MODEL))
+def test_cohort_of_three_equals_three_rounds(name):
+    _compare(name, COHORT_MODEL[name], [14, 6, 12], rel=1e-5)  # 8, 4 and 6 steps; last batches of 2
+
+
+@pytest.mark.parametrize("name", sorted(COHORT_MODEL))
+def test_cohort_of_one_is_exact(name):
+    _compare(name, COHORT_MODEL[name], [10], rel=0)
