@@ -30,6 +30,7 @@ def did_you_mean(value: object, choices) -> str:
 
 PARTITIONERS = ("dirichlet", "shard", "iid")
 SCREENING_MODES = ("none", "clip", "reject", "median", "trimmed-mean", "krum", "multi-krum", "bulyan")
+EXECUTIONS = ("auto", "per-client", "cohort")
 
 # General keys. Method-specific keys (prefixed by the method, e.g. ``ri-lambda``) are declared
 # as ``CONFIG_KEYS`` of the method's client or strategy class and merged in by ``spec()``.
@@ -94,6 +95,12 @@ GENERAL_KEYS: dict[str, Key] = {
                                 "in [0, 1) (share of each client's partition held out as its local test split,"
                                 " scored with the global model; 0 = off)"),
     "client-state": Key("memory", choices=("memory", "disk")),
+    # Execution (fl_app/server/cohort.py): one node per client, or cohort nodes that each train
+    # the round's clients they host in one torch.func.vmap; auto = cohort where it can run (a
+    # simulation launched by run_simulation.py, CUDA, a method with its own functional local update).
+    "execution": Key("auto", choices=EXECUTIONS),
+    "num-virtual-clients": Key(0, non_negative, ">= 0 (clients N the cohort nodes host, set by run_simulation.py"
+                                                " for the cohort path; 0 = each node is one client)"),
     # Precision on CUDA (tasks.models.set_cuda_precision), set by both apps before any model is
     # built; decided here, not inherited from PyTorch (TF32 on for cuDNN convolutions by default).
     "cuda-tf32": Key(False, None, "true or false (TF32 for CUDA matmuls and convolutions; false = full fp32;"

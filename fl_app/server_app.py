@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 from flwr.common import Context, ndarrays_to_parameters
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 
@@ -15,8 +16,9 @@ from fl_app.config import ConfigError, method_config, validate_config
 from fl_app.registry import Method, get_method
 from fl_app.results.report import read_metrics
 from fl_app.server.checkpoint import Checkpoint, load_checkpoint
+from fl_app.server.cohort import check_execution, server_execution
 from fl_app.server.preflight import check_data_dir, loud
-from fl_app.server.sampling import SeededClientManager
+from fl_app.server.sampling import CohortClientManager, SeededClientManager
 from fl_app.server.server import DriftServer
 from fl_app.server.startup import ServerStartup
 from strategies.base import fedavg_kwargs
@@ -93,7 +95,9 @@ def resolve(run_config) -> tuple[dict, Method]:
     down as an object from here."""
     cfg = validate_config(run_config)
     method = get_method(cfg["strategy"])
-    return method_config(cfg, method.strategy), method
+    cfg = method_config(cfg, method.strategy)
+    check_execution(cfg, method)  # a cohort the method or settings cannot run: refused here
+    return cfg, method
 
 
 def build_strategy(cfg: dict, method: Method, initial=None, evaluate_fn=None):
@@ -110,7 +114,12 @@ def _server_components(context: Context) -> ServerAppComponents:
     check_data_dir(cfg)
     run_dir = Path(cfg["results-dir"]).expanduser() / run_name(cfg)
     checkpoint, weights = starting_point(cfg, run_dir)
-    client_manager = SeededClientManager(cfg["seed"], wait_seconds=cfg["wait-for-nodes"])
+    execution = server_execution(cfg, method, torch.cuda.is_available())
+    if execution.cohort:  # the nodes host num-virtual-clients virtual clients (fl_app/server/cohort.py)
+        client_manager = CohortClientManager(cfg["seed"], cfg["num-virtual-clients"],
+                                             wait_seconds=cfg["wait-for-nodes"])
+    else:
+        client_manager = SeededClientManager(cfg["seed"], wait_seconds=cfg["wait-for-nodes"])
     if checkpoint is not None:
         client_manager.draws = checkpoint.sampler_draws
     startup = ServerStartup(cfg, client_manager)
@@ -120,7 +129,7 @@ def _server_components(context: Context) -> ServerAppComponents:
     server = DriftServer(
         client_manager=client_manager, strategy=strategy, cfg=cfg, run_dir=run_dir, method_class=method.strategy,
         start_up=start_up_steps(startup, evaluation), resume_from=checkpoint,
-        previous_rows=read_metrics(run_dir) if checkpoint is not None else None,
+        previous_rows=read_metrics(run_dir) if checkpoint is not None else None, execution=execution,
     )
     done = checkpoint.round if checkpoint is not None else 0
     return ServerAppComponents(

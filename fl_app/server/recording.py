@@ -160,6 +160,7 @@ class RunRecord:
         self.elapsed_before = 0.0
         self.initial: dict[str, float] = {}  # the initial model's test accuracy and loss (round 0)
         self.fingerprint: dict | None = None  # the data's fingerprint (``record_fingerprint``)
+        self.facts: dict = {}  # what the server adds to summary.json (the execution path and why)
         self.run_dir.mkdir(parents=True, exist_ok=True)
 
     def resume(self, checkpoint: Checkpoint, previous_rows: list[dict]) -> None:
@@ -232,6 +233,7 @@ class RunRecord:
             "untrained": bool(self.rows) and len(empty) == len(self.rows),
             **run_facts(self.cfg, num_clients(client_manager)),
             "data_fingerprint": self.data_fingerprint(client_manager),
+            **self.facts,
         }
         tmp = self.run_dir / "summary.json.tmp"
         tmp.write_text(json.dumps(summary, indent=2))

@@ -27,6 +27,8 @@ from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.criterion import Criterion
 
+from tasks.keys import ConfigError
+
 log = logging.getLogger("flwr.fl_drift")
 
 
@@ -123,12 +125,111 @@ class SeededClientManager(SimpleClientManager):
             cid for cid in self.ordered(list(self.clients))
             if criterion is None or criterion.select(self.clients[cid])
         ]
-        if num_clients > len(cids):
-            log.info("sampling failed: %d clients wanted, %d available", num_clients, len(cids))
+        return self.draw([self.clients[cid] for cid in cids], num_clients)
+
+    def draw(self, pool: list[ClientProxy], num_clients: int) -> list[ClientProxy]:
+        """``num_clients`` of ``pool`` (in partition order), drawn with the generator of (seed,
+        draw index): the same partitions whether the pool holds nodes or virtual clients."""
+        if num_clients > len(pool):
+            log.info("sampling failed: %d clients wanted, %d available", num_clients, len(pool))
             return []
-        if num_clients == len(cids):  # everyone (e.g. client-side evaluation): no draw used, so
-            return [self.clients[c] for c in cids]  # the fit sampling of later rounds is unchanged
+        if num_clients == len(pool):  # everyone (e.g. client-side evaluation): no draw used, so
+            return list(pool)  # the fit sampling of later rounds is unchanged
         rng = np.random.default_rng([self.seed, self.draws])
         self.draws += 1
-        chosen = sorted(rng.choice(len(cids), size=num_clients, replace=False))
-        return [self.clients[cids[i]] for i in chosen]
+        chosen = sorted(rng.choice(len(pool), size=num_clients, replace=False))
+        return [pool[i] for i in chosen]
+
+
+class CohortClientManager(SeededClientManager):
+    """The cohort path's client manager (``fl_app/server/cohort.py``): Flower registers the M
+    cohort nodes (real SuperNodes) in ``clients``; the method's strategy sees N
+    ``VirtualClientProxy`` (``num_available``, ``all``, ``sample``), partition p hosted by the
+    p mod M-th node in the order of the nodes' own partition ids (their node config; node id
+    where a node does not say), fixed once for the run (``host``), so a client's state stays on
+    one node. Sampling draws from the virtual clients in partition order with the same generator
+    as ``SeededClientManager`` over N partition nodes, so a cohort run samples the same clients
+    as a per-client run of the same seed.
+
+    The nodes are counted once their number stops growing (``fl_app.server.startup.settled_count``)
+    before the layout is fixed; a node that reports a ``data-path`` (its own data, no partition)
+    cannot host virtual clients and is refused."""
+
+    def __init__(self, seed: int, num_virtual: int, wait_seconds: float = 60.0):
+        super().__init__(seed, wait_seconds)
+        self.num_virtual = num_virtual
+        self.num_partitions = num_virtual
+        self.node_order: dict[str, int] = {}  # real node id -> its reported partition-id (its index)
+        self.hosts: list[ClientProxy] = []
+        self.virtual: list[ClientProxy] = []
+
+    # ---------------------------------------------------------------- the real nodes
+    def num_nodes(self) -> int:
+        """Cohort nodes registered (Flower registers new ones when ``num_available`` is called)."""
+        self.num_available()
+        return len(self.clients)
+
+    def wait_for_nodes(self, num_nodes: int, timeout: float | None = None) -> bool:
+        """Wait until ``num_nodes`` cohort nodes are registered (``NotEnoughNodes`` past the
+        timeout, default ``wait_seconds``)."""
+        timeout = self.wait_seconds if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        while (connected := self.num_nodes()) < num_nodes:
+            if time.monotonic() >= deadline:
+                message = (f"{connected} cohort node(s) connected after waiting {timeout:g} s (wait-for-nodes),"
+                           f" {num_nodes} needed to host {self.num_virtual} virtual clients")
+                log.error("fl-drift: %s", message)
+                raise NotEnoughNodes(message)
+            time.sleep(0.2)
+        return True
+
+    def host(self, num_nodes: int) -> None:
+        """Fix the layout once: ask the ``num_nodes`` registered nodes for their partition id,
+        order them by it, and host partition p on node p mod M."""
+        from fl_app.server.cohort import VirtualClientProxy
+
+        if self.hosts:
+            return
+        self.wait_for_nodes(num_nodes)
+        nodes = list(self.clients.values())
+        with ThreadPoolExecutor(max_workers=min(32, len(nodes))) as pool:
+            for cid, pid, _ in pool.map(self._ask_partition, nodes):
+                if isinstance(pid, str):
+                    raise ConfigError(f"node {cid} brings its own data (data-path = {pid!r}): a cohort node hosts"
+                                      " partitions of the run's dataset; use execution = 'per-client'")
+                if pid is not None:
+                    self.node_order[cid] = pid
+        nodes.sort(key=lambda c: (c.cid not in self.node_order, self.node_order.get(c.cid, 0), c.cid))
+        self.hosts = nodes
+        self.virtual = [VirtualClientProxy(p, self.num_virtual, nodes[p % len(nodes)]) for p in range(self.num_virtual)]
+        self.partition_of = {v.cid: v.partition for v in self.virtual}
+        log.info("cohort: %d virtual clients on %d cohort node(s) (partition p on node p mod %d)",
+                 self.num_virtual, len(nodes), len(nodes))
+
+    # ---------------------------------------------------------------- what the strategy sees
+    def num_available(self) -> int:
+        return len(self.virtual)
+
+    def all(self) -> dict[str, ClientProxy]:
+        return {v.cid: v for v in self.virtual}
+
+    def learn_partitions(self) -> None:
+        """Nothing to ask: a virtual client's partition is its own (``host`` asked the nodes)."""
+
+    def wait_for(self, num_clients: int, timeout: float | None = None) -> bool:
+        """The virtual clients exist once the layout is fixed (at the start-up); fewer than
+        ``num_clients`` of them is ``NotEnoughNodes``."""
+        if not self.hosts:
+            self.host(max(1, self.num_nodes()))
+        if len(self.virtual) < num_clients:
+            message = (f"min-available-clients = {num_clients} but the run has {len(self.virtual)} virtual clients"
+                       " (num-virtual-clients)")
+            log.error("fl-drift: %s", message)
+            raise NotEnoughNodes(message)
+        return True
+
+    def sample(self, num_clients: int, min_num_clients: int | None = None,
+               criterion: Criterion | None = None) -> list[ClientProxy]:
+        self.wait_for(num_clients if min_num_clients is None else min_num_clients)
+        pool = [v for v in self.virtual if criterion is None or criterion.select(v)]
+        return self.draw(pool, num_clients)

@@ -12,7 +12,10 @@ functions. The method's own ``Strategy`` is called for what a Flower strategy do
 ``aggregate_evaluate``) and for nothing else, so it stays a plain Flower ``Strategy`` that also
 runs under Flower's own ``Server``. Sending and collecting use Flower's public
 ``flwr.server.server.fit_clients`` / ``evaluate_clients``, the functions its own ``Server``
-uses (a thread per client, each reply or failure as it comes back).
+uses (a thread per client, each reply or failure as it comes back); on the cohort path
+(``execution``, ``fl_app/server/cohort.py``) one bundle goes to each cohort node instead and its
+reply is split back into one reply or failure per virtual client, so every later step sees
+what a per-client run would.
 
 The rules the steps apply, whatever the method:
 - a reply whose arrays contain NaN/Inf, or whose count or shapes differ from what was sent,
@@ -44,6 +47,7 @@ from flwr.server.server import evaluate_clients, fit_clients
 from flwr.server.strategy import Strategy
 
 from fl_app.server.checkpoint import Checkpoint, checkpoint_due, save_checkpoint
+from fl_app.server.cohort import PER_CLIENT, Execution, fit_cohort
 from fl_app.server.crash import crash_if_injected
 from fl_app.server.drift import round_drift
 from fl_app.server.participation import Participation, RunAborted
@@ -74,11 +78,13 @@ class DriftServer(Server):
     down; by default ``type(strategy)``. ``start_up`` is a callable (``fl_app.server_app``) that
     completes the server's start-up once the nodes are known: it loads the test split into the
     strategy's evaluation and checks the data and the partitioning. ``resume_from`` is the
-    checkpoint a resumed run continues (its rows: ``previous_rows``)."""
+    checkpoint a resumed run continues (its rows: ``previous_rows``). ``execution`` is the path
+    (``fl_app.server.cohort.Execution``: per-client or cohort, and why), logged once and recorded
+    in summary.json; by default per-client."""
 
     def __init__(self, *, client_manager: ClientManager, strategy: Strategy, cfg: dict, run_dir: Path,
                  method_class: type | None = None, start_up=None, resume_from: Checkpoint | None = None,
-                 previous_rows: list[dict] | None = None):
+                 previous_rows: list[dict] | None = None, execution: Execution | None = None):
         super().__init__(client_manager=client_manager, strategy=strategy)
         self.method_class = method_class or type(strategy)
         self.cfg = cfg
@@ -95,6 +101,8 @@ class DriftServer(Server):
         self.sent_weights: list[np.ndarray] | None = None  # w_t, for the drift columns
         self.sent_shapes: list[tuple] | None = None  # what every reply must match
         self.round_started = 0.0
+        self.execution = execution or Execution(PER_CLIENT, "one node per client")
+        self.record.facts["execution"] = self.execution.record()
         if resume_from is not None:
             if hasattr(strategy, "set_state"):
                 strategy.set_state(resume_from.strategy_state)
@@ -110,8 +118,7 @@ class DriftServer(Server):
         for server_round in range(self.done + 1, self.num_rounds + 1):
             instructions = self.configure(server_round)
             if instructions:
-                results, failures = fit_clients(  # send, then collect the replies and failures
-                    instructions, max_workers=self.max_workers, timeout=timeout, group_id=server_round)
+                results, failures = self.send(instructions, timeout, server_round)
                 accepted = self.screen(server_round, results, failures)
                 self.aggregate(server_round, accepted, failures, history)
             per_class = self.evaluate(server_round, timeout, history)
@@ -133,6 +140,7 @@ class DriftServer(Server):
         (``complete_start_up``), the initial model's evaluation (round 0; not on resume: the
         checkpoint's model is already recorded) and the data fingerprint. False when a resumed
         run has no round left (its summary is then written)."""
+        log.info("fl-drift: execution %s (%s)", self.execution.path, self.execution.reason)
         if self.done >= self.num_rounds:
             self.finish()
             return False
@@ -157,6 +165,13 @@ class DriftServer(Server):
         return loss, metrics
 
     # ------------------------------------------------------------------ the steps of a round
+    def send(self, instructions: list[tuple], timeout: float | None, server_round: int) -> tuple[list, list]:
+        """Send the instructions, then collect the replies and failures: one message per client
+        (Flower's ``fit_clients``), or on the cohort path one bundle per cohort node, split back
+        into one reply or failure per virtual client (``fl_app.server.cohort.fit_cohort``)."""
+        send = fit_cohort if self.execution.cohort else fit_clients
+        return send(instructions, max_workers=self.max_workers, timeout=timeout, group_id=server_round)
+
     def configure(self, server_round: int) -> list[tuple]:
         """The method samples and instructs its clients; ``drop-rate`` drops some; every
         instruction carries where the run keeps its files and its last checkpoint."""

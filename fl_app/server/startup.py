@@ -41,7 +41,7 @@ import torch
 
 from fl_app.node.background import in_background
 from fl_app.server.preflight import loud
-from fl_app.server.sampling import SeededClientManager
+from fl_app.server.sampling import CohortClientManager, SeededClientManager
 from fl_app.server.screening import check_replies
 from tasks.datasets import PartitionError, resolve_data_dir
 from tasks.keys import ConfigError
@@ -105,7 +105,7 @@ class ServerStartup:
         data can be cut into (a ``flwr run`` with num-supernodes = 100000, say) or too small for
         the screening rule, before asking any node (``checked`` holds the outcome); then ask."""
         try:
-            nodes = settled_count(self.client_manager, self.cfg["min-available-clients"])
+            nodes = self._nodes()
             check_partition_count(PartitionSpec.from_config(self.cfg, nodes))
             check_replies(self.cfg, nodes)
         except BaseException as exc:
@@ -114,12 +114,36 @@ class ServerStartup:
         self.checked.set_result(nodes)
         self.client_manager.learn_partitions()
 
+    def _nodes(self) -> int:
+        """The clients of the federation once its nodes are counted: the nodes (per-client), or,
+        on the cohort path, the virtual clients once the cohort nodes have settled and the
+        layout is fixed (``CohortClientManager.host``)."""
+        cm = self.client_manager
+        if isinstance(cm, CohortClientManager):
+            cm.host(settled_count(CohortNodes(cm), 1))
+            cm.wait_for(self.cfg["min-available-clients"])
+            return cm.num_available()
+        return settled_count(cm, self.cfg["min-available-clients"])
+
     def _check(self) -> PartitionSpec:
         """Check the partitioning the nodes reported (before round 1)."""
         cm = self.client_manager
         spec = PartitionSpec.from_config(self.cfg, cm.num_partitions or cm.num_available())
         check_data(spec)
         return spec
+
+
+class CohortNodes:
+    """The cohort nodes of a ``CohortClientManager``, as ``settled_count`` counts them."""
+
+    def __init__(self, client_manager: CohortClientManager):
+        self.client_manager = client_manager
+
+    def wait_for(self, num_nodes: int) -> bool:
+        return self.client_manager.wait_for_nodes(num_nodes)
+
+    def num_available(self) -> int:
+        return self.client_manager.num_nodes()
 
 
 def settled_count(client_manager, minimum: int) -> int:

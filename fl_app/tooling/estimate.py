@@ -102,10 +102,13 @@ def _dims(shape) -> tuple[int, ...]:
 
 
 def describe(configs: list[dict], clients: int, parallel: int | None = None, kept: int = 0,
-             step_costs: list[float] | None = None) -> str:
+             step_costs: list[float] | None = None, paths: list[str] | None = None) -> str:
     """The estimate for a list of validated run configs, one probe per (dataset, model, batch);
     ``kept``: runs that already finished and cost nothing (named, not counted); ``step_costs``:
-    each config's method client's ``STEP_COST`` (default 1 each)."""
+    each config's method client's ``STEP_COST`` (default 1 each); ``paths``: each run's execution
+    path (``fl_app/server/cohort.py``). The arithmetic is the per-client path's: a cohort run's
+    speed depends on the device (faster on a GPU; 0.45-0.83x the per-client loop on a CPU,
+    ``bench/cohort.py``), so for cohort runs the line says it is the per-client estimate."""
     parallel = parallel or os.cpu_count() or 1
     kept_text = f" ({kept} finished runs kept)" if kept else ""
     if not configs:
@@ -119,6 +122,9 @@ def describe(configs: list[dict], clients: int, parallel: int | None = None, kep
         total += run_seconds(cfg, clients, probes[key], parallel, step_cost)
     measured = "; ".join(f"{m} on {d}, batch {b}: {p.step_seconds * 1000:.1f} ms/step"
                          for (d, m, b), p in probes.items())
+    cohort = sum(p == "cohort" for p in paths or [])
+    cohort_text = (f"; {cohort} of them on the cohort path, estimated as per-client runs: faster on a GPU, slower on"
+                   " a CPU (bench/cohort.py)") if cohort else ""
     return (f"estimated run time on this machine: {total / 60:.0f} min for {len(configs)} runs{kept_text} "
             f"(an estimate from a probe, {measured}; {parallel} clients in parallel; "
-            f"{START_SECONDS:.0f} s start-up per run, {ROUND_SECONDS:g} s of Flower per round)")
+            f"{START_SECONDS:.0f} s start-up per run, {ROUND_SECONDS:g} s of Flower per round{cohort_text})")

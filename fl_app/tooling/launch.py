@@ -22,6 +22,7 @@ stops every process with this ``FLWR_HOME`` and deletes the temporary folders.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -31,6 +32,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from fl_app.server.cohort import Execution, cohort_node_count, launch_execution
 from fl_app.tooling.processes import (
     Managed,
     exe,
@@ -127,8 +129,15 @@ class LocalSimulation:
         gpus_per_client: float = 0.0,
         on_line: Callable[[str], None] | None = None,
         timeout: float | None = None,
+        cohort_nodes: int | None = None,
     ) -> int:
-        """Submit one run with ``flwr run --stream`` and wait for it; returns its exit code."""
+        """Submit one run with ``flwr run --stream`` and wait for it; returns its exit code.
+
+        ``num_supernodes`` is the run's clients N. A cohort run (``num-virtual-clients`` > 0 in
+        ``run_config``, ``fl_app/server/cohort.py``) starts M cohort nodes instead, each with its
+        share of the cores and GPUs (``cohort_resources``; ``cohort_nodes`` sets M)."""
+        if int(run_config.get("num-virtual-clients", 0) or 0):
+            num_supernodes, cpus_per_client, gpus_per_client = self.cohort_resources(num_supernodes, cohort_nodes)
         federation = (
             f"num-supernodes={num_supernodes} client-resources-num-cpus={_toml_number(cpus_per_client)}"
             f" client-resources-num-gpus={float(gpus_per_client)}"
@@ -141,6 +150,20 @@ class LocalSimulation:
         )
         self.keep_home |= rc != 0
         return rc
+
+    def cohort_resources(self, clients: int, nodes: int | None = None) -> tuple[int, float, float]:
+        """(M cohort nodes, CPUs and GPUs per node) for a cohort run of ``clients`` virtual
+        clients: M = ``nodes``, else one per GPU this simulation may use (its
+        ``CUDA_VISIBLE_DEVICES``, else what torch sees), 1 on a CPU; the simulation's cores and
+        GPUs are shared among the M nodes (a cohort node trains many clients in one process)."""
+        limits = getattr(self, "ray_resources", None) or {}
+        cpus = limits.get("num-cpus") or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                                          else os.cpu_count() or 1)
+        gpus = limits.get("num-gpus")
+        if gpus is None:
+            gpus = visible_gpus(self.env.get("CUDA_VISIBLE_DEVICES"))
+        m = nodes or cohort_node_count(gpus, clients)
+        return m, max(1, int(cpus // m)), (gpus / m if gpus else 0.0)
 
     def start_watchdog(self) -> None:
         """Start the watchdog (``fl_app/tooling/watchdog.py``) of this object's processes, in a
@@ -185,6 +208,34 @@ class LocalSimulation:
         except (subprocess.TimeoutExpired, BrokenPipeError):
             watchdog.kill()
             watchdog.wait()
+
+
+def visible_gpus(cuda_visible_devices: str | None) -> int:
+    """CUDA GPUs a simulation may use: those named in ``CUDA_VISIBLE_DEVICES`` when set, else
+    every GPU torch sees (0 without CUDA)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return 0
+    if cuda_visible_devices is not None:
+        return len([d for d in cuda_visible_devices.split(",") if d.strip()])
+    return torch.cuda.device_count()
+
+
+def execution_for(raw: dict, clients: int, cluster: bool = False) -> tuple[dict, Execution]:
+    """The runner's choice of path for the run config ``raw`` of ``clients`` partitions
+    (``fl_app.server.cohort.launch_execution``: ``auto`` takes the cohort path on CUDA for a
+    method and settings that support it), and ``raw`` as it is launched: with
+    ``num-virtual-clients`` = ``clients`` on the cohort path (the server and ClientApp then
+    take it, ``LocalSimulation.run`` starts cohort nodes). A refused cohort raises ConfigError."""
+    from fl_app.server_app import resolve
+
+    cfg, method = resolve(raw)
+    gpus = visible_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"))
+    execution = launch_execution(cfg, method, clients, cuda=gpus > 0, gpus=gpus, cluster=cluster)
+    if execution.cohort:
+        raw = {**raw, "num-virtual-clients": clients}
+    return raw, execution
 
 
 def _toml_number(value: float) -> str:
