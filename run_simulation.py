@@ -85,7 +85,7 @@ from fl_app.server.checkpoint import CHECKPOINT, load_checkpoint
 from fl_app.server.preflight import check_data_dir, check_nodes
 from fl_app.server_app import build_strategy, resolve
 from fl_app.tooling.experiment import read_experiment
-from fl_app.tooling.launch import LocalSimulation
+from fl_app.tooling.launch import LocalSimulation, execution_for
 from fl_app.tooling.parallel import Failed, Machine, Pool, check_workers, default_workers, say, split
 from fl_app.tooling.plan import (
     check_axes,
@@ -265,6 +265,7 @@ def build_configs(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str, i
                 given = str(raw.get("data-dir", ""))
                 given = str(Path(args.cwd or ".", given)) if given and args.cwd else given
                 raw["data-dir"] = resolve_data_dir(given, args.env_data_dir)
+                raw, _ = execution_for(raw, args.clients, cluster=bool(getattr(args, "ray_address", None)))
                 cfg = check_method(raw)
                 check_data_dir(cfg)
                 check_nodes(cfg, args.clients)
@@ -414,9 +415,10 @@ def print_check(configs: list[tuple[str, int, dict]], runs_dir: Path, clients: i
     continued run costs its start and its remaining rounds)."""
     from fl_app.tooling.estimate import describe
 
-    left, step_costs = [], []
+    left, step_costs, paths = [], [], []
     for row, seed, raw in configs:
         (cfg, method), run_dir = resolve(raw), runs_dir / raw["run-name"]
+        _, execution = execution_for(raw, clients)  # the path the run takes, and why
         rounds = rounds_left(cfg, run_dir)
         status = ("finished, kept" if rounds == 0 else
                   f"continues after round {cfg['num-server-rounds'] - rounds}" if rounds < cfg["num-server-rounds"]
@@ -425,7 +427,8 @@ def print_check(configs: list[tuple[str, int, dict]], runs_dir: Path, clients: i
         if rounds:
             left.append({**cfg, "num-server-rounds": rounds})
             step_costs.append(method.client.STEP_COST)
-    print(describe(left, clients, kept=len(configs) - len(left), step_costs=step_costs))
+            paths.append(execution.path)
+    print(describe(left, clients, kept=len(configs) - len(left), step_costs=step_costs, paths=paths))
 
 
 def plan(args: argparse.Namespace, out: Path) -> float:
