@@ -156,7 +156,7 @@ class LocalSimulation:
         clients: M = ``nodes``, else one per GPU this simulation may use (its
         ``CUDA_VISIBLE_DEVICES``, else what torch sees), 1 on a CPU; the simulation's cores and
         GPUs are shared among the M nodes (a cohort node trains many clients in one process)."""
-        limits = getattr(self, "ray_resources", None) or {}
+        limits = self.ray_resources
         cpus = limits.get("num-cpus") or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                                           else os.cpu_count() or 1)
         gpus = limits.get("num-gpus")

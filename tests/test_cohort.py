@@ -1,0 +1,262 @@
+"""The cohort path (issue 44): which path a run takes and its refusals, the server's routing
+between N virtual clients and M cohort nodes, and end-to-end equivalence with the per-client path.
+
+Tolerance of the end-to-end comparisons: a cohort node trains its K clients in one
+``torch.func.vmap``, whose batched convolutions and matmuls sum in another order than K separate
+loops, so a cohort client's weights equal its per-client twin's within float32 rounding (1e-5
+relative after a round, ``tasks/functional/rounds.py``); three rounds of aggregation carry that
+into metrics.csv, compared here at 1e-4 relative (losses, norms) and 1e-3 absolute (accuracy: one
+test example of the synthetic test split is 1/N_test, far larger, so a flip would show). A cohort
+that holds one client runs unbatched, the same kernels as the per-client path: exactly equal.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from flwr.common import (
+    Code,
+    FitIns,
+    FitRes,
+    GetPropertiesRes,
+    Status,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+from flwr.server.client_proxy import ClientProxy
+
+from fl_app.config import ConfigError, validate_config
+from fl_app.node.cohort_wire import bundle_replies, split_instructions
+from fl_app.registry import METHODS, get_method
+from fl_app.server.cohort import (
+    COHORT,
+    PER_CLIENT,
+    CohortFailure,
+    check_execution,
+    cohort_methods,
+    cohort_problem,
+    fit_cohort,
+    launch_execution,
+    server_execution,
+)
+from fl_app.server.sampling import CohortClientManager, SeededClientManager
+
+
+def config(**keys) -> dict:
+    return validate_config({"dataset": "synthetic", "model": "logreg", **keys})
+
+
+# ------------------------------------------------------------------ which path, and refusals
+def test_cohort_methods_are_those_with_their_own_local_update():
+    names = cohort_methods()
+    assert "fedavg" in names and "scaffold" in names
+    for name, method in METHODS.items():
+        assert (name in names) == ("LOCAL_UPDATE" in method.client.__dict__ and method.client.LOCAL_UPDATE is not None)
+
+
+def without_local_update() -> list[str]:
+    return [name for name, m in METHODS.items() if name not in cohort_methods()]
+
+
+@pytest.mark.parametrize("name", without_local_update() or ["<none>"])
+def test_cohort_refused_for_a_method_without_its_own_local_update(name):
+    if name == "<none>":
+        pytest.skip("every registered method has its own LOCAL_UPDATE")
+    cfg = config(strategy=name, execution="cohort")
+    with pytest.raises(ConfigError) as err:
+        check_execution(cfg, get_method(name))
+    text = str(err.value)
+    assert "'execution' = 'cohort'" in text and name in text and "LOCAL_UPDATE" in text
+    assert "valid choices: auto, per-client" in text and "fedavg" in text and "\n" not in text
+
+
+def test_cohort_refused_for_client_mods_dp_fedavg():
+    cfg = config(strategy="dp-fedavg", execution="cohort", **{"dp-mode": "client"})
+    problem = cohort_problem(cfg, get_method("dp-fedavg"))
+    assert "client mods" in problem and "fixedclipping_mod" in problem
+
+
+@pytest.mark.parametrize("faults", ["raise:0", "nan:1", "scale:2:100", "flip:0@2"])
+def test_cohort_refused_for_node_faults_and_attacks(faults):
+    cfg = config(execution="cohort", **{"inject-faults": faults})
+    with pytest.raises(ConfigError, match="inject-faults"):
+        check_execution(cfg, get_method("fedavg"))
+
+
+def test_server_crash_injection_runs_as_a_cohort():
+    cfg = config(execution="cohort", **{"inject-faults": "crash-after:2", "num-virtual-clients": 4})
+    assert server_execution(cfg, get_method("fedavg"), cuda=False).path == COHORT
+
+
+def test_refusals_of_inconsistent_keys():
+    fedavg = get_method("fedavg")
+    with pytest.raises(ConfigError, match="'num-virtual-clients' = 4 is invalid with execution = 'per-client'"):
+        check_execution(config(execution="per-client", **{"num-virtual-clients": 4}), fedavg)
+    with pytest.raises(ConfigError, match="needs num-virtual-clients"):
+        server_execution(config(execution="cohort"), fedavg, cuda=True)
+    with pytest.raises(ConfigError, match="min-available-clients' = 5 is invalid: must be <= num-virtual-clients"):
+        check_execution(config(execution="auto", **{"num-virtual-clients": 4, "min-available-clients": 5}), fedavg)
+    with pytest.raises(ConfigError, match="valid choices: auto, per-client, cohort"):
+        validate_config({"execution": "batched"})
+
+
+def test_auto_chooses_cohort_only_on_cuda_in_a_runner_launch_for_a_supported_method():
+    fedavg, cfg = get_method("fedavg"), config()
+    assert launch_execution(cfg, fedavg, 10, cuda=True, gpus=2).path == COHORT
+    assert launch_execution(cfg, fedavg, 10, cuda=True, gpus=2).nodes == 2
+    cpu = launch_execution(cfg, fedavg, 10, cuda=False)
+    assert (cpu.path, cpu.nodes) == (PER_CLIENT, 10) and "no CUDA GPU" in cpu.reason
+    assert "Ray cluster" in launch_execution(cfg, fedavg, 10, cuda=True, gpus=1, cluster=True).reason
+    explicit = launch_execution(config(execution="cohort"), fedavg, 10, cuda=False)
+    assert (explicit.path, explicit.nodes) == (COHORT, 1)
+    if without_local_update():
+        other = without_local_update()[0]
+        chosen = launch_execution(config(strategy=other), get_method(other), 10, cuda=True, gpus=1)
+        assert chosen.path == PER_CLIENT and "LOCAL_UPDATE" in chosen.reason
+    # the server follows what it was launched for, and says why
+    flwr_run = server_execution(cfg, fedavg, cuda=True)
+    assert flwr_run.path == PER_CLIENT and "not launched by run_simulation.py" in flwr_run.reason
+    launched = server_execution(config(**{"num-virtual-clients": 6}), fedavg, cuda=True)
+    assert launched.path == COHORT and "6 virtual clients" in launched.reason
+
+
+# ------------------------------------------------------------------ routing
+class PartitionNode(ClientProxy):
+    """A per-client node: reports its partition."""
+
+    def __init__(self, cid: str, partition: int, num_partitions: int):
+        super().__init__(cid)
+        self.partition, self.num_partitions = partition, num_partitions
+
+    def get_properties(self, ins, timeout, group_id):
+        return GetPropertiesRes(Status(Code.OK, ""), {"partition-id": self.partition,
+                                                      "num-partitions": self.num_partitions})
+
+    def get_parameters(self, ins, timeout, group_id):
+        raise NotImplementedError
+
+    def fit(self, ins, timeout, group_id):
+        raise NotImplementedError
+
+    def evaluate(self, ins, timeout, group_id):
+        raise NotImplementedError
+
+    def reconnect(self, ins, timeout, group_id):
+        raise NotImplementedError
+
+
+class EchoCohortNode(PartitionNode):
+    """A cohort node: every virtual client replies its arrays + its partition id, its config's
+    num-partitions and server-round as metrics; ``fail`` names partitions that fail;
+    ``broken`` makes the whole node raise."""
+
+    def __init__(self, cid, partition, num_partitions, fail=(), broken=False):
+        super().__init__(cid, partition, num_partitions)
+        self.fail, self.broken, self.bundles = set(fail), broken, []
+
+    def fit(self, ins, timeout, group_id):
+        if self.broken:
+            raise RuntimeError("node lost")
+        parts = split_instructions(parameters_to_ndarrays(ins.parameters), ins.config)
+        self.bundles.append([p for p, _, _ in parts])
+        replies = [(p, [a + p for a in arrays], 10 + p, {"num-partitions": config["num-partitions"],
+                                                           "round": config["server-round"]})
+                   for p, arrays, config in parts if p not in self.fail]
+        arrays, total, metrics = bundle_replies(replies, {p: "out of memory" for p, _, _ in parts if p in self.fail})
+        return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), total, metrics)
+
+
+def cohort_manager(n: int, nodes: list[ClientProxy], seed: int = 0) -> CohortClientManager:
+    manager = CohortClientManager(seed, n, wait_seconds=1)
+    for node in nodes:
+        manager.register(node)
+    manager.host(len(nodes))
+    return manager
+
+
+def test_cohort_samples_the_same_partitions_as_per_client():
+    """Sampling from N virtual clients draws the partitions N partition nodes would (random node
+    ids, registered in another order), round after round."""
+    n, rounds = 13, 6
+    per_client = SeededClientManager(seed=3, wait_seconds=1)
+    for p in np.random.default_rng(1).permutation(n):
+        per_client.register(PartitionNode(str(1000 + 37 * int(p) % 101), int(p), n))
+    cohort = cohort_manager(n, [EchoCohortNode("77", 1, 2), EchoCohortNode("5", 0, 2)], seed=3)
+    for size in (4, 4, 7, 1, 13, 4)[:rounds]:
+        nodes = [per_client.partition_of[c.cid] for c in per_client.sample(size)]
+        virtual = [c.partition for c in cohort.sample(size)]
+        assert virtual == nodes
+    assert per_client.draws == cohort.draws == rounds - 1  # sampling all 13 uses no draw
+
+
+def test_virtual_clients_are_hosted_by_partition_mod_nodes_in_the_nodes_own_order():
+    a, b, c = EchoCohortNode("900", 2, 3), EchoCohortNode("12", 0, 3), EchoCohortNode("450", 1, 3)
+    manager = cohort_manager(8, [a, b, c])
+    assert manager.num_available() == 8 and manager.num_partitions == 8
+    assert [v.host.cid for v in manager.virtual] == ["12", "450", "900"] * 2 + ["12", "450"]
+    props = manager.virtual[5].get_properties(None, None, None).properties
+    assert props == {"partition-id": 5, "num-partitions": 8}
+    assert manager.ordered(["partition-7", "partition-2", "partition-5"]) == ["partition-2", "partition-5",
+                                                                              "partition-7"]
+
+
+def test_a_data_path_node_cannot_host_a_cohort():
+    class DataPathNode(PartitionNode):
+        def get_properties(self, ins, timeout, group_id):
+            return GetPropertiesRes(Status(Code.OK, ""), {"data-path": "/data/mine.parquet"})
+
+    with pytest.raises(ConfigError, match="data-path"):
+        cohort_manager(4, [DataPathNode("1", 0, 1)])
+
+
+def instructions(manager, partitions, weights):
+    return [(manager.virtual[p], FitIns(ndarrays_to_parameters(weights), {"server-round": 2})) for p in partitions]
+
+
+def test_fit_cohort_sends_one_bundle_per_node_and_splits_the_replies():
+    nodes = [EchoCohortNode("a", 0, 2), EchoCohortNode("b", 1, 2)]
+    manager = cohort_manager(6, nodes)
+    weights = [np.arange(3, dtype=np.float32), np.ones((2, 2), dtype=np.float32)]
+    results, failures = fit_cohort(instructions(manager, [0, 1, 3, 4], weights), None, None, 2)
+    assert failures == []
+    assert nodes[0].bundles == [[0, 4]] and nodes[1].bundles == [[1, 3]]
+    by_partition = {proxy.partition: res for proxy, res in results}
+    assert sorted(by_partition) == [0, 1, 3, 4]
+    for p, res in by_partition.items():
+        got = parameters_to_ndarrays(res.parameters)
+        assert all(np.array_equal(g, w + p) for g, w in zip(got, weights))
+        assert res.num_examples == 10 + p
+        assert res.metrics == {"num-partitions": 6, "round": 2}  # N reached every virtual client
+
+
+def test_a_failed_client_and_a_failed_node_are_failures_per_client():
+    nodes = [EchoCohortNode("a", 0, 2, fail={2}), EchoCohortNode("b", 1, 2, broken=True)]
+    manager = cohort_manager(6, nodes)
+    results, failures = fit_cohort(instructions(manager, [0, 1, 2, 3], [np.zeros(2, np.float32)]), 2, None, 1)
+    assert [proxy.partition for proxy, _ in results] == [0]
+    assert len(failures) == 3 and all(isinstance(f, CohortFailure) for f in failures)
+    text = " ".join(str(f) for f in failures)
+    assert "partition-2 failed on cohort node a: out of memory" in text
+    assert "cohort node b failed for partition-1" in text and "cohort node b failed for partition-3" in text
+
+
+def test_a_virtual_clients_own_fit_is_a_bundle_of_one():
+    node = EchoCohortNode("a", 0, 1, fail={1})
+    manager = cohort_manager(3, [node])
+    res = manager.virtual[2].fit(FitIns(ndarrays_to_parameters([np.zeros(1, np.float32)]), {"server-round": 1}),
+                                 None, 1)
+    assert parameters_to_ndarrays(res.parameters)[0][0] == 2 and node.bundles == [[2]]
+    with pytest.raises(CohortFailure, match="out of memory"):
+        manager.virtual[1].fit(FitIns(ndarrays_to_parameters([np.zeros(1, np.float32)]), {"server-round": 1}),
+                               None, 1)
+
+
+def close(a, b, rel=1e-4, acc=1e-3) -> bool:
+    """metrics.csv values equal within the module docstring's tolerance (strings and ints exactly)."""
+    if isinstance(a, float) and isinstance(b, float):
+        if math.isnan(a) or math.isnan(b):
+            return math.isnan(a) and math.isnan(b)
+        return math.isclose(a, b, rel_tol=rel, abs_tol=acc if abs(a) <= 1 else 0)
+    return a == b
