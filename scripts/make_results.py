@@ -37,7 +37,11 @@ the tuning protocol its runs recorded (run-config ``tuning-protocol``, written b
 ``[tune]`` search, fl_app/tooling/tuning.py), else the experiment file's ``[chosen-by]`` statement
 for the row (or ``all``), else "protocol not recorded". A claim is counted only between two rows
 of the same, known protocol; otherwise its line shows the difference and says "not counted", and
-the overview counts it apart. A tuning record (``tuning.json``, copied by ``--collect``) is shown
+the overview counts it apart; so is a claim between rows whose values a search chose on the test
+split (a [chosen-by] statement beginning "searched on the test split": the protocol never looks at
+the test split). A not-counted claim's verdicts read "(holds if counted)", never as a verdict. A
+tuned row whose choice is the lowest or highest value of its grid is listed under the tuning record
+(the search did not bracket it). A tuning record (``tuning.json``, copied by ``--collect``) is shown
 beside the table: the choice and every grid point's score on the validation split.
 
 The paper's number is compared with our best accuracy when the experiment's `paper` entry says
@@ -388,11 +392,12 @@ def experiment_claims(exp: dict, rows: list[str]) -> list[Claim]:
     return parse_claims(derived, rows)
 
 
-def claim_tests(exp: dict, dirs: dict[str, list[Path]]) -> list[tuple[Claim, Paired | None, Paired | None]]:
+def claim_tests(exp: dict, dirs: dict[str, list[Path]]) -> list[tuple[Claim, Paired | None, Paired | None, str]]:
     """Each claimed ordering with its paired difference (better - worse, per seed) on the metric
-    the paper reports and on the mean of the last TAIL_ROUNDS rounds; (claim, None, None) when a
-    side has no finished run. The one place a verdict is computed: the section's claims table and
-    the overview's counts both read it."""
+    the paper reports and on the mean of the last TAIL_ROUNDS rounds, and why it is not counted
+    ("" when it is: ``why_not_counted``); (claim, None, None, "") when a side has no finished run.
+    The one place a verdict is computed: the section's claims table and the overview's counts
+    both read it."""
     key = "best" if uses_best(exp) else "final"
     protocols = row_protocols(exp, dirs)
     tests = []
@@ -402,15 +407,27 @@ def claim_tests(exp: dict, dirs: dict[str, list[Path]]) -> list[tuple[Claim, Pai
             tests.append((c, None, None, ""))
             continue
         tail = paired_difference(*(accuracy_by_seed(dirs[m], TAIL_KEY) for m in (c.better, c.worse)))
-        pa, pb = protocols[c.better], protocols[c.worse]
-        uncounted = "" if comparable(pa, pb) else (
-            f"{NOT_COUNTED}: {c.better} and {c.worse} were tuned differently" if pa != pb else
-            f"{NOT_COUNTED}: how the rows were tuned is not recorded")
-        tests.append((c, paired_difference(a, b), tail, uncounted))
+        tests.append((c, paired_difference(a, b), tail, why_not_counted(c, protocols[c.better], protocols[c.worse])))
     return tests
 
 
 NOT_COUNTED = "not counted"
+# A [chosen-by] statement that begins so names values picked by their test accuracy: a search that
+# saw the test split, which the tuning protocol forbids (issue 42: choose on a validation split,
+# never the test split), so its rows are shown but decide no claim, however alike they were searched.
+TEST_SPLIT_SEARCH = "searched on the test split"
+
+
+def why_not_counted(claim: Claim, better: str, worse: str) -> str:
+    """Why a claim between rows chosen by the protocols ``better`` and ``worse`` is not counted
+    ("not counted: ..."), or "" when it is: only between rows of one known protocol
+    (``fl_app.tooling.tuning.comparable``) that did not choose on the test split."""
+    if not comparable(better, worse):
+        return (f"{NOT_COUNTED}: {claim.better} and {claim.worse} were tuned differently" if better != worse else
+                f"{NOT_COUNTED}: how the rows were tuned is not recorded")
+    if better.startswith(TEST_SPLIT_SEARCH):
+        return f"{NOT_COUNTED}: the rows' values were chosen on the test split"
+    return ""
 
 
 def row_protocols(exp: dict, dirs: dict[str, list[Path]]) -> dict[str, str]:
@@ -429,9 +446,34 @@ def protocol_legend(protocols: dict[str, str], labels: list[str]) -> tuple[dict[
     if not short:
         return {}, []
     lines = ["How each row's settings were chosen (the tuning column; a claim is counted only between rows of "
-             "the same protocol, never one whose protocol is not recorded):", ""]
+             "the same protocol, never one whose protocol is not recorded or whose values were chosen on the test "
+             "split):", ""]
     lines += [f"- {p}: {text}" for text, p in short.items()]
     return {row: short[protocols[row]] for row in labels}, lines + [""]
+
+
+def edge_lines(record: dict | None) -> list[str]:
+    """A warning per tuned row whose chosen value of a numeric axis is the lowest or highest of
+    its grid (of two or more values): the search did not bracket the choice, so a better value
+    may lie outside the grid, and the row is not known to be tuned as well as a row chosen inside
+    its grid. Nothing when every choice is inside its grid, or without a tuning record."""
+    if not record:
+        return []
+    lines = []
+    for row, entry in record["rows"].items():
+        chosen = entry.get("chosen") or {}
+        for key, value in chosen.items():
+            grid = [p["values"].get(key) for p in entry["points"]]
+            if len(set(grid)) < 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in grid):
+                continue
+            end = "highest" if value == max(grid) else "lowest" if value == min(grid) else None
+            if end:
+                lines.append(f"- {row}: {key} = {value:g} is the {end} value of its grid "
+                             f"({', '.join(f'{v:g}' for v in sorted(set(grid)))})")
+    if not lines:
+        return []
+    return (["**Choices at the edge of their grid** (the search did not bracket them: a better value may lie "
+             "outside; widen the file's [tune] grid past it and run the search again):", ""] + lines + [""])
 
 
 def claims_decided(exp: dict, dirs: dict[str, list[Path]]) -> str:
@@ -457,7 +499,8 @@ def claim_lines(exp: dict, dirs: dict[str, list[Path]]) -> list[str]:
     lines = [f"Claimed orderings ({key} accuracy, paired by seed: same partition and client sampling; mean "
              "difference better − worse with its 95% Student t interval over seeds; `holds` = interval above "
              "0, `refuted` = below 0, `undecided` = contains 0 or fewer than 2 paired seeds; `not counted` = "
-             "the two rows were not tuned by one known protocol, see the tuning column). The verdict is "
+             "the two rows were not tuned by one known protocol, or their values were chosen on the test split, see the "
+             "tuning column). The verdict is "
              f"on the paper's metric; the column after it is the same test on each run's mean accuracy over "
              f"its last {TAIL_ROUNDS} rounds, which tells an ordering lost in one round's swing from one that "
              "is not there:", "",
@@ -473,7 +516,7 @@ def claim_lines(exp: dict, dirs: dict[str, list[Path]]) -> list[str]:
         if d is None:
             lines.append(f"| {c.text()} | {c.source or '-'} | {pv} | {NOT_RUN} | 0 | {NOT_RUN} | - | {tuning} |")
             continue
-        tail = f"{fmt_paired(t)} {t.verdict}" if t.n else "-"
+        tail = "-" if not t.n else f"{fmt_paired(t)} ({t.verdict} if counted)" if why else f"{fmt_paired(t)} {t.verdict}"
         verdict = f"{why} ({d.verdict} if counted)" if why else f"**{d.verdict}**"
         lines.append(f"| {c.text()} | {c.source or '-'} | {pv} | {fmt_paired(d)} | {d.n} | {verdict} "
                      f"| {tail} | {tuning} |")
@@ -505,7 +548,7 @@ def section(path: Path, exp: dict, kept: KeptRuns, figures: Path, md_dir: Path) 
     lines += provenance_line([d for row in labels for d in dirs[row]])
     lines += data_line((d.name, fingerprint_of(read_summary(d))) for row in labels for d in dirs[row])
     lines += results_table(exp, table, rows)
-    lines += legend + tuning_lines(kept.tuning)
+    lines += legend + tuning_lines(kept.tuning) + edge_lines(kept.tuning)
     lines += grid_winners(table, rows)
     stops = [f"- {run}: {why}" for m in labels if rows[m]["seeds"] for run, why in rows[m]["stopped"]]
     if stops:

@@ -528,3 +528,109 @@ def test_experiment_target_reaches_every_run_and_never_makes_a_kept_run_stale(tm
     (tmp_path / raw["run-name"]).mkdir()
     (tmp_path / raw["run-name"] / "run-config.json").write_text(json.dumps(other))
     assert run_simulation.changed_runs(configs[:1], tmp_path) == []
+
+
+# ---- docs/results.md itself: each row's protocol named, claims counted only between rows tuned alike ----
+
+RESULTS_PAGE = ROOT / "docs" / "results.md"
+
+
+def _sections(text: str) -> dict[str, str]:
+    return {part.split("\n", 1)[0]: part for part in text.split("\n## ")[1:]}
+
+
+def page_problems(text: str) -> list[str]:
+    """What docs/results.md gets wrong about tuning: a results table without its tuning column, a
+    tuning label without a legend line, a claim counted between rows of two protocols, of an
+    unknown one or of a search on the test split, or a not-counted claim with a bare verdict."""
+    from fl_app.tooling.tuning import NOT_RECORDED
+
+    problems = []
+    for name, sec in _sections(text).items():
+        lines = sec.splitlines()
+        legend = dict(line[2:].split(": ", 1) for line in lines if line[:3] == "- P" and ": " in line)
+        header = next((line for line in lines if line.startswith("| method | final accuracy |")), None)
+        if header is None:
+            continue  # not run yet: no table
+        cells = [c.strip() for c in header.strip("|").split("|")]
+        if "tuning" not in cells:
+            problems.append(f"{name}: results table without a tuning column")
+            continue
+        col = cells.index("tuning")
+        table = [line for line in lines if line.startswith("| ") and not line.startswith(("| method", "| claim"))
+                 and len(line.strip("|").split("|")) == len(cells)]
+        for line in table:
+            label = line.strip("|").split("|")[col].strip()
+            if label not in legend:
+                problems.append(f"{name}: row {line.split('|')[1].strip()} has tuning {label!r}, not in the legend")
+        start = next((i for i, line in enumerate(lines) if line.startswith("| claim | source |")), None)
+        for line in lines[start + 2:] if start is not None else []:
+            if not line.startswith("| "):
+                break
+            cl = [c.strip() for c in line.strip("|").split("|")]
+            claim, verdict, tail, (pa, pb) = cl[0], cl[5], cl[6], cl[7].split(" / ")
+            if verdict == mr.NOT_RUN:
+                continue
+            known = pa == pb and legend.get(pa) and legend[pa] != NOT_RECORDED and not legend[pa].startswith(
+                ("mixed protocols", mr.TEST_SPLIT_SEARCH))
+            if not known and not verdict.startswith(mr.NOT_COUNTED):
+                problems.append(f"{name}: {claim} is counted ({verdict}) between {pa} and {pb}")
+            if verdict.startswith(mr.NOT_COUNTED) and not (verdict.endswith("if counted)") and
+                                                           (tail == "-" or tail.endswith("if counted)"))):
+                problems.append(f"{name}: {claim} is not counted but reads a verdict: {verdict} / {tail}")
+    return problems
+
+
+def test_the_page_check_finds_a_claim_counted_between_rows_tuned_differently():
+    """page_problems can fail: a counted claim between P1 and P2, a label without a legend line,
+    a not-counted claim with a bare tail verdict, a table without a tuning column."""
+    good = ("# r\n\n## x\n\n| method | final accuracy | seeds | tuning |\n|---|---|---|---|\n| a | 0.5 | 3 | P1 |\n"
+            "| b | 0.4 | 3 | P2 |\n\n- P1: fixed from the paper\n- P2: project default\n\n"
+            "| claim | source | paper | difference | n | verdict | last 5 | tuning (better / worse) |\n|---|---|---|---|---|---|---|---|\n"
+            "| a > b | T1 | +0.1 | +0.1 [0.05, 0.15] | 3 | not counted: a and b were tuned differently (holds if counted)"
+            " | +0.1 [0.05, 0.15] (holds if counted) | P1 / P2 |\n")
+    assert page_problems(good) == []
+    counted = good.replace("not counted: a and b were tuned differently (holds if counted)", "**holds**")
+    assert page_problems(counted) == ["x: a > b is counted (**holds**) between P1 and P2"]
+    assert "reads a verdict" in page_problems(good.replace("(holds if counted) | P1", "holds | P1"))[0]
+    assert "not in the legend" in page_problems(good.replace("| b | 0.4 | 3 | P2 |", "| b | 0.4 | 3 | P3 |"))[0]
+    assert page_problems(good.replace("| tuning |\n", "| rounds |\n", 1)) == ["x: results table without a tuning column"]
+    test_split = good.replace("- P2: project default", f"- P2: {mr.TEST_SPLIT_SEARCH}").replace("P1 / P2", "P2 / P2")
+    assert page_problems(test_split.replace("not counted: a and b were tuned differently (holds if counted)",
+                                            "**holds**")) == ["x: a > b is counted (**holds**) between P2 and P2"]
+
+
+def test_the_results_page_names_every_rows_protocol_and_counts_claims_only_between_rows_tuned_alike():
+    text = RESULTS_PAGE.read_text()
+    assert page_problems(text) == []
+    assert text.count("| claim | source |") >= 10  # the check read the claims tables
+
+
+def test_the_results_page_is_what_make_results_writes_from_the_kept_runs(tmp_path):
+    """docs/results.md is generated: regenerating it from experiments/ and the kept runs gives the
+    committed text (else run `python scripts/make_results.py` and commit the result)."""
+    out = tmp_path / "docs" / "results.md"
+    assert mr.make_results(ROOT / "experiments", mr.STORE, out) == RESULTS_PAGE.read_text()
+
+
+def test_every_file_with_claims_says_how_each_rows_values_were_chosen():
+    """Issue 42: every experiment file with claims (experiments/ and experiments/paper/) carries a
+    [tune] table (one protocol for its rows) or a [chosen-by] statement that covers every row
+    (``all`` or the row itself), so docs/results.md can name each row's protocol."""
+    from fl_app.tooling.experiment import read_experiment
+    from fl_app.tooling.tuning import read_protocol
+
+    files = sorted((ROOT / "experiments").glob("*.toml")) + sorted((ROOT / "experiments" / "paper").glob("*.toml"))
+    missing = []
+    for path in files:
+        exp = read_experiment(path)
+        if not exp.get("claims"):
+            continue
+        rows = list(exp["strategies"])
+        protocol = read_protocol(exp, rows, path)
+        stated = exp.get("chosen-by", {})
+        for row in rows:
+            tuned = protocol is not None and (row in protocol.grids or row in protocol.untuned)
+            if not (tuned or row in stated or "all" in stated):
+                missing.append(f"{path.relative_to(ROOT)}: {row}")
+    assert not missing, missing

@@ -363,6 +363,41 @@ def test_a_claim_between_differently_tuned_rows_is_not_counted(tmp_path):
     assert "| [fair](#fair) | Toy (Doe 2020), Table 1 | 9/9 | complete | 1 holds, 1 not counted |" in text
     assert "- P1: tuned: A" in text and "- P2: tuned: B" in text
     assert "| fedprox | " in text and text.split("| fedprox | ")[1].split("\n")[0].count("| P2 |") == 1
+    # the last-rounds column of a claim not counted gives no verdict either
+    assert lines["| fedsol > fedprox"].endswith("(holds if counted) | P1 / P2 |")
+    assert lines["| fedsol > fedavg"].endswith("] holds | P1 / P1 |")
+
+
+def test_a_claim_between_rows_searched_on_the_test_split_is_not_counted(tmp_path):
+    """Rows that one search chose alike, but by their test accuracy, decide nothing: the protocol
+    never looks at the test split. The same rows fixed from the paper decide their claims."""
+    stated = f'\n[chosen-by]\nall = "{mr.TEST_SPLIT_SEARCH} (grid 0.01, 0.1; seed 0)"\n'
+    exps, store = _store(tmp_path, {"fedavg": "", "fedprox": "", "fedsol": ""}, stated)
+    text = mr.make_results(exps, store, tmp_path / "out" / "results.md")
+    lines = [line for line in text.splitlines() if line.startswith("| fedsol > ")]
+    assert len(lines) == 2 and all("not counted: the rows' values were chosen on the test split (holds if counted)"
+                                   in line and line.endswith("(holds if counted) | P1 / P1 |") for line in lines)
+    assert "| 9/9 | complete | 2 not counted |" in text
+    exps, store = _store(tmp_path / "paper", {"fedavg": "", "fedprox": "", "fedsol": ""},
+                         '\n[chosen-by]\nall = "fixed from the paper; not searched on the test split"\n')
+    assert "| 9/9 | complete | 2 holds |" in mr.make_results(exps, store, tmp_path / "out2" / "results.md")
+
+
+def test_a_choice_at_the_edge_of_its_grid_is_flagged():
+    """The lowest or highest value of a numeric grid axis is flagged (the search did not bracket
+    it); a choice inside its grid, a one-value axis and a text axis are not."""
+    def entry(chosen, grid, key="learning-rate"):
+        return {"chosen": {key: chosen}, "points": [{"values": {key: v}, "mean": 0.5} for v in grid]}
+
+    record = {"rows": {"scaffold": entry(0.05, [0.001, 0.01, 0.05]), "fedavg": entry(0.001, [0.001, 0.01, 0.05]),
+                       "fedprox": entry(0.01, [0.001, 0.01, 0.05]), "fedbn": entry(0.01, [0.01]),
+                       "fedsol": entry("axis", ["axis", "layer"], "fedsol-radius")}}
+    lines = mr.edge_lines(record)
+    assert lines[0].startswith("**Choices at the edge of their grid**")
+    assert lines[2:-1] == ["- scaffold: learning-rate = 0.05 is the highest value of its grid (0.001, 0.01, 0.05)",
+                           "- fedavg: learning-rate = 0.001 is the lowest value of its grid (0.001, 0.01, 0.05)"]
+    del record["rows"]["scaffold"], record["rows"]["fedavg"]
+    assert mr.edge_lines(record) == [] and mr.edge_lines(None) == []
 
 
 def test_rows_without_a_recorded_protocol_take_the_files_statement_or_are_not_counted(tmp_path):
