@@ -265,9 +265,14 @@ def sweep(out: Path, parallel: int) -> subprocess.CompletedProcess:
         cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
+def timing(column: str) -> bool:
+    """Wall-clock columns: seconds per run and round, client compute and its paired difference."""
+    return "seconds" in column or column.startswith("compute_diff")
+
+
 def without_timing(path: Path) -> list[dict]:
     with path.open() as f:
-        return [{k: v for k, v in row.items() if "seconds" not in k} for row in csv.DictReader(f)]
+        return [{k: v for k, v in row.items() if not timing(k)} for row in csv.DictReader(f)]
 
 
 # two sweeps of two runs each: about 100 s on a 2-core machine shared with other work
