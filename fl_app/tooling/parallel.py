@@ -155,7 +155,7 @@ def split(n: int, machine: Machine, cpus_per_client: float = 1.0, gpus_per_clien
     return [Share(c, None, None, gpus_per_client) for c in cpus]
 
 
-class Failed(Generic[J]):
+class Failed:
     """A job whose ``work`` raised: the exception, kept at the job's index."""
 
     def __init__(self, error: BaseException):
@@ -205,8 +205,8 @@ class Pool(Generic[J, W, R]):
             while (j := self._take()) is not None:
                 try:
                     self._results[j] = self.work(worker, self.jobs[j])
-                except Exception as exc:  # one run's failure stops neither this worker nor the others
-                    if not catch:
+                except BaseException as exc:  # one run's failure stops neither this worker nor the others
+                    if not catch:  # (in a worker thread: Ctrl-C only ever reaches the main thread)
                         raise
                     self._results[j] = Failed(exc)
         finally:
@@ -227,6 +227,7 @@ class Pool(Generic[J, W, R]):
         self._serve(k, worker, catch=True)
 
     def results(self) -> list[R | Failed]:
+        """Every job's result or ``Failed``, in job order, once all are done (see the class)."""
         if len(self.shares) == 1:  # the sequential runner: no thread, every exception as it comes
             self._workers[0] = self.start(self.shares[0])
             self._serve(0, self._workers[0], catch=False)

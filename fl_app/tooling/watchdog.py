@@ -21,6 +21,10 @@ launcher ends, by any signal (``kill -9`` included), so the watchdog's read retu
 A descriptor the launcher hands over (``pass_fds``: the results folder's lock) stays open in
 the watchdog until its work is done, so a second runner cannot take that folder while the
 dead runner's processes may still write into it.
+
+``run_simulation.py --parallel N`` runs N ``LocalSimulation`` workers, so N watchdogs watch one
+runner, each for its own worker's ``FLWR_HOME`` and each holding the folder's lock: the folder
+is free again only once every worker's processes are gone (tests/test_parallel.py).
 """
 
 from __future__ import annotations
