@@ -18,28 +18,18 @@ traffic -
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
-
 from clients.base import DriftClient
+from tasks.functional.distillation import FEDNTD, not_true, ntd_loss
 from tasks.keys import Key, non_negative, positive
 
-
-def not_true(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """The logits without each sample's true-class column: shape (B, C - 1)."""
-    keep = torch.ones_like(logits, dtype=torch.bool)
-    keep[torch.arange(len(y), device=y.device), y] = False
-    return logits[keep].view(len(y), logits.shape[1] - 1)
-
-
-def ntd_loss(local_logits: torch.Tensor, global_logits: torch.Tensor, y: torch.Tensor, tau: float) -> torch.Tensor:
-    """tau^2 * KL(softmax(global_nt / tau) || softmax(local_nt / tau)), batch mean."""
-    log_q_local = F.log_softmax(not_true(local_logits, y) / tau, dim=1)
-    q_global = F.softmax(not_true(global_logits, y) / tau, dim=1)
-    return F.kl_div(log_q_local, q_global, reduction="batchmean") * tau**2
+__all__ = ["FedNTDClient", "not_true", "ntd_loss"]
 
 
 class FedNTDClient(DriftClient):
+    """The round is ``tasks.functional.distillation.FEDNTD``; the global model's logits come from
+    w_t and the buffers it was sent, in eval mode (the frozen copy the hook path used)."""
+
+    LOCAL_UPDATE = FEDNTD
     # A local step's cost relative to one SGD step, a forward pass of the global model beside the local one; read by the
     # run-time estimate of `run_simulation.py --check` (fl_app/tooling/estimate.py).
     STEP_COST = 1.3
@@ -48,13 +38,6 @@ class FedNTDClient(DriftClient):
         "ntd-tau": Key(1.0, positive, "> 0"),
     }
 
-    def begin_round(self, server_round: int):
-        self.global_model = self.frozen_copy()
-        return None
-
-    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        logits = self.model(x)
-        with torch.no_grad():
-            global_logits = self.global_model(x)
-        ce = F.cross_entropy(logits, y)
-        return ce + self.cfg["ntd-beta"] * ntd_loss(logits, global_logits, y, self.cfg["ntd-tau"])
+    def functional_inputs(self) -> tuple[dict, dict]:
+        """No client state; the server sent the global model's buffers beside its weights."""
+        return {}, {"buffers": {n: b.detach().clone() for n, b in self.model.named_buffers()}}

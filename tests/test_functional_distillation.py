@@ -1,0 +1,209 @@
+"""FedNTD (MOON follows) as functional local updates (``tasks.functional.distillation``).
+
+(a) Hand computations: one round of each on a tiny Linear model against the formula written
+    out here in float64 (explicit not-true gather, KL as sum p (log p - log q); MOON's cosine
+    similarities by hand). And each converted client equals its hook-path twin (the code the
+    clients ran before the conversion, kept here as the reference) bit for bit over two rounds,
+    on a BatchNorm CNN: the frozen models' eval mode and buffers are the hook path's.
+(b) A cohort of K = 3 clients of different sizes (one vmap) equals three ``local_round`` calls
+    within 1e-5 relative (float32; vmap's batched kernels sum in another order; 1e-4 with
+    BatchNorm, whose gradient over small batches is ill-conditioned, as tests/test_functional.py),
+    and a cohort of one equals it exactly.
+(c) MOON's state: round 1 (no previous model) is plain cross-entropy, exactly FedAvg's round;
+    round 2 uses the model round 1 ended with; a cohort mixes clients with and without one.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from clients.base import DriftClient
+from clients.fedntd import FedNTDClient
+from tasks.catalogue import InputShape
+from tasks.functional import FEDAVG, Hyper, cohort_round, local_round, module_state
+from tasks.functional.distillation import FEDNTD, not_true, ntd_loss
+from tasks.functional.rounds import stack_trees, unstack_tree
+from tasks.models import Classifier, build_model
+from tests.conftest import make_client
+
+SHAPE = InputShape(1, 8, 10)
+KEYS = {"ntd-beta": 1.5, "ntd-tau": 2.0, "moon-mu": 2.0, "moon-temperature": 0.5}
+UPDATES = {"fedntd": FEDNTD}
+
+
+# ------------------------------------------------------------------ (a) by hand, float64
+def tiny_linear(seed: int = 0) -> Classifier:
+    torch.manual_seed(seed)
+    return Classifier(nn.Flatten(), nn.Linear(5, 4))
+
+
+def test_not_true_equals_dropping_the_true_column():
+    logits = torch.arange(12.0).view(3, 4)
+    y = torch.tensor([0, 2, 3])
+    assert torch.equal(not_true(logits, y), torch.tensor([[1.0, 2, 3], [4, 5, 7], [8, 9, 10]]))
+
+
+def test_fedntd_round_by_hand():
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(6, 5, generator=gen), torch.tensor([0, 1, 2, 3, 0, 1])
+    model = tiny_linear()
+    params, buffers = module_state(model)
+    lr, beta, tau = 0.4, KEYS["ntd-beta"], KEYS["ntd-tau"]
+    hp = Hyper(lr=lr, keys=KEYS)
+    result = local_round(FEDNTD, model, params, buffers, {}, {}, hp, x, y, 6, 2, torch.Generator().manual_seed(1))
+    # by hand: z = x W^T + b; drop column y; KL(q_g || q_l) = sum q_g (log q_g - log q_l)
+    W0, b0 = params["head.weight"].double(), params["head.bias"].double()
+    W, b = W0.clone(), b0.clone()
+    xd = x.double()
+    other = [[c for c in range(4) if c != t] for t in y.tolist()]
+    losses = []
+    for _ in range(2):  # two full-batch steps (the batch order does not matter)
+        W.requires_grad_(), b.requires_grad_()
+        z, zg = xd @ W.T + b, xd @ W0.T + b0
+        kl = 0.0
+        for i, cols in enumerate(other):
+            ql = torch.softmax(z[i, cols] / tau, 0)
+            qg = torch.softmax(zg[i, cols] / tau, 0)
+            kl = kl + (qg * (qg.log() - ql.log())).sum()
+        ce = -torch.log_softmax(z, 1)[torch.arange(6), y].mean()
+        loss = ce + beta * tau**2 * kl / 6
+        gW, gb = torch.autograd.grad(loss, (W, b))
+        losses.append(loss.item())
+        W, b = (W - lr * gW).detach(), (b - lr * gb).detach()
+    np.testing.assert_allclose(result.params["head.weight"], W.float(), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(result.params["head.bias"], b.float(), rtol=0, atol=1e-6)
+    assert result.metrics["train_loss"] == pytest.approx(sum(losses) / 2, rel=1e-6)
+    assert result.state == {} and result.reply == {}
+    # the distillation term acts: plain cross-entropy steps end elsewhere
+    plain = local_round(FEDAVG, model, params, buffers, {}, {}, hp, x, y, 6, 2, torch.Generator().manual_seed(1))
+    assert (plain.params["head.weight"] - result.params["head.weight"]).abs().max() > 1e-3
+
+
+# --------------------------------------- (a) the converted clients against their hook twins
+class HookFedNTD(DriftClient):
+    """FedNTD as the client ran it before the conversion: a frozen eval-mode copy of w_t, the
+    not-true columns by a boolean mask, the loss in the ``loss`` hook."""
+
+    def begin_round(self, server_round):
+        self.global_model = self.frozen_copy()
+
+    def loss(self, x, y):
+        logits = self.model(x)
+        with torch.no_grad():
+            global_logits = self.global_model(x)
+        keep = torch.ones_like(logits, dtype=torch.bool)
+        keep[torch.arange(len(y)), y] = False
+        c = logits.shape[1] - 1
+        tau = self.cfg["ntd-tau"]
+        log_q_local = F.log_softmax(logits[keep].view(len(y), c) / tau, dim=1)
+        q_global = F.softmax(global_logits[keep].view(len(y), c) / tau, dim=1)
+        ntd = F.kl_div(log_q_local, q_global, reduction="batchmean") * tau**2
+        return F.cross_entropy(logits, y) + self.cfg["ntd-beta"] * ntd
+
+
+@pytest.mark.parametrize("name,new_cls,hook_cls", [("fedntd", FedNTDClient, HookFedNTD)])
+def test_client_equals_its_hook_twin(name, new_cls, hook_cls):
+    """Two rounds on ``lenet-bn`` (channels-last convolutions, BatchNorm): round 2 starts from
+    other weights and BN statistics than round 1 ended with, so the global model's buffers
+    (sent) and MOON's previous model's (kept) are both read, in eval mode."""
+    gen = torch.Generator().manual_seed(4)
+    x, y = torch.randn(10, 1, 28, 28, generator=gen), torch.randint(0, 10, (10,), generator=gen)
+    cfg = {"dataset": "mnist", "model": "lenet-bn", "learning-rate": 0.05, "batch-size": 4, "local-epochs": 1,
+           "momentum": 0.9, "weight-decay": 1e-3, **KEYS}
+    new_client, hook_client = make_client(new_cls, cfg, x, y), make_client(hook_cls, cfg, x, y)
+    assert new_client.local_update() is UPDATES[name] and hook_client.local_update() is None
+    weights = new_client.get_parameters({})
+    for server_round in (1, 2):
+        a, n_a, m_a = new_client.fit([w.copy() for w in weights], {"server-round": server_round})
+        b, n_b, m_b = hook_client.fit([w.copy() for w in weights], {"server-round": server_round})
+        assert n_a == n_b and m_a == m_b
+        assert all(np.array_equal(u, v) for u, v in zip(a, b))
+        # the next round's w_t: other weights and BN statistics (a server's mean would be)
+        weights = [(u + 0.01 * np.random.default_rng(server_round).standard_normal(u.shape)).astype(u.dtype)
+                   if u.dtype.kind == "f" else u for u in a]
+
+
+def test_frozen_model_without_its_buffers_is_refused():
+    """A BN model's global model needs the buffers it was sent: strict, never the skeleton's."""
+    model = build_model("cnn-bn", SHAPE, seed=0)
+    params, buffers = module_state(model)
+    x, y = torch.randn(4, 1, 8, 8), torch.arange(4)
+    with pytest.raises(RuntimeError, match="[Mm]issing key"):
+        local_round(FEDNTD, model, params, buffers, {}, {}, Hyper(lr=0.1, keys=KEYS), x, y, 4, 1, torch.Generator())
+
+
+def test_ntd_loss_vmaps():
+    """``not_true`` is a gather, so the loss batches over clients (the old boolean mask could not)."""
+    gen = torch.Generator().manual_seed(6)
+    local, glob = torch.randn(3, 5, 4, generator=gen), torch.randn(3, 5, 4, generator=gen)
+    y = torch.randint(0, 4, (3, 5), generator=gen)
+    batched = torch.vmap(lambda a, b, t: ntd_loss(a, b, t, 2.0))(local, glob, y)
+    for k in range(3):
+        assert math.isclose(batched[k].item(), ntd_loss(local[k], glob[k], y[k], 2.0).item(), rel_tol=1e-6)
+
+
+# ------------------------------------------------------------------------ (b), (c) cohorts
+def _inputs(model_name, sizes, moon_prev, seed=5):
+    """K clients from different weights; each sent its own w_t's buffers; MOON clients in
+    ``moon_prev`` have a previous model (other weights and buffers), the rest none."""
+    gen = torch.Generator().manual_seed(seed)
+    models = [build_model(model_name, SHAPE, seed=k) for k in range(len(sizes))]
+    params, buffers = (stack_trees(t) for t in zip(*(module_state(m) for m in models)))
+    params = {n: p.contiguous() for n, p in params.items()}
+    data = [(torch.randn(n, 1, 8, 8, generator=gen), torch.randint(0, 10, (n,), generator=gen)) for n in sizes]
+    states = []
+    for k in range(len(sizes)):
+        p_k, b_k = unstack_tree(params, k), unstack_tree(buffers, k)
+        prev = {"prev_params": {n: v + 0.1 * torch.randn(v.shape, generator=gen) for n, v in p_k.items()},
+                "prev_buffers": {n: v + 0.1 * torch.rand(v.shape, generator=gen) if v.is_floating_point() else v
+                                 for n, v in b_k.items()}}
+        states.append(prev if k in moon_prev else {})
+    return build_model(model_name, SHAPE).to("meta"), params, buffers, data, states
+
+
+def _compare(name, model_name, sizes, rel, moon_prev=(0, 2)):
+    skeleton, params, buffers, data, states = _inputs(model_name, sizes, moon_prev)
+    hp = Hyper(lr=0.05, momentum=0.9, weight_decay=5e-4, keys=KEYS)
+    update, k_all = UPDATES[name], len(sizes)
+    # what the server sent besides the weights, the same for all: the global buffers (other than
+    # any client's own, so a mix-up would show)
+    server = {"buffers": {n: v + 0.5 if v.is_floating_point() else v for n, v in unstack_tree(buffers, 0).items()}}
+    together = cohort_round(update, skeleton, params, buffers, states, server, hp, data, 4, 2,
+                            [torch.Generator().manual_seed(10 + k) for k in range(k_all)])
+    for k in range(k_all):
+        alone = local_round(update, skeleton, unstack_tree(params, k), unstack_tree(buffers, k), states[k],
+                            server, hp, *data[k], 4, 2, torch.Generator().manual_seed(10 + k))
+        assert together.metrics[k]["num_steps"] == alone.metrics["num_steps"]
+        pairs = [(together.params[n][k], alone.params[n]) for n in alone.params]
+        pairs += [(together.buffers[n][k], alone.buffers[n]) for n in alone.buffers]
+        pairs += [(together.states[k][s][n], alone.state[s][n]) for s in alone.state for n in alone.state[s]]
+        for u, v in pairs:
+            if rel == 0:
+                assert torch.equal(u, v)
+            else:
+                assert (u - v).abs().max() <= rel * v.abs().max().clamp_min(1e-12)
+        for key, value in alone.metrics.items():
+            assert together.metrics[k][key] == pytest.approx(value, rel=max(rel, 1e-12))
+
+
+@pytest.mark.parametrize("name", sorted(UPDATES))
+def test_cohort_of_three_equals_three_rounds(name):
+    # 14 samples: batches 4, 4, 4, 2 per epoch; 6: 4, 2; 12: 4, 4, 4 -> 8, 4 and 6 steps (masking)
+    _compare(name, "cnn-small", [14, 6, 12], rel=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(UPDATES))
+def test_cohort_of_one_is_exact(name):
+    _compare(name, "cnn-small", [10], rel=0, moon_prev=(0,))
+
+
+@pytest.mark.parametrize("name", sorted(UPDATES))
+def test_cohort_batchnorm_frozen_models(name):
+    """The frozen models' eval-mode BN statistics (sent / kept) are per client in a cohort."""
+    _compare(name, "cnn-bn", [8, 4, 12], rel=1e-4)
