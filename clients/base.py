@@ -13,7 +13,10 @@ A method converted to functions (``tasks.functional``) names its ``LocalUpdate``
 ``LOCAL_UPDATE`` instead of overriding the step hooks: ``fit`` then runs the round through
 ``tasks.functional.local_round`` (same data, batch order, augmentation, learning rate and
 optimiser as the hook loop), and ``functional_inputs`` / ``functional_outputs`` carry its state
-and extra arrays between ``context.state``, ``receive`` and ``reply``. ``LOCAL_UPDATE`` is read
+and extra arrays between ``context.state``, ``receive`` and ``reply``. Such a ``fit`` is
+``prepare_functional`` (everything before the loop), ``local_round``, ``finish_functional``
+(everything after it): a cohort node runs the two halves per virtual client around one
+``cohort_round`` for all of them, so everything but the loop is this one code. ``LOCAL_UPDATE`` is read
 from the class's own namespace, never inherited: a subclass that changes a hook (FedASAM's
 perturbation on FedSAM, FedSMOO on FedDyn) keeps the hook loop until it declares its own.
 
@@ -28,6 +31,7 @@ metric) is the ClientApp's: ``fl_app.node.node_client.NodeClient`` wraps every m
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -65,6 +69,32 @@ def partition_on_device(
         return tuple(t.to(device) for t in train), tuple(t.to(device) for t in test)
     x, y = load_partition(spec, partition_id)
     return (x.to(device), y.to(device)), None
+
+
+@dataclass
+class FunctionalRound:
+    """A ``LOCAL_UPDATE`` round prepared by ``DriftClient.prepare_functional``: what
+    ``tasks.functional.local_round`` takes, in its order (``cohort_round`` takes the same per
+    client, stacked). ``model`` is the client's model, used as a skeleton only."""
+
+    update: LocalUpdate
+    model: torch.nn.Module
+    params: dict[str, torch.Tensor]
+    buffers: dict[str, torch.Tensor]
+    state: dict
+    server: dict
+    hp: Hyper
+    x: torch.Tensor
+    y: torch.Tensor
+    batch_size: int
+    epochs: int
+    generator: torch.Generator
+    augment: Augment
+
+    def local_round_args(self) -> tuple:
+        """The positional arguments of ``local_round`` for this round."""
+        return (self.update, self.model, self.params, self.buffers, self.state, self.server, self.hp,
+                self.x, self.y, self.batch_size, self.epochs, self.generator, self.augment)
 
 
 class DriftClient(NumPyClient):
@@ -159,36 +189,60 @@ class DriftClient(NumPyClient):
 
     def fit(self, parameters: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
         """One round of the method's local training from the received global model w_t."""
+        if self.local_update() is not None:
+            return self.fit_functional(parameters, config)
+        server_round = self._begin_fit(parameters, config)
+        x, y = self.data
+        metrics = self.fit_hooks(server_round, x, y, self.round_generator(server_round),
+                                 Augment.for_round(self.cfg, self.device, self.partition_id, server_round))
+        return self.reply(), len(x), metrics
+
+    def _begin_fit(self, parameters: list[np.ndarray], config: dict) -> int:
+        """What both paths do first: keep the fit config, load w_t (``receive``), note w_t as
+        ``round_start`` and the round's learning rate. Returns the server round."""
         server_round = int(config.get("server-round", 1))
         self.fit_config = config
         set_weights(self.model, self.receive(parameters))
         self.round_start = [p.detach().clone() for p in self.params()]  # w_t
         self.lr = self.cfg["learning-rate"] * self.cfg["lr-decay"] ** (server_round - 1)
-        x, y = self.data
-        generator = torch.Generator().manual_seed(
-            hash((self.cfg["seed"], self.partition_id, server_round)) & 0x7FFFFFFF
-        )
-        augment = Augment.for_round(self.cfg, self.device, self.partition_id, server_round)
-        update = self.local_update()
-        if update is not None:
-            metrics = self.fit_functional(update, x, y, generator, augment)
-        else:
-            metrics = self.fit_hooks(server_round, x, y, generator, augment)
-        return self.reply(), len(x), metrics
+        return server_round
+
+    def round_generator(self, server_round: int) -> torch.Generator:
+        """The client's batch-order generator for ``server_round``, seeded from (seed, partition, round)."""
+        return torch.Generator().manual_seed(hash((self.cfg["seed"], self.partition_id, server_round)) & 0x7FFFFFFF)
 
     def local_update(self) -> LocalUpdate | None:
         """This class's own ``LOCAL_UPDATE`` (not an inherited one: module docstring)."""
         return type(self).__dict__.get("LOCAL_UPDATE")
 
-    def fit_functional(self, update: LocalUpdate, x: torch.Tensor, y: torch.Tensor,
-                       generator: torch.Generator, augment: Augment) -> dict[str, Any]:
-        """The round as ``tasks.functional.local_round`` from the model's weights and buffers;
-        the result is loaded back into ``self.model`` (what ``reply`` sends)."""
+    def fit_functional(self, parameters: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
+        """The round as ``tasks.functional.local_round``: ``prepare_functional``, the loop,
+        ``finish_functional``. A cohort node (``fl_app.node.cohort_client``) runs the same two
+        halves around one ``cohort_round`` for many clients instead of the loop."""
+        job = self.prepare_functional(parameters, config)
+        return self.finish_functional(job, local_round(*job.local_round_args()))
+
+    def prepare_functional(self, parameters: list[np.ndarray], config: dict) -> FunctionalRound:
+        """Everything before the training loop of a ``LOCAL_UPDATE`` round: w_t loaded (through
+        ``receive``), the round's learning rate, the client's data, batch-order generator and
+        augmentation, and the method's inputs (``functional_inputs``) as ``local_round`` takes them."""
+        update = self.local_update()
+        if update is None:
+            raise ValueError(f"{type(self).__name__} has no LOCAL_UPDATE of its own; it trains through the hooks")
+        server_round = self._begin_fit(parameters, config)
+        x, y = self.data
+        generator = self.round_generator(server_round)
+        augment = Augment.for_round(self.cfg, self.device, self.partition_id, server_round)
         params, buffers = module_state(self.model)
         state, server = self.functional_inputs()
-        result = local_round(update, self.model, params, buffers, state, server,
-                             Hyper.from_config(self.cfg, self.lr, update.keys), x, y,
-                             self.cfg["batch-size"], self.cfg["local-epochs"], generator, augment)
+        return FunctionalRound(update, self.model, params, buffers, state, server,
+                               Hyper.from_config(self.cfg, self.lr, update.keys), x, y,
+                               self.cfg["batch-size"], self.cfg["local-epochs"], generator, augment)
+
+    def finish_functional(self, job: FunctionalRound, result: RoundResult) -> tuple[list[np.ndarray], int, dict]:
+        """Everything after the loop: the result's weights and buffers loaded into ``self.model``,
+        the method's state kept and extras noted (``functional_outputs``), then the reply
+        (``reply``), the number of training examples and the fit metrics."""
         with torch.no_grad():
             for name, p in self.model.named_parameters():
                 p.copy_(result.params[name])
@@ -196,7 +250,7 @@ class DriftClient(NumPyClient):
                 b.copy_(result.buffers[name])
         metrics = dict(result.metrics)
         metrics.update(self.functional_outputs(result) or {})
-        return metrics
+        return self.reply(), len(job.x), metrics
 
     def fit_hooks(self, server_round: int, x: torch.Tensor, y: torch.Tensor,
                   generator: torch.Generator, augment: Augment) -> dict[str, Any]:

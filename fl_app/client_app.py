@@ -1,5 +1,6 @@
 """ClientApp: builds the chosen method's NumPyClient for this node's partition or data-path,
-wrapped in ``NodeClient`` (faults, state mirror, warm-up, timing around the method's fit)."""
+wrapped in ``NodeClient`` (faults, state mirror, warm-up, timing around the method's fit); on a
+cohort run's node, a ``CohortClient`` (its virtual clients, each in its own ``NodeClient``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from flwr.client.mod import make_ffn
 from flwr.common import Context
 
 from fl_app.config import method_config, validate_config
+from fl_app.node.cohort_client import CohortClient
 from fl_app.node.node_client import NodeClient, match_threads_to_cpu_share
 from fl_app.registry import Method, get_method
 from tasks.models import set_cuda_precision
@@ -45,6 +47,8 @@ def client_fn(context: Context):
     partition_id, num_partitions = node_partition(context.node_config)
     match_threads_to_cpu_share()  # before the method client builds its model
     set_cuda_precision(cfg["cuda-tf32"])
+    if cfg.get("num-virtual-clients"):  # a cohort run (fl_app.server.cohort): this node hosts virtual clients
+        return CohortClient(cfg, context, method.client, partition_id, num_partitions).to_client()
     return NodeClient(method.client(cfg, context, partition_id, num_partitions)).to_client()
 
 

@@ -23,6 +23,7 @@ import hashlib
 import sys
 import time
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -108,6 +109,18 @@ def carried_arrays(client: DriftClient) -> int:
     return sum(len(record) for record in client.context.state.array_records.values())
 
 
+@dataclass
+class NodeRound:
+    """What ``NodeClient.begin_fit`` found before the method's training, for ``end_fit``."""
+
+    started: float  # time.perf_counter() at the start of the node's work on the round
+    server_round: int
+    carried: int  # arrays the client's context.state carried into the round
+    fault: object  # the injected fault of this partition (None, "nan" or an attack)
+    mirror: ClientStateMirror | None
+    on_disk: bool  # client-state = "disk" in a Ray simulation
+
+
 class NodeClient(NumPyClient):
     """A method's client with the node's plumbing around it (see the module docstring)."""
 
@@ -135,8 +148,16 @@ class NodeClient(NumPyClient):
         fault, the client state restored from its mirror, the warm-up awaited, the method's
         fit, a ``nan`` fault or an attack on the reply, the state saved to its mirror, then
         the ``state_arrays_in``, ``ray_node`` and ``fit_seconds`` metrics."""
+        node_round = self.begin_fit(config)
+        reply, num_examples, metrics = self.client.fit(parameters, config)
+        return self.end_fit(node_round, parameters, config, reply, num_examples, metrics)
+
+    def begin_fit(self, config: dict) -> NodeRound:
+        """The node's steps before the method's training: an injected ``raise`` fault, the
+        client state restored from its mirror, the warm-up awaited. A cohort node
+        (``fl_app.node.cohort_client``) calls this and ``end_fit`` per virtual client."""
         started = time.perf_counter()
-        c, state = self.client, self.client.context.state
+        c = self.client
         server_round = int(config.get("server-round", 1))
         carried = carried_arrays(c)  # arrays this node's context.state carried into the round
         fault = parse_faults(c.cfg["inject-faults"]).get(c.partition_id)
@@ -146,18 +167,23 @@ class NodeClient(NumPyClient):
         on_disk = c.cfg["client-state"] == "disk" and in_ray_worker()
         carried = self._restore_state(mirror, on_disk, config, server_round, carried)
         wait_for_warm_up()
-        reply, num_examples, metrics = c.fit(parameters, config)
+        return NodeRound(started, server_round, carried, fault, mirror, on_disk)
+
+    def end_fit(self, node_round: NodeRound, parameters: list[np.ndarray], config: dict, reply: list[np.ndarray],
+                num_examples: int, metrics: dict) -> tuple[list[np.ndarray], int, dict]:
+        """The node's steps after the method's training (see ``fit``); returns the reply."""
+        r, state = node_round, self.client.context.state
         if state.array_records:  # stateful methods only: 0 in a node's first round
-            metrics["state_arrays_in"] = carried
-        if on_disk and mirror is None and state.array_records:  # else the state would fork
+            metrics["state_arrays_in"] = r.carried
+        if r.on_disk and r.mirror is None and state.array_records:  # else the state would fork
             raise RuntimeError(f"client-state = \"disk\" needs the run folder {config.get('run-dir', '')!r} on this "
                                "Ray node (on a multi-node cluster: a results-dir on a filesystem every node mounts "
                                "at the same path); use client-state = \"memory\" otherwise")
-        reply = self._faulted_reply(fault, reply, parameters, server_round)
-        self._save_state(mirror, on_disk, config, server_round)
+        reply = self._faulted_reply(r.fault, reply, parameters, r.server_round)
+        self._save_state(r.mirror, r.on_disk, config, r.server_round)
         if in_ray_worker():  # which machine of the Ray cluster ran this fit
             metrics["ray_node"] = ray_node_id()
-        metrics["fit_seconds"] = time.perf_counter() - started  # the client's own share of the round
+        metrics["fit_seconds"] = time.perf_counter() - r.started  # the client's own share of the round
         return reply, num_examples, metrics
 
     def _restore_state(self, mirror, on_disk: bool, config: dict, server_round: int, carried: int) -> int:

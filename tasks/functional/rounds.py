@@ -15,6 +15,10 @@ Tolerance: vmap batches the K clients' convolutions and matmuls into grouped/bat
 that sum in another order, so a cohort client equals its separate ``local_round`` within float
 rounding (tests: 1e-5 relative in float32); a cohort of one runs unbatched and equals it exactly.
 
+Augmentation: each client's own callable (``tasks.augment.Augment.for_round``, its own
+generator) is applied to each of its batches alone, in its step order, before the step: the
+same calls, on the same batches, as in its ``local_round``, so the same random draws.
+
 BatchNorm: the running statistics are per-client outputs of every step (stacked buffers in,
 new stacked buffers out; ``tasks.functional.core.cross_entropy``), masked like the weights, so
 BN models run as a cohort too. (A tiny last batch makes BN's gradient ill-conditioned: the
@@ -102,11 +106,16 @@ def _select(mask: torch.Tensor, new, old):
 
 
 def stack_trees(trees: Sequence):
-    """K pytrees (dicts or tuples of tensors) -> one with a leading client dimension."""
+    """K pytrees (dicts or tuples of tensors) -> one with a leading client dimension. One tree
+    keeps each tensor's strides (``unsqueeze``, then a copy): ``torch.stack`` may give a
+    channels-last weight with one input channel other strides, and the convolution another
+    kernel than the per-client path's (``core.keep_layout``), which a cohort of one must not."""
     if isinstance(trees[0], dict):
         return {k: stack_trees([t[k] for t in trees]) for k in trees[0]}
     if isinstance(trees[0], tuple):
         return tuple(stack_trees([t[i] for t in trees]) for i in range(len(trees[0])))
+    if len(trees) == 1:
+        return trees[0].unsqueeze(0).clone()
     return torch.stack(list(trees))
 
 
@@ -127,6 +136,11 @@ class CohortResult:
     states: list[dict]
     replies: list[dict]
     metrics: list[dict]
+
+    def client(self, k: int) -> RoundResult:
+        """Client ``k``'s round as ``local_round`` returns it for one client."""
+        return RoundResult(unstack_tree(self.params, k), unstack_tree(self.buffers, k), self.states[k],
+                           self.replies[k], self.metrics[k])
 
 
 def step_groups(schedule: list[list[torch.Tensor]], s: int) -> dict[int, list[int]]:
@@ -149,6 +163,15 @@ def step_indices(schedule, s: int, size: int, members: list[int], sizes: Sequenc
     return torch.stack(rows)
 
 
+def augmented(xb: torch.Tensor, members: list[int], augments: Sequence[Callable | None]) -> torch.Tensor:
+    """The step's stacked batches [K, size, ...] with each member's batch augmented by its own
+    callable; other clients' rows (masked) are left as they are. ``xb`` is a fresh gather."""
+    for k in members:
+        if augments[k] is not None:
+            xb[k] = augments[k](xb[k])
+    return xb
+
+
 def cohort_step(step: Callable, k_all: int) -> Callable:
     """``step`` over stacked clients: ``vmap`` for K > 1. A cohort of one runs ``step`` on its
     one client unbatched, the per-client path's kernels exactly (under vmap even one client's
@@ -162,13 +185,18 @@ def cohort_step(step: Callable, k_all: int) -> Callable:
 
 
 def cohort_round(update: LocalUpdate, model: nn.Module, params: Tree, buffers: Tree,
-                 states: Sequence[dict], server: dict, hp: Hyper,
+                 states: Sequence[dict], server: dict | Sequence[dict], hp: Hyper,
                  data: Sequence[tuple[torch.Tensor, torch.Tensor]], batch_size: int, epochs: int,
-                 generators: Sequence[torch.Generator]) -> CohortResult:
+                 generators: Sequence[torch.Generator],
+                 augments: Sequence[Callable[[torch.Tensor], torch.Tensor] | None] | None = None) -> CohortResult:
     """K clients' rounds in one vmap per step: client k starts from ``params[name][k]`` with
     ``states[k]``, trains on ``data[k]`` in the order of ``generators[k]``; ``server`` is what
-    the server sent, the same for all. Equal to K ``local_round`` calls within rounding
-    (module docstring). ``model`` is a skeleton (a copy on the meta device will do)."""
+    the server sent: one dict for all, or one per client. ``augments[k]`` (when given and not
+    None) augments each of client k's batches before its step, called on that batch alone,
+    once per local step in step order: the calls ``local_round`` makes with the same callable,
+    so a client's augmentation draws the same random numbers on both paths. Equal to K
+    ``local_round`` calls within rounding (module docstring). ``model`` is a skeleton (a copy
+    on the meta device will do)."""
     sizes = [len(x) for x, _ in data]
     if min(sizes) == 0:
         raise ValueError(f"cohort clients need data: sizes {sizes}; train an empty client on its own")
@@ -177,14 +205,19 @@ def cohort_round(update: LocalUpdate, model: nn.Module, params: Tree, buffers: T
     x_all, y_all = torch.cat([x for x, _ in data]), torch.cat([y for _, y in data])
     model.train()
     w_t, k_all = params, len(data)
-    ctx = stack_trees([update.begin(unstack_tree(w_t, k), states[k], server, hp) for k in range(k_all)])
+    servers = [server] * k_all if isinstance(server, dict) else list(server)
+    augments = list(augments) if augments is not None else [None] * k_all
+    if len(servers) != k_all or len(augments) != k_all:
+        raise ValueError(f"cohort of {k_all} clients given {len(servers)} server dicts and {len(augments)} augments")
+    ctx = stack_trees([update.begin(unstack_tree(w_t, k), states[k], servers[k], hp) for k in range(k_all)])
     opt_state = opt_init(params, hp)
     loss_sum = torch.zeros(k_all, device=x_all.device)
     for s in range(max(len(steps) for steps in schedule)):
         step = cohort_step(make_step(update, model, replace(hp, vmapped=k_all > 1), s + 1), k_all)
         for size, members in step_groups(schedule, s).items():
             idx = step_indices(schedule, s, size, members, sizes, offsets).to(x_all.device)
-            new_params, new_buffers, new_opt, loss = step(params, buffers, opt_state, x_all[idx], y_all[idx], w_t, ctx)
+            xb = augmented(x_all[idx], members, augments)
+            new_params, new_buffers, new_opt, loss = step(params, buffers, opt_state, xb, y_all[idx], w_t, ctx)
             if len(members) == k_all:
                 params, buffers, opt_state, loss_sum = new_params, new_buffers, new_opt, loss_sum + loss
                 continue

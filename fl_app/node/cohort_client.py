@@ -1,0 +1,234 @@
+"""``CohortClient``: a simulation node that hosts many virtual clients and trains the round's
+clients it hosts together, in one ``tasks.functional.cohort_round`` (one ``torch.func.vmap``).
+
+The ClientApp builds it instead of a method's client when the run is a cohort run
+(``num-virtual-clients`` > 0, ``fl_app.server.cohort``). The server sends a round's instructions
+for the node's virtual clients as one bundle (``fl_app.node.cohort_wire``); ``fit``:
+
+1. splits the bundle into per-client (partition p, arrays, config), the config carrying N as
+   ``num-partitions``;
+2. per virtual client p builds the method's client exactly as ``client_fn`` would on a node of
+   partition p of N, on its own view of ``context.state`` (only p's records, stored in the node's
+   state under ``vc<p>/<key>``), wraps it in ``NodeClient`` and runs the node's steps before
+   training (``begin_fit``: the state restored from its on-disk mirror, as a per-client node
+   does) and the method's ``prepare_functional``;
+3. trains all prepared clients in ONE ``cohort_round`` (weights, buffers stacked; each client's
+   own data, batch order, augmentation, state and server extras). Clients whose rounds differ
+   in what the cohort shares (learning rate, optimiser, batch size, epochs) would train in
+   separate cohorts; a client without data trains alone (``local_round``: 0 steps);
+4. per client, the method's ``finish_functional`` (its reply, state kept) and the node's steps
+   after training (``end_fit``: state mirrored to disk), then its state view written back;
+5. returns one reply for all (``bundle_replies``). A client that fails in steps 2 or 4 is
+   reported failed in the reply and the others go on; its state stays as it was before the
+   round (as Flower keeps a node's state when its ClientApp raises). A failure of the cohort's
+   training itself (step 3) fails the node's message, so the server fails each of its clients.
+
+Equal to the per-client path: each client's reply, state and metrics are those of its own
+``DriftClient.fit`` within float rounding (vmap's batched kernels sum in another order: 1e-5
+relative in float32, tests/test_cohort_node.py), and exactly for a cohort of one. The metric
+``fit_seconds`` is each client's share of the node's round (the round's time over its clients).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from flwr.app import RecordDict
+from flwr.client import NumPyClient
+from flwr.common import Context
+
+from clients.base import DriftClient, FunctionalRound
+from fl_app.node.cohort_wire import COHORT_KEYS, PARTITIONS, bundle_replies, split_instructions
+from fl_app.node.node_client import NodeClient, NodeRound, start_warm_up
+from tasks.functional import RoundResult, cohort_round, local_round
+from tasks.functional.rounds import stack_trees
+
+log = logging.getLogger("flwr.fl_drift")
+
+NUM_PARTITIONS = "num-partitions"  # in every virtual client's config: N, the partitions of the run's data
+
+
+def state_prefix(partition: int) -> str:
+    """Where virtual client ``partition``'s records live in the node's ``context.state``."""
+    return f"vc{partition}/"
+
+
+def state_view(state: RecordDict, partition: int) -> RecordDict:
+    """A RecordDict of virtual client ``partition``'s records only, under their own names (the
+    records themselves, not copies: the client replaces them, as in ``DriftClient.save_state``)."""
+    prefix = state_prefix(partition)
+    return RecordDict({key[len(prefix):]: record for key, record in state.items() if key.startswith(prefix)})
+
+
+def store_view(state: RecordDict, partition: int, view: RecordDict) -> None:
+    """Write virtual client ``partition``'s view back into the node's state: its old records
+    replaced by the view's (a record the client deleted is deleted)."""
+    prefix = state_prefix(partition)
+    for key in [k for k in state.keys() if k.startswith(prefix)]:
+        del state[key]
+    for key, record in view.items():
+        state[prefix + key] = record
+
+
+def failure(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+@dataclass
+class Member:
+    """A virtual client of this round's cohort, prepared for training."""
+
+    partition: int
+    arrays: list[np.ndarray]
+    config: dict
+    node: NodeClient  # NodeClient around the method's client of partition ``partition``
+    node_round: NodeRound
+    job: FunctionalRound
+
+    @property
+    def client(self) -> DriftClient:
+        return self.node.client
+
+
+def same_cohort(a: FunctionalRound, b: FunctionalRound) -> bool:
+    """Whether two prepared rounds can train in one ``cohort_round``: the same update, model,
+    hyper-parameters, batch size and epochs (what the cohort shares)."""
+    return (a.update is b.update and a.model is b.model and a.hp == b.hp and a.batch_size == b.batch_size
+            and a.epochs == b.epochs)
+
+
+def train_cohort(jobs: list[FunctionalRound]) -> list[RoundResult]:
+    """The prepared rounds ``jobs`` (``same_cohort`` with each other, each with data) in one
+    ``cohort_round``; per job its ``RoundResult``, as ``local_round`` returns it."""
+    first = jobs[0]
+    params, buffers = stack_trees([j.params for j in jobs]), stack_trees([j.buffers for j in jobs])
+    if len(jobs) > 1:  # the layout vmap batches; one client keeps its own (stack_trees)
+        params = {n: p.contiguous() for n, p in params.items()}
+    augments = [j.augment if j.augment is not None and getattr(j.augment, "ops", True) else None for j in jobs]
+    result = cohort_round(first.update, first.model, params, buffers, [j.state for j in jobs],
+                          [j.server for j in jobs], first.hp, [(j.x, j.y) for j in jobs], first.batch_size,
+                          first.epochs, [j.generator for j in jobs], augments)
+    return [result.client(k) for k in range(len(jobs))]
+
+
+def train(jobs: list[FunctionalRound]) -> list[RoundResult]:
+    """Every prepared round of the node's clients: one ``cohort_round`` per group of
+    ``same_cohort`` rounds (one group in a run: all clients share the round's settings), a
+    client without data alone through ``local_round`` (``cohort_round`` needs data)."""
+    results: list[RoundResult | None] = [None] * len(jobs)
+    groups: list[list[int]] = []
+    for i, job in enumerate(jobs):
+        if len(job.x) == 0:
+            results[i] = local_round(*job.local_round_args())
+            continue
+        for group in groups:
+            if same_cohort(jobs[group[0]], job):
+                group.append(i)
+                break
+        else:
+            groups.append([i])
+    for group in groups:
+        for i, result in zip(group, train_cohort([jobs[i] for i in group])):
+            results[i] = result
+    return results
+
+
+class CohortClient(NumPyClient):
+    """A cohort node: many virtual clients of one method (see the module docstring).
+
+    ``client_cls`` is the method's client class (the registry's ``Method.client``), ``cfg`` the
+    validated run config; ``partition_id`` / ``num_partitions`` are the node's own (its node
+    config), which ``get_properties`` reports and the server orders the nodes by."""
+
+    def __init__(self, cfg: dict, context: Context, client_cls: type[DriftClient], partition_id: int,
+                 num_partitions: int):
+        method = cfg.get("strategy", client_cls.__name__)
+        if client_cls.__dict__.get("LOCAL_UPDATE") is None:
+            raise ValueError(f"method {method!r} cannot run on a cohort node: its client {client_cls.__name__} has no "
+                             "functional local update of its own (LOCAL_UPDATE); use execution = 'per-client'")
+        if client_cls.mods(cfg):
+            raise ValueError(f"method {method!r} cannot run on a cohort node: it wraps every message in client mods, "
+                             "which act on one client's message; use execution = 'per-client'")
+        if context.node_config.get("data-path"):
+            raise ValueError(f"a cohort node hosts partitions of the run's dataset, not data-path = "
+                             f"{context.node_config['data-path']!r}; use execution = 'per-client'")
+        self.cfg = cfg
+        self.context = context
+        self.client_cls = client_cls
+        self.partition_id = partition_id
+        self.num_partitions = num_partitions
+
+    # ----------------------------------------------------------------- virtual clients
+    def virtual_client(self, partition: int, config: dict) -> DriftClient:
+        """The method's client of virtual client ``partition`` of N (``num-partitions`` in
+        ``config``), as ``client_fn`` builds it on a node of that partition, on its own view of
+        the node's state."""
+        if NUM_PARTITIONS not in config:
+            raise ValueError(f"cohort node: the config of virtual client {partition} has no {NUM_PARTITIONS!r} "
+                             "(the server sends N, the partitions of the run's data, to every virtual client)")
+        num_partitions = int(config[NUM_PARTITIONS])
+        if not 0 <= partition < num_partitions:
+            raise ValueError(f"cohort node: virtual client {partition} is not a partition of {num_partitions}")
+        context = Context(run_id=self.context.run_id, node_id=self.context.node_id,
+                          node_config={"partition-id": partition, "num-partitions": num_partitions},
+                          state=state_view(self.context.state, partition), run_config=self.context.run_config)
+        return self.client_cls(self.cfg, context, partition, num_partitions)
+
+    def _prepare(self, partition: int, arrays: list[np.ndarray], config: dict) -> Member:
+        node = NodeClient(self.virtual_client(partition, config))
+        node_round = node.begin_fit(config)
+        return Member(partition, arrays, config, node, node_round, node.client.prepare_functional(arrays, config))
+
+    def _finish(self, member: Member, result: RoundResult) -> tuple[int, list[np.ndarray], int, dict]:
+        reply, num_examples, metrics = member.client.finish_functional(member.job, result)
+        reply, num_examples, metrics = member.node.end_fit(member.node_round, member.arrays, member.config,
+                                                           reply, num_examples, metrics)
+        store_view(self.context.state, member.partition, member.client.context.state)
+        return member.partition, reply, num_examples, metrics
+
+    # --------------------------------------------------------------- NumPyClient API
+    def get_properties(self, config: dict) -> dict:
+        """The node's own partition (the server orders its cohort nodes by it); starts the
+        process's warm-up of torch.optim (the data of the virtual clients is not known yet)."""
+        start_warm_up(None, 0)
+        return {"partition-id": self.partition_id, "num-partitions": self.num_partitions}
+
+    def get_parameters(self, config: dict) -> list[np.ndarray]:
+        return self.client_cls(self.cfg, self.context, self.partition_id, self.num_partitions).get_parameters(config)
+
+    def fit(self, parameters: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
+        """The bundled round of this node's virtual clients (module docstring)."""
+        started = time.perf_counter()
+        members: list[Member] = []
+        failed: dict[int, str] = {}
+        for partition, arrays, client_config in split_instructions(parameters, config):
+            try:
+                members.append(self._prepare(partition, arrays, client_config))
+            except Exception as exc:  # this client fails; the others go on
+                log.warning("cohort node: virtual client %d failed before training", partition, exc_info=True)
+                failed[partition] = failure(exc)
+        results = train([m.job for m in members]) if members else []
+        replies = []
+        for member, result in zip(members, results):
+            try:
+                replies.append(self._finish(member, result))
+            except Exception as exc:
+                log.warning("cohort node: virtual client %d failed after training", member.partition, exc_info=True)
+                failed[member.partition] = failure(exc)
+        share = (time.perf_counter() - started) / max(len(members), 1)
+        for _, _, _, metrics in replies:
+            metrics["fit_seconds"] = share  # each client's share of the node's round
+        return bundle_replies(replies, failed)
+
+    def evaluate(self, parameters: list[np.ndarray], config: dict) -> tuple[float, int, dict]:
+        """Evaluate one virtual client (the server sends evaluate instructions one client at a
+        time: ``PARTITIONS`` names one partition) as its own node would; its state is read, not
+        changed."""
+        named = str(config.get(PARTITIONS, ""))
+        if not named.strip().isdigit():
+            raise ValueError(f"cohort node: evaluate needs {PARTITIONS!r} naming one virtual client, got {named!r}")
+        client_config = {k: v for k, v in config.items() if k not in COHORT_KEYS}
+        return NodeClient(self.virtual_client(int(named), client_config)).evaluate(parameters, client_config)
