@@ -37,17 +37,18 @@ Summary: client GAM gradient | server - | client state - | server state - | traf
 
 from __future__ import annotations
 
-import torch
-
 from clients.base import DriftClient
-from clients.perturbation import NORM_EPS, global_norm, perturbed, sam_eps
+from tasks.functional.sharpness import FEDGAM
 from tasks.keys import Key, non_negative, positive
 
 
 class FedGAMClient(DriftClient):
+    """The GAM gradient of either variant as the step's direction: ``tasks.functional.sharpness.FEDGAM``."""
+
     # A local step's cost relative to one SGD step, two or more forward-backward passes a step; read by the
     # run-time estimate of `run_simulation.py --check` (fl_app/tooling/estimate.py).
     STEP_COST = 2.0
+    LOCAL_UPDATE = FEDGAM
     # Shared with FedGAM-CV (docs/methods.md defaults: rho 0.02, alpha 0.2; the "reference" GAM
     # step: grad_norm_rho 0.2, betas 1, -1, 1, grad_gamma 0.03)
     CONFIG_KEYS = {
@@ -60,52 +61,3 @@ class FedGAMClient(DriftClient):
         "gam-beta3": Key(1.0),
         "gam-gamma": Key(0.03, non_negative, ">= 0 (reference GAM: grad_gamma)"),
     }
-
-    def gam_alpha(self) -> float:
-        return self.cfg["gam-alpha"]
-
-    def _grad(self, x: torch.Tensor, y: torch.Tensor, params: list) -> tuple[torch.Tensor, list]:
-        loss = self.loss(x, y)
-        grads = torch.autograd.grad(loss, params, allow_unused=True)
-        grads = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
-        return loss.detach(), grads
-
-    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        params = self.params()
-        if self.cfg["gam-variant"] == "reference":
-            loss, grad = self.reference_gradient(x, y, params)
-        else:
-            loss, grad = self.paper_gradient(x, y, params)
-        for p, g in zip(params, grad):
-            p.grad = g
-        return loss
-
-    def paper_gradient(self, x, y, params) -> tuple[torch.Tensor, list]:
-        """Eq. 19: grad f(w) + alpha * rho * grad f(w + rho g/||g||)."""
-        rho, alpha = self.cfg["gam-rho"], self.gam_alpha()
-        loss, g = self._grad(x, y, params)
-        with perturbed(params, sam_eps(g, rho), self.model):
-            _, g_adv = self._grad(x, y, params)
-        return loss, [a.add_(b, alpha=alpha * rho) for a, b in zip(g, g_adv)]  # g is ours: in place
-
-    def reference_gradient(self, x, y, params) -> tuple[torch.Tensor, list]:
-        """The GAM optimiser step (Zhang et al. 2023); see the module docstring."""
-        cfg = self.cfg
-        r1, r2 = cfg["gam-rho"], cfg["gam-norm-rho"]
-        b1, b2, b3 = cfg["gam-beta1"], cfg["gam-beta2"], cfg["gam-beta3"]
-        gamma = cfg["gam-gamma"]
-        loss, g0 = self._grad(x, y, params)
-        with perturbed(params, sam_eps(g0, r1), self.model):
-            _, g1 = self._grad(x, y, params)
-        e2 = sam_eps([a - b for a, b in zip(g1, g0)], r2)
-        with perturbed(params, e2, self.model):
-            _, g2 = self._grad(x, y, params)
-        e3 = [a + b for a, b in zip(e2, sam_eps(g2, r1))]  # w2 + r1 g2/||g2||, taken from w
-        with perturbed(params, e3, self.model):
-            _, g3 = self._grad(x, y, params)
-        u = [b1 * a + b3 * b for a, b in zip(g1, g3)]
-        m = [a + abs(b2) * b for a, b in zip(g0, g2)]
-        u_norm, m_norm = global_norm(u), global_norm(m)
-        cosine = sum((a * b).sum() for a, b in zip(m, u)) / (u_norm * m_norm + NORM_EPS)
-        along = cosine * m_norm / (u_norm + NORM_EPS)
-        return loss, [a - gamma * (mm - along * a) for a, mm in zip(u, m)]

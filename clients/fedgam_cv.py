@@ -21,13 +21,15 @@ traffic c down, Δc_i up
 
 from clients.control_variates import ControlVariateClient
 from clients.fedgam import FedGAMClient
+from tasks.functional.sharpness import FEDGAM_CV
 from tasks.keys import Key, non_negative
 
 
 class FedGAMCVClient(ControlVariateClient, FedGAMClient):
-    # FedGAM's keys (its gradient is inherited) but its alpha, which gam_alpha() replaces by FedGAM-CV's own
+    """``tasks.functional.sharpness.FEDGAM_CV``: the GAM gradient with ``gam-cv-alpha``, corrected by
+    c - c_i; c, c_i and the reply are ``ControlVariateClient``'s."""
+
+    LOCAL_UPDATE = FEDGAM_CV
+    # FedGAM's keys but its alpha: FEDGAM_CV reads FedGAM-CV's own
     CONFIG_KEYS = {**{k: v for k, v in FedGAMClient.CONFIG_KEYS.items() if k != "gam-alpha"},
                    "gam-cv-alpha": Key(0.4, non_negative, ">= 0 (FedGAM-CV trade-off alpha)")}
-
-    def gam_alpha(self) -> float:
-        return self.cfg["gam-cv-alpha"]

@@ -28,28 +28,48 @@ from tasks.catalogue import InputShape
 from tasks.datasets import input_shape
 from tasks.functional import Hyper, cohort_round, local_round, module_state
 from tasks.functional.rounds import stack_trees, unstack_tree
-from tasks.functional.sharpness import FEDASAM, asam_eps, asam_scaled
+from tasks.functional.sharpness import FEDASAM, FEDGAM, FEDGAM_CV, asam_eps, asam_scaled
 from tasks.models import build_model
 from tests.helpers_baselines import softmax_regression_grad
 
 SHAPE = InputShape(1, 8, 10)  # one channel (channels-last quirk: keep_layout), small for speed
-KEYS = {"asam-rho": 0.5, "asam-eta": 0.01}
-UPDATES = {"fedasam": FEDASAM}
+GAM = {"gam-rho": 0.3, "gam-alpha": 0.7, "gam-cv-alpha": 0.6, "gam-variant": "paper", "gam-norm-rho": 0.6,
+       "gam-beta1": 1.0, "gam-beta2": -1.0, "gam-beta3": 1.0, "gam-gamma": 0.5}
+KEYS = {"asam-rho": 0.5, "asam-eta": 0.01, **GAM}
+# name -> (update, keys that differ from KEYS)
+CASES = {"fedasam": (FEDASAM, {}), "fedgam": (FEDGAM, {}), "fedgam-reference": (FEDGAM, {"gam-variant": "reference"}),
+         "fedgam-cv": (FEDGAM_CV, {}), "fedgam-cv-reference": (FEDGAM_CV, {"gam-variant": "reference"})}
 
 
 # ------------------------------------------------------------------ (a) hand computations
-def _logreg_step(update, keys, seed=0, lr=0.4, n=7):
-    """One full-batch step of ``update`` on logreg: (x, y, W, b in float64, new W, b)."""
+LOGREG = ("head.weight", "head.bias")
+
+
+def _logreg_step(update, keys, seed=0, lr=0.4, n=7, state=None, server=None, params=None):
+    """One full-batch step of ``update`` on logreg: (x, y, W, b in float64, new W, b, the result)."""
     gen = torch.Generator().manual_seed(seed)
     x, y = torch.randn(n, 60, generator=gen), torch.randint(0, 10, (n,), generator=gen)
     model = build_model("logreg", input_shape("synthetic"), seed=seed)
-    params, buffers = module_state(model)
-    result = local_round(update, model, params, buffers, {}, {}, Hyper(lr=lr, keys=keys), x, y, 64, 1,
-                         torch.Generator().manual_seed(1))
+    start, buffers = module_state(model)
+    params = params or start
+    result = local_round(update, model, params, buffers, state or {}, server or {}, Hyper(lr=lr, keys=keys),
+                         x, y, 64, 1, torch.Generator().manual_seed(1))
     assert result.metrics["num_steps"] == 1
-    f64 = [params[n].double().numpy() for n in ("head.weight", "head.bias")]
-    new = [result.params[n].numpy() for n in ("head.weight", "head.bias")]
-    return x.double().numpy(), y.numpy(), *f64, *new
+    f64 = [params[n].double().numpy() for n in LOGREG]
+    new = [result.params[n].numpy() for n in LOGREG]
+    return x.double().numpy(), y.numpy(), *f64, *new, result
+
+
+def _norm(v):
+    return np.sqrt(sum((a**2).sum() for a in v))
+
+
+def _gam_paper(x, y, W, b, rho, alpha):
+    """Eq. 19 in float64: g + alpha rho grad f(w + rho g/||g||)."""
+    g = softmax_regression_grad(x, y, W, b)
+    n = _norm(g)
+    g_adv = softmax_regression_grad(x, y, W + rho * g[0] / n, b + rho * g[1] / n)
+    return [a + alpha * rho * c for a, c in zip(g, g_adv)]
 
 
 def test_asam_eps_hand_computed():
@@ -70,7 +90,7 @@ def test_asam_eps_hand_computed():
 
 def test_fedasam_step_is_grad_at_the_adaptive_perturbation():
     rho, eta, lr = 0.9, 0.05, 0.4
-    x, y, W, b, new_W, new_b = _logreg_step(FEDASAM, {"asam-rho": rho, "asam-eta": eta}, lr=lr)
+    x, y, W, b, new_W, new_b, _ = _logreg_step(FEDASAM, {"asam-rho": rho, "asam-eta": eta}, lr=lr)
     gW, gb = softmax_regression_grad(x, y, W, b)
     T = np.abs(W) + eta  # the weight: T = |w| + eta; the bias: T = 1
     n = np.sqrt(((T * gW) ** 2).sum() + (gb**2).sum())
@@ -78,6 +98,65 @@ def test_fedasam_step_is_grad_at_the_adaptive_perturbation():
     np.testing.assert_allclose(new_W, W - lr * pW, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(new_b, b - lr * pb, rtol=1e-5, atol=1e-6)
     assert not np.allclose(new_W, W - lr * gW, atol=1e-5)  # the perturbation matters
+
+
+def test_fedgam_paper_step_is_eq19():
+    rho, alpha, lr = 0.5, 0.7, 0.3  # large, so the second term is far above float noise
+    x, y, W, b, new_W, new_b, _ = _logreg_step(FEDGAM, {**GAM, "gam-rho": rho, "gam-alpha": alpha}, lr=lr)
+    G = _gam_paper(x, y, W, b, rho, alpha)
+    np.testing.assert_allclose(new_W, W - lr * G[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(new_b, b - lr * G[1], rtol=1e-5, atol=1e-6)
+    assert not np.allclose(new_W, W - lr * softmax_regression_grad(x, y, W, b)[0], atol=1e-5)
+
+
+def test_fedgam_reference_step_is_the_gam_optimiser_step():
+    r1, r2, gamma, b1, b2, b3, lr = 0.3, 0.6, 0.5, 1.0, -1.0, 1.0, 0.3
+    keys = {**GAM, "gam-variant": "reference", "gam-rho": r1, "gam-norm-rho": r2, "gam-gamma": gamma}
+    x, y, W, b, new_W, new_b, _ = _logreg_step(FEDGAM, keys, seed=2, lr=lr)
+
+    def grad(w):
+        return softmax_regression_grad(x, y, *w)
+
+    def at(w, d, scale):  # w + scale d / ||d||
+        return [a + scale * c / _norm(d) for a, c in zip(w, d)]
+
+    g0 = grad([W, b])
+    g1 = grad(at([W, b], g0, r1))
+    w2 = at([W, b], [a - c for a, c in zip(g1, g0)], r2)
+    g2 = grad(w2)
+    g3 = grad(at(w2, g2, r1))
+    u = np.concatenate([(b1 * a + b3 * c).ravel() for a, c in zip(g1, g3)])
+    m = np.concatenate([(a + abs(b2) * c).ravel() for a, c in zip(g0, g2)])
+    G = u - gamma * (m - (m @ u) / (u @ u) * u)  # u minus gamma times the part of m orthogonal to u
+    want = np.concatenate([W.ravel(), b]) - lr * G
+    np.testing.assert_allclose(np.concatenate([new_W.ravel(), new_b]), want, rtol=1e-5, atol=1e-6)
+
+
+def test_fedgam_cv_two_rounds_carry_c_i():
+    """One step a round, momentum 0: c_i+ = c_i - c + (w_t - w)/lr = G(w_t) (the step was
+    G - c_i + c); round 2 steps with G(w_t') - c_i+ + c from the state round 1 left."""
+    rho, alpha, lr = 0.4, 0.6, 0.3
+    keys = {**GAM, "gam-rho": rho, "gam-cv-alpha": alpha, "gam-alpha": 99.0}  # gam-alpha is not FedGAM-CV's
+    gen = torch.Generator().manual_seed(9)
+    c = {n: torch.randn(s, generator=gen) * 0.1 for n, s in (("head.weight", (10, 60)), ("head.bias", (10,)))}
+    ci = {n: torch.randn(v.shape, generator=gen) * 0.1 for n, v in c.items()}
+    x, y, W, b, new_W, new_b, first = _logreg_step(FEDGAM_CV, keys, lr=lr, state={"ci": ci}, server={"c": c})
+    G = _gam_paper(x, y, W, b, rho, alpha)
+    c64, ci64 = ([t[n].double().numpy() for n in LOGREG] for t in (c, ci))
+    for new, w, g, cn, cin in zip((new_W, new_b), (W, b), G, c64, ci64):
+        np.testing.assert_allclose(new, w - lr * (g - cin + cn), rtol=1e-5, atol=1e-6)
+    for n, g, cin in zip(LOGREG, G, ci64):
+        np.testing.assert_allclose(first.state["ci"][n].numpy(), g, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(first.reply["delta_c"][n].numpy(), g - cin, rtol=1e-4, atol=1e-5)
+    assert first.metrics["ci_norm"] == pytest.approx(_norm(G), rel=1e-4)
+    # round 2 from the state round 1 left, at the new global model
+    start = {n: first.params[n] + 0.01 for n in LOGREG}
+    x, y, W2, b2, new_W2, new_b2, _ = _logreg_step(FEDGAM_CV, keys, lr=lr, state=first.state, server={"c": c},
+                                                   params=start)
+    G2 = _gam_paper(x, y, W2, b2, rho, alpha)
+    ci1 = [first.state["ci"][n].double().numpy() for n in LOGREG]
+    for new, w, g, cn, cin in zip((new_W2, new_b2), (W2, b2), G2, c64, ci1):
+        np.testing.assert_allclose(new, w - lr * (g - cin + cn), rtol=1e-5, atol=1e-6)
 
 
 # ---------------------------------------------------- (a') against the module-based hook loop
@@ -114,7 +193,53 @@ def hook_fedasam(model, xb, yb, keys, ctx):
     return _hook_sam_step(model, xb, yb, lambda p, g: _hook_asam_eps(p, g, keys["asam-rho"], keys["asam-eta"], scaled))
 
 
-HOOKS = {"fedasam": hook_fedasam}
+def _hook_sam_eps(grads, rho):
+    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    return [g * (rho / (norm + 1e-12)) for g in grads]
+
+
+def _hook_grad(model, xb, yb, params):
+    loss = F.cross_entropy(model(xb), yb)
+    return loss.detach(), list(torch.autograd.grad(loss, params))
+
+
+def hook_fedgam(model, xb, yb, keys, ctx, alpha_key="gam-alpha"):
+    """FedGAMClient.train_step as it was (both variants); then ctx's correction c - c_i, if any."""
+    params = list(model.parameters())
+    r1 = keys["gam-rho"]
+    loss, g0 = _hook_grad(model, xb, yb, params)
+    with perturbed(params, _hook_sam_eps(g0, r1), model):
+        _, g1 = _hook_grad(model, xb, yb, params)
+    if keys["gam-variant"] == "paper":
+        grad = [a.add_(c, alpha=keys[alpha_key] * r1) for a, c in zip(g0, g1)]
+    else:
+        b1, b2, b3, gamma = keys["gam-beta1"], keys["gam-beta2"], keys["gam-beta3"], keys["gam-gamma"]
+        e2 = _hook_sam_eps([a - c for a, c in zip(g1, g0)], keys["gam-norm-rho"])
+        with perturbed(params, e2, model):
+            _, g2 = _hook_grad(model, xb, yb, params)
+        e3 = [a + c for a, c in zip(e2, _hook_sam_eps(g2, r1))]
+        with perturbed(params, e3, model):
+            _, g3 = _hook_grad(model, xb, yb, params)
+        u = [b1 * a + b3 * c for a, c in zip(g1, g3)]
+        m = [a + abs(b2) * c for a, c in zip(g0, g2)]
+        u_norm, m_norm = (torch.linalg.vector_norm(torch.stack(torch._foreach_norm(t))) for t in (u, m))
+        cosine = sum((a * c).sum() for a, c in zip(m, u)) / (u_norm * m_norm + 1e-12)
+        along = cosine * m_norm / (u_norm + 1e-12)
+        grad = [a - gamma * (mm - along * a) for a, mm in zip(u, m)]
+    for p, g in zip(params, grad):
+        p.grad = g
+    with torch.no_grad():
+        for p, corr in zip(params, ctx.get("corr", ())):
+            p.grad.add_(corr)
+    return loss
+
+
+def hook_fedgam_cv(model, xb, yb, keys, ctx):
+    return hook_fedgam(model, xb, yb, keys, ctx, alpha_key="gam-cv-alpha")
+
+
+HOOKS = {"fedasam": hook_fedasam, "fedgam": hook_fedgam, "fedgam-reference": hook_fedgam,
+         "fedgam-cv": hook_fedgam_cv, "fedgam-cv-reference": hook_fedgam_cv}
 
 
 def module_round(hook, model, x, y, hp, batch_size, epochs, seed, ctx):
@@ -135,20 +260,28 @@ def module_round(hook, model, x, y, hp, batch_size, epochs, seed, ctx):
 
 
 def _inputs_for(name, params, gen):
-    """(state, server, the hook's view of them) for method ``name``: none for stateless methods."""
+    """(state, server, the hook's view of them) for method ``name``: c and c_i for control
+    variates (non-zero, so the correction really acts), nothing for stateless methods."""
+    if name.startswith("fedgam-cv"):
+        c, ci = ({n: torch.randn(p.shape, generator=gen) * 0.1 for n, p in params.items()} for _ in range(2))
+        return {"ci": ci}, {"c": c}, {"corr": [c[n] - ci[n] for n in params]}
     return {}, {}, {}
 
 
-@pytest.mark.parametrize("model_name", ["cnn-small", "cnn-bn"])
-@pytest.mark.parametrize("name", sorted(UPDATES))
+# every case on the channels-last CNN; the BatchNorm CNN (buffers of the first pass kept) once per update
+TWIN_CASES = [(name, "cnn-small") for name in sorted(CASES)] + [(name, "cnn-bn") for name in ("fedasam", "fedgam-cv")]
+
+
+@pytest.mark.parametrize("name,model_name", TWIN_CASES)
 def test_update_equals_the_hook_loop(name, model_name):
     gen = torch.Generator().manual_seed(2)
     x, y = torch.randn(10, 1, 8, 8, generator=gen), torch.randint(0, 10, (10,), generator=gen)
     model = build_model(model_name, SHAPE, seed=0)
     params, buffers = module_state(model)
     state, server, ctx = _inputs_for(name, params, gen)
-    hp = Hyper(lr=0.05, momentum=0.9, weight_decay=5e-4, keys=KEYS)
-    result = local_round(UPDATES[name], copy.deepcopy(model), params, buffers, state, server, hp,
+    update, keys = CASES[name]
+    hp = Hyper(lr=0.05, momentum=0.9, weight_decay=5e-4, keys={**KEYS, **keys})
+    result = local_round(update, copy.deepcopy(model), params, buffers, state, server, hp,
                          x, y, 4, 2, torch.Generator().manual_seed(3))
     loss = module_round(HOOKS[name], model, x, y, hp, 4, 2, 3, ctx)
     assert result.metrics["train_loss"] == loss and result.metrics["num_steps"] == 6
@@ -166,18 +299,22 @@ def _cohort_inputs(name, sizes, seed=5):
     params = {n: p.contiguous() for n, p in params.items()}  # the layout vmap batches
     data = [(torch.randn(n, 1, 8, 8, generator=gen), torch.randint(0, 10, (n,), generator=gen)) for n in sizes]
     states, server = [{} for _ in sizes], {}
+    if name.startswith("fedgam-cv"):  # c_i different per client, c shared
+        states = [{"ci": {n: torch.randn(v.shape[1:], generator=gen) * 0.1 for n, v in params.items()}} for _ in sizes]
+        server = {"c": {n: torch.randn(v.shape[1:], generator=gen) * 0.1 for n, v in params.items()}}
     return build_model("cnn-small", SHAPE).to("meta"), params, buffers, data, states, server
 
 
 def _compare(name, sizes, rel):
     skeleton, params, buffers, data, states, server = _cohort_inputs(name, sizes)
-    hp = Hyper(lr=0.05, momentum=0.9, weight_decay=5e-4, keys=KEYS)
-    update, k_all = UPDATES[name], len(sizes)
-    together = cohort_round(update, skeleton, params, buffers, states, server, hp, data, 4, 2,
+    update, keys = CASES[name]
+    hp = Hyper(lr=0.05, momentum=0.9, weight_decay=5e-4, keys={**KEYS, **keys})
+    k_all = len(sizes)
+    together = cohort_round(update, skeleton, params, buffers, states, server, hp, data, 4, 1,
                             [torch.Generator().manual_seed(10 + k) for k in range(k_all)])
     for k in range(k_all):
         alone = local_round(update, skeleton, unstack_tree(params, k), unstack_tree(buffers, k), states[k], server,
-                            hp, *data[k], 4, 2, torch.Generator().manual_seed(10 + k))
+                            hp, *data[k], 4, 1, torch.Generator().manual_seed(10 + k))
         assert together.metrics[k]["num_steps"] == alone.metrics["num_steps"]
         pairs = [(together.params[n][k], alone.params[n]) for n in alone.params]
         pairs += [(together.buffers[n][k], alone.buffers[n]) for n in alone.buffers]
@@ -192,12 +329,12 @@ def _compare(name, sizes, rel):
             assert together.metrics[k][key] == pytest.approx(value, rel=max(rel, 1e-12))
 
 
-@pytest.mark.parametrize("name", sorted(UPDATES))
+@pytest.mark.parametrize("name", sorted(CASES))
 def test_cohort_of_three_clients_of_different_sizes(name):
-    # 14 samples: batches 4, 4, 4, 2 per epoch; 6: 4, 2; 12: 4, 4, 4 -> 8, 4 and 6 steps
-    _compare(name, [14, 6, 12], rel=1e-5)
+    # 9 samples: batches 4, 4, 1; 3: one batch of 3; 6: 4, 2 (one epoch): masked at every step
+    _compare(name, [9, 3, 6], rel=1e-5)
 
 
-@pytest.mark.parametrize("name", sorted(UPDATES))
+@pytest.mark.parametrize("name", sorted(CASES))
 def test_cohort_of_one_is_exact(name):
-    _compare(name, [10], rel=0)
+    _compare(name, [6], rel=0)

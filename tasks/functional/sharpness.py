@@ -1,5 +1,5 @@
-"""The sharpness-aware local updates as ``LocalUpdate``s: FedASAM (and, below, the methods that
-take gradients at perturbed weights). The contract is in ``tasks.functional``'s docstring; each
+"""The sharpness-aware local updates as ``LocalUpdate``s: FedASAM, FedGAM, FedGAM-CV (the
+methods that take gradients at perturbed weights). The contract is in ``tasks.functional``'s docstring; each
 method's reading of its paper is in its client module's docstring (clients/<method>.py).
 
 Every perturbed point w + eps is a copy of the weights (``perturbed_copy``): w itself never
@@ -14,8 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from tasks.functional.core import NORM_EPS, Tree, grad_and_loss, keep_layout, tree_norm
-from tasks.functional.methods import LocalUpdate
+import torch
+
+from tasks.functional.core import NORM_EPS, Tree, grad_and_loss, keep_layout, sam_eps, tree_norm
+from tasks.functional.methods import LocalUpdate, control_variate_begin, control_variate_end
 
 
 def perturbed_copy(params: Tree, eps: Tree) -> Tree:
@@ -51,4 +53,66 @@ def asam_direction(model, params, buffers, x, y, w_t, ctx, hp):
 
 FEDASAM = LocalUpdate("fedasam", asam_direction, keys=("asam-rho", "asam-eta"))
 
-METHODS = {u.name: u for u in (FEDASAM,)}
+
+# ---------------------------------------------------------------------- FedGAM, FedGAM-CV
+GAM_KEYS = ("gam-rho", "gam-variant", "gam-norm-rho", "gam-beta1", "gam-beta2", "gam-beta3", "gam-gamma")
+
+
+def _sam_step(grads: Tree, rho: float) -> Tree:
+    """``core.sam_eps`` on a tree: rho g / (||g|| + NORM_EPS)."""
+    return dict(zip(grads, sam_eps(grads.values(), rho)))
+
+
+def gam_gradient(model, params, buffers, x, y, hp, alpha: float) -> tuple[Tree, Tree, torch.Tensor]:
+    """(G, the buffers after the first pass, the loss at w) of FedGAM's ``gam-variant``:
+
+    - ``paper`` (Eq. 19): g = grad f(w), G = g + alpha rho grad f(w + rho g/||g||);
+    - ``reference`` (GAM's optimiser step, Zhang et al. 2023; ``alpha`` unused):
+      g0 = grad f(w), g1 = grad f(w + r1 g0/||g0||), w2 = w + r2 (g1 - g0)/||g1 - g0||,
+      g2 = grad f(w2), g3 = grad f(w2 + r1 g2/||g2||), u = b1 g1 + b3 g3, m = g0 + |b2| g2,
+      G = u - gamma (m - (<m, u>/||u||^2) u), the inner product through the cosine as GAM
+      computes it.
+
+    Every norm in a denominator has NORM_EPS added; each perturbed point is a copy of w."""
+    keys = hp.keys
+    g0, loss, new_buffers = grad_and_loss(model, params, buffers, x, y, hp)
+
+    def grad_at(eps: Tree) -> Tree:
+        return grad_and_loss(model, perturbed_copy(params, eps), new_buffers, x, y, hp)[0]
+
+    r1 = keys["gam-rho"]
+    g1 = grad_at(_sam_step(g0, r1))
+    if keys["gam-variant"] == "paper":
+        return {n: g.add(g1[n], alpha=alpha * r1) for n, g in g0.items()}, new_buffers, loss
+    b1, b2, b3, gamma = keys["gam-beta1"], keys["gam-beta2"], keys["gam-beta3"], keys["gam-gamma"]
+    e2 = _sam_step({n: g1[n] - g for n, g in g0.items()}, keys["gam-norm-rho"])
+    g2 = grad_at(e2)
+    e3 = {n: e + e_g2 for (n, e), e_g2 in zip(e2.items(), _sam_step(g2, r1).values())}  # from w
+    g3 = grad_at(e3)
+    u = {n: b1 * g1[n] + b3 * g3[n] for n in g0}
+    m = {n: g0[n] + abs(b2) * g2[n] for n in g0}
+    u_norm, m_norm = tree_norm(u.values()), tree_norm(m.values())
+    cosine = sum((m[n] * u[n]).sum() for n in g0) / (u_norm * m_norm + NORM_EPS)
+    along = cosine * m_norm / (u_norm + NORM_EPS)
+    return {n: a - gamma * (m[n] - along * a) for n, a in u.items()}, new_buffers, loss
+
+
+def gam_direction(model, params, buffers, x, y, w_t, ctx, hp):
+    """d = G (``gam_gradient`` with alpha = ``gam-alpha``)."""
+    return gam_gradient(model, params, buffers, x, y, hp, hp.keys["gam-alpha"])
+
+
+def gam_cv_direction(model, params, buffers, x, y, w_t, ctx, hp):
+    """d = G - c_i + c (G with alpha = ``gam-cv-alpha``) on the parameters with control
+    variates, G elsewhere (the correction of ``methods.control_variate_direction``)."""
+    grads, new_buffers, loss = gam_gradient(model, params, buffers, x, y, hp, hp.keys["gam-cv-alpha"])
+    corr = ctx["corr"]
+    return {n: g.add(corr[n]) if n in corr else g for n, g in grads.items()}, new_buffers, loss
+
+
+FEDGAM = LocalUpdate("fedgam", gam_direction, keys=(*GAM_KEYS, "gam-alpha"))
+# c and c_i, c_i+ and delta c_i: SCAFFOLD's begin and end (option II, momentum-corrected K_eff)
+FEDGAM_CV = LocalUpdate("fedgam-cv", gam_cv_direction, control_variate_begin, control_variate_end,
+                        keys=(*GAM_KEYS, "gam-cv-alpha"))
+
+METHODS = {u.name: u for u in (FEDASAM, FEDGAM, FEDGAM_CV)}
