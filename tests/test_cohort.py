@@ -42,6 +42,7 @@ from fl_app.server.cohort import (
     server_execution,
 )
 from fl_app.server.sampling import CohortClientManager, SeededClientManager
+from tests.test_simulation import NEEDS as SIMULATION_NEEDS
 
 
 def config(**keys) -> dict:
@@ -260,3 +261,146 @@ def close(a, b, rel=1e-4, acc=1e-3) -> bool:
             return math.isnan(a) and math.isnan(b)
         return math.isclose(a, b, rel_tol=rel, abs_tol=acc if abs(a) <= 1 else 0)
     return a == b
+
+
+# ------------------------------------------------------------------ end to end, in process
+NODES = 4  # the per-client run's nodes: partitions of the synthetic data
+# what a method needs beyond the defaults: test_simulation's settings, and DP-FedAvg's server-side
+# clipping (its client mode clips per message, a mod: refused) with noise seeded from (seed, round)
+NEEDS = {**SIMULATION_NEEDS, "dp-fedavg": {"dp-mode": "server", "dp-noise-seeded": True}}
+# every method runs its cohort-vs-per-client comparison; these five (stateless, proximal, control
+# variates, FedDyn's state, SAM's two passes) in the default run, the others marked slow
+DEFAULT_RUN = ("fedavg", "fedprox", "scaffold", "feddyn", "fedsam")
+TIMING = ("seconds",)  # columns of time, which differ between any two runs
+
+
+def serve_cohort(run_config: dict, nodes: int) -> None:
+    """One cohort run in this process: the ServerApp's ``server_fn`` components, and ``nodes``
+    cohort nodes (node config partition-id m of ``nodes``, as Flower's simulation gives its
+    SuperNodes) served by the ClientApp's ``client_fn`` (``tests.conftest.AppProxy``)."""
+    from flwr.common import Context, RecordDict
+
+    from fl_app.server_app import server_fn
+    from tests.conftest import AppProxy
+
+    components = server_fn(Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config=run_config))
+    server = components.server
+    for m in range(nodes):
+        context = Context(run_id=0, node_id=500 + 11 * m, node_config={"partition-id": m, "num-partitions": nodes},
+                          state=RecordDict(), run_config=run_config)
+        server.client_manager().register(AppProxy(str(500 + 11 * m), context))
+    server.set_max_workers(nodes)
+    server.fit(components.config.num_rounds, timeout=None)
+
+
+def base_config(method: str, tmp_path, **keys) -> dict:
+    return {"strategy": method, "dataset": "synthetic", "model": "logreg", "num-server-rounds": 3,
+            "fraction-fit": 0.5, "min-available-clients": NODES, "learning-rate": 0.05, "tracking": "none",
+            "results-dir": str(tmp_path), **NEEDS.get(method, {}), **keys}
+
+
+def cohort_keys(**keys) -> dict:
+    return {"execution": "cohort", "num-virtual-clients": NODES, **keys}
+
+
+def compared(a_rows: list[dict], b_rows: list[dict], exact: bool, skip: tuple = ()) -> list[str]:
+    """The differences between two runs' metrics.csv rows (timing columns and ``skip`` aside):
+    every value equal (``exact``) or within the module docstring's tolerance."""
+    problems = []
+    assert len(a_rows) == len(b_rows)
+    for a, b in zip(a_rows, b_rows):
+        shared = [k for k in a if k in b and not any(t in k for t in TIMING + skip)]
+        assert {"test_accuracy", "test_loss", "train_loss", "num_clients"} <= set(shared)
+        for k in shared:
+            if not (a[k] == b[k] if exact else close(a[k], b[k])):
+                problems.append(f"round {a['round']} {k}: {a[k]!r} vs {b[k]!r}")
+    return problems
+
+
+def per_client_run(method: str, tmp_path, **keys) -> list[dict]:
+    from fl_app.results.report import read_metrics
+    from tests.conftest import serve_in_process
+
+    serve_in_process(base_config(method, tmp_path, **keys, **{"run-name": "per-client"}), NODES)
+    return read_metrics(tmp_path / "per-client")
+
+
+def cohort_run(method: str, tmp_path, nodes: int = 1, name: str = "cohort", **keys) -> list[dict]:
+    from fl_app.results.report import read_metrics, read_summary
+
+    serve_cohort(base_config(method, tmp_path, **cohort_keys(**keys), **{"run-name": name}), nodes)
+    assert read_summary(tmp_path / name)["execution"]["path"] == "cohort"
+    return read_metrics(tmp_path / name)
+
+
+def runnable_as_cohort() -> list:
+    """Every method that runs as a cohort with ``NEEDS``' settings, the slow ones marked."""
+    names = [m for m in cohort_methods()
+             if not cohort_problem(config(**{**NEEDS.get(m, {}), "strategy": m}), get_method(m))]
+    return [m if m in DEFAULT_RUN else pytest.param(m, marks=pytest.mark.slow) for m in names]
+
+
+@pytest.mark.parametrize("method", runnable_as_cohort())
+def test_cohort_run_equals_per_client_run_within_tolerance(method, tmp_path, request):
+    """3 rounds, 2 of 4 clients a round, on one cohort node (both clients in one vmap) against
+    4 per-client nodes of the same seed: metrics.csv within the module docstring's tolerance."""
+    keys = {"data-dir": str(request.getfixturevalue("small_mnist"))} if NEEDS.get(method, {}).get("dataset") else {}
+    per_client = per_client_run(method, tmp_path, **keys)
+    cohort = cohort_run(method, tmp_path, **keys)
+    assert [r["num_clients"] for r in cohort] == [2, 2, 2]
+    assert compared(per_client, cohort, exact=False) == []
+
+
+@pytest.mark.parametrize("method", ["fedavg", "scaffold"])
+def test_cohort_of_one_client_equals_per_client_exactly(method, tmp_path):
+    """One of 4 clients a round, on one of 2 cohort nodes: a cohort of one runs unbatched, the
+    same kernels as the per-client path, so metrics.csv is identical."""
+    keys = {"fraction-fit": 0.25, "min-fit-clients": 1}
+    per_client = per_client_run(method, tmp_path, **keys)
+    cohort = cohort_run(method, tmp_path, nodes=2, **keys)
+    assert [r["num_clients"] for r in cohort] == [1, 1, 1]
+    assert compared(per_client, cohort, exact=True) == []
+
+
+@pytest.mark.parametrize("method", ["fedavg", "scaffold"])
+def test_cohort_resume_equals_uninterrupted_cohort_run(method, tmp_path):
+    """A cohort run crashes after round 2 (``crash-after:2``) and resumes with new cohort nodes
+    (empty ``context.state``): rounds 3-4 equal the uninterrupted cohort run's (the clients'
+    state comes back from the mirror, the sampler's draws from the checkpoint)."""
+    from fl_app.results.report import read_metrics, read_summary
+
+    keys = {"num-server-rounds": 4}
+    full = cohort_run(method, tmp_path, name="full", **keys)
+    with pytest.raises(RuntimeError, match="injected crash after round 2"):
+        cohort_run(method, tmp_path, name="cut", **keys, **{"inject-faults": "crash-after:2"})
+    if method == "scaffold":
+        assert any((tmp_path / "cut" / "client-state").rglob("round-*.npz"))
+    serve_cohort(base_config(method, tmp_path, **cohort_keys(**keys), **{"run-name": "cut", "resume": True}), 1)
+    resumed = read_metrics(tmp_path / "cut")
+    assert [r["round"] for r in resumed] == [1, 2, 3, 4]
+    # state_arrays_in counts what the node's memory carried into the round: nothing on new nodes
+    assert compared(full, resumed, exact=True, skip=("state_arrays_in",)) == []
+    assert read_summary(tmp_path / "cut")["execution"]["path"] == "cohort"
+
+
+# ------------------------------------------------------------------ end to end, through Flower
+def test_cohort_run_through_flowers_simulation_equals_per_client(simulated, sim, tmp_path, request):
+    """The cohort path through ``flwr run`` (``LocalSimulation``: one cohort SuperNode hosting the
+    virtual clients, Flower's transport and node registration) against the per-client fedavg
+    run of ``tests/test_simulation.py`` (shared: ``simulated``), metrics.csv within the module
+    docstring's tolerance; summary.json records the path and why."""
+    from fl_app.results.report import read_metrics, read_summary
+    from tests.test_simulation import SUPERNODES, simulated_config
+
+    cfg = simulated_config("fedavg", request)
+    per_client = simulated("fedavg", cfg, SUPERNODES)
+    assert per_client.rc == 0
+    lines: list[str] = []
+    keys = {"execution": "cohort", "num-virtual-clients": SUPERNODES, "results-dir": str(tmp_path), "run-name": "c"}
+    assert sim.run({**cfg, **keys}, num_supernodes=SUPERNODES, on_line=lines.append) == 0, "\n".join(lines[-30:])
+    assert any(f"cohort: {SUPERNODES} virtual clients on 1 cohort node(s)" in line for line in lines)
+    assert compared(read_metrics(per_client.run_dir), read_metrics(tmp_path / "c"), exact=False) == []
+    summary = read_summary(tmp_path / "c")
+    assert summary["execution"] == {"path": "cohort", "reason": f"execution = 'cohort' ({SUPERNODES} virtual clients)"}
+    assert summary["num_clients"] == SUPERNODES
+    assert read_summary(per_client.run_dir)["execution"]["path"] == "per-client"
