@@ -32,26 +32,24 @@ server state - | traffic -
 
 from __future__ import annotations
 
+import numpy as np
 import torch
-import torch.nn.functional as F
 
 from clients.base import DriftClient
-from tasks.datasets import input_shape
+from tasks.functional import RoundResult
+from tasks.functional.distillation import MOON, moon_contrastive
 from tasks.keys import Key, non_negative, positive
-from tasks.models import cached_model, get_weights, set_weights
+
+__all__ = ["STATE", "MoonClient", "moon_contrastive"]
 
 STATE = "moon-prev"
 
 
-def moon_contrastive(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Batch mean of -log softmax([sim(z, z_g), sim(z, z_p)] / T)[0]."""
-    pos = F.cosine_similarity(z, z_glob, dim=1)
-    neg = F.cosine_similarity(z, z_prev, dim=1)
-    logits = torch.stack([pos, neg], dim=1) / temperature
-    return F.cross_entropy(logits, torch.zeros(len(z), dtype=torch.long, device=z.device))
-
-
 class MoonClient(DriftClient):
+    """The round is ``tasks.functional.distillation.MOON``. The previous local model is kept in
+    ``context.state`` under ``STATE`` as the model's state arrays (``get_weights`` order)."""
+
+    LOCAL_UPDATE = MOON
     # A local step's cost relative to one SGD step, three forward passes, one backward; read by the
     # run-time estimate of `run_simulation.py --check` (fl_app/tooling/estimate.py).
     STEP_COST = 1.5
@@ -60,30 +58,29 @@ class MoonClient(DriftClient):
         "moon-temperature": Key(0.5, positive, "> 0"),
     }
 
-    def begin_round(self, server_round: int):
-        self.global_model = self.frozen_copy()
+    def functional_inputs(self) -> tuple[dict, dict]:
+        """state: the previous local model (``prev_params``, ``prev_buffers``), none the first time
+        this client is sampled; server: the global model's buffers as sent."""
+        buffers = {n: b.detach().clone() for n, b in self.model.named_buffers()}
         saved = self.load_state(STATE)
-        self.prev_model = None
-        if saved is not None:
-            prev = cached_model(self.cfg["model"], input_shape(self.cfg["dataset"]), self.device, slot="moon-prev")
-            set_weights(prev, saved)
-            prev.eval()
-            for p in prev.parameters():
-                p.requires_grad_(False)
-            self.prev_model = prev
-        return None
+        if saved is None:
+            return {}, {"buffers": buffers}
+        state_dict = self.model.state_dict()
+        shapes = [tuple(t.shape) for t in state_dict.values()]
+        if [tuple(np.shape(a)) for a in saved] != shapes:
+            raise ValueError(f"stored {STATE!r} does not fit the model: {len(saved)} arrays for {len(shapes)} state "
+                             "entries, or a shape differs")
+        # each tensor in the layout of the model's own (a channels-last weight stays so: same kernels)
+        prev = {n: torch.empty_like(ref).copy_(torch.as_tensor(np.asarray(a)))
+                for (n, ref), a in zip(state_dict.items(), saved)}
+        params = {n for n, _ in self.model.named_parameters()}
+        return ({"prev_params": {n: t for n, t in prev.items() if n in params},
+                 "prev_buffers": {n: t for n, t in prev.items() if n not in params}},
+                {"buffers": buffers})
 
-    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        z = self.model.body(x)
-        ce = F.cross_entropy(self.model.head(z), y)
-        if self.prev_model is None:
-            return ce
-        with torch.no_grad():
-            z_glob = self.global_model.body(x)
-            z_prev = self.prev_model.body(x)
-        con = moon_contrastive(z, z_glob, z_prev, self.cfg["moon-temperature"])
-        return ce + self.cfg["moon-mu"] * con
-
-    def end_round(self, steps: int):
-        self.save_state(STATE, get_weights(self.model))
-        return None
+    def functional_outputs(self, result: RoundResult) -> None:
+        """Keep the round's final model (weights ``result.state["prev_params"]`` and the final
+        buffers) as the next round's previous model."""
+        final = {**result.state["prev_params"], **result.buffers}
+        self.save_state(STATE, [final[n].detach().to("cpu", copy=True, memory_format=torch.contiguous_format).numpy()
+                                for n in self.model.state_dict()])

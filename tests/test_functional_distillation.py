@@ -1,4 +1,4 @@
-"""FedNTD (MOON follows) as functional local updates (``tasks.functional.distillation``).
+"""FedNTD and MOON as functional local updates (``tasks.functional.distillation``).
 
 (a) Hand computations: one round of each on a tiny Linear model against the formula written
     out here in float64 (explicit not-true gather, KL as sum p (log p - log q); MOON's cosine
@@ -25,16 +25,19 @@ from torch import nn
 
 from clients.base import DriftClient
 from clients.fedntd import FedNTDClient
+from clients.moon import STATE as MOON_STATE
+from clients.moon import MoonClient
 from tasks.catalogue import InputShape
+from tasks.datasets import input_shape
 from tasks.functional import FEDAVG, Hyper, cohort_round, local_round, module_state
-from tasks.functional.distillation import FEDNTD, not_true, ntd_loss
+from tasks.functional.distillation import FEDNTD, MOON, not_true, ntd_loss
 from tasks.functional.rounds import stack_trees, unstack_tree
-from tasks.models import Classifier, build_model
+from tasks.models import Classifier, build_model, cached_model, set_weights
 from tests.conftest import make_client
 
 SHAPE = InputShape(1, 8, 10)
 KEYS = {"ntd-beta": 1.5, "ntd-tau": 2.0, "moon-mu": 2.0, "moon-temperature": 0.5}
-UPDATES = {"fedntd": FEDNTD}
+UPDATES = {"fedntd": FEDNTD, "moon": MOON}
 
 
 # ------------------------------------------------------------------ (a) by hand, float64
@@ -85,6 +88,53 @@ def test_fedntd_round_by_hand():
     assert (plain.params["head.weight"] - result.params["head.weight"]).abs().max() > 1e-3
 
 
+def mlp(seed: int = 0) -> Classifier:
+    torch.manual_seed(seed)
+    return Classifier(nn.Sequential(nn.Linear(5, 3), nn.ReLU()), nn.Linear(3, 4))
+
+
+def test_moon_rounds_by_hand_and_state():
+    gen = torch.Generator().manual_seed(2)
+    x, y = torch.randn(6, 5, generator=gen), torch.tensor([0, 1, 2, 3, 0, 1])
+    model = mlp()
+    params, buffers = module_state(model)
+    lr, mu, T = 0.3, KEYS["moon-mu"], KEYS["moon-temperature"]
+    hp = Hyper(lr=lr, keys=KEYS)
+
+    # (c) round 1, no previous model: exactly FedAvg's round; the state is the final weights
+    r1 = local_round(MOON, model, params, buffers, {}, {}, hp, x, y, 3, 1, torch.Generator().manual_seed(3))
+    plain = local_round(FEDAVG, model, params, buffers, {}, {}, hp, x, y, 3, 1, torch.Generator().manual_seed(3))
+    assert r1.metrics == plain.metrics
+    for n in params:
+        assert torch.equal(r1.params[n], plain.params[n]) and torch.equal(r1.state["prev_params"][n], r1.params[n])
+
+    # round 2 from another w_t, the previous model r1's: one full-batch step, by hand in float64
+    w_t = {n: p + 0.1 * torch.randn(p.shape, generator=gen) for n, p in r1.params.items()}
+    r2 = local_round(MOON, model, w_t, buffers, r1.state, {}, hp, x, y, 6, 1, torch.Generator())
+    w = {n: p.double().requires_grad_() for n, p in w_t.items()}
+    g = {n: p.double() for n, p in w_t.items()}
+    prev = {n: p.double() for n, p in r1.params.items()}
+
+    def body(p):
+        return torch.relu(x.double() @ p["body.0.weight"].T + p["body.0.bias"])
+
+    def cos(a, b):
+        return (a * b).sum(1) / (a.norm(dim=1) * b.norm(dim=1))
+
+    z, zg, zp = body(w), body(g), body(prev)
+    logits = z @ w["head.weight"].T + w["head.bias"]
+    ce = -torch.log_softmax(logits, 1)[torch.arange(6), y].mean()
+    pos, neg = cos(z, zg) / T, cos(z, zp) / T
+    con = -(pos - torch.log(torch.exp(pos) + torch.exp(neg))).mean()
+    loss = ce + mu * con
+    grads = torch.autograd.grad(loss, list(w.values()))
+    for (n, p), gr in zip(w.items(), grads):
+        np.testing.assert_allclose(r2.params[n], (p - lr * gr).detach().float(), rtol=0, atol=1e-6, err_msg=n)
+    assert r2.metrics["train_loss"] == pytest.approx(loss.item(), rel=1e-6)
+    assert con.item() > 0.1 and mu * con.item() > 0.1 * ce.item()  # the contrastive term matters here
+    assert all(torch.equal(r2.state["prev_params"][n], r2.params[n]) for n in params)
+
+
 # --------------------------------------- (a) the converted clients against their hook twins
 class HookFedNTD(DriftClient):
     """FedNTD as the client ran it before the conversion: a frozen eval-mode copy of w_t, the
@@ -107,7 +157,40 @@ class HookFedNTD(DriftClient):
         return F.cross_entropy(logits, y) + self.cfg["ntd-beta"] * ntd
 
 
-@pytest.mark.parametrize("name,new_cls,hook_cls", [("fedntd", FedNTDClient, HookFedNTD)])
+class HookMoon(DriftClient):
+    """MOON as the client ran it before the conversion: eval-mode frozen copies of w_t and of the
+    previous local model (stored as the model's state arrays), the loss in the ``loss`` hook."""
+
+    def begin_round(self, server_round):
+        self.global_model = self.frozen_copy()
+        saved = self.load_state(MOON_STATE)
+        self.prev_model = None
+        if saved is not None:
+            prev = cached_model(self.cfg["model"], input_shape(self.cfg["dataset"]), self.device, slot="moon-prev")
+            set_weights(prev, saved)
+            prev.eval()
+            self.prev_model = prev
+
+    def loss(self, x, y):
+        z = self.model.body(x)
+        ce = F.cross_entropy(self.model.head(z), y)
+        if self.prev_model is None:
+            return ce
+        with torch.no_grad():
+            z_glob, z_prev = self.global_model.body(x), self.prev_model.body(x)
+        pos = F.cosine_similarity(z, z_glob, dim=1)
+        neg = F.cosine_similarity(z, z_prev, dim=1)
+        logits = torch.stack([pos, neg], dim=1) / self.cfg["moon-temperature"]
+        con = F.cross_entropy(logits, torch.zeros(len(z), dtype=torch.long))
+        return ce + self.cfg["moon-mu"] * con
+
+    def end_round(self, steps):
+        from tasks.models import get_weights
+        self.save_state(MOON_STATE, get_weights(self.model))
+
+
+@pytest.mark.parametrize("name,new_cls,hook_cls", [("fedntd", FedNTDClient, HookFedNTD),
+                                                   ("moon", MoonClient, HookMoon)])
 def test_client_equals_its_hook_twin(name, new_cls, hook_cls):
     """Two rounds on ``lenet-bn`` (channels-last convolutions, BatchNorm): round 2 starts from
     other weights and BN statistics than round 1 ended with, so the global model's buffers
@@ -127,6 +210,9 @@ def test_client_equals_its_hook_twin(name, new_cls, hook_cls):
         # the next round's w_t: other weights and BN statistics (a server's mean would be)
         weights = [(u + 0.01 * np.random.default_rng(server_round).standard_normal(u.shape)).astype(u.dtype)
                    if u.dtype.kind == "f" else u for u in a]
+    if name == "moon":
+        assert all(np.array_equal(u, v) for u, v in zip(new_client.load_state(MOON_STATE),
+                                                        hook_client.load_state(MOON_STATE)))
 
 
 def test_frozen_model_without_its_buffers_is_refused():

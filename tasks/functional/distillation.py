@@ -137,3 +137,55 @@ def fedntd_direction(model, params, buffers, x, y, w_t, ctx, hp):
 
 
 FEDNTD = LocalUpdate("fedntd", fedntd_direction, global_buffers_begin, keys=("ntd-beta", "ntd-tau"))
+
+
+# --------------------------------------------------------------------------------- MOON
+def moon_contrastive(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Batch mean of -log softmax([sim(z, z_g), sim(z, z_p)] / T)[0]."""
+    pos = F.cosine_similarity(z, z_glob, dim=1)
+    neg = F.cosine_similarity(z, z_prev, dim=1)
+    logits = torch.stack([pos, neg], dim=1) / temperature
+    return F.cross_entropy(logits, torch.zeros(len(z), dtype=torch.long, device=z.device))
+
+
+def moon_begin(w_t: Tree, state: dict, server: dict, hp: Hyper) -> dict:
+    """The global model's buffers (``server["buffers"]``), the previous local model
+    (``state["prev_params"]``, ``state["prev_buffers"]``) and ``has_prev`` (1.0, or 0.0 the first
+    time a client is sampled: no previous model, then w_t stands in for it and the contrastive
+    term is multiplied by 0, so every client of a cohort runs the same function)."""
+    global_buffers = server.get("buffers", {})
+    has_prev = "prev_params" in state
+    some = next(iter(w_t.values()))
+    return {"global_buffers": global_buffers,
+            "prev_params": state["prev_params"] if has_prev else w_t,
+            "prev_buffers": state.get("prev_buffers", {}) if has_prev else global_buffers,
+            "has_prev": torch.tensor(float(has_prev), dtype=some.dtype, device=some.device)}
+
+
+def moon_direction(model, params, buffers, x, y, w_t, ctx, hp):
+    """d = grad [CE(head(z), y) + mu has_prev l_con(z, z_g, z_p)], z = body(x) at w, z_g and z_p
+    the eval-mode bodies of w_t and of the previous model (no gradient); mu = ``moon-mu``,
+    T = ``moon-temperature``. The representation z is the body's output (``model.body``)."""
+    z_glob = eval_forward(model, lambda: call_part(model, "body", w_t, ctx["global_buffers"], x, strict=True))
+    z_prev = eval_forward(model, lambda: call_part(model, "body", ctx["prev_params"], ctx["prev_buffers"], x,
+                                                   strict=True))
+    weight = hp.keys["moon-mu"] * ctx["has_prev"]  # mu, or 0 without a previous model
+
+    def objective(p):
+        new_buffers = clone_tree(buffers)
+        z = call_part(model, "body", p, new_buffers, x)
+        ce = F.cross_entropy(call_part(model, "head", p, new_buffers, z), y)
+        return (ce + weight * moon_contrastive(z, z_glob, z_prev, hp.keys["moon-temperature"]),), new_buffers
+
+    (grads,), (loss,), new_buffers = value_grads(objective, params, hp)
+    return grads, new_buffers, loss
+
+
+def moon_end(w_t, params, steps, ctx, state, hp):
+    """The next round's previous model: this round's final weights (``prev_params``). Its
+    buffers are the round's final buffers, which the driver returns beside the weights; the
+    caller keeps them as ``prev_buffers`` (``end`` does not see buffers)."""
+    return {"prev_params": params}, {}, {}
+
+
+MOON = LocalUpdate("moon", moon_direction, moon_begin, moon_end, keys=("moon-mu", "moon-temperature"))
