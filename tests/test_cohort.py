@@ -404,3 +404,36 @@ def test_cohort_run_through_flowers_simulation_equals_per_client(simulated, sim,
     assert summary["execution"] == {"path": "cohort", "reason": f"execution = 'cohort' ({SUPERNODES} virtual clients)"}
     assert summary["num_clients"] == SUPERNODES
     assert read_summary(per_client.run_dir)["execution"]["path"] == "per-client"
+
+
+# ------------------------------------------------------------------ the runner
+SYNTH = ["--dataset", "synthetic", "--set", "model=logreg", "--rounds", "2", "--clients", "6"]
+
+
+def test_runner_sets_the_virtual_clients_of_a_cohort_run():
+    from fl_app.tooling.launch import execution_for
+
+    raw = {"dataset": "synthetic", "model": "logreg", "execution": "cohort", "min-available-clients": 6}
+    launched, execution = execution_for(raw, 6)
+    assert launched["num-virtual-clients"] == 6 and execution.cohort and execution.nodes >= 1
+    per_client, execution = execution_for({**raw, "execution": "per-client"}, 6)
+    assert "num-virtual-clients" not in per_client and (execution.path, execution.nodes) == (PER_CLIENT, 6)
+
+
+def test_check_states_each_runs_path_and_refuses_a_cohort_that_cannot_run(tmp_path, capsys, monkeypatch):
+    import run_simulation
+
+    monkeypatch.setattr("fl_app.tooling.launch.visible_gpus", lambda devices: 0)  # as on this CPU
+    out = tmp_path / "out"
+    assert run_simulation.main(["--check", "--strategy", "fedavg", *SYNTH, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "(to run; per-client: auto: per-client, no CUDA GPU" in printed
+    assert run_simulation.main(["--check", "--strategy", "fedavg", *SYNTH, "--set", "execution=cohort",
+                                "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "(to run; cohort: execution = 'cohort')" in printed and "1 of them on the cohort path" in printed
+    assert run_simulation.main(["--check", "--strategy", "dp-fedavg", *SYNTH, "--set", "execution=cohort",
+                                "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'execution' = 'cohort' cannot run as a cohort: method 'dp-fedavg'" in err[0]
+    assert "valid choices: auto, per-client" in err[0] and not out.exists()
