@@ -221,6 +221,28 @@ def test_resumed_cohort_equals_uninterrupted(tmp_path):
     assert resumed_state.keys() == kept.keys()
 
 
+def test_client_state_on_disk_per_virtual_client(tmp_path, monkeypatch):
+    """client-state = "disk" (a Ray simulation): each virtual client's state lives in its own
+    mirror between rounds, none in the node's memory, and the rounds equal memory-held state."""
+    import fl_app.node.node_client as node_client
+
+    monkeypatch.setattr(node_client, "in_ray_worker", lambda: True)
+    monkeypatch.setattr(node_client, "ray_node_id", lambda: "node-a")
+    arrays, partitions = initial(config_of(strategy="feddyn"), "feddyn"), [0, 2]
+    disk, memory = config_of(strategy="feddyn", **{"client-state": "disk"}), config_of(strategy="feddyn")
+    disk_state, memory_state = RecordDict(), RecordDict()
+    for server_round in (1, 2, 3):
+        config = {"server-round": server_round, "run-dir": str(tmp_path)}
+        on_disk = cohort_fit(cohort_node(disk, "feddyn", disk_state), arrays, partitions, config)
+        in_memory = cohort_fit(cohort_node(memory, "feddyn", memory_state), arrays, partitions, {**config, "run-dir": ""})
+        assert not list(disk_state.keys()) and len(memory_state.array_records) == 2
+        for p in partitions:
+            assert on_disk[p].parameters.tensors == in_memory[p].parameters.tensors
+            assert on_disk[p].metrics["feddyn_grad_norm"] == in_memory[p].metrics["feddyn_grad_norm"]
+            assert on_disk[p].metrics["ray_node"] == "node-a"
+    assert sorted(p.name for p in (tmp_path / "client-state").iterdir()) == ["partition-0", "partition-2"]
+
+
 def test_evaluate_one_virtual_client():
     cfg = config_of(strategy="fedavg")
     arrays = initial(cfg, "fedavg")

@@ -41,14 +41,12 @@ from flwr.client import NumPyClient
 from flwr.common import Context
 
 from clients.base import DriftClient, FunctionalRound
-from fl_app.node.cohort_wire import COHORT_KEYS, PARTITIONS, bundle_replies, split_instructions
+from fl_app.node.cohort_wire import COHORT_KEYS, NUM_PARTITIONS, PARTITIONS, bundle_replies, split_instructions
 from fl_app.node.node_client import NodeClient, NodeRound, start_warm_up
 from tasks.functional import RoundResult, cohort_round, local_round
 from tasks.functional.rounds import stack_trees
 
 log = logging.getLogger("flwr.fl_drift")
-
-NUM_PARTITIONS = "num-partitions"  # in every virtual client's config: N, the partitions of the run's data
 
 
 def state_prefix(partition: int) -> str:

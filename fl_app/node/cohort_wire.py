@@ -31,6 +31,9 @@ COUNTS = "cohort-array-counts"  # per-client array counts, comma-separated (inst
 CONFIGS = "cohort-configs"  # JSON list: per client, the config entries not shared by all K
 REPLIES = "cohort-replies"  # JSON list: per client, {"num_examples", "metrics"} or {"failed": reason}
 COHORT_KEYS = (PARTITIONS, COUNTS, CONFIGS, REPLIES)
+# Not a codec key: in every virtual client's own config (fit and evaluate), N, the partitions of
+# the run's data, which the server adds and the cohort node builds the client of partition p of N with.
+NUM_PARTITIONS = "num-partitions"
 
 _JSON_TYPES = (bool, int, float, str)
 
