@@ -69,8 +69,9 @@ import torch
 import torch.nn.functional as F
 
 from clients.base import DriftClient
+from tasks.functional import LocalUpdate
+from tasks.functional.pgvc import FEDPGVC
 from tasks.keras_layers import pgvc_code_layers
-from tasks.models import last_layers_param_names
 
 
 def code_rhos(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, indices: list[int],
@@ -100,37 +101,21 @@ def code_rhos(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, indices:
 
 
 class FedPGVCClient(DriftClient):
-    """``"text"``: SGD with g on the body, g + rho on the last ``pgvc-layers`` Linear layers.
-    ``"authors"``: plain local training, then the released code's rescale of its masked layers."""
+    """``"text"``: ``tasks.functional.pgvc.FEDPGVC`` (g on the body, g + rho on the last
+    ``pgvc-layers`` Linear layers). ``"authors"``: the hook loop's plain local training, then the
+    released code's rescale of its masked layers (``end_round``), which is not a ``LocalUpdate``
+    (tasks/functional/pgvc.py says why)."""
 
+    LOCAL_UPDATE = FEDPGVC
     # Samples per slice of the "authors" variant's post-training pass (memory bound only).
     CODE_CHUNK = 1024
 
-    def masked_params(self) -> list[torch.nn.Parameter]:
-        names = set(last_layers_param_names(self.model, self.cfg["pgvc-layers"]))
-        return [p for n, p in self.model.named_parameters() if n in names]
-
-    def begin_round(self, server_round: int) -> None:
-        self.authors = self.cfg["pgvc-variant"] == "authors"
-        self.mask = [] if self.authors else self.masked_params()
-
-    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        if self.authors:
-            return super().train_step(x, y)
-        losses = F.cross_entropy(self.model(x), y, reduction="none")
-        loss = losses.mean()
-        # rho: gradient of 0.5 * mean(loss_b^2) w.r.t. the masked parameters only (the last
-        # layers, so this backward stops early); the graph is kept for the full backward.
-        rho = torch.autograd.grad(0.5 * losses.pow(2).mean(), self.mask, retain_graph=True)
-        loss.backward()
-        with torch.no_grad():
-            for p, r in zip(self.mask, rho):
-                p.grad.add_(r)
-        return loss.detach()
+    def local_update(self) -> LocalUpdate | None:
+        """FEDPGVC for ``"text"``; None (the hook loop) for ``"authors"``."""
+        return None if self.cfg["pgvc-variant"] == "authors" else super().local_update()
 
     def end_round(self, steps: int) -> dict[str, Any] | None:
-        if not self.authors:
-            return None
+        """``"authors"`` only (``"text"`` never runs the hooks): the released code's rescale."""
         layers = pgvc_code_layers(self.model)
         x, y = self.data
         self.model.eval()  # Keras's model(x) outside fit runs in inference mode

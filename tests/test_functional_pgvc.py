@@ -1,0 +1,150 @@
+"""FedPGVC's text reading as a functional local update (``tasks.functional.pgvc.FEDPGVC``).
+
+(a) One step by hand: r = (1/B) sum_b l_b grad l_b computed one sample at a time in float64,
+    g + r on the masked layers, g elsewhere. And the converted client equals its hook-path twin
+    (the ``train_step`` the client ran before the conversion, kept here as the reference) bit for
+    bit over two rounds, with SGD and momentum and with Adam (the paper's optimiser).
+(b) A cohort of K = 3 clients of different sizes (one vmap) equals three ``local_round`` calls
+    within 1e-5 relative (float32: vmap's batched kernels sum in another order), and a cohort of
+    one equals it exactly. The text reading keeps no client state, so there is no (c).
+The authors' reading stays on the hook path: its client has no local update, which the cohort
+node refuses; tests/test_fedpgvc_authors.py checks its maths.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from clients.base import DriftClient
+from clients.fedpgvc import FedPGVCClient
+from tasks.catalogue import InputShape
+from tasks.functional import FEDAVG, Hyper, cohort_round, local_round, module_state
+from tasks.functional.pgvc import FEDPGVC
+from tasks.functional.rounds import stack_trees, unstack_tree
+from tasks.models import Classifier, build_model, last_layers_param_names
+from tests.conftest import make_client
+
+SHAPE = InputShape(1, 8, 10)
+KEYS = {"pgvc-layers": 2}
+
+
+def tiny_model() -> Classifier:
+    """Three Linear layers: with pgvc-layers = 2, body.0 is outside the mask."""
+    torch.manual_seed(0)
+    return Classifier(nn.Sequential(nn.Linear(4, 5), nn.ReLU(), nn.Linear(5, 6), nn.Tanh()), nn.Linear(6, 3))
+
+
+def test_one_step_by_hand():
+    gen = torch.Generator().manual_seed(1)
+    n, lr = 12, 0.3
+    x, y = torch.randn(n, 4, generator=gen) * 2, torch.randint(0, 3, (n,), generator=gen)
+    model = tiny_model()
+    params, buffers = module_state(model)
+    result = local_round(FEDPGVC, model, params, buffers, {}, {}, Hyper(lr=lr, keys=KEYS), x, y, n, 1,
+                         torch.Generator())
+    assert result.metrics["num_steps"] == 1 and result.state == {} and result.reply == {}
+    w = {k: v.double().requires_grad_() for k, v in params.items()}
+
+    def losses_of(xs, ys):
+        h = torch.tanh(torch.relu(xs.double() @ w["body.0.weight"].T + w["body.0.bias"]) @ w["body.2.weight"].T
+                       + w["body.2.bias"])
+        z = h @ w["head.weight"].T + w["head.bias"]
+        return -torch.log_softmax(z, 1)[torch.arange(len(ys)), ys]
+
+    mean = losses_of(x, y).mean()
+    g = dict(zip(w, torch.autograd.grad(mean, list(w.values()))))
+    r = {k: torch.zeros_like(v) for k, v in w.items()}
+    for b in range(n):  # one sample at a time: r = (1/B) sum_b l_b grad l_b
+        l_b = losses_of(x[b:b + 1], y[b:b + 1])[0]
+        for k, gb in zip(w, torch.autograd.grad(l_b, list(w.values()))):
+            r[k] += l_b.detach() * gb / n
+    masked = {"body.2.weight", "body.2.bias", "head.weight", "head.bias"}
+    assert set(last_layers_param_names(model, 2)) == masked
+    for k, p in w.items():
+        step = g[k] + r[k] if k in masked else g[k]
+        np.testing.assert_allclose(result.params[k], (p - lr * step).detach().float(), rtol=0, atol=1e-6, err_msg=k)
+        if k in masked:  # the penalty matters: a plain step would fail the check
+            assert (result.params[k].double() - (p - lr * g[k])).abs().max() > 1e-4
+    assert result.metrics["train_loss"] == pytest.approx(mean.item(), rel=1e-6)
+
+
+class HookFedPGVC(DriftClient):
+    """FedPGVC "text" as the client ran it before the conversion: rho by a partial backward of
+    0.5 mean(l^2) onto the masked parameters, added to ``.grad`` after the full backward."""
+
+    def begin_round(self, server_round):
+        names = set(last_layers_param_names(self.model, self.cfg["pgvc-layers"]))
+        self.mask = [p for n, p in self.model.named_parameters() if n in names]
+
+    def train_step(self, x, y):
+        losses = F.cross_entropy(self.model(x), y, reduction="none")
+        loss = losses.mean()
+        rho = torch.autograd.grad(0.5 * losses.pow(2).mean(), self.mask, retain_graph=True)
+        loss.backward()
+        with torch.no_grad():
+            for p, r in zip(self.mask, rho):
+                p.grad.add_(r)
+        return loss.detach()
+
+
+@pytest.mark.parametrize("optimizer,momentum", [("sgd", 0.9), ("adam", 0.0)])
+def test_client_equals_its_hook_twin(optimizer, momentum):
+    gen = torch.Generator().manual_seed(4)
+    x, y = torch.randn(10, 1, 28, 28, generator=gen), torch.randint(0, 10, (10,), generator=gen)
+    cfg = {"strategy": "fedpgvc", "dataset": "mnist", "model": "lenet", "learning-rate": 0.01, "batch-size": 4,
+           "local-epochs": 1, "optimizer": optimizer, "momentum": momentum, "weight-decay": 1e-3, **KEYS}
+    new_client, hook_client = make_client(FedPGVCClient, cfg, x, y), make_client(HookFedPGVC, cfg, x, y)
+    assert new_client.local_update() is FEDPGVC and hook_client.local_update() is None
+    weights = new_client.get_parameters({})
+    for server_round in (1, 2):
+        a, n_a, m_a = new_client.fit([w.copy() for w in weights], {"server-round": server_round})
+        b, n_b, m_b = hook_client.fit([w.copy() for w in weights], {"server-round": server_round})
+        assert n_a == n_b and m_a == m_b
+        assert all(np.array_equal(u, v) for u, v in zip(a, b))
+        weights = a
+
+
+def test_authors_reading_stays_on_the_hook_path():
+    x, y = torch.randn(10, 1, 28, 28), torch.arange(10)
+    cfg = {"strategy": "fedpgvc", "dataset": "mnist", "model": "lenet"}
+    assert make_client(FedPGVCClient, cfg, x, y).local_update() is FEDPGVC
+    assert make_client(FedPGVCClient, {**cfg, "pgvc-variant": "authors"}, x, y).local_update() is None
+
+
+# ------------------------------------------------------------------------------ (b) cohorts
+def _compare(sizes, rel):
+    gen = torch.Generator().manual_seed(5)
+    models = [build_model("cnn-small", SHAPE, seed=k) for k in range(len(sizes))]
+    params, buffers = (stack_trees(t) for t in zip(*(module_state(m) for m in models)))
+    params = {n: p.contiguous() for n, p in params.items()}
+    data = [(torch.randn(n, 1, 8, 8, generator=gen), torch.randint(0, 10, (n,), generator=gen)) for n in sizes]
+    hp = Hyper(lr=0.05, momentum=0.9, weight_decay=5e-4, keys=KEYS)
+    skeleton = build_model("cnn-small", SHAPE).to("meta")
+    together = cohort_round(FEDPGVC, skeleton, params, buffers, [{}] * len(sizes), {}, hp, data, 4, 2,
+                            [torch.Generator().manual_seed(10 + k) for k in range(len(sizes))])
+    for k in range(len(sizes)):
+        args = (skeleton, unstack_tree(params, k), unstack_tree(buffers, k), {}, {}, hp, *data[k], 4, 2)
+        alone = local_round(FEDPGVC, *args, torch.Generator().manual_seed(10 + k))
+        plain = local_round(FEDAVG, *args, torch.Generator().manual_seed(10 + k))
+        assert together.metrics[k]["num_steps"] == alone.metrics["num_steps"]
+        for n in alone.params:
+            u, v = together.params[n][k], alone.params[n]
+            if rel == 0:
+                assert torch.equal(u, v), n
+            else:
+                assert (u - v).abs().max() <= rel * v.abs().max().clamp_min(1e-12), n
+        assert (alone.params["head.weight"] - plain.params["head.weight"]).abs().max() > 1e-4  # r acts
+        assert together.metrics[k]["train_loss"] == pytest.approx(alone.metrics["train_loss"], rel=max(rel, 1e-12))
+
+
+def test_cohort_of_three_equals_three_rounds():
+    # 14 samples: batches 4, 4, 4, 2 per epoch; 6: 4, 2; 12: 4, 4, 4 -> 8, 4 and 6 steps (masking)
+    _compare([14, 6, 12], rel=1e-5)
+
+
+def test_cohort_of_one_is_exact():
+    _compare([10], rel=0)
