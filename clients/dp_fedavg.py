@@ -38,10 +38,16 @@ state - | server state accountant | traffic -
 from flwr.client.mod import fixedclipping_mod
 
 from clients.base import DriftClient
+from tasks.functional.corrections import DP_FEDAVG
 
 
 class DPFedAvgClient(DriftClient):
-    """Local SGD with cross-entropy; clipping and noise are Flower's (mod and strategy wrapper)."""
+    """Local SGD with cross-entropy, FedAvg's step (``tasks.functional.corrections.DP_FEDAVG``);
+    clipping and noise are Flower's (mod and strategy wrapper). In client mode the clipping is a
+    per-message mod (``mods``), which clips each client's reply on its own: that keeps DP-FedAvg
+    off the cohort path (K clients trained in one call would bypass the mod)."""
+
+    LOCAL_UPDATE = DP_FEDAVG
 
     @classmethod
     def mods(cls, cfg: dict) -> tuple:

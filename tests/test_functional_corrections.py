@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from clients.dp_fedavg import DPFedAvgClient
 from clients.fedbn import STATE as FEDBN_STATE
 from clients.fedbn import FedBNClient
 from clients.fednova import FedNovaClient
@@ -31,7 +32,7 @@ from tests.conftest import make_client
 FLAT = InputShape(0, 5, 3)  # logistic regression on 5 features, 3 classes: small enough to write out
 IMAGES = InputShape(1, 8, 10)
 KEYS = {"ri-lambda": 0.3}
-PLAIN = ("fednova", "fedbn")  # FedAvg's step under the method's own name
+PLAIN = ("fednova", "fedbn", "dp-fedavg")  # FedAvg's step under the method's own name
 
 
 # ------------------------------------------------------------------- (a) by hand
@@ -86,7 +87,12 @@ class HookFedBN(FedBNClient):
         self.save_state(FEDBN_STATE, [weights[i] for i in bn_indices(self.model)])
 
 
+class HookDPFedAvg(DPFedAvgClient):
+    """Inherits no LOCAL_UPDATE: the hook loop DP-FedAvg ran before (its mod is not in ``fit``)."""
+
+
 TWINS = {"fednova": (FedNovaClient, HookFedNova, "logreg", {}),
+         "dp-fedavg": (DPFedAvgClient, HookDPFedAvg, "logreg", {}),
          "fedbn": (FedBNClient, HookFedBN, "cnn-bn", {})}
 
 
@@ -159,7 +165,7 @@ def _compare(name: str, model_name: str, sizes: list[int], rel: float):
             assert together.metrics[k][key] == pytest.approx(value, rel=max(rel, 1e-12))
 
 
-COHORT_MODEL = {"fednova": "cnn-small", "fedbn": "cnn-bn"}
+COHORT_MODEL = {"fednova": "cnn-small", "fedbn": "cnn-bn", "dp-fedavg": "cnn-small"}
 
 
 @pytest.mark.parametrize("name", sorted(COHORT_MODEL))
