@@ -354,11 +354,14 @@ def test_cohort_run_equals_per_client_run_within_tolerance(method, tmp_path, req
 @pytest.mark.parametrize("method", ["fedavg", "scaffold"])
 def test_cohort_of_one_client_equals_per_client_exactly(method, tmp_path):
     """One of 4 clients a round, on one of 2 cohort nodes: a cohort of one runs unbatched, the
-    same kernels as the per-client path, so metrics.csv is identical."""
-    keys = {"fraction-fit": 0.25, "min-fit-clients": 1}
+    same kernels as the per-client path, so metrics.csv is identical. The clients also score the
+    global model on their local test splits (``client-test-fraction``: one evaluate message per
+    virtual client through its node), identically."""
+    keys = {"fraction-fit": 0.25, "min-fit-clients": 1, "client-test-fraction": 0.25}
     per_client = per_client_run(method, tmp_path, **keys)
     cohort = cohort_run(method, tmp_path, nodes=2, **keys)
     assert [r["num_clients"] for r in cohort] == [1, 1, 1]
+    assert all(r["client_eval_clients"] >= 1 for r in cohort)
     assert compared(per_client, cohort, exact=True) == []
 
 
@@ -418,6 +421,8 @@ def test_runner_sets_the_virtual_clients_of_a_cohort_run():
     assert launched["num-virtual-clients"] == 6 and execution.cohort and execution.nodes >= 1
     per_client, execution = execution_for({**raw, "execution": "per-client"}, 6)
     assert "num-virtual-clients" not in per_client and (execution.path, execution.nodes) == (PER_CLIENT, 6)
+    with pytest.raises(ConfigError, match="'num-virtual-clients' = 3 is set by the runner"):
+        execution_for({**raw, "num-virtual-clients": 3}, 6)
 
 
 def test_check_states_each_runs_path_and_refuses_a_cohort_that_cannot_run(tmp_path, capsys, monkeypatch):

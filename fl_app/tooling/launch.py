@@ -228,8 +228,12 @@ def execution_for(raw: dict, clients: int, cluster: bool = False) -> tuple[dict,
     method and settings that support it), and ``raw`` as it is launched: with
     ``num-virtual-clients`` = ``clients`` on the cohort path (the server and ClientApp then
     take it, ``LocalSimulation.run`` starts cohort nodes). A refused cohort raises ConfigError."""
+    from fl_app.config import ConfigError
     from fl_app.server_app import resolve
 
+    if "num-virtual-clients" in raw:
+        raise ConfigError(f"run-config key 'num-virtual-clients' = {raw['num-virtual-clients']!r} is set by the runner"
+                          " (--clients on the cohort path); leave it out and choose the path with execution")
     cfg, method = resolve(raw)
     gpus = visible_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"))
     execution = launch_execution(cfg, method, clients, cuda=gpus > 0, gpus=gpus, cluster=cluster)
