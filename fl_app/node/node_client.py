@@ -15,6 +15,9 @@ its local training only; around it ``NodeClient.fit``:
    ``end_round``, so the method's own state stays honest;
 7. writes the state mirror, and with ``client-state = "disk"`` clears ``context.state``;
 8. adds ``ray_node`` (in a Ray worker) and ``fit_seconds`` (the client's share of the round).
+
+Steps 1-3 are ``begin_fit``, steps 5-8 ``end_fit``: a cohort node (``fl_app.node.cohort_client``)
+runs them around each of its virtual clients, so a virtual client gets the same node steps.
 """
 
 from __future__ import annotations
