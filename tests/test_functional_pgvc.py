@@ -21,6 +21,8 @@ from torch import nn
 
 from clients.base import DriftClient
 from clients.fedpgvc import FedPGVCClient
+from fl_app.registry import METHODS
+from fl_app.server.cohort import cohort_problem
 from tasks.catalogue import InputShape
 from tasks.functional import FEDAVG, Hyper, cohort_round, local_round, module_state
 from tasks.functional.pgvc import FEDPGVC
@@ -109,10 +111,15 @@ def test_client_equals_its_hook_twin(optimizer, momentum):
 
 
 def test_authors_reading_stays_on_the_hook_path():
+    """"text" trains through ``local_round``, "authors" through the hooks; a cohort is refused
+    before any training for "authors" (for FedPGVC as a whole while the cohort path decides from
+    the client class alone: clients/fedpgvc.py)."""
     x, y = torch.randn(10, 1, 28, 28), torch.arange(10)
     cfg = {"strategy": "fedpgvc", "dataset": "mnist", "model": "lenet"}
     assert make_client(FedPGVCClient, cfg, x, y).local_update() is FEDPGVC
-    assert make_client(FedPGVCClient, {**cfg, "pgvc-variant": "authors"}, x, y).local_update() is None
+    authors = make_client(FedPGVCClient, {**cfg, "pgvc-variant": "authors"}, x, y)
+    assert authors.local_update() is None
+    assert cohort_problem(authors.cfg, METHODS["fedpgvc"]) != ""
 
 
 # ------------------------------------------------------------------------------ (b) cohorts
