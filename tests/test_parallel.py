@@ -32,6 +32,7 @@ from fl_app.tooling.parallel import (
     Pool,
     Share,
     check_workers,
+    cpu_quota,
     default_workers,
     run_pool,
     split,
@@ -60,6 +61,23 @@ def test_the_default_follows_cores_memory_gpus_and_the_runs_left():
     assert default_workers(Machine(cores=16, gpus=1, memory=BIG), runs=10, gpus_per_client=0.5) == 2
     assert default_workers(Machine(cores=16, gpus=1, memory=BIG), runs=10, gpus_per_client=0.1) == 4
     assert default_workers(Machine(cores=64, memory=BIG), runs=10, cluster=True) == 1  # a Ray cluster: ask
+
+
+def test_a_container_s_cpu_quota_bounds_the_cores(tmp_path):
+    (tmp_path / "cpu.max").write_text("400000 100000\n")  # cgroup v2: 4 cores
+    assert cpu_quota(str(tmp_path)) == 4
+    (tmp_path / "cpu.max").write_text("150000 100000\n")
+    assert cpu_quota(str(tmp_path)) == 2  # rounded up
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert cpu_quota(str(tmp_path)) is None
+    (tmp_path / "cpu.max").unlink()
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("800000\n")  # cgroup v1: 8 cores
+    (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert cpu_quota(str(tmp_path)) == 8
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert cpu_quota(str(tmp_path)) is None
+    assert cpu_quota(str(tmp_path / "none")) is None
 
 
 def test_parallel_below_one_is_refused_in_one_line(tmp_path, capsys):

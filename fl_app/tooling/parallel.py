@@ -41,6 +41,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Generic, TypeVar
 
 from fl_app.config import ConfigError
@@ -65,8 +66,9 @@ R = TypeVar("R")
 
 @dataclass(frozen=True)
 class Machine:
-    """What runs can share: cores this process may use, CUDA GPUs torch sees, memory
-    available now (bytes; None where /proc/meminfo cannot be read)."""
+    """What runs can share: cores this process may use (its CPU affinity, within a
+    container's CPU quota), CUDA GPUs torch sees, memory available now (bytes; None where
+    /proc/meminfo cannot be read)."""
 
     cores: int
     gpus: int = 0
@@ -77,8 +79,26 @@ class Machine:
         import torch
 
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        quota = cpu_quota()
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        return cls(cores=cores, gpus=gpus, memory=available_memory())
+        return cls(cores=min(cores, quota) if quota else cores, gpus=gpus, memory=available_memory())
+
+
+def cpu_quota(root: str = "/sys/fs/cgroup") -> int | None:
+    """The cores a cgroup CPU quota allows (rounded up; v2 ``cpu.max``, else v1
+    ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``), None without a quota: a container's
+    affinity can list every core of the host while its quota allows a few."""
+    for quota_file, period_file in (("cpu.max", None), ("cpu/cpu.cfs_quota_us", "cpu/cpu.cfs_period_us")):
+        try:
+            text = Path(root, quota_file).read_text().split()
+            quota, period = (text[0], text[1]) if period_file is None else (
+                text[0], Path(root, period_file).read_text().strip())
+            if quota in ("max", "-1"):
+                return None
+            return max(1, math.ceil(int(quota) / int(period)))
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
 
 
 def available_memory() -> int | None:
