@@ -21,7 +21,8 @@ Protocol (``strategies/control_variates.py`` is the server side):
 
 The rule for c_i+ is ``tasks.functional.methods.control_variate_update``; SCAFFOLD runs the
 whole round as ``tasks.functional.SCAFFOLD`` (``functional_inputs`` / ``functional_outputs``
-below), FedPVR and FedGAM-CV through the hooks.
+below), FedPVR as ``tasks.functional.corrections.FEDPVR`` (the same functions on its layers)
+and FedGAM-CV as ``tasks.functional.sharpness.FEDGAM_CV``; the hooks are the loop they ran before.
 
 c and c_i start at zero and cover trainable parameters only; ``cv_param_names`` selects
 which ones (all of them by default; FedPVR: the last Linear layers). The client reports

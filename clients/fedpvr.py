@@ -13,8 +13,13 @@ Summary: client + c − c_i on the last layers | server c update | client state 
 """
 
 from clients.control_variates import ControlVariateClient
+from tasks.functional.corrections import FEDPVR
 from tasks.layout import pvr_param_names
 
 
 class FedPVRClient(ControlVariateClient):
+    """SCAFFOLD's update on the last ``pvr-layers`` Linear layers: ``tasks.functional.corrections.FEDPVR``,
+    with c, c_i (those layers only) and the reply handled by ``ControlVariateClient``."""
+
+    LOCAL_UPDATE = FEDPVR
     cv_param_names = staticmethod(pvr_param_names)

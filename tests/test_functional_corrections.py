@@ -23,11 +23,12 @@ from clients.dp_fedavg import DPFedAvgClient
 from clients.fedbn import STATE as FEDBN_STATE
 from clients.fedbn import FedBNClient
 from clients.fednova import FedNovaClient
+from clients.fedpvr import FedPVRClient
 from tasks.catalogue import InputShape
 from tasks.functional import Hyper, cohort_round, local_round, module_state
 from tasks.functional.corrections import CORRECTIONS
 from tasks.functional.rounds import stack_trees, unstack_tree
-from tasks.layout import bn_indices
+from tasks.layout import bn_indices, pvr_param_names
 from tasks.models import build_model, get_weights
 from tests.conftest import make_client
 
@@ -76,6 +77,58 @@ def test_plain_step_by_hand(name):
     assert result.metrics["num_steps"] == 2 and result.state == {} and result.reply == {}
 
 
+def mlp_grad(p: list[np.ndarray], x: np.ndarray, y: np.ndarray) -> list[np.ndarray]:
+    """Gradient of the mean cross-entropy of ``mlp`` (Linear, ReLU, Linear head) by the chain rule."""
+    w1, b1, w2, b2 = p
+    z1 = x @ w1.T + b1
+    h = np.maximum(z1, 0)
+    gw2, gb2 = logreg_grad(w2, b2, h, y)
+    z = h @ w2.T + b2
+    q = np.exp(z - z.max(1, keepdims=True))
+    q /= q.sum(1, keepdims=True)
+    dz = (q - np.eye(w2.shape[0])[y]) / len(x)
+    dz1 = (dz @ w2) * (z1 > 0)
+    return [dz1.T @ x, dz1.sum(0), gw2, gb2]
+
+
+def test_fedpvr_two_rounds_by_hand():
+    """SCAFFOLD option II on the head only (mlp, pvr-layers = 1), plain SGD, two full-batch steps
+    a round: d = g - c_i + c on head.weight and head.bias, d = g on the body; after the round
+    c_i+ = c_i - c + (w_t - w) / (lr K), K = 2, reply c_i+ - c_i, metric ||c_i+||. Round 2
+    starts from round 1's w and c_i+ (the state carried, (c))."""
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(6, FLAT.size, generator=gen), torch.randint(0, FLAT.classes, (6,), generator=gen)
+    model = build_model("mlp", FLAT, seed=1)
+    head = pvr_param_names(model, {"pvr-layers": 1})
+    assert head == ["head.weight", "head.bias"]
+    params, buffers = module_state(model)
+    c = {n: torch.randn(params[n].shape, generator=gen) * 0.1 for n in head}
+    lr, names = 0.5, list(params)
+    w = [t.double().numpy() for t in params.values()]
+    c64 = {n: v.double().numpy() for n, v in c.items()}
+    ci = {n: np.zeros_like(c64[n]) for n in head}
+    state = {}
+    for _ in range(2):  # two rounds
+        result = local_round(CORRECTIONS["fedpvr"], model, params, buffers, state, {"c": c}, Hyper(lr=lr),
+                             x, y, 64, 2, torch.Generator().manual_seed(1))
+        w_t = w
+        for _ in range(2):
+            g = mlp_grad(w, x.double().numpy(), y.numpy())
+            w = [wi - lr * (gi + (c64[n] - ci[n] if n in head else 0)) for n, wi, gi in zip(names, w, g)]
+        ci_new = {n: ci[n] - c64[n] + (w_t[names.index(n)] - w[names.index(n)]) / (lr * 2) for n in head}
+        for n, want in zip(names, w):
+            np.testing.assert_allclose(result.params[n].double().numpy(), want, rtol=0, atol=1e-5)
+        assert set(result.state["ci"]) == set(result.reply["delta_c"]) == set(head)
+        for n in head:
+            got_ci, got_delta = result.state["ci"][n].double().numpy(), result.reply["delta_c"][n].double().numpy()
+            np.testing.assert_allclose(got_ci, ci_new[n], rtol=0, atol=1e-4)
+            np.testing.assert_allclose(got_delta, ci_new[n] - ci[n], rtol=0, atol=1e-4)
+        norm = np.sqrt(sum((v**2).sum() for v in ci_new.values()))
+        assert result.metrics["ci_norm"] == pytest.approx(norm, rel=1e-5)
+        params, state, ci = result.params, result.state, ci_new
+    assert np.abs(ci["head.bias"]).max() > 1e-3  # round 2 really ran with c_i != 0
+
+
 # ------------------------------- (a) the converted clients against their hook twins
 class HookFedNova(FedNovaClient):
     """Inherits no LOCAL_UPDATE: the hook loop FedNova ran before its conversion."""
@@ -93,7 +146,12 @@ class HookDPFedAvg(DPFedAvgClient):
     """Inherits no LOCAL_UPDATE: the hook loop DP-FedAvg ran before (its mod is not in ``fit``)."""
 
 
+class HookFedPVR(FedPVRClient):
+    """Inherits no LOCAL_UPDATE: ControlVariateClient's hooks, as FedPVR ran before."""
+
+
 TWINS = {"fednova": (FedNovaClient, HookFedNova, "logreg", {}),
+         "fedpvr": (FedPVRClient, HookFedPVR, "mlp", {"pvr-layers": 1}),
          "dp-fedavg": (DPFedAvgClient, HookDPFedAvg, "logreg", {}),
          "fedbn": (FedBNClient, HookFedBN, "cnn-bn", {})}
 
@@ -113,8 +171,11 @@ def _twin_inputs(model_name: str):
 
 
 def _server_extras(name: str, client) -> list[np.ndarray]:
-    """What the server sends besides the weights (nothing for these methods)."""
-    return []
+    """What the server sends besides the weights: FedPVR's c on its head (non-zero), else nothing."""
+    if name != "fedpvr":
+        return []
+    named = dict(client.model.named_parameters())
+    return [np.full(tuple(named[n].shape), 0.01, np.float32) for n in pvr_param_names(client.model, client.cfg)]
 
 
 @pytest.mark.parametrize("name", sorted(TWINS))
@@ -148,6 +209,10 @@ def _cohort_inputs(name: str, model_name: str, sizes: list[int], seed: int = 5):
     data = [(torch.randn(n, 1, 8, 8, generator=gen), torch.randint(0, 10, (n,), generator=gen)) for n in sizes]
     states = [{} for _ in sizes]
     server: dict = {}
+    if name == "fedpvr":  # c and c_i on the head only, non-zero, c_i different per client
+        head = pvr_param_names(models[0], {"pvr-layers": 1})
+        server = {"c": {n: torch.randn(params[n].shape[1:], generator=gen) * 0.1 for n in head}}
+        states = [{"ci": {n: torch.randn(params[n].shape[1:], generator=gen) * 0.1 for n in head}} for _ in sizes]
     return build_model(model_name, IMAGES).to("meta"), params, buffers, data, states, server
 
 
@@ -175,7 +240,7 @@ def _compare(name: str, model_name: str, sizes: list[int], rel: float):
             assert together.metrics[k][key] == pytest.approx(value, rel=max(rel, 1e-12))
 
 
-COHORT_MODEL = {"fednova": "cnn-small", "fedbn": "cnn-bn", "dp-fedavg": "cnn-small"}
+COHORT_MODEL = {"fednova": "cnn-small", "fedbn": "cnn-bn", "dp-fedavg": "cnn-small", "fedpvr": "cnn-small"}
 
 
 @pytest.mark.parametrize("name", sorted(COHORT_MODEL))
