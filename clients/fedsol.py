@@ -46,60 +46,20 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-import torch.nn.functional as F
-
 from clients.base import DriftClient
-from clients.perturbation import NORM_EPS, global_norm, perturbed
+from tasks.functional import RoundResult
+from tasks.functional.sharpness import FEDSOL, RADII, fedsol_metrics
 from tasks.keys import Key, positive
-
-RADII = ("layer", "axis")
-
-
-def fedsol_eps(
-    weights: list[torch.Tensor],
-    global_weights: list[torch.Tensor],
-    prox_grads: list[torch.Tensor],
-    rho: float,
-    adaptive: bool = True,
-    radius: str = "layer",
-) -> list[torch.Tensor]:
-    """eps = rho * Lambda (.) g_p / ||g_p||, ||g_p|| over all of ``prox_grads``.
-
-    Lambda (``adaptive``; else 1) from d = |w - w_g|: ``radius = "layer"`` d / ||d|| per tensor
-    (Eq. 7 of the paper's text); ``"axis"`` F.normalize(d, dim=0), i.e. d / max(||d||, 1e-12)
-    with the norm over dim 0 (every column of a Linear weight, every (in, kh, kw) fibre of a
-    conv weight; a bias as a whole), as the authors' code computes it.
-    """
-    if radius not in RADII:
-        raise ValueError(f"fedsol radius {radius!r} is not one of {RADII}")
-    scale = rho / (global_norm(prox_grads) + NORM_EPS)
-    out = []
-    for w, wg, g in zip(weights, global_weights, prox_grads):
-        e = g.detach() * scale
-        if adaptive:
-            diff = (w.detach() - wg).abs()
-            if radius == "axis":
-                e = e * F.normalize(diff, p=2.0, dim=0, eps=NORM_EPS)
-            else:
-                e = e * (diff / (torch.linalg.vector_norm(diff) + NORM_EPS))
-        out.append(e)
-    return out
-
-
-def proximal_kl(local_logits: torch.Tensor, global_logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """KL(p_global || p_local) with softened probabilities, averaged over the batch."""
-    return F.kl_div(
-        F.log_softmax(local_logits / temperature, dim=1),
-        F.softmax(global_logits / temperature, dim=1),
-        reduction="batchmean",
-    )
 
 
 class FedSOLClient(DriftClient):
+    """``tasks.functional.sharpness.FEDSOL``; the global model's buffers go in as what the server
+    sent (the received model's), the fit metric ``prox_loss`` comes out of the round's buffers."""
+
     # A local step's cost relative to one SGD step, two passes: proximal, then perturbed; read by the
     # run-time estimate of `run_simulation.py --check` (fl_app/tooling/estimate.py).
     STEP_COST = 2.0
+    LOCAL_UPDATE = FEDSOL
     CONFIG_KEYS = {
         "fedsol-rho": Key(1.0, positive, "> 0 (base perturbation strength rho)"),
         "fedsol-temperature": Key(3.0, positive, "> 0 (softmax temperature of the proximal KL)"),
@@ -110,53 +70,8 @@ class FedSOLClient(DriftClient):
         "fedsol-radius": Key("layer", choices=RADII),
     }
 
-    def begin_round(self, server_round: int) -> dict[str, Any] | None:
-        self.global_model = self.frozen_copy()
-        self.head_only = self.cfg["fedsol-perturb"] == "head"
-        named = [n for n, _ in self.model.named_parameters()]
-        head = {f"head.{n}" for n, _ in self.model.head.named_parameters()}
-        self.perturb_index = [i for i, n in enumerate(named) if not self.head_only or n in head]
-        self.prox_sum = torch.zeros((), device=self.device)
-        return None
+    def functional_inputs(self) -> tuple[dict, dict]:
+        return {}, {"buffers": {n: b.detach().clone() for n, b in self.model.named_buffers()}}
 
-    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        params = self.params()
-        targets = [params[i] for i in self.perturb_index]
-        if self.head_only:
-            features = self.model.body(x)
-            logits = self.model.head(features)
-        else:
-            logits = self.model(x)
-        ce = F.cross_entropy(logits, y)
-        temperature = self.cfg["fedsol-temperature"]
-        with torch.no_grad():
-            global_logits = self.global_model(x)
-            prox = proximal_kl(logits, global_logits, temperature)
-            # d L_p / d logits in closed form, (p_local - p_global) / (T B): exactly zero when
-            # the two models' logits agree, so no rounding noise gets normalised into a
-            # rho-sized perturbation (which autograd through kl_div would give at w == w_g)
-            d_logits = (F.softmax(logits / temperature, dim=1) - F.softmax(global_logits / temperature, dim=1))
-            d_logits /= temperature * len(x)
-        grads = torch.autograd.grad(logits, targets, grad_outputs=d_logits, retain_graph=self.head_only,
-                                    allow_unused=True)
-        grads = [torch.zeros_like(p) if g is None else g for p, g in zip(targets, grads)]
-        eps_targets = fedsol_eps(
-            targets, [self.round_start[i] for i in self.perturb_index], grads,
-            self.cfg["fedsol-rho"], self.cfg["fedsol-adaptive"], self.cfg["fedsol-radius"],
-        )
-        eps: list = [None] * len(params)
-        for i, e in zip(self.perturb_index, eps_targets):
-            eps[i] = e
-        with perturbed(params, eps, self.model):
-            if self.head_only:
-                loss = F.cross_entropy(self.model.head(features), y)
-            else:
-                loss = F.cross_entropy(self.model(x), y)
-            loss.backward()
-        self.prox_sum += prox.detach()
-        return ce.detach()
-
-    def end_round(self, steps: int) -> dict[str, Any] | None:
-        metrics = dict(super().end_round(steps) or {})
-        metrics["prox_loss"] = self.prox_sum.item() / max(steps, 1)
-        return metrics
+    def functional_outputs(self, result: RoundResult) -> dict[str, Any]:
+        return fedsol_metrics(result.buffers, result.metrics["num_steps"])

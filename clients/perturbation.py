@@ -1,4 +1,4 @@
-"""SAM-style weight perturbation for the hook-based clients (FedSAM's hook twin, FedSOL, FedGAM, FedSMOO).
+"""SAM-style weight perturbation for the hook-based SAM step (``FedSAMClient.train_step``, which FedSMOO runs).
 
 Every such method does: compute a perturbation eps, move the weights to w + eps, take a
 gradient there, and go back to w. Going back is done by copying the saved w, never by

@@ -1,13 +1,14 @@
 """FedSOL client: plain SGD while w == w_g, the proximal perturbation rho*Lambda*g_p/||g_p||
-afterwards (captured, compared with an independent computation), exact restore before the step."""
+afterwards (captured, compared with an independent computation), w unchanged before the step."""
 
+import dataclasses
 from contextlib import contextmanager
 
 import numpy as np
 import pytest
 import torch
 
-import clients.fedsol as fedsol_mod
+import tasks.functional.sharpness as sharpness
 from clients.fedavg import FedAvgClient
 from clients.fedsol import FedSOLClient
 from tasks.datasets import input_shape
@@ -41,21 +42,35 @@ def _ce(w, x, y):
 
 
 @contextmanager
-def _spy(records):
-    real = fedsol_mod.perturbed
+def _spy(records, monkeypatch):
+    """Record each local step of the client's FEDSOL: the weights before it, eps, w + eps, the
+    weights after it (before the optimiser) and the direction it hands the optimiser."""
+    names = [n for n, _ in build_model("mlp", input_shape("synthetic")).named_parameters()]
+    seen = {}
+    real_eps, real_copy = sharpness.fedsol_eps, sharpness.perturbed_copy
 
-    @contextmanager
-    def spy(params, eps, model=None):
-        before = [p.detach().clone() for p in params]
-        with real(params, eps, model):
-            inside = [p.detach().clone() for p in params]
-            yield
+    def eps_spy(*args, **kwargs):
+        seen["eps"] = real_eps(*args, **kwargs)
+        return seen["eps"]
+
+    def copy_spy(params, eps):
+        seen["inside"] = real_copy(params, eps)
+        return seen["inside"]
+
+    def direction(model, params, buffers, x, y, w_t, ctx, hp):
+        before = [params[n].clone() for n in names]
+        d, new_buffers, loss = sharpness.fedsol_direction(model, params, buffers, x, y, w_t, ctx, hp)
         records.append(dict(
-            before=before, inside=inside, eps=[None if e is None else e.clone() for e in eps],
-            after=[p.detach().clone() for p in params], grad=[p.grad.detach().clone() for p in params],
+            before=before, inside=[seen["inside"][n].clone() for n in names],
+            eps=[seen["eps"][n].clone() if n in seen["eps"] else None for n in names],
+            after=[params[n].clone() for n in names], grad=[d[n].clone() for n in names],
         ))
+        return d, new_buffers, loss
 
-    yield spy
+    monkeypatch.setattr(sharpness, "fedsol_eps", eps_spy)
+    monkeypatch.setattr(sharpness, "perturbed_copy", copy_spy)
+    monkeypatch.setattr(FedSOLClient, "LOCAL_UPDATE", dataclasses.replace(FedSOLClient.LOCAL_UPDATE, direction=direction))
+    yield
 
 
 def _overrides(**kw):
@@ -81,8 +96,7 @@ def test_second_step_perturbation_restore_and_update(monkeypatch, perturb, adapt
     rho, T = 0.8, 3.0
     x, y = _data()
     records = []
-    with _spy(records) as spy:
-        monkeypatch.setattr(fedsol_mod, "perturbed", spy)
+    with _spy(records, monkeypatch):
         client = make_client(FedSOLClient, _overrides(**{
             "local-epochs": 2, "fedsol-rho": rho, "fedsol-temperature": T,
             "fedsol-perturb": perturb, "fedsol-adaptive": adaptive, "fedsol-radius": radius,
@@ -119,7 +133,7 @@ def test_second_step_perturbation_restore_and_update(monkeypatch, perturb, adapt
         torch.testing.assert_close(second["eps"][i], want, rtol=1e-4, atol=1e-7)
         torch.testing.assert_close(second["inside"][i], second["before"][i] + want, rtol=1e-4, atol=1e-6)
 
-    # exact restore before the optimiser update, and the update uses grad CE(w1 + eps)
+    # w itself unchanged before the optimiser update, and the update uses grad CE(w1 + eps)
     for b, a in zip(second["before"], second["after"]):
         assert torch.equal(a, b)
     wp = [(w1[i].detach() + (second["eps"][i] if second["eps"][i] is not None else 0)).requires_grad_(True)
@@ -152,16 +166,16 @@ def test_keys_and_defaults():
 
 def test_axis_radius_against_a_hand_computation():
     """Lambda = F.normalize(|w - w_g|, dim=0): columns of the weight, the bias as a whole."""
-    wg = [torch.zeros(2, 2), torch.zeros(2)]
-    w = [torch.tensor([[3.0, -1.0], [4.0, 0.0]]), torch.tensor([-3.0, 4.0])]
-    g = [torch.ones(2, 2), torch.tensor([1.0, 1.0])]
+    wg = {"w": torch.zeros(2, 2), "b": torch.zeros(2)}
+    w = {"w": torch.tensor([[3.0, -1.0], [4.0, 0.0]]), "b": torch.tensor([-3.0, 4.0])}
+    g = {"w": torch.ones(2, 2), "b": torch.tensor([1.0, 1.0])}
     rho = 2.0
     scale = rho / np.sqrt(6.0)  # ||g_p|| over all six entries
-    got = fedsol_mod.fedsol_eps(w, wg, g, rho, adaptive=True, radius="axis")
+    got = sharpness.fedsol_eps(w, wg, g, rho, adaptive=True, radius="axis")
     # column 0: |(3, 4)| / 5; column 1: |(-1, 0)| / 1; bias |(-3, 4)| / 5
-    torch.testing.assert_close(got[0], scale * torch.tensor([[0.6, 1.0], [0.8, 0.0]]))
-    torch.testing.assert_close(got[1], scale * torch.tensor([0.6, 0.8]))
-    layer = fedsol_mod.fedsol_eps(w, wg, g, rho, adaptive=True, radius="layer")
-    torch.testing.assert_close(layer[0], scale * torch.tensor([[3.0, 1.0], [4.0, 0.0]]) / np.sqrt(26.0))
-    zero = fedsol_mod.fedsol_eps(wg, wg, g, rho, adaptive=True, radius="axis")  # w == w_g: eps = 0
-    assert all(torch.count_nonzero(e) == 0 for e in zero)
+    torch.testing.assert_close(got["w"], scale * torch.tensor([[0.6, 1.0], [0.8, 0.0]]))
+    torch.testing.assert_close(got["b"], scale * torch.tensor([0.6, 0.8]))
+    layer = sharpness.fedsol_eps(w, wg, g, rho, adaptive=True, radius="layer")
+    torch.testing.assert_close(layer["w"], scale * torch.tensor([[3.0, 1.0], [4.0, 0.0]]) / np.sqrt(26.0))
+    zero = sharpness.fedsol_eps(wg, wg, g, rho, adaptive=True, radius="axis")  # w == w_g: eps = 0
+    assert all(torch.count_nonzero(e) == 0 for e in zero.values())

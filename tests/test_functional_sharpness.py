@@ -28,17 +28,32 @@ from tasks.catalogue import InputShape
 from tasks.datasets import input_shape
 from tasks.functional import Hyper, cohort_round, local_round, module_state
 from tasks.functional.rounds import stack_trees, unstack_tree
-from tasks.functional.sharpness import FEDASAM, FEDGAM, FEDGAM_CV, asam_eps, asam_scaled
+from tasks.functional.sharpness import (
+    FEDASAM,
+    FEDGAM,
+    FEDGAM_CV,
+    FEDSOL,
+    PROX_SUM,
+    asam_eps,
+    asam_scaled,
+    fedsol_buffers,
+    fedsol_direction,
+    fedsol_metrics,
+)
 from tasks.models import build_model
 from tests.helpers_baselines import softmax_regression_grad
 
 SHAPE = InputShape(1, 8, 10)  # one channel (channels-last quirk: keep_layout), small for speed
 GAM = {"gam-rho": 0.3, "gam-alpha": 0.7, "gam-cv-alpha": 0.6, "gam-variant": "paper", "gam-norm-rho": 0.6,
        "gam-beta1": 1.0, "gam-beta2": -1.0, "gam-beta3": 1.0, "gam-gamma": 0.5}
-KEYS = {"asam-rho": 0.5, "asam-eta": 0.01, **GAM}
+SOL = {"fedsol-rho": 1.5, "fedsol-temperature": 3.0, "fedsol-perturb": "head", "fedsol-adaptive": True,
+       "fedsol-radius": "layer"}
+KEYS = {"asam-rho": 0.5, "asam-eta": 0.01, **GAM, **SOL}
 # name -> (update, keys that differ from KEYS)
 CASES = {"fedasam": (FEDASAM, {}), "fedgam": (FEDGAM, {}), "fedgam-reference": (FEDGAM, {"gam-variant": "reference"}),
-         "fedgam-cv": (FEDGAM_CV, {}), "fedgam-cv-reference": (FEDGAM_CV, {"gam-variant": "reference"})}
+         "fedgam-cv": (FEDGAM_CV, {}), "fedgam-cv-reference": (FEDGAM_CV, {"gam-variant": "reference"}),
+         # the paper's text (head, radius per tensor) and the authors' code (every layer, per axis)
+         "fedsol-text": (FEDSOL, {}), "fedsol": (FEDSOL, {"fedsol-perturb": "all", "fedsol-radius": "axis"})}
 
 
 # ------------------------------------------------------------------ (a) hand computations
@@ -159,6 +174,68 @@ def test_fedgam_cv_two_rounds_carry_c_i():
         np.testing.assert_allclose(new, w - lr * (g - cin + cn), rtol=1e-5, atol=1e-6)
 
 
+def _softmax(z):
+    e = np.exp(z - z.max(1, keepdims=True))
+    return e / e.sum(1, keepdims=True)
+
+
+@pytest.mark.parametrize("perturb,radius,adaptive", [("head", "layer", True), ("all", "axis", True),
+                                                     ("all", "layer", False)])
+def test_fedsol_step_at_w_off_the_global_model(perturb, radius, adaptive):
+    """The direction at w != w_g on logreg (its one Linear is the head), in float64 by hand:
+    g_p = dL_p/dw through (p_local - p_global)/(T B), Lambda, eps = rho Lambda g_p/||g_p||,
+    d = grad CE(w + eps); the loss is CE(w), L_p = KL(p_g || p_l) joins the round's sum."""
+    rho, T = 1.5, 3.0
+    keys = {**SOL, "fedsol-rho": rho, "fedsol-temperature": T, "fedsol-perturb": perturb, "fedsol-radius": radius,
+            "fedsol-adaptive": adaptive}
+    gen = torch.Generator().manual_seed(3)
+    x, y = torch.randn(6, 60, generator=gen), torch.randint(0, 10, (6,), generator=gen)
+    model = build_model("logreg", input_shape("synthetic"), seed=0)
+    w_g, buffers = module_state(model)
+    w = {n: v + 0.05 * torch.randn(v.shape, generator=gen) for n, v in w_g.items()}
+    hp = Hyper(lr=0.1, keys=keys)
+    ctx = FEDSOL.begin(w_g, {}, {"buffers": buffers}, hp)
+    d, new_buffers, loss = fedsol_direction(model, w, {**buffers, PROX_SUM: torch.tensor(0.25)}, x, y, w_g, ctx, hp)
+
+    xn, yn = x.double().numpy(), y.numpy()
+    (W, b), (Wg, bg) = ([t[n].double().numpy() for n in LOGREG] for t in (w, w_g))
+    logits, global_logits = xn @ W.T + b, xn @ Wg.T + bg
+    pl, pg = _softmax(logits / T), _softmax(global_logits / T)
+    dz = (pl - pg) / (T * len(yn))
+    gp = [dz.T @ xn, dz.sum(0)]
+    lam = [np.ones_like(W), np.ones_like(b)]
+    if adaptive:
+        diffs = [np.abs(W - Wg), np.abs(b - bg)]
+        if radius == "layer":
+            lam = [dd / np.sqrt((dd**2).sum()) for dd in diffs]
+        else:
+            lam = [dd / np.sqrt((dd**2).sum(0, keepdims=True)) for dd in diffs]
+    eps = [rho * la * g / _norm(gp) for la, g in zip(lam, gp)]
+    want = softmax_regression_grad(xn, yn, W + eps[0], b + eps[1])
+    for n, g in zip(LOGREG, want):
+        np.testing.assert_allclose(d[n].numpy(), g, rtol=1e-4, atol=1e-6)
+    assert not np.allclose(d["head.weight"].numpy(), softmax_regression_grad(xn, yn, W, b)[0], atol=1e-4)
+    ce = -np.log(_softmax(logits)[np.arange(len(yn)), yn]).mean()
+    kl = (pg * (np.log(pg) - np.log(pl))).sum(1).mean()
+    assert float(loss) == pytest.approx(ce, rel=1e-5)
+    assert float(new_buffers[PROX_SUM]) == pytest.approx(0.25 + kl, rel=1e-5)
+    assert fedsol_metrics(new_buffers, 2) == {"prox_loss": pytest.approx((0.25 + kl) / 2, rel=1e-5)}
+
+
+def test_fedsol_first_step_is_plain_sgd():
+    """Lambda = 0 at w = w_g: the round's first step is the cross-entropy gradient, exactly."""
+    gen = torch.Generator().manual_seed(4)
+    x, y = torch.randn(6, 60, generator=gen), torch.randint(0, 10, (6,), generator=gen)
+    model = build_model("mlp", input_shape("synthetic"), seed=0)
+    params, buffers = module_state(model)
+    for perturb in ("head", "all"):
+        hp = Hyper(lr=0.1, keys={**SOL, "fedsol-perturb": perturb})
+        d, _, _ = fedsol_direction(model, params, buffers, x, y, params, FEDSOL.begin(params, {}, {}, hp), hp)
+        plain = torch.func.grad(lambda p: F.cross_entropy(torch.func.functional_call(model, p, (x,)), y))(params)
+        for n in params:
+            torch.testing.assert_close(d[n], plain[n], rtol=0, atol=0)
+
+
 # ---------------------------------------------------- (a') against the module-based hook loop
 def _hook_asam_eps(params, grads, rho, eta, scaled):
     """clients.perturbation.asam_eps as it was: T g in one buffer, then T T g, then the scale."""
@@ -238,7 +315,46 @@ def hook_fedgam_cv(model, xb, yb, keys, ctx):
     return hook_fedgam(model, xb, yb, keys, ctx, alpha_key="gam-cv-alpha")
 
 
-HOOKS = {"fedasam": hook_fedasam, "fedgam": hook_fedgam, "fedgam-reference": hook_fedgam,
+def hook_fedsol(model, xb, yb, keys, ctx):
+    """FedSOLClient.train_step as it was: the global model a frozen eval-mode copy of w_t, the
+    head's perturbation on a shared body pass, w + eps in place and restored by copy."""
+    params = list(model.parameters())
+    names = [n for n, _ in model.named_parameters()]
+    head_only = keys["fedsol-perturb"] == "head"
+    index = [i for i, n in enumerate(names) if not head_only or n.startswith("head.")]
+    targets = [params[i] for i in index]
+    if head_only:
+        features = model.body(xb)
+        logits = model.head(features)
+    else:
+        logits = model(xb)
+    ce = F.cross_entropy(logits, yb)
+    T = keys["fedsol-temperature"]
+    with torch.no_grad():
+        global_logits = ctx["global_model"](xb)
+        prox = F.kl_div(F.log_softmax(logits / T, dim=1), F.softmax(global_logits / T, dim=1), reduction="batchmean")
+        d_logits = F.softmax(logits / T, dim=1) - F.softmax(global_logits / T, dim=1)
+        d_logits /= T * len(xb)
+    grads = torch.autograd.grad(logits, targets, grad_outputs=d_logits, retain_graph=head_only)
+    scale = keys["fedsol-rho"] / (torch.linalg.vector_norm(torch.stack(torch._foreach_norm(list(grads)))) + 1e-12)
+    eps = [None] * len(params)
+    for i, w, g in zip(index, targets, grads):
+        e = g * scale
+        if keys["fedsol-adaptive"]:
+            diff = (w.detach() - ctx["round_start"][i]).abs()
+            if keys["fedsol-radius"] == "axis":
+                e = e * F.normalize(diff, p=2.0, dim=0, eps=1e-12)
+            else:
+                e = e * (diff / (torch.linalg.vector_norm(diff) + 1e-12))
+        eps[i] = e
+    with perturbed(params, eps, model):
+        loss = F.cross_entropy(model.head(features) if head_only else model(xb), yb)
+        loss.backward()
+    ctx["prox_sum"] += prox
+    return ce.detach()
+
+
+HOOKS = {"fedsol": hook_fedsol, "fedsol-text": hook_fedsol, "fedasam": hook_fedasam, "fedgam": hook_fedgam, "fedgam-reference": hook_fedgam,
          "fedgam-cv": hook_fedgam_cv, "fedgam-cv-reference": hook_fedgam_cv}
 
 
@@ -259,9 +375,15 @@ def module_round(hook, model, x, y, hp, batch_size, epochs, seed, ctx):
     return loss_sum.item() / steps
 
 
-def _inputs_for(name, params, gen):
+def _inputs_for(name, model, gen):
     """(state, server, the hook's view of them) for method ``name``: c and c_i for control
-    variates (non-zero, so the correction really acts), nothing for stateless methods."""
+    variates (non-zero, so the correction really acts); FedSOL's global model (its buffers, and
+    for the hook a frozen eval-mode copy); nothing for stateless methods."""
+    params, buffers = module_state(model)
+    if name.startswith("fedsol"):
+        frozen = copy.deepcopy(model).eval()
+        return {}, {"buffers": buffers}, {"global_model": frozen, "round_start": list(params.values()),
+                                          "prox_sum": torch.zeros(())}
     if name.startswith("fedgam-cv"):
         c, ci = ({n: torch.randn(p.shape, generator=gen) * 0.1 for n, p in params.items()} for _ in range(2))
         return {"ci": ci}, {"c": c}, {"corr": [c[n] - ci[n] for n in params]}
@@ -269,7 +391,8 @@ def _inputs_for(name, params, gen):
 
 
 # every case on the channels-last CNN; the BatchNorm CNN (buffers of the first pass kept) once per update
-TWIN_CASES = [(name, "cnn-small") for name in sorted(CASES)] + [(name, "cnn-bn") for name in ("fedasam", "fedgam-cv")]
+TWIN_CASES = [(name, "cnn-small") for name in sorted(CASES)]
+TWIN_CASES += [(name, "cnn-bn") for name in ("fedasam", "fedgam-cv", "fedsol", "fedsol-text")]
 
 
 @pytest.mark.parametrize("name,model_name", TWIN_CASES)
@@ -278,7 +401,7 @@ def test_update_equals_the_hook_loop(name, model_name):
     x, y = torch.randn(10, 1, 8, 8, generator=gen), torch.randint(0, 10, (10,), generator=gen)
     model = build_model(model_name, SHAPE, seed=0)
     params, buffers = module_state(model)
-    state, server, ctx = _inputs_for(name, params, gen)
+    state, server, ctx = _inputs_for(name, model, gen)
     update, keys = CASES[name]
     hp = Hyper(lr=0.05, momentum=0.9, weight_decay=5e-4, keys={**KEYS, **keys})
     result = local_round(update, copy.deepcopy(model), params, buffers, state, server, hp,
@@ -289,6 +412,8 @@ def test_update_equals_the_hook_loop(name, model_name):
         assert torch.equal(result.params[n], p.detach()), n
     for n, b in model.named_buffers():
         assert torch.equal(result.buffers[n], b), n
+    if "prox_sum" in ctx:
+        assert fedsol_metrics(result.buffers, 6)["prox_loss"] == ctx["prox_sum"].item() / 6
 
 
 # -------------------------------------------------------------------------------- (b) cohorts
@@ -296,6 +421,8 @@ def _cohort_inputs(name, sizes, seed=5):
     gen = torch.Generator().manual_seed(seed)
     models = [build_model("cnn-small", SHAPE, seed=k) for k in range(len(sizes))]
     params, buffers = (stack_trees(t) for t in zip(*(module_state(m) for m in models)))
+    if name.startswith("fedsol"):  # a cohort starts the proximal-loss sum in its buffers
+        buffers = stack_trees([fedsol_buffers(module_state(m)[1]) for m in models])
     params = {n: p.contiguous() for n, p in params.items()}  # the layout vmap batches
     data = [(torch.randn(n, 1, 8, 8, generator=gen), torch.randint(0, 10, (n,), generator=gen)) for n in sizes]
     states, server = [{} for _ in sizes], {}
@@ -317,7 +444,7 @@ def _compare(name, sizes, rel):
                             hp, *data[k], 4, 1, torch.Generator().manual_seed(10 + k))
         assert together.metrics[k]["num_steps"] == alone.metrics["num_steps"]
         pairs = [(together.params[n][k], alone.params[n]) for n in alone.params]
-        pairs += [(together.buffers[n][k], alone.buffers[n]) for n in alone.buffers]
+        pairs += [(together.buffers[n][k], alone.buffers[n]) for n in alone.buffers if n != PROX_SUM]
         pairs += [(together.states[k][s][n], alone.state[s][n]) for s in alone.state for n in alone.state[s]]
         pairs += [(together.replies[k][r][n], alone.reply[r][n]) for r in alone.reply for n in alone.reply[r]]
         for u, v in pairs:
@@ -327,6 +454,10 @@ def _compare(name, sizes, rel):
                 assert (u - v).abs().max() <= rel * v.abs().max().clamp_min(1e-12)
         for key, value in alone.metrics.items():
             assert together.metrics[k][key] == pytest.approx(value, rel=max(rel, 1e-12))
+        if PROX_SUM in alone.buffers:  # a sum of KLs, each a difference of terms of order log(10):
+            # float32 rounding is relative to those terms (about 1e-7 a step), not to the small KL
+            u, v = together.buffers[PROX_SUM][k], alone.buffers[PROX_SUM]
+            assert torch.equal(u, v) if rel == 0 else abs(float(u - v)) <= 1e-6
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

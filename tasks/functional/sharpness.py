@@ -1,5 +1,5 @@
-"""The sharpness-aware local updates as ``LocalUpdate``s: FedASAM, FedGAM, FedGAM-CV (the
-methods that take gradients at perturbed weights). The contract is in ``tasks.functional``'s docstring; each
+"""The sharpness-aware local updates as ``LocalUpdate``s: FedASAM, FedGAM, FedGAM-CV,
+FedSOL (the methods that take gradients at perturbed weights). The contract is in ``tasks.functional``'s docstring; each
 method's reading of its paper is in its client module's docstring (clients/<method>.py).
 
 Every perturbed point w + eps is a copy of the weights (``perturbed_copy``): w itself never
@@ -15,8 +15,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
+import torch.nn.functional as F
+from torch.func import functional_call, grad, vjp
 
-from tasks.functional.core import NORM_EPS, Tree, grad_and_loss, keep_layout, sam_eps, tree_norm
+from tasks.functional.core import NORM_EPS, Hyper, Tree, grad_and_loss, keep_layout, sam_eps, tree_norm
 from tasks.functional.methods import LocalUpdate, control_variate_begin, control_variate_end
 
 
@@ -115,4 +117,144 @@ FEDGAM = LocalUpdate("fedgam", gam_direction, keys=(*GAM_KEYS, "gam-alpha"))
 FEDGAM_CV = LocalUpdate("fedgam-cv", gam_cv_direction, control_variate_begin, control_variate_end,
                         keys=(*GAM_KEYS, "gam-cv-alpha"))
 
-METHODS = {u.name: u for u in (FEDASAM, FEDGAM, FEDGAM_CV)}
+
+
+# ------------------------------------------------------------------------------- FedSOL
+RADII = ("layer", "axis")
+# The round's running sum of the proximal loss L_p (the fit metric ``prox_loss`` is its mean):
+# carried from step to step in the buffers under this key, which no module's buffer can have
+# (the protocol's one per-step, per-client channel, masked by ``cohort_round`` like the BN
+# statistics). A cohort must start its buffers with it (``fedsol_buffers``); ``local_round``
+# may leave it out (zero).
+PROX_SUM = "<fedsol prox_sum>"
+FEDSOL_KEYS = ("fedsol-rho", "fedsol-temperature", "fedsol-perturb", "fedsol-adaptive", "fedsol-radius")
+
+
+def fedsol_eps(weights: Tree, global_weights: Tree, prox_grads: Tree, rho: float, adaptive: bool = True,
+               radius: str = "layer") -> Tree:
+    """eps = rho Lambda (.) g_p / (||g_p|| + NORM_EPS) on the tensors of ``prox_grads``, ||g_p||
+    over all of them.
+
+    Lambda (``adaptive``; else 1) from d = |w - w_g|: ``radius = "layer"`` d / (||d|| + NORM_EPS)
+    per tensor (Eq. 7 of the paper's text); ``"axis"`` F.normalize(d, dim=0), d / max(||d||,
+    NORM_EPS) with the norm over dim 0 (every column of a Linear weight, every (in, kh, kw)
+    fibre of a conv weight; a bias as a whole), as the authors' code computes it. Lambda = 0
+    where w = w_g, so the round's first step is plain SGD.
+    """
+    if radius not in RADII:
+        raise ValueError(f"fedsol radius {radius!r} is invalid; valid choices: {', '.join(RADII)}")
+    scale = rho / (tree_norm(prox_grads.values()) + NORM_EPS)
+    out = {}
+    for n, g in prox_grads.items():
+        e = g * scale
+        if adaptive:
+            diff = (weights[n] - global_weights[n]).abs()
+            if radius == "axis":
+                e = e * F.normalize(diff, p=2.0, dim=0, eps=NORM_EPS)
+            else:
+                e = e * (diff / (torch.linalg.vector_norm(diff) + NORM_EPS))
+        out[n] = e
+    return out
+
+
+def proximal_kl(local_logits: torch.Tensor, global_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """L_p = KL(p_global || p_local) of the softened probabilities, averaged over the batch:
+    ``F.kl_div(log p_local, p_global, reduction="batchmean")`` written out as ATen computes it
+    (xlogy(p, p) - p log q, summed, over B), since vmap has no batching rule for ``kl_div``."""
+    log_local = F.log_softmax(local_logits / temperature, dim=1)
+    p_global = F.softmax(global_logits / temperature, dim=1)
+    return (torch.xlogy(p_global, p_global) - p_global * log_local).sum() / log_local.size(0)
+
+
+def proximal_logit_grad(local_logits: torch.Tensor, global_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """dL_p/dlogits in closed form, (p_local - p_global) / (T B): exactly zero where the two
+    models' logits agree, so no rounding noise gets normalised into a rho-sized perturbation
+    (as autograd through ``kl_div`` would give at w = w_g)."""
+    diff = F.softmax(local_logits / temperature, dim=1) - F.softmax(global_logits / temperature, dim=1)
+    return diff / (temperature * len(local_logits))
+
+
+def fedsol_begin(w_t: Tree, state: dict, server: dict, hp: Hyper) -> dict:
+    """The global model's buffers (``server["buffers"]``, those received with w_t; none for a
+    model without buffers): its eval-mode forward at w_t gives the global logits."""
+    return {"global_buffers": dict(server.get("buffers", {}))}
+
+
+def fedsol_buffers(buffers: Tree) -> Tree:
+    """``buffers`` with the round's proximal-loss sum started at zero (``PROX_SUM``)."""
+    first = next(iter(buffers.values()), None)
+    return {**buffers, PROX_SUM: torch.zeros((), device=first.device if first is not None else None)}
+
+
+def _within(tree: Tree, prefix: str) -> Tree:
+    """The entries of ``tree`` under submodule ``prefix``, named relative to it."""
+    return {n[len(prefix):]: t for n, t in tree.items() if n.startswith(prefix)}
+
+
+def fedsol_direction(model, params, buffers, x, y, w_t, ctx, hp):
+    """FedSOL's step (Eqs. 6-8): g_p = dL_p/dw on the perturbed set (the head, ``fedsol-perturb =
+    "head"``, or every parameter), eps = ``fedsol_eps``, d = grad CE(w + eps) for every parameter,
+    applied at w; the loss returned is the CE at w, L_p is added to ``PROX_SUM``.
+
+    With the head perturbed, the body's forward pass is shared by both passes (the body does not
+    depend on the head): its gradient comes back through the features, as in the hook loop.
+    Gradients through ``torch.func.vjp`` / ``grad``, so vmap batches them; the global logits come
+    from ``model`` in eval mode at (w_t, the global buffers)."""
+    keys = hp.keys
+    temperature = keys["fedsol-temperature"]
+    prox_sum = buffers.get(PROX_SUM)
+    model_buffers = {n: b for n, b in buffers.items() if n != PROX_SUM}
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            global_logits = functional_call(model, (w_t, ctx["global_buffers"]), (x,), strict=True)
+    finally:
+        model.train(was_training)
+
+    def eps_of(logits: torch.Tensor, targets: Tree, vjp_fn) -> Tree:
+        (g_p,) = vjp_fn(proximal_logit_grad(logits, global_logits, temperature))
+        g_p = {n: g_p[n] for n in targets}
+        return fedsol_eps(targets, w_t, g_p, keys["fedsol-rho"], keys["fedsol-adaptive"], keys["fedsol-radius"])
+
+    if keys["fedsol-perturb"] == "head":
+        def body(p: Tree) -> tuple[torch.Tensor, Tree]:
+            new = {n: b.clone() for n, b in _within(model_buffers, "body.").items()}
+            return functional_call(model.body, (p, new), (x,)), new
+
+        def head(p: Tree, features: torch.Tensor) -> torch.Tensor:
+            return functional_call(model.head, p, (features,))
+
+        features, body_vjp, body_buffers = vjp(body, _within(params, "body."), has_aux=True)
+        head_params = _within(params, "head.")
+        logits, head_vjp = vjp(lambda p: head(p, features), head_params)
+        eps = eps_of(logits, {f"head.{n}": p for n, p in head_params.items()},
+                     lambda d: ({f"head.{n}": g for n, g in head_vjp(d)[0].items()},))
+        perturbed_head = _within(perturbed_copy(params, eps), "head.")
+        g_head, g_features = grad(lambda p, f: F.cross_entropy(head(p, f), y), argnums=(0, 1))(perturbed_head, features)
+        (g_body,) = body_vjp(g_features)
+        sharp = {**{f"body.{n}": g for n, g in g_body.items()}, **{f"head.{n}": g for n, g in g_head.items()}}
+        sharp = {n: sharp[n] for n in params}
+        new_buffers = {**model_buffers, **{f"body.{n}": b for n, b in body_buffers.items()}}
+    else:
+        def forward(p: Tree) -> tuple[torch.Tensor, Tree]:
+            new = {n: b.clone() for n, b in model_buffers.items()}
+            return functional_call(model, (p, new), (x,)), new
+
+        logits, forward_vjp, new_buffers = vjp(forward, params, has_aux=True)
+        eps = eps_of(logits, params, forward_vjp)
+        sharp, _, _ = grad_and_loss(model, perturbed_copy(params, eps), new_buffers, x, y, hp)
+    prox = proximal_kl(logits, global_logits, temperature)
+    new_buffers[PROX_SUM] = prox if prox_sum is None else prox_sum + prox
+    return sharp, new_buffers, F.cross_entropy(logits, y).detach()
+
+
+def fedsol_metrics(buffers: Tree, steps: int) -> dict[str, float]:
+    """The fit metric ``prox_loss``: the round's mean L_p (0 after no step)."""
+    prox_sum = buffers.get(PROX_SUM)
+    return {"prox_loss": (prox_sum.item() if prox_sum is not None else 0.0) / max(steps, 1)}
+
+
+FEDSOL = LocalUpdate("fedsol", fedsol_direction, fedsol_begin, keys=FEDSOL_KEYS)
+
+METHODS = {u.name: u for u in (FEDASAM, FEDGAM, FEDGAM_CV, FEDSOL)}
