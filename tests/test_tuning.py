@@ -323,6 +323,27 @@ def test_the_fedpgvc_files_tune_every_claimed_row():
             assert min(rates) < 0.05 < max(rates), (path.name, row)
 
 
+def test_every_tune_grid_brackets_the_value_its_row_ran_before():
+    """Issue 42: a [tune] grid reaches past the value the row's earlier runs used (its [methods]
+    or [run-config] value) on both sides, so the earlier choice is inside the search and not its
+    edge (FedProx, FedBN and FedPGVC ran Adam 0.01, the top of the earlier grid; the SGD rows 0.05,
+    the top of theirs). Every file with [tune], the papers' settings included."""
+    files = sorted((ROOT / "experiments").glob("*.toml")) + sorted((ROOT / "experiments" / "paper").glob("*.toml"))
+    checked = 0
+    for path in files:
+        exp = read_experiment(path)
+        protocol = read_protocol(exp, exp["strategies"], path)
+        if protocol is None:
+            continue
+        for row, axes in protocol.grids.items():
+            for key, values in axes.items():
+                before = {**exp.get("run-config", {}), **exp.get("methods", {}).get(row, {})}.get(key)
+                assert before is not None, (path.name, row, key)
+                assert min(values) < before < max(values), (path.name, row, key, before, values)
+                checked += 1
+    assert checked >= 8 * 8  # the four FedPGVC files and their paper settings, 8 tuned rows each
+
+
 # ---- make_results: claims only between rows tuned alike -------------------------------------
 
 _spec = importlib.util.spec_from_file_location("make_results_tuning", ROOT / "scripts" / "make_results.py")
