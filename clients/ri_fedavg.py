@@ -40,6 +40,7 @@ from __future__ import annotations
 import torch
 
 from clients.base import DriftClient
+from tasks.functional.corrections import RI_FEDAVG
 from tasks.keys import Key, at_least, non_negative, positive
 from tasks.roughness import model_roughness
 
@@ -52,7 +53,11 @@ def _seed(*parts: int) -> int:
 
 
 class RIFedAvgClient(DriftClient):
-    """Local SGD with the roughness-scaled proximal term 2 * lambda * I_k * (w - w_t)."""
+    """Local SGD with the roughness-scaled proximal term 2 * lambda * I_k * (w - w_t):
+    ``tasks.functional.corrections.RI_FEDAVG``, with I_k measured here before the round
+    (``roughness_index``) and passed in as its ``state["ri"]``."""
+
+    LOCAL_UPDATE = RI_FEDAVG
 
     # A local step's cost relative to one SGD step, the roughness index's loss evaluations; read by the
     # run-time estimate of `run_simulation.py --check` (fl_app/tooling/estimate.py).
@@ -91,7 +96,9 @@ class RIFedAvgClient(DriftClient):
             return 1 if self.device.type == "cpu" else 20
         return chunk
 
-    def begin_round(self, server_round: int) -> dict:
+    def roughness_index(self, server_round: int) -> float:
+        """I_k of the loss around the model's current weights (w_t), on ``ri_sample`` along the
+        round's seeded directions; kept as ``self.ri`` (and the per-direction T_i as ``ri_values``)."""
         x, y = self.ri_sample()
         generator = torch.Generator().manual_seed(
             _seed(self.cfg["seed"], self.partition_id, server_round, _DIRECTIONS_STREAM)
@@ -105,7 +112,9 @@ class RIFedAvgClient(DriftClient):
             # on CPU the forwards run at the training batch size (cache-sized activations)
             batch_size=self.cfg["batch-size"] if self.device.type == "cpu" else 0,
         )
-        return {"ri": self.ri}
+        return self.ri
 
-    def adjust_gradients(self) -> None:
-        self.add_proximal_gradient(2 * self.cfg["ri-lambda"] * self.ri)
+    def functional_inputs(self) -> tuple[dict, dict]:
+        """{"ri": I_k} measured at w_t (the model holds the received weights here); nothing
+        from the server besides the weights."""
+        return {"ri": self.roughness_index(int(self.fit_config.get("server-round", 1)))}, {}

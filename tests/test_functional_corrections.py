@@ -24,9 +24,10 @@ from clients.fedbn import STATE as FEDBN_STATE
 from clients.fedbn import FedBNClient
 from clients.fednova import FedNovaClient
 from clients.fedpvr import FedPVRClient
+from clients.ri_fedavg import RIFedAvgClient
 from tasks.catalogue import InputShape
 from tasks.functional import Hyper, cohort_round, local_round, module_state
-from tasks.functional.corrections import CORRECTIONS
+from tasks.functional.corrections import CORRECTIONS, ri_begin
 from tasks.functional.rounds import stack_trees, unstack_tree
 from tasks.layout import bn_indices, pvr_param_names
 from tasks.models import build_model, get_weights
@@ -129,6 +130,30 @@ def test_fedpvr_two_rounds_by_hand():
     assert np.abs(ci["head.bias"]).max() > 1e-3  # round 2 really ran with c_i != 0
 
 
+def test_ri_fedavg_step_by_hand():
+    """Step 1 at w = w_t has no proximal force; step 2 is w2 = w1 - lr (g(w1) + 2 lambda I (w1 - w_t)).
+    Nothing is carried to the next round; I is reported as ``ri``."""
+    ri = 0.7
+    w_t, x, y, result = flat_round("ri-fedavg", {"ri": ri}, {})
+    w0, b0 = _f64(w_t)
+    gw, gb = logreg_grad(w0, b0, x, y)
+    w1, b1 = w0 - 0.5 * gw, b0 - 0.5 * gb
+    gw, gb = logreg_grad(w1, b1, x, y)
+    coef = 2 * KEYS["ri-lambda"] * ri
+    w2, b2 = w1 - 0.5 * (gw + coef * (w1 - w0)), b1 - 0.5 * (gb + coef * (b1 - b0))
+    got_w, got_b = _f64(result.params)
+    np.testing.assert_allclose(got_w, w2, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(got_b, b2, rtol=0, atol=1e-6)
+    plain_w = w1 - 0.5 * gw  # leaving the term out would fail the check
+    assert np.abs(plain_w - w2).max() > 1e-3
+    assert result.metrics["ri"] == ri and result.state == {} and result.reply == {}
+
+
+def test_ri_fedavg_refuses_a_round_without_its_index():
+    with pytest.raises(ValueError, match="state\\['ri'\\]"):
+        ri_begin({}, {}, {}, Hyper(lr=0.1, keys=KEYS))
+
+
 # ------------------------------- (a) the converted clients against their hook twins
 class HookFedNova(FedNovaClient):
     """Inherits no LOCAL_UPDATE: the hook loop FedNova ran before its conversion."""
@@ -150,8 +175,21 @@ class HookFedPVR(FedPVRClient):
     """Inherits no LOCAL_UPDATE: ControlVariateClient's hooks, as FedPVR ran before."""
 
 
+class HookRIFedAvg(RIFedAvgClient):
+    """RI-FedAvg's hooks as they were: the index measured in ``begin_round``, the proximal
+    gradient added to ``.grad``."""
+
+    def begin_round(self, server_round: int) -> dict:
+        return {"ri": self.roughness_index(server_round)}
+
+    def adjust_gradients(self) -> None:
+        self.add_proximal_gradient(2 * self.cfg["ri-lambda"] * self.ri)
+
+
+RI_CFG = {"ri-lambda": 5.0, "ri-interval": 2.0, "ri-points": 4, "ri-directions": 3, "ri-samples": 8}
 TWINS = {"fednova": (FedNovaClient, HookFedNova, "logreg", {}),
          "fedpvr": (FedPVRClient, HookFedPVR, "mlp", {"pvr-layers": 1}),
+         "ri-fedavg": (RIFedAvgClient, HookRIFedAvg, "logreg", RI_CFG),
          "dp-fedavg": (DPFedAvgClient, HookDPFedAvg, "logreg", {}),
          "fedbn": (FedBNClient, HookFedBN, "cnn-bn", {})}
 
@@ -213,6 +251,8 @@ def _cohort_inputs(name: str, model_name: str, sizes: list[int], seed: int = 5):
         head = pvr_param_names(models[0], {"pvr-layers": 1})
         server = {"c": {n: torch.randn(params[n].shape[1:], generator=gen) * 0.1 for n in head}}
         states = [{"ci": {n: torch.randn(params[n].shape[1:], generator=gen) * 0.1 for n in head}} for _ in sizes]
+    if name == "ri-fedavg":  # a different index per client
+        states = [{"ri": 0.5 + k} for k in range(len(sizes))]
     return build_model(model_name, IMAGES).to("meta"), params, buffers, data, states, server
 
 
@@ -240,7 +280,8 @@ def _compare(name: str, model_name: str, sizes: list[int], rel: float):
             assert together.metrics[k][key] == pytest.approx(value, rel=max(rel, 1e-12))
 
 
-COHORT_MODEL = {"fednova": "cnn-small", "fedbn": "cnn-bn", "dp-fedavg": "cnn-small", "fedpvr": "cnn-small"}
+COHORT_MODEL = {"fednova": "cnn-small", "fedbn": "cnn-bn", "dp-fedavg": "cnn-small", "fedpvr": "cnn-small",
+                "ri-fedavg": "cnn-small"}
 
 
 @pytest.mark.parametrize("name", sorted(COHORT_MODEL))
