@@ -191,6 +191,52 @@ def _within(tree: Tree, prefix: str) -> Tree:
     return {n[len(prefix):]: t for n, t in tree.items() if n.startswith(prefix)}
 
 
+def eval_logits(model, params: Tree, buffers: Tree, x: torch.Tensor) -> torch.Tensor:
+    """The logits of ``model`` in eval mode (BatchNorm on its running statistics) at (params,
+    buffers), without a graph; the skeleton's mode is restored after."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return functional_call(model, (params, buffers), (x,), strict=True)
+    finally:
+        model.train(was_training)
+
+
+def _head_pass(model, params, buffers, x, y, eps_of):
+    """(logits at w, d, new buffers) with only the head perturbed: one body pass, its vjp fed the
+    gradient of CE(head(w_head + eps; features)) with respect to the features."""
+    def body(p: Tree) -> tuple[torch.Tensor, Tree]:
+        new = {n: b.clone() for n, b in _within(buffers, "body.").items()}
+        return functional_call(model.body, (p, new), (x,)), new
+
+    def head(p: Tree, features: torch.Tensor) -> torch.Tensor:
+        return functional_call(model.head, p, (features,))
+
+    features, body_vjp, body_buffers = vjp(body, _within(params, "body."), has_aux=True)
+    head_params = _within(params, "head.")
+    logits, head_vjp = vjp(lambda p: head(p, features), head_params)
+    eps = eps_of(logits, {f"head.{n}": p for n, p in head_params.items()},
+                 lambda d: ({f"head.{n}": g for n, g in head_vjp(d)[0].items()},))
+    perturbed_head = _within(perturbed_copy(params, eps), "head.")
+    g_head, g_features = grad(lambda p, f: F.cross_entropy(head(p, f), y), argnums=(0, 1))(perturbed_head, features)
+    (g_body,) = body_vjp(g_features)
+    sharp = {**{f"body.{n}": g for n, g in g_body.items()}, **{f"head.{n}": g for n, g in g_head.items()}}
+    return logits, {n: sharp[n] for n in params}, {**buffers, **{f"body.{n}": b for n, b in body_buffers.items()}}
+
+
+def _full_pass(model, params, buffers, x, y, hp, eps_of):
+    """(logits at w, d, new buffers) with every parameter perturbed."""
+    def forward(p: Tree) -> tuple[torch.Tensor, Tree]:
+        new = {n: b.clone() for n, b in buffers.items()}
+        return functional_call(model, (p, new), (x,)), new
+
+    logits, forward_vjp, new_buffers = vjp(forward, params, has_aux=True)
+    eps = eps_of(logits, params, forward_vjp)
+    sharp, _, _ = grad_and_loss(model, perturbed_copy(params, eps), new_buffers, x, y, hp)
+    return logits, sharp, new_buffers
+
+
 def fedsol_direction(model, params, buffers, x, y, w_t, ctx, hp):
     """FedSOL's step (Eqs. 6-8): g_p = dL_p/dw on the perturbed set (the head, ``fedsol-perturb =
     "head"``, or every parameter), eps = ``fedsol_eps``, d = grad CE(w + eps) for every parameter,
@@ -202,15 +248,8 @@ def fedsol_direction(model, params, buffers, x, y, w_t, ctx, hp):
     from ``model`` in eval mode at (w_t, the global buffers)."""
     keys = hp.keys
     temperature = keys["fedsol-temperature"]
-    prox_sum = buffers.get(PROX_SUM)
     model_buffers = {n: b for n, b in buffers.items() if n != PROX_SUM}
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            global_logits = functional_call(model, (w_t, ctx["global_buffers"]), (x,), strict=True)
-    finally:
-        model.train(was_training)
+    global_logits = eval_logits(model, w_t, ctx["global_buffers"], x)
 
     def eps_of(logits: torch.Tensor, targets: Tree, vjp_fn) -> Tree:
         (g_p,) = vjp_fn(proximal_logit_grad(logits, global_logits, temperature))
@@ -218,34 +257,11 @@ def fedsol_direction(model, params, buffers, x, y, w_t, ctx, hp):
         return fedsol_eps(targets, w_t, g_p, keys["fedsol-rho"], keys["fedsol-adaptive"], keys["fedsol-radius"])
 
     if keys["fedsol-perturb"] == "head":
-        def body(p: Tree) -> tuple[torch.Tensor, Tree]:
-            new = {n: b.clone() for n, b in _within(model_buffers, "body.").items()}
-            return functional_call(model.body, (p, new), (x,)), new
-
-        def head(p: Tree, features: torch.Tensor) -> torch.Tensor:
-            return functional_call(model.head, p, (features,))
-
-        features, body_vjp, body_buffers = vjp(body, _within(params, "body."), has_aux=True)
-        head_params = _within(params, "head.")
-        logits, head_vjp = vjp(lambda p: head(p, features), head_params)
-        eps = eps_of(logits, {f"head.{n}": p for n, p in head_params.items()},
-                     lambda d: ({f"head.{n}": g for n, g in head_vjp(d)[0].items()},))
-        perturbed_head = _within(perturbed_copy(params, eps), "head.")
-        g_head, g_features = grad(lambda p, f: F.cross_entropy(head(p, f), y), argnums=(0, 1))(perturbed_head, features)
-        (g_body,) = body_vjp(g_features)
-        sharp = {**{f"body.{n}": g for n, g in g_body.items()}, **{f"head.{n}": g for n, g in g_head.items()}}
-        sharp = {n: sharp[n] for n in params}
-        new_buffers = {**model_buffers, **{f"body.{n}": b for n, b in body_buffers.items()}}
+        logits, sharp, new_buffers = _head_pass(model, params, model_buffers, x, y, eps_of)
     else:
-        def forward(p: Tree) -> tuple[torch.Tensor, Tree]:
-            new = {n: b.clone() for n, b in model_buffers.items()}
-            return functional_call(model, (p, new), (x,)), new
-
-        logits, forward_vjp, new_buffers = vjp(forward, params, has_aux=True)
-        eps = eps_of(logits, params, forward_vjp)
-        sharp, _, _ = grad_and_loss(model, perturbed_copy(params, eps), new_buffers, x, y, hp)
+        logits, sharp, new_buffers = _full_pass(model, params, model_buffers, x, y, hp, eps_of)
     prox = proximal_kl(logits, global_logits, temperature)
-    new_buffers[PROX_SUM] = prox if prox_sum is None else prox_sum + prox
+    new_buffers[PROX_SUM] = prox if PROX_SUM not in buffers else buffers[PROX_SUM] + prox
     return sharp, new_buffers, F.cross_entropy(logits, y).detach()
 
 
