@@ -422,7 +422,7 @@ def _cohort_inputs(name, sizes, seed=5):
     models = [build_model("cnn-small", SHAPE, seed=k) for k in range(len(sizes))]
     params, buffers = (stack_trees(t) for t in zip(*(module_state(m) for m in models)))
     if name.startswith("fedsol"):  # a cohort starts the proximal-loss sum in its buffers
-        buffers = stack_trees([fedsol_buffers(module_state(m)[1]) for m in models])
+        buffers = stack_trees([fedsol_buffers(module_state(m)[1], "cpu") for m in models])
     params = {n: p.contiguous() for n, p in params.items()}  # the layout vmap batches
     data = [(torch.randn(n, 1, 8, 8, generator=gen), torch.randint(0, 10, (n,), generator=gen)) for n in sizes]
     states, server = [{} for _ in sizes], {}

@@ -1,6 +1,7 @@
-"""The sharpness-aware local updates as ``LocalUpdate``s: FedASAM, FedGAM, FedGAM-CV,
-FedSOL (the methods that take gradients at perturbed weights). The contract is in ``tasks.functional``'s docstring; each
-method's reading of its paper is in its client module's docstring (clients/<method>.py).
+"""The sharpness-aware local updates as ``LocalUpdate``s: FedASAM, FedGAM, FedGAM-CV and FedSOL,
+the methods that take their gradient at perturbed weights. The contract is in
+``tasks.functional``'s docstring; each method's reading of its paper is in its client module's
+docstring (clients/<method>.py).
 
 Every perturbed point w + eps is a copy of the weights (``perturbed_copy``): w itself never
 moves, so nothing has to be restored (the hook path's ``clients.perturbation.perturbed`` went
@@ -8,6 +9,10 @@ back by copy for the same reason), and the buffers a direction returns are those
 unperturbed pass (BatchNorm statistics count that pass only). Each formula uses the same tensor
 operations, in the same order, as the hook code it replaces, so the converted clients give the
 same numbers as before (bit for bit on CPU; scripts/same_metrics.py, tests/test_functional_sharpness.py).
+
+FedSMOO is not here: its dual mu_i changes at every step and its reply and next state are
+built from the last step's mu_i and perturbation, but ``end`` sees only (w_t, w, steps, ctx,
+state), so the protocol cannot carry them to it; the client keeps its hook loop.
 """
 
 from __future__ import annotations
@@ -122,10 +127,11 @@ FEDGAM_CV = LocalUpdate("fedgam-cv", gam_cv_direction, control_variate_begin, co
 # ------------------------------------------------------------------------------- FedSOL
 RADII = ("layer", "axis")
 # The round's running sum of the proximal loss L_p (the fit metric ``prox_loss`` is its mean):
-# carried from step to step in the buffers under this key, which no module's buffer can have
-# (the protocol's one per-step, per-client channel, masked by ``cohort_round`` like the BN
-# statistics). A cohort must start its buffers with it (``fedsol_buffers``); ``local_round``
-# may leave it out (zero).
+# carried from step to step in the buffers under this key, not a name of any model's buffer
+# (the buffers are the protocol's one per-step, per-client channel, masked by ``cohort_round``
+# like the BN statistics; ``functional_call`` never sees the key). A cohort must start its
+# buffers with it (``fedsol_buffers``: a masked step keeps each client's old entry, so it must
+# exist); ``local_round`` may leave it out (then it starts at the first step's L_p).
 PROX_SUM = "<fedsol prox_sum>"
 FEDSOL_KEYS = ("fedsol-rho", "fedsol-temperature", "fedsol-perturb", "fedsol-adaptive", "fedsol-radius")
 
@@ -180,10 +186,9 @@ def fedsol_begin(w_t: Tree, state: dict, server: dict, hp: Hyper) -> dict:
     return {"global_buffers": dict(server.get("buffers", {}))}
 
 
-def fedsol_buffers(buffers: Tree) -> Tree:
-    """``buffers`` with the round's proximal-loss sum started at zero (``PROX_SUM``)."""
-    first = next(iter(buffers.values()), None)
-    return {**buffers, PROX_SUM: torch.zeros((), device=first.device if first is not None else None)}
+def fedsol_buffers(buffers: Tree, device: torch.device | str) -> Tree:
+    """``buffers`` with the round's proximal-loss sum started at zero on ``device`` (``PROX_SUM``)."""
+    return {**buffers, PROX_SUM: torch.zeros((), device=device)}
 
 
 def _within(tree: Tree, prefix: str) -> Tree:
