@@ -44,11 +44,14 @@ state - | traffic -
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-from clients.base import DriftClient
+import numpy as np
+
+from clients.base import DriftClient, FunctionalRound
 from tasks.functional import RoundResult
-from tasks.functional.sharpness import FEDSOL, RADII, fedsol_metrics
+from tasks.functional.sharpness import FEDSOL, RADII, fedsol_buffers, fedsol_metrics
 from tasks.keys import Key, positive
 
 
@@ -69,6 +72,12 @@ class FedSOLClient(DriftClient):
         # (the authors' code; with fedsol-perturb = "all" it is the code's perturbation)
         "fedsol-radius": Key("layer", choices=RADII),
     }
+
+    def prepare_functional(self, parameters: list[np.ndarray], config: dict) -> FunctionalRound:
+        """``DriftClient``'s round, its buffers starting the proximal-loss sum at zero (``PROX_SUM``):
+        on both paths, so a cohort whose first step is masked finds each client's entry to keep."""
+        job = super().prepare_functional(parameters, config)
+        return dataclasses.replace(job, buffers=fedsol_buffers(job.buffers, self.device))
 
     def functional_inputs(self) -> tuple[dict, dict]:
         return {}, {"buffers": {n: b.detach().clone() for n, b in self.model.named_buffers()}}

@@ -23,6 +23,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from clients.fedsol import FedSOLClient
 from clients.perturbation import perturbed
 from tasks.catalogue import InputShape
 from tasks.datasets import input_shape
@@ -41,6 +42,7 @@ from tasks.functional.sharpness import (
     fedsol_metrics,
 )
 from tasks.models import build_model
+from tests.conftest import make_client
 from tests.helpers_baselines import softmax_regression_grad
 
 SHAPE = InputShape(1, 8, 10)  # one channel (channels-last quirk: keep_layout), small for speed
@@ -234,6 +236,31 @@ def test_fedsol_first_step_is_plain_sgd():
         plain = torch.func.grad(lambda p: F.cross_entropy(torch.func.functional_call(model, p, (x,)), y))(params)
         for n in params:
             torch.testing.assert_close(d[n], plain[n], rtol=0, atol=0)
+
+
+def test_fedsol_client_starts_the_prox_sum_for_a_masked_cohort():
+    """FedSOLClient's prepared round carries PROX_SUM = 0 in its buffers: a cohort whose first
+    step is masked (a client with fewer samples than a batch) keeps each client's old entry,
+    which must exist; unseeded buffers fail there."""
+    gen = torch.Generator().manual_seed(6)
+    x, y = torch.randn(9, 60, generator=gen), torch.randint(0, 10, (9,), generator=gen)
+    client = make_client(FedSOLClient, {"model": "mlp", "batch-size": 4, "local-epochs": 1}, x, y)
+    job = client.prepare_functional(client.get_parameters({}), {"server-round": 1})
+    assert torch.equal(job.buffers[PROX_SUM], torch.zeros(()))
+    data = [(x, y), (x[:3], y[:3])]
+    gens = [torch.Generator().manual_seed(k) for k in range(2)]
+    params = {n: p.contiguous() for n, p in stack_trees([job.params] * 2).items()}
+    together = cohort_round(job.update, job.model, params, stack_trees([job.buffers] * 2), [{}, {}], job.server,
+                            job.hp, data, 4, 1, gens)
+    for k, (xk, yk) in enumerate(data):
+        alone = local_round(job.update, job.model, job.params, job.buffers, {}, job.server, job.hp, xk, yk, 4, 1,
+                            torch.Generator().manual_seed(k))
+        assert abs(float(together.buffers[PROX_SUM][k] - alone.buffers[PROX_SUM])) <= 1e-6  # as in _compare
+    assert abs(float(together.buffers[PROX_SUM][1])) <= 1e-7  # its one step is at w = w_g: KL 0 up to rounding
+    unseeded = {n: b for n, b in job.buffers.items() if n != PROX_SUM}
+    with pytest.raises(KeyError):
+        cohort_round(job.update, job.model, params, stack_trees([unseeded] * 2), [{}, {}], job.server, job.hp, data,
+                     4, 1, [torch.Generator().manual_seed(k) for k in range(2)])
 
 
 # ---------------------------------------------------- (a') against the module-based hook loop
