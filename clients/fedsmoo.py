@@ -42,10 +42,10 @@ vector.
   s = ρ · mean_i μ_i / ‖mean_i μ_i‖. `"none"` holds s and μ_i at zero (the client replies zeros):
   plain SAM inside FedDyn. The authors' code also clips d at norm 10 (`smoo-clip-norm = 10`);
   the default leaves it off.
-- Reused, not rewritten: the SAM step is `FedSAMClient.train_step` (only its perturbation
-  differs), the dynamic regulariser is `FedDynClient`'s (h_i is kept as FedDyn's g_k = −α h_i in
+- Reused, not rewritten: SAM's ascent step is `tasks.functional.core.sam_eps`, the dynamic
+  regulariser is FedDyn's (its begin and end; h_i is kept as FedDyn's g_k = −α h_i in
   `context.state`: α h_i is all the local step uses), the transport of s is the control-variate
-  one.
+  one; the whole local update is `tasks.functional.sharpness.FEDSMOO`.
 - Reductions: ρ = 0 gives exactly the FedDyn client and server (for α > 0); α = 0 with
   `smoo-s = "none"` gives exactly the FedSAM client's local update (the server still adds H, so
   the global model differs from FedSAM's from round 2 on; both reductions are tested in
@@ -61,15 +61,18 @@ h_i, μ_i | server state H, s | traffic s down, s̃_i up
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 import torch
 
+from clients.base import FunctionalRound
 from clients.control_variates import arrays_to_tensors, split_received
 from clients.feddyn import FedDynClient
 from clients.fedsam import FedSAMClient
-from clients.perturbation import global_norm, sam_eps
+from tasks.functional import RoundResult
+from tasks.functional.sharpness import FEDSMOO, smoo_buffers, smoo_outputs
 from tasks.keys import Key, non_negative
 from tasks.layout import cv_names_in_state_order, trainable_param_names
 
@@ -77,13 +80,15 @@ MU_STATE = "smoo-mu"
 
 
 class FedSMOOClient(FedDynClient, FedSAMClient):
+    """``tasks.functional.sharpness.FEDSMOO``: s arrives after the weights (``receive``), mu_i
+    starts the round in the buffers (``prepare_functional``), h_i is kept as FedDyn's g_k and
+    mu_i in ``context.state``, stil_i (or mu_i, or zeros) goes back after the weights."""
+
+    LOCAL_UPDATE = FEDSMOO
     # smoo-rho, smoo-alpha and smoo-s, read by the server too, sit on FedSMOOStrategy; this dict
-    # hides FedSAM's sam-rho, which sam_rho() below replaces by smoo-rho
+    # hides FedSAM's sam-rho, which FEDSMOO does not read (it reads smoo-rho)
     CONFIG_KEYS = {"smoo-clip-norm": Key(0.0, non_negative, ">= 0 (local gradient clipping norm; 0 = off)")}
     ALPHA_KEY = "smoo-alpha"
-
-    def sam_rho(self) -> float:
-        return self.cfg["smoo-rho"]
 
     def _setup(self) -> None:
         """The trainable parameters in state_dict order: the order s and the reply travel in,
@@ -104,56 +109,31 @@ class FedSMOOClient(FedDynClient, FedSAMClient):
         weights, extra = split_received(self.model, super().receive(parameters))
         self._setup()
         self.s = arrays_to_tensors(extra, self.s_names, self.s_params, "s") if extra else self._zeros()
+        self.extra_reply: list[torch.Tensor] | None = None
         return weights
 
-    def begin_round(self, server_round: int):
-        metrics = super().begin_round(server_round)
+    def prepare_functional(self, parameters: list[np.ndarray], config: dict) -> FunctionalRound:
+        """``DriftClient``'s round, its buffers carrying mu_i from ``context.state`` (zeros at
+        first, and always under ``smoo-s = "none"``) and a zero shat."""
+        job = super().prepare_functional(parameters, config)
         stored = self.load_state(MU_STATE) if self.mode != "none" else None
-        self.mu = (arrays_to_tensors(stored, self.s_names, self.s_params, "stored mu_i")
-                   if stored is not None else self._zeros())
-        self.shat: list[torch.Tensor | None] = [None] * len(self.s_params)  # the last step's
-        self.extra_reply: list[torch.Tensor] | None = None
-        return metrics
+        mu = (arrays_to_tensors(stored, self.s_names, self.s_params, "stored mu_i")
+              if stored is not None else self._zeros())
+        return dataclasses.replace(job, buffers=smoo_buffers(job.buffers, dict(zip(self.s_names, mu))))
 
-    @torch.no_grad()
-    def perturbation(self, params: list, grads: list) -> list:
-        """shat = rho v/||v||, v = g - mu_i - s; updates mu_i. ``none``: FedSAM's eps."""
-        if self.mode == "none":
-            return super().perturbation(params, grads)
-        # v is built in the gradient buffers: train_step drops them before the second pass
-        v = [None if g is None else g.sub_(m).sub_(s) for g, m, s in zip(grads, self.mu, self.s)]
-        shat = sam_eps(v, self.sam_rho())
-        for m, e, s in zip(self.mu, shat, self.s):
-            if e is not None:
-                m.add_(e)
-            m.sub_(s)
-        self.shat = shat
-        return shat
+    def functional_inputs(self) -> tuple[dict, dict]:
+        return self._stored(), {"s": dict(zip(self.s_names, self.s))}
 
-    @torch.no_grad()
-    def adjust_gradients(self) -> None:
-        """d = gtil + alpha (h_i - w_t), clipped when ``smoo-clip-norm`` > 0, then + alpha w."""
-        self.subtract_dual()
-        clip = self.cfg["smoo-clip-norm"]
-        if clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.params(), clip)
-        self.add_alpha_weights()
-
-    @torch.no_grad()
-    def end_round(self, steps: int) -> dict[str, Any] | None:
-        metrics = dict(super().end_round(steps) or {})  # FedDyn: h_i (as g_k) saved
-        if self.mode == "paper":
-            self.extra_reply = [m if e is None else m - e for m, e in zip(self.mu, self.shat)]
-        elif self.mode == "code":
-            self.extra_reply = self.mu
-        else:
-            self.extra_reply = self._zeros()
+    def functional_outputs(self, result: RoundResult) -> dict[str, Any]:
+        """g_k (FedDyn's), mu_i kept; the reply noted; ``smoo_mu_norm``."""
+        super().functional_outputs(result)
+        mu, reply, metrics = smoo_outputs(result.buffers, self.mode)
+        self.extra_reply = [reply[n] for n in self.s_names]
         if self.mode != "none":
-            self.save_state(MU_STATE, [m.cpu().numpy() for m in self.mu])
-        metrics["smoo_mu_norm"] = float(global_norm(self.mu))
-        return metrics
+            self.save_state(MU_STATE, [mu[n].cpu().numpy() for n in self.s_names])
+        return {k: float(v) for k, v in metrics.items()}
 
     def reply(self) -> list[np.ndarray]:
         if self.extra_reply is None:
-            raise RuntimeError("reply() before end_round(): the FedSMOO reply is not computed")
+            raise RuntimeError("reply() before the round: the FedSMOO reply is not computed")
         return super().reply() + [a.cpu().numpy() for a in self.extra_reply]

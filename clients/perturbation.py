@@ -1,4 +1,5 @@
-"""SAM-style weight perturbation for the hook-based SAM step (``FedSAMClient.train_step``, which FedSMOO runs).
+"""SAM-style weight perturbation for the hook-based SAM step (``FedSAMClient.train_step``, the hook twin
+tests/test_functional.py compares ``tasks.functional.FEDSAM`` with).
 
 Every such method does: compute a perturbation eps, move the weights to w + eps, take a
 gradient there, and go back to w. Going back is done by copying the saved w, never by

@@ -175,7 +175,8 @@ TWINS = {"fedavg": (FedAvgClient, HookFedAvg), "fedprox": (FedProxClient, HookFe
 def test_lookup_is_not_inherited():
     assert FedSAMClient(*_client_args()).local_update() is not None
     assert FedASAMClient(*_client_args()).local_update().name == "fedasam"  # its own, not FedSAM's
-    for cls in (HookFedAvg, HookScaffold, HookFedSAM, HookFedDyn, FedSMOOClient, DriftClient):
+    assert FedSMOOClient(*_client_args()).local_update().name == "fedsmoo"  # its own, not FedDyn's or FedSAM's
+    for cls in (HookFedAvg, HookScaffold, HookFedSAM, HookFedDyn, DriftClient):
         assert cls.__dict__.get("LOCAL_UPDATE") is None and cls(*_client_args()).local_update() is None
 
 

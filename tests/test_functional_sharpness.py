@@ -10,7 +10,9 @@
 (b) A cohort of K = 3 (one ``vmap``) equals three ``local_round`` calls within 1e-5 relative
     (float32: vmap's batched convolutions and matmuls sum in another order, a few ulp per step),
     and a cohort of one equals ``local_round`` exactly.
-(c) Where the method has state, a second round starts from the state the first left.
+(c) Where the method has state, a second round starts from the state the first left (FedGAM-CV
+    here; FedSMOO's mu_i and h_i by hand through the client in tests/test_fedsmoo.py, whose hand
+    computations of one step in each mode also check FEDSMOO's maths).
 """
 
 from __future__ import annotations
@@ -33,13 +35,16 @@ from tasks.functional.sharpness import (
     FEDASAM,
     FEDGAM,
     FEDGAM_CV,
+    FEDSMOO,
     FEDSOL,
     PROX_SUM,
+    SMOO_MU,
     asam_eps,
     asam_scaled,
     fedsol_buffers,
     fedsol_direction,
     fedsol_metrics,
+    smoo_buffers,
 )
 from tasks.models import build_model
 from tests.conftest import make_client
@@ -50,12 +55,16 @@ GAM = {"gam-rho": 0.3, "gam-alpha": 0.7, "gam-cv-alpha": 0.6, "gam-variant": "pa
        "gam-beta1": 1.0, "gam-beta2": -1.0, "gam-beta3": 1.0, "gam-gamma": 0.5}
 SOL = {"fedsol-rho": 1.5, "fedsol-temperature": 3.0, "fedsol-perturb": "head", "fedsol-adaptive": True,
        "fedsol-radius": "layer"}
-KEYS = {"asam-rho": 0.5, "asam-eta": 0.01, **GAM, **SOL}
+SMOO = {"smoo-rho": 0.3, "smoo-alpha": 0.2, "smoo-s": "paper", "smoo-clip-norm": 0.0}
+KEYS = {"asam-rho": 0.5, "asam-eta": 0.01, **GAM, **SOL, **SMOO}
 # name -> (update, keys that differ from KEYS)
 CASES = {"fedasam": (FEDASAM, {}), "fedgam": (FEDGAM, {}), "fedgam-reference": (FEDGAM, {"gam-variant": "reference"}),
          "fedgam-cv": (FEDGAM_CV, {}), "fedgam-cv-reference": (FEDGAM_CV, {"gam-variant": "reference"}),
          # the paper's text (head, radius per tensor) and the authors' code (every layer, per axis)
-         "fedsol-text": (FEDSOL, {}), "fedsol": (FEDSOL, {"fedsol-perturb": "all", "fedsol-radius": "axis"})}
+         "fedsol-text": (FEDSOL, {}), "fedsol": (FEDSOL, {"fedsol-perturb": "all", "fedsol-radius": "axis"}),
+         # the paper's s; the authors' code's (mu_i replied) with their clipping; plain SAM in FedDyn, alpha = 0
+         "fedsmoo": (FEDSMOO, {}), "fedsmoo-code-clip": (FEDSMOO, {"smoo-s": "code", "smoo-clip-norm": 0.5}),
+         "fedsmoo-none": (FEDSMOO, {"smoo-s": "none", "smoo-alpha": 0.0})}
 
 
 # ------------------------------------------------------------------ (a) hand computations
@@ -381,7 +390,37 @@ def hook_fedsol(model, xb, yb, keys, ctx):
     return ce.detach()
 
 
-HOOKS = {"fedsol": hook_fedsol, "fedsol-text": hook_fedsol, "fedasam": hook_fedasam, "fedgam": hook_fedgam, "fedgam-reference": hook_fedgam,
+def hook_fedsmoo(model, xb, yb, keys, ctx):
+    """FedSMOOClient's hooks as they were: FedSAM's train_step with shat = rho v/||v|| built in
+    the gradient buffers (mu_i updated in place), then FedDyn's dual, the clip, + alpha w."""
+    rho, alpha, clip = keys["smoo-rho"], keys["smoo-alpha"], keys["smoo-clip-norm"]
+
+    def eps_fn(params, grads):
+        if keys["smoo-s"] == "none":
+            return _hook_sam_eps([g.detach() for g in grads], rho)
+        v = [g.sub_(m).sub_(s) for g, m, s in zip(grads, ctx["mu"], ctx["s"])]
+        shat = _hook_sam_eps(v, rho)
+        for m, e, s in zip(ctx["mu"], shat, ctx["s"]):
+            m.add_(e)
+            m.sub_(s)
+        return shat
+
+    loss = _hook_sam_step(model, xb, yb, eps_fn)
+    params = list(model.parameters())
+    with torch.no_grad():
+        if alpha != 0:
+            for p, c in zip(params, ctx["offset"]):
+                p.grad.sub_(c)
+        if clip > 0:
+            torch.nn.utils.clip_grad_norm_(params, clip)
+        if alpha != 0:
+            for p in params:
+                p.grad.add_(p.detach(), alpha=alpha)
+    return loss
+
+
+HOOKS = {"fedsmoo": hook_fedsmoo, "fedsmoo-code-clip": hook_fedsmoo, "fedsmoo-none": hook_fedsmoo,
+         "fedsol": hook_fedsol, "fedsol-text": hook_fedsol, "fedasam": hook_fedasam, "fedgam": hook_fedgam, "fedgam-reference": hook_fedgam,
          "fedgam-cv": hook_fedgam_cv, "fedgam-cv-reference": hook_fedgam_cv}
 
 
@@ -402,24 +441,32 @@ def module_round(hook, model, x, y, hp, batch_size, epochs, seed, ctx):
     return loss_sum.item() / steps
 
 
-def _inputs_for(name, model, gen):
-    """(state, server, the hook's view of them) for method ``name``: c and c_i for control
-    variates (non-zero, so the correction really acts); FedSOL's global model (its buffers, and
-    for the hook a frozen eval-mode copy); nothing for stateless methods."""
+def _inputs_for(name, model, gen, keys):
+    """(state, server, starting buffers, the hook's view of them) for method ``name``: c and c_i
+    for control variates (non-zero, so the correction really acts); FedSOL's global model (its
+    buffers, and for the hook a frozen eval-mode copy); FedSMOO's g_k, s and mu_i (non-zero);
+    nothing for stateless methods."""
     params, buffers = module_state(model)
     if name.startswith("fedsol"):
         frozen = copy.deepcopy(model).eval()
-        return {}, {"buffers": buffers}, {"global_model": frozen, "round_start": list(params.values()),
-                                          "prox_sum": torch.zeros(())}
+        return {}, {"buffers": buffers}, buffers, {"global_model": frozen, "round_start": list(params.values()),
+                                                   "prox_sum": torch.zeros(())}
     if name.startswith("fedgam-cv"):
         c, ci = ({n: torch.randn(p.shape, generator=gen) * 0.1 for n, p in params.items()} for _ in range(2))
-        return {"ci": ci}, {"c": c}, {"corr": [c[n] - ci[n] for n in params]}
-    return {}, {}, {}
+        return {"ci": ci}, {"c": c}, buffers, {"corr": [c[n] - ci[n] for n in params]}
+    if name.startswith("fedsmoo"):
+        g_k, s, mu = ({n: torch.randn(p.shape, generator=gen) * 0.05 for n, p in params.items()} for _ in range(3))
+        if keys["smoo-s"] == "none":
+            mu = {n: torch.zeros_like(m) for n, m in mu.items()}
+        offset = [g_k[n] + keys["smoo-alpha"] * params[n] for n in params]
+        return ({"grad": g_k}, {"s": s}, smoo_buffers(buffers, mu),
+                {"mu": [m.clone() for m in mu.values()], "s": list(s.values()), "offset": offset})
+    return {}, {}, buffers, {}
 
 
 # every case on the channels-last CNN; the BatchNorm CNN (buffers of the first pass kept) once per update
 TWIN_CASES = [(name, "cnn-small") for name in sorted(CASES)]
-TWIN_CASES += [(name, "cnn-bn") for name in ("fedasam", "fedgam-cv", "fedsol", "fedsol-text")]
+TWIN_CASES += [(name, "cnn-bn") for name in ("fedasam", "fedgam-cv", "fedsol", "fedsol-text", "fedsmoo")]
 
 
 @pytest.mark.parametrize("name,model_name", TWIN_CASES)
@@ -427,10 +474,10 @@ def test_update_equals_the_hook_loop(name, model_name):
     gen = torch.Generator().manual_seed(2)
     x, y = torch.randn(10, 1, 8, 8, generator=gen), torch.randint(0, 10, (10,), generator=gen)
     model = build_model(model_name, SHAPE, seed=0)
-    params, buffers = module_state(model)
-    state, server, ctx = _inputs_for(name, model, gen)
+    params, _ = module_state(model)
     update, keys = CASES[name]
     hp = Hyper(lr=0.05, momentum=0.9, weight_decay=5e-4, keys={**KEYS, **keys})
+    state, server, buffers, ctx = _inputs_for(name, model, gen, hp.keys)
     result = local_round(update, copy.deepcopy(model), params, buffers, state, server, hp,
                          x, y, 4, 2, torch.Generator().manual_seed(3))
     loss = module_round(HOOKS[name], model, x, y, hp, 4, 2, 3, ctx)
@@ -441,6 +488,9 @@ def test_update_equals_the_hook_loop(name, model_name):
         assert torch.equal(result.buffers[n], b), n
     if "prox_sum" in ctx:
         assert fedsol_metrics(result.buffers, 6)["prox_loss"] == ctx["prox_sum"].item() / 6
+    if "mu" in ctx:  # the dual, updated at every step
+        for n, m in zip(params, ctx["mu"]):
+            assert torch.equal(result.buffers[SMOO_MU + n], m), n
 
 
 # -------------------------------------------------------------------------------- (b) cohorts
@@ -453,6 +503,12 @@ def _cohort_inputs(name, sizes, seed=5):
     params = {n: p.contiguous() for n, p in params.items()}  # the layout vmap batches
     data = [(torch.randn(n, 1, 8, 8, generator=gen), torch.randint(0, 10, (n,), generator=gen)) for n in sizes]
     states, server = [{} for _ in sizes], {}
+    if name.startswith("fedsmoo"):  # g_k and mu_i per client, s shared
+        mus = [{n: torch.randn(v.shape[1:], generator=gen) * 0.05 for n, v in params.items()} for _ in sizes]
+        buffers = stack_trees([smoo_buffers(unstack_tree(buffers, k), mu) for k, mu in enumerate(mus)])
+        states = [{"grad": {n: torch.randn(v.shape[1:], generator=gen) * 0.05 for n, v in params.items()}}
+                  for _ in sizes]
+        server = {"s": {n: torch.randn(v.shape[1:], generator=gen) * 0.05 for n, v in params.items()}}
     if name.startswith("fedgam-cv"):  # c_i different per client, c shared
         states = [{"ci": {n: torch.randn(v.shape[1:], generator=gen) * 0.1 for n, v in params.items()}} for _ in sizes]
         server = {"c": {n: torch.randn(v.shape[1:], generator=gen) * 0.1 for n, v in params.items()}}

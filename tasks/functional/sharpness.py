@@ -1,7 +1,7 @@
-"""The sharpness-aware local updates as ``LocalUpdate``s: FedASAM, FedGAM, FedGAM-CV and FedSOL,
-the methods that take their gradient at perturbed weights. The contract is in
-``tasks.functional``'s docstring; each method's reading of its paper is in its client module's
-docstring (clients/<method>.py).
+"""The sharpness-aware local updates as ``LocalUpdate``s: FedASAM, FedGAM, FedGAM-CV, FedSOL and
+FedSMOO, the methods that take their gradient at perturbed weights (FedSAM's is in
+``tasks.functional.methods``). The contract is in ``tasks.functional``'s docstring; each
+method's reading of its paper is in its client module's docstring (clients/<method>.py).
 
 Every perturbed point w + eps is a copy of the weights (``perturbed_copy``): w itself never
 moves, so nothing has to be restored (the hook path's ``clients.perturbation.perturbed`` went
@@ -10,13 +10,17 @@ unperturbed pass (BatchNorm statistics count that pass only). Each formula uses 
 operations, in the same order, as the hook code it replaces, so the converted clients give the
 same numbers as before (bit for bit on CPU; scripts/same_metrics.py, tests/test_functional_sharpness.py).
 
-FedSMOO is not here: its dual mu_i changes at every step and its reply and next state are
-built from the last step's mu_i and perturbation, but ``end`` sees only (w_t, w, steps, ctx,
-state), so the protocol cannot carry them to it; the client keeps its hook loop.
+Per-step quantities that outlive a step (FedSOL's proximal-loss sum, FedSMOO's dual mu_i and
+last perturbation) ride in the buffers under names no model's buffer has (``PROX_SUM``,
+``SMOO_MU``/``SMOO_SHAT`` + a parameter's name): the buffers are the protocol's one tensor state
+carried from step to step per client and masked per client in a cohort, and ``end`` does not see
+them, so the client reads them from the round's result (``fedsol_metrics``, ``smoo_outputs``).
+The client starts them in its prepared round (``fedsol_buffers``, ``smoo_buffers``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 
 import torch
@@ -24,7 +28,7 @@ import torch.nn.functional as F
 from torch.func import functional_call, grad, vjp
 
 from tasks.functional.core import NORM_EPS, Hyper, Tree, grad_and_loss, keep_layout, sam_eps, tree_norm
-from tasks.functional.methods import LocalUpdate, control_variate_begin, control_variate_end
+from tasks.functional.methods import LocalUpdate, control_variate_begin, control_variate_end, feddyn_begin, feddyn_end
 
 
 def perturbed_copy(params: Tree, eps: Tree) -> Tree:
@@ -278,4 +282,81 @@ def fedsol_metrics(buffers: Tree, steps: int) -> dict[str, float]:
 
 FEDSOL = LocalUpdate("fedsol", fedsol_direction, fedsol_begin, keys=FEDSOL_KEYS)
 
-METHODS = {u.name: u for u in (FEDASAM, FEDGAM, FEDGAM_CV, FEDSOL)}
+
+# ------------------------------------------------------------------------------ FedSMOO
+# The dual mu_i and the last step's perturbation shat change at every step and make the reply
+# (``smoo_outputs``): carried in the buffers under these prefixes and a parameter's name, like
+# FedSOL's PROX_SUM (a round starts them with ``smoo_buffers``; the direction requires them).
+SMOO_MU, SMOO_SHAT = "<smoo mu>", "<smoo shat>"
+SMOO_KEYS = ("smoo-rho", "smoo-alpha", "smoo-s", "smoo-clip-norm")
+CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s
+
+
+def _feddyn_hp(hp: Hyper) -> Hyper:
+    """``hp`` as FedDyn's functions read it: alpha = ``smoo-alpha``."""
+    return dataclasses.replace(hp, keys={"feddyn-alpha": hp.keys["smoo-alpha"]})
+
+
+def smoo_buffers(buffers: Tree, mu: Tree) -> Tree:
+    """``buffers`` with the round's starting dual mu_i (zeros where none is kept) and a zero shat."""
+    return {**buffers, **{SMOO_MU + n: m for n, m in mu.items()},
+            **{SMOO_SHAT + n: torch.zeros_like(m) for n, m in mu.items()}}
+
+
+def smoo_begin(w_t: Tree, state: dict, server: dict, hp: Hyper) -> dict:
+    """FedDyn's g_k and offset g_k + alpha w_t (``state["grad"]`` = -alpha h_i) and s
+    (``server["s"]``, zeros when absent)."""
+    ctx = feddyn_begin(w_t, state, server, _feddyn_hp(hp))
+    zeros = {n: torch.zeros_like(w, memory_format=torch.contiguous_format) for n, w in w_t.items()}
+    return {**ctx, "s": server.get("s") or zeros}
+
+
+def smoo_direction(model, params, buffers, x, y, w_t, ctx, hp):
+    """g = grad f(w); v = g - mu_i - s; shat = rho v/(||v|| + NORM_EPS); mu_i <- mu_i + shat - s
+    (``smoo-s = "none"``: shat = SAM's eps of g, mu_i stays 0); gtil = grad f(w + shat);
+    d = gtil - (g_k + alpha w_t) (= gtil + alpha (h_i - w_t)), clipped to norm ``smoo-clip-norm``
+    as ``clip_grad_norm_`` does when > 0, then + alpha w (nothing added at alpha = 0)."""
+    keys = hp.keys
+    rho, alpha, clip = keys["smoo-rho"], keys["smoo-alpha"], keys["smoo-clip-norm"]
+    model_buffers = {n: b for n, b in buffers.items() if not n.startswith((SMOO_MU, SMOO_SHAT))}
+    grads, loss, new_buffers = grad_and_loss(model, params, model_buffers, x, y, hp)
+    mu = _within(buffers, SMOO_MU)
+    if keys["smoo-s"] == "none":
+        shat = _sam_step(grads, rho)
+    else:
+        s = ctx["s"]
+        shat = _sam_step({n: g - mu[n] - s[n] for n, g in grads.items()}, rho)
+        mu = {n: m + shat[n] - s[n] for n, m in mu.items()}
+    d, _, _ = grad_and_loss(model, perturbed_copy(params, shat), new_buffers, x, y, hp)
+    if alpha != 0:
+        d = {n: g.sub(ctx["offset"][n]) for n, g in d.items()}
+    if clip > 0:
+        coef = torch.clamp(clip / (tree_norm(d.values()) + CLIP_EPS), max=1.0)
+        d = {n: g * coef for n, g in d.items()}
+    if alpha != 0:
+        d = {n: g.add(params[n], alpha=alpha) for n, g in d.items()}
+    carried = {**{SMOO_MU + n: m for n, m in mu.items()}, **{SMOO_SHAT + n: e for n, e in shat.items()}}
+    return d, {**new_buffers, **carried}, loss
+
+
+def smoo_end(w_t, params, steps, ctx, state, hp):
+    """FedDyn's: g_k <- g_k - alpha (w_K - w_t), i.e. h_i <- h_i + (w_K - w_t); ``feddyn_grad_norm``."""
+    return feddyn_end(w_t, params, steps, ctx, state, _feddyn_hp(hp))
+
+
+def smoo_outputs(buffers: Tree, mode: str) -> tuple[Tree, Tree, dict[str, torch.Tensor]]:
+    """(mu_i to keep, the reply, the metric ``smoo_mu_norm``) from the round's final buffers:
+    ``paper`` replies stil_i = mu_i - shat_last, ``code`` mu_i, ``none`` zeros."""
+    mu, shat = _within(buffers, SMOO_MU), _within(buffers, SMOO_SHAT)
+    if mode == "paper":
+        reply = {n: m - shat[n] for n, m in mu.items()}
+    elif mode == "code":
+        reply = mu
+    else:
+        reply = {n: torch.zeros_like(m) for n, m in mu.items()}
+    return mu, reply, {"smoo_mu_norm": tree_norm(mu.values())}
+
+
+FEDSMOO = LocalUpdate("fedsmoo", smoo_direction, smoo_begin, smoo_end, keys=SMOO_KEYS)
+
+METHODS = {u.name: u for u in (FEDASAM, FEDGAM, FEDGAM_CV, FEDSOL, FEDSMOO)}
