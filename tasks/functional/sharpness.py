@@ -127,7 +127,6 @@ FEDGAM_CV = LocalUpdate("fedgam-cv", gam_cv_direction, control_variate_begin, co
                         keys=(*GAM_KEYS, "gam-cv-alpha"))
 
 
-
 # ------------------------------------------------------------------------------- FedSOL
 RADII = ("layer", "axis")
 # The round's running sum of the proximal loss L_p (the fit metric ``prox_loss`` is its mean):
