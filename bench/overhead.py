@@ -4,6 +4,12 @@ fl-drift simulation (``LocalSimulation`` -> ``flwr run`` on Ray). Not a test; ru
 
     FL_DATA_DIR=/path/to/data python bench/overhead.py                 # a and b, 100 clients
     FL_DATA_DIR=/path/to/data python bench/overhead.py --mode sim --clients 200 --rounds 3
+    FL_DATA_DIR=/path/to/data python bench/overhead.py --mode sim --execution per-client,cohort
+
+``--execution per-client,cohort`` runs (b) once per path (``fl_app/server/cohort.py``: one node
+per client, or cohort nodes that train the round's clients in one vmap) and prints the training
+samples per second over the rounds side by side (samples: the sampled partitions' sizes times
+the local epochs, the same clients on both paths), with both final accuracies.
 
 (a) reproduces the simulation's work exactly: the same partitions (``load_partition``), the
 same clients each round (``SeededClientManager``'s draw: ``default_rng([seed, draw])`` over the
@@ -177,6 +183,8 @@ def run_config(args: argparse.Namespace, results_dir: str) -> dict:
         "batch-size": args.batch_size, "model": args.model, "dataset": args.dataset,
         "data-dir": str(Path(args.data_dir).resolve()), "seed": args.seed,
         "results-dir": results_dir, "run-name": "bench",
+        **({"execution": "cohort", "num-virtual-clients": args.clients}
+           if getattr(args, "execution_now", "per-client") == "cohort" else {}),
         **dict(parse_override(text) for text in args.overrides),
     }
 
@@ -338,6 +346,31 @@ def simulation(args: argparse.Namespace) -> dict:
             "final_accuracy": float(rows[-1]["test_accuracy"]), "start_phases": start_phases, **memory}
 
 
+def simulation_on(args: argparse.Namespace, execution: str) -> dict:
+    """(b) on one path (``per-client`` or ``cohort``), with its training samples per second over
+    the rounds; prints one line."""
+    if execution not in ("per-client", "cohort"):
+        raise SystemExit(f"--execution {execution!r}: valid paths are per-client, cohort")
+    b = simulation(argparse.Namespace(**{**vars(args), "execution_now": execution}))
+    b["execution"] = execution
+    b["samples_per_s"] = trained_samples(args, len(b["round_s"])) / sum(b["round_s"])
+    print(f"(b) {execution}: {b['samples_per_s']:,.0f} training samples/s over {len(b['round_s'])} rounds"
+          f" ({sum(b['round_s']):.1f} s), final accuracy {b['final_accuracy']:.4f}", flush=True)
+    return b
+
+
+def trained_samples(args: argparse.Namespace, rounds: int) -> int:
+    """Training samples of ``rounds`` rounds: the sampled partitions' sizes times the epochs."""
+    from fl_app.config import validate_config
+    from tasks.partitioning import PartitionSpec, federated_dataset
+
+    fds = federated_dataset(PartitionSpec.from_config(validate_config(run_config(args, tempfile.gettempdir())),
+                                                      args.clients))
+    sizes = [len(fds.load_partition(i, "train")) for i in range(args.clients)]
+    return args.epochs * sum(sizes[p] for draw in range(rounds)
+                             for p in sampled_partitions(args.seed, draw, args.clients, args.fraction))
+
+
 def parallel_actors(args: argparse.Namespace) -> int:
     """How many clients Ray runs at once: CPUs / cpus-per-client, and with
     ``--gpus-per-client`` F > 0 at most (visible GPUs) / F as well."""
@@ -416,6 +449,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="passes of (a) then (b); each pass gives a ratio, and their median is printed")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="another run-config key for (b), e.g. overlap-evaluation=false (repeatable)")
+    p.add_argument("--execution", default="per-client",
+                   help="(b)'s path(s), comma-separated: per-client, cohort (each run once, side by side)")
     p.add_argument("--json", help="write the result here")
     p.add_argument("--verbose", action="store_true", help="echo the flwr run output")
     return p.parse_args(argv)
@@ -449,8 +484,11 @@ def one_pass(args: argparse.Namespace) -> dict:
                   f" (PSS {a['peak_pss_mib']:.0f}; sampler {a['sampler_cpu_s']:.1f} s CPU), load {load:.2f}", flush=True)
         report["plain"] = min(report["plain_runs"], key=lambda r: r["wall_s"])  # the compute floor
     if args.mode in ("both", "sim"):
+        executions = [e.strip() for e in args.execution.split(",") if e.strip()]
+        for execution in executions[1:]:  # the other paths first: (b) below is the first one
+            report[f"sim_{execution}"] = simulation_on(args, execution)
         report["load_before_b"] = loadavg()
-        b = report["sim"] = simulation(args)
+        b = report["sim"] = simulation_on(args, executions[0])
         print(f"(b) simulation: {b['wall_s']:.1f} s wall for flwr run ({b['with_superlink_s']:.1f} s with SuperLink"
               f" start/stop; server-side {b['server_total_s']:.1f} s; rounds {sum(b['round_s']):.1f} s),"
               f" final accuracy {b['final_accuracy']:.4f}, peak RSS {b['peak_rss_mib']:.0f} MiB"
@@ -465,6 +503,11 @@ def one_pass(args: argparse.Namespace) -> dict:
                   f" over {d['actors']} actors {d['ideal']:.2f} s + idle actor at the round's end (modelled)"
                   f" {d['fifo'] - d['ideal']:.2f} s + transport and the rest {d['fit_phase'] - d['fifo']:.2f} s",
                   flush=True)
+    if args.mode in ("both", "sim") and len(executions) > 1:
+        print("samples/s over the rounds: " + ", ".join(
+            f"{e} {report['sim' if i == 0 else f'sim_{e}']['samples_per_s']:,.0f} (final accuracy"
+            f" {report['sim' if i == 0 else f'sim_{e}']['final_accuracy']:.4f})" for i, e in enumerate(executions)),
+            flush=True)
     if args.mode == "both":
         a, b = report["plain"], report["sim"]
         rounds_a = sum(r["round_s"] for r in a["rounds"])
