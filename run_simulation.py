@@ -423,7 +423,7 @@ def print_check(configs: list[tuple[str, int, dict]], runs_dir: Path, clients: i
         status = ("finished, kept" if rounds == 0 else
                   f"continues after round {cfg['num-server-rounds'] - rounds}" if rounds < cfg["num-server-rounds"]
                   else "to run")
-        print(f"ok: {row} seed {seed} -> {run_dir} ({status})")
+        print(f"ok: {row} seed {seed} -> {run_dir} ({status}; {execution.path}: {execution.reason})")
         if rounds:
             left.append({**cfg, "num-server-rounds": rounds})
             step_costs.append(method.client.STEP_COST)
