@@ -418,7 +418,8 @@ def print_check(configs: list[tuple[str, int, dict]], runs_dir: Path, clients: i
     left, step_costs, paths = [], [], []
     for row, seed, raw in configs:
         (cfg, method), run_dir = resolve(raw), runs_dir / raw["run-name"]
-        _, execution = execution_for(raw, clients)  # the path the run takes, and why
+        asked = {k: v for k, v in raw.items() if k != "num-virtual-clients"}  # that key is the runner's own
+        _, execution = execution_for(asked, clients)  # the path the run takes, and why
         rounds = rounds_left(cfg, run_dir)
         status = ("finished, kept" if rounds == 0 else
                   f"continues after round {cfg['num-server-rounds'] - rounds}" if rounds < cfg["num-server-rounds"]
