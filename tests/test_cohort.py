@@ -8,6 +8,13 @@ relative after a round, ``tasks/functional/rounds.py``); three rounds of aggrega
 into metrics.csv, compared here at 1e-4 relative (losses, norms) and 1e-3 absolute (accuracy: one
 test example of the synthetic test split is 1/N_test, far larger, so a flip would show). A cohort
 that holds one client runs unbatched, the same kernels as the per-client path: exactly equal.
+
+A BatchNorm model (FedBN's ``lenet-bn``) normalises every batch by its own statistics, which
+amplifies those rounding differences: measured on the MNIST sample, FedBN's cohort run differed
+from its per-client run by about 1e-3 relative after round 1 and up to 1e-2 (test loss) and 4 of
+1,000 test images after round 3, while its cohort of one is exactly equal (so the code paths are
+the same and the difference is vmap's summation order). BN models are compared at 2e-2 relative
+and 1e-2 absolute accuracy (``BN_TOLERANCE``).
 """
 
 from __future__ import annotations
@@ -277,7 +284,8 @@ TIMING = ("seconds",)  # columns of time, which differ between any two runs
 def serve_cohort(run_config: dict, nodes: int) -> None:
     """One cohort run in this process: the ServerApp's ``server_fn`` components, and ``nodes``
     cohort nodes (node config partition-id m of ``nodes``, as Flower's simulation gives its
-    SuperNodes) served by the ClientApp's ``client_fn`` (``tests.conftest.AppProxy``)."""
+    SuperNodes) served by the ClientApp's ``client_fn`` (``tests.conftest.AppProxy``), one message
+    at a time (``serve_in_process``'s reason: in one process the nodes share the cached model)."""
     from flwr.common import Context, RecordDict
 
     from fl_app.server_app import server_fn
@@ -289,7 +297,7 @@ def serve_cohort(run_config: dict, nodes: int) -> None:
         context = Context(run_id=0, node_id=500 + 11 * m, node_config={"partition-id": m, "num-partitions": nodes},
                           state=RecordDict(), run_config=run_config)
         server.client_manager().register(AppProxy(str(500 + 11 * m), context))
-    server.set_max_workers(nodes)
+    server.set_max_workers(1)  # one process: the nodes share the cached models, as one Ray actor's clients do
     server.fit(components.config.num_rounds, timeout=None)
 
 
@@ -303,16 +311,20 @@ def cohort_keys(**keys) -> dict:
     return {"execution": "cohort", "num-virtual-clients": NODES, **keys}
 
 
-def compared(a_rows: list[dict], b_rows: list[dict], exact: bool, skip: tuple = ()) -> list[str]:
+BN_TOLERANCE = {"rel": 2e-2, "acc": 1e-2}  # BatchNorm models (module docstring)
+
+
+def compared(a_rows: list[dict], b_rows: list[dict], exact: bool, skip: tuple = (), **tolerance) -> list[str]:
     """The differences between two runs' metrics.csv rows (timing columns and ``skip`` aside):
-    every value equal (``exact``) or within the module docstring's tolerance."""
+    every value equal (``exact``) or within the module docstring's tolerance (``tolerance``:
+    ``close``'s ``rel`` and ``acc``, e.g. ``BN_TOLERANCE``)."""
     problems = []
     assert len(a_rows) == len(b_rows)
     for a, b in zip(a_rows, b_rows):
         shared = [k for k in a if k in b and not any(t in k for t in TIMING + skip)]
         assert {"test_accuracy", "test_loss", "train_loss", "num_clients"} <= set(shared)
         for k in shared:
-            if not (a[k] == b[k] if exact else close(a[k], b[k])):
+            if not (a[k] == b[k] if exact else close(a[k], b[k], **tolerance)):
                 problems.append(f"round {a['round']} {k}: {a[k]!r} vs {b[k]!r}")
     return problems
 
@@ -348,16 +360,19 @@ def test_cohort_run_equals_per_client_run_within_tolerance(method, tmp_path, req
     per_client = per_client_run(method, tmp_path, **keys)
     cohort = cohort_run(method, tmp_path, **keys)
     assert [r["num_clients"] for r in cohort] == [2, 2, 2]
-    assert compared(per_client, cohort, exact=False) == []
+    bn = "-bn" in NEEDS.get(method, {}).get("model", "")
+    assert compared(per_client, cohort, exact=False, **(BN_TOLERANCE if bn else {})) == []
 
 
-@pytest.mark.parametrize("method", ["fedavg", "scaffold"])
-def test_cohort_of_one_client_equals_per_client_exactly(method, tmp_path):
+@pytest.mark.parametrize("method", ["fedavg", "scaffold", pytest.param("fedbn", marks=pytest.mark.slow)])
+def test_cohort_of_one_client_equals_per_client_exactly(method, tmp_path, request):
     """One of 4 clients a round, on one of 2 cohort nodes: a cohort of one runs unbatched, the
     same kernels as the per-client path, so metrics.csv is identical. The clients also score the
     global model on their local test splits (``client-test-fraction``: one evaluate message per
     virtual client through its node), identically."""
     keys = {"fraction-fit": 0.25, "min-fit-clients": 1, "client-test-fraction": 0.25}
+    if NEEDS.get(method, {}).get("dataset"):
+        keys["data-dir"] = str(request.getfixturevalue("small_mnist"))
     per_client = per_client_run(method, tmp_path, **keys)
     cohort = cohort_run(method, tmp_path, nodes=2, **keys)
     assert [r["num_clients"] for r in cohort] == [1, 1, 1]
