@@ -255,16 +255,17 @@ class Pool(Generic[J, W, R]):
             return list(self._results)
         threads = [threading.Thread(target=self._thread, args=(k,), name=f"fl-drift-worker-{k}", daemon=True)
                    for k in range(len(self.shares))]
-        for t in threads:
-            t.start()
-        try:
+        try:  # starting the threads is inside: a Ctrl-C while they start stops those already started
+            for t in threads:
+                t.start()
             for t in threads:
                 while t.is_alive():
                     t.join(0.2)
         except BaseException:  # Ctrl-C, SIGTERM (sys.exit): every worker stops its processes, at once
             self.stop_all()
             for t in threads:
-                t.join(60)
+                if t.ident is not None:  # started
+                    t.join(60)
             raise
         if self._queue and self._start_errors:  # no worker started: fail as one would have
             raise self._start_errors[0]
