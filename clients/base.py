@@ -211,9 +211,17 @@ class DriftClient(NumPyClient):
         """The client's batch-order generator for ``server_round``, seeded from (seed, partition, round)."""
         return torch.Generator().manual_seed(hash((self.cfg["seed"], self.partition_id, server_round)) & 0x7FFFFFFF)
 
+    @classmethod
+    def local_update_for(cls, cfg: dict) -> LocalUpdate | None:
+        """The ``LocalUpdate`` a run of this class with run config ``cfg`` trains through, None
+        for the hook loop: the class's own ``LOCAL_UPDATE`` (not an inherited one: module
+        docstring). A method whose update depends on the run config overrides this. The one
+        answer the per-client fit, the cohort node and the server's choice of path all read."""
+        return cls.__dict__.get("LOCAL_UPDATE")
+
     def local_update(self) -> LocalUpdate | None:
-        """This class's own ``LOCAL_UPDATE`` (not an inherited one: module docstring)."""
-        return type(self).__dict__.get("LOCAL_UPDATE")
+        """This client's update (``local_update_for`` its run config)."""
+        return self.local_update_for(self.cfg)
 
     def fit_functional(self, parameters: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
         """The round as ``tasks.functional.local_round``: ``prepare_functional``, the loop,

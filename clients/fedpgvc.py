@@ -106,18 +106,17 @@ class FedPGVCClient(DriftClient):
     released code's rescale of its masked layers (``end_round``), which is not a ``LocalUpdate``
     (tasks/functional/pgvc.py says why).
 
-    The update depends on the run config, so it is chosen here (``local_update``), not named in
-    the class's ``LOCAL_UPDATE``: the cohort path decides from that class attribute alone, without
-    the config (``fl_app.server.cohort.cohort_update``), and would send ``"authors"`` runs to
-    cohort nodes that cannot train them. So FedPGVC runs per-client, ``"text"`` through
-    ``tasks.functional.local_round``, until that decision reads the config."""
+    The update depends on the run config, so it is chosen by ``local_update_for``, not named in
+    the class's ``LOCAL_UPDATE``: ``"text"`` runs as a cohort too, ``"authors"`` is refused there
+    (the server and the cohort node ask ``local_update_for`` the run's config)."""
 
     # Samples per slice of the "authors" variant's post-training pass (memory bound only).
     CODE_CHUNK = 1024
 
-    def local_update(self) -> LocalUpdate | None:
+    @classmethod
+    def local_update_for(cls, cfg: dict) -> LocalUpdate | None:
         """FEDPGVC for ``"text"``; None (the hook loop) for ``"authors"``."""
-        return None if self.cfg["pgvc-variant"] == "authors" else FEDPGVC
+        return None if cfg.get("pgvc-variant") == "authors" else FEDPGVC
 
     def end_round(self, steps: int) -> dict[str, Any] | None:
         """``"authors"`` only (``"text"`` never runs the hooks): the released code's rescale."""

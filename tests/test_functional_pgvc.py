@@ -112,14 +112,14 @@ def test_client_equals_its_hook_twin(optimizer, momentum):
 
 def test_authors_reading_stays_on_the_hook_path():
     """"text" trains through ``local_round``, "authors" through the hooks; a cohort is refused
-    before any training for "authors" (for FedPGVC as a whole while the cohort path decides from
-    the client class alone: clients/fedpgvc.py)."""
+    before any training for "authors", never for "text" (both ask ``local_update_for``)."""
     x, y = torch.randn(10, 1, 28, 28), torch.arange(10)
     cfg = {"strategy": "fedpgvc", "dataset": "mnist", "model": "lenet"}
     assert make_client(FedPGVCClient, cfg, x, y).local_update() is FEDPGVC
     authors = make_client(FedPGVCClient, {**cfg, "pgvc-variant": "authors"}, x, y)
     assert authors.local_update() is None
-    assert cohort_problem(authors.cfg, METHODS["fedpgvc"]) != ""
+    assert "no functional local update" in cohort_problem(authors.cfg, METHODS["fedpgvc"])
+    assert cohort_problem({**cfg, "inject-faults": "", "pgvc-variant": "text"}, METHODS["fedpgvc"]) == ""
 
 
 # ------------------------------------------------------------------------------ (b) cohorts

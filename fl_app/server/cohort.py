@@ -78,16 +78,16 @@ class Execution:
 
 
 # ------------------------------------------------------------------------------ which path
-def cohort_update(method: Method):
-    """The method client's own ``LOCAL_UPDATE`` (never an inherited one: a subclass that changes
-    a hook keeps the hook loop, ``clients/base.py``), or None: the one test of whether a method
-    can run as a cohort."""
-    return method.client.__dict__.get("LOCAL_UPDATE")
+def cohort_update(method: Method, cfg: dict):
+    """The functional local update the method's client trains through with ``cfg``
+    (``DriftClient.local_update_for``: its own ``LOCAL_UPDATE``, never an inherited one), or
+    None: the one test of whether a method can run as a cohort."""
+    return method.client.local_update_for(cfg)
 
 
-def cohort_methods() -> list[str]:
-    """The registered methods whose client has its own functional local update."""
-    return [name for name, m in METHODS.items() if cohort_update(m) is not None]
+def cohort_methods(cfg: dict) -> list[str]:
+    """The registered methods whose client has a functional local update with ``cfg``."""
+    return [name for name, m in METHODS.items() if cohort_update(m, cfg) is not None]
 
 
 def cohort_problem(cfg: dict, method: Method) -> str:
@@ -96,9 +96,9 @@ def cohort_problem(cfg: dict, method: Method) -> str:
     client's message), or ``inject-faults`` asks a node to fault or attack (per partition, on
     the node's own message)."""
     name = cfg["strategy"]
-    if cohort_update(method) is None:
-        return (f"method {name!r} has no functional local update of its own (LOCAL_UPDATE, tasks/functional);"
-                f" the methods that run as a cohort: {', '.join(cohort_methods())}")
+    if cohort_update(method, cfg) is None:
+        return (f"method {name!r} has no functional local update of its own with this run config (LOCAL_UPDATE,"
+                f" tasks/functional); the methods that run as a cohort: {', '.join(cohort_methods(cfg))}")
     mods = method.client.mods(cfg)
     if mods:
         return (f"method {name!r} wraps every message in client mods ({', '.join(m.__name__ for m in mods)}),"
