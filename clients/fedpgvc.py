@@ -63,71 +63,39 @@ server plain mean, optional server lr | client state - | server state - | traffi
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import replace
 
-import torch
-import torch.nn.functional as F
+import numpy as np
 
-from clients.base import DriftClient
-from tasks.functional import LocalUpdate
-from tasks.functional.pgvc import FEDPGVC
-from tasks.keras_layers import pgvc_code_layers
-
-
-def code_rhos(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, indices: list[int],
-              chunk: int) -> dict[int, float]:
-    """ρ_j = ℓ_j · mean(G_j) for each j of ``indices``, as FedPGVC's released code pairs them:
-    ℓ_j the loss of sample j of (x, y), G_j the gradient of Σ_i ℓ_i (all of x) with respect to
-    the model's j-th parameter tensor, at the model's current weights and mode.
-
-    The sum runs over slices of ``chunk`` samples to bound memory; it is the code's single
-    pass up to float rounding (tests/test_fedpgvc.py checks two slices against hand arithmetic).
-    """
-    need = max(indices) + 1
-    if len(x) < need:
-        raise ValueError(f"the released code's rho_{need - 1} needs the loss of sample {need - 1};"
-                         f" this client has {len(x)} samples")
-    params = list(model.parameters())
-    sums = [torch.zeros_like(p) for p in params]
-    losses = []
-    for start in range(0, len(x), chunk):
-        per_sample = F.cross_entropy(model(x[start:start + chunk]), y[start:start + chunk], reduction="none")
-        grads = torch.autograd.grad(per_sample.sum(), params, allow_unused=True)
-        for s, g in zip(sums, grads):
-            if g is not None:
-                s += g
-        losses.extend(per_sample.detach()[: max(0, need - len(losses))].tolist())
-    return {j: losses[j] * sums[j].mean().item() for j in indices}
+from clients.base import DriftClient, FunctionalRound
+from tasks.functional import LocalUpdate, RoundResult
+from tasks.functional.pgvc import FEDPGVC, FEDPGVC_AUTHORS, authors_rescale
 
 
 class FedPGVCClient(DriftClient):
     """``"text"``: ``tasks.functional.pgvc.FEDPGVC`` (g on the body, g + rho on the last
-    ``pgvc-layers`` Linear layers). ``"authors"``: the hook loop's plain local training, then the
-    released code's rescale of its masked layers (``end_round``), which is not a ``LocalUpdate``
-    (tasks/functional/pgvc.py says why).
+    ``pgvc-layers`` Linear layers). ``"authors"``: ``FEDPGVC_AUTHORS`` (plain local training),
+    then the released code's rescale of its masked layers (``authors_rescale``) applied to the
+    round's result in ``finish_functional``, which the per-client fit and a cohort node both run.
 
     The update depends on the run config, so it is chosen by ``local_update_for``, not named in
-    the class's ``LOCAL_UPDATE``: ``"text"`` runs as a cohort too, ``"authors"`` is refused there
-    (the server and the cohort node ask ``local_update_for`` the run's config)."""
+    the class's ``LOCAL_UPDATE`` (the server and the cohort node ask ``local_update_for`` the
+    run's config); both readings run as a cohort too."""
 
     # Samples per slice of the "authors" variant's post-training pass (memory bound only).
     CODE_CHUNK = 1024
 
     @classmethod
     def local_update_for(cls, cfg: dict) -> LocalUpdate | None:
-        """FEDPGVC for ``"text"``; None (the hook loop) for ``"authors"``."""
-        return None if cfg.get("pgvc-variant") == "authors" else FEDPGVC
+        """FEDPGVC_AUTHORS for ``"authors"``, FEDPGVC for ``"text"`` (the default)."""
+        return FEDPGVC_AUTHORS if cfg.get("pgvc-variant") == "authors" else FEDPGVC
 
-    def end_round(self, steps: int) -> dict[str, Any] | None:
-        """``"authors"`` only (``"text"`` never runs the hooks): the released code's rescale."""
-        layers = pgvc_code_layers(self.model)
-        x, y = self.data
-        self.model.eval()  # Keras's model(x) outside fit runs in inference mode
-        rhos = code_rhos(self.model, x, y, [j for j, _ in layers], self.CODE_CHUNK)
-        self.model.train()
-        named = dict(self.model.named_parameters())
-        with torch.no_grad():
-            for j, names in layers:
-                for name in names:  # w - (eta rho_j) w, the code's form (no rounded 1 - eta rho_j)
-                    named[name].sub_(named[name] * (self.lr * rhos[j]))
-        return {"pgvc_rescale": max(abs(self.lr * r) for r in rhos.values())}
+    def finish_functional(self, job: FunctionalRound, result: RoundResult) -> tuple[list[np.ndarray], int, dict]:
+        """``"authors"``: the trained weights rescaled (``authors_rescale`` over the client's
+        whole training set, at the round's learning rate) before they are loaded and sent; fit
+        metric ``pgvc_rescale``, the largest |lr rho_j|. ``"text"``: the base class's."""
+        if job.update is FEDPGVC_AUTHORS:
+            params, rescale = authors_rescale(job.model, result.params, result.buffers, job.x, job.y, job.hp.lr,
+                                              self.CODE_CHUNK)
+            result = replace(result, params=params, metrics={**result.metrics, "pgvc_rescale": rescale})
+        return super().finish_functional(job, result)

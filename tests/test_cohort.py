@@ -63,8 +63,10 @@ def test_cohort_methods_are_those_with_their_own_local_update():
     for name, method in METHODS.items():
         own = "LOCAL_UPDATE" in method.client.__dict__ and method.client.LOCAL_UPDATE is not None
         assert (name in names) == (own or name == "fedpgvc")
-    # FedPGVC's update depends on the run config: the authors' reading trains through the hooks
-    assert "fedpgvc" not in cohort_methods(config(**{"pgvc-variant": "authors"}))
+    # FedPGVC's update depends on the run config; both readings train through functions, so no
+    # registered method trains through the hooks
+    assert "fedpgvc" in cohort_methods(config(**{"pgvc-variant": "authors"}))
+    assert sorted(cohort_methods(config())) == sorted(METHODS)
 
 
 def without_local_update() -> list[str]:

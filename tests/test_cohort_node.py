@@ -182,11 +182,18 @@ def test_failed_virtual_client_does_not_fail_the_others(monkeypatch):
     assert all(all(np.array_equal(u, v) for u, v in zip(after[k], before[k])) for k in after)
 
 
+class HookOnlyClient(clients.base.DriftClient):
+    """A client that trains through the hook loop (no LOCAL_UPDATE of its own; every registered
+    method has one, tests/test_cohort.py)."""
+
+
 def test_node_refuses_a_method_without_its_own_local_update():
-    cfg = config_of(strategy="fedpgvc", model="mlp", **{"pgvc-variant": "authors"})  # the hook loop's
-    assert METHODS["fedpgvc"].client.local_update_for(cfg) is None
-    with pytest.raises(ValueError, match="method 'fedpgvc' cannot run on a cohort node: .*LOCAL_UPDATE"):
-        cohort_node(cfg, "fedpgvc")
+    cfg = config_of(strategy="fedavg")
+    assert HookOnlyClient.local_update_for(cfg) is None
+    context = fake_context()
+    context.node_config = {"partition-id": 0, "num-partitions": 1}
+    with pytest.raises(ValueError, match="method 'fedavg' cannot run on a cohort node: .*HookOnlyClient.*LOCAL_UPDATE"):
+        CohortClient(cfg, context, HookOnlyClient, 0, 1)
 
 
 def test_bad_bundle_config_is_refused():

@@ -14,11 +14,13 @@ import torch
 from torch import nn
 
 from clients.fedavg import FedAvgClient
-from clients.fedpgvc import FedPGVCClient, code_rhos
+from clients.fedpgvc import FedPGVCClient
 from fl_app.config import ConfigError, validate_config
 from strategies.base import fedavg_kwargs
 from strategies.fedpgvc import FedPGVCStrategy
 from tasks.datasets import input_shape
+from tasks.functional import module_state
+from tasks.functional.pgvc import authors_rescale, code_rhos
 from tasks.keras_layers import keras_layers, pgvc_code_layers
 from tasks.models import Classifier, build_model, get_weights
 from tests.conftest import make_client
@@ -113,29 +115,29 @@ def test_tiny_model_is_the_codes_eight_layers():
 def test_rescale_after_training_matches_hand_computation_over_two_slices():
     eta = 0.1  # large, so that float32 resolves the rescale (the code's 0.001 gives about 1e-5)
     x, y = data()
-    client = make_client(FedPGVCClient, {"strategy": "fedpgvc", "pgvc-variant": "authors"}, x, y)
-    client.model = tiny_model(START)
-    client.CODE_CHUNK = 5  # two slices of five samples: samples 5-7 sit in the second
-    client.begin_round(1)
-    client.lr = eta
-    metrics = client.end_round(0)
+    model = tiny_model(START)
+    # two slices of five samples: samples 5-7 sit in the second
+    params, rescale = authors_rescale(model, *module_state(model), x, y, eta, chunk=5)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(params[name])
 
     rhos = hand_rhos(START, XS, YS)
     assert min(abs(eta * r) for r in rhos) > 50 * 1e-5  # every change is 50x the tolerance below
     want = rescaled(START, eta, rhos)
-    assert_scalars_close(scalars(client.model), want, rtol=1e-5)
-    assert metrics["pgvc_rescale"] == pytest.approx(max(abs(eta * r) for r in rhos), rel=1e-5)
+    assert_scalars_close(scalars(model), want, rtol=1e-5)
+    assert rescale == pytest.approx(max(abs(eta * r) for r in rhos), rel=1e-5)
     # the code's pairing, not each layer's own tensor: the head's factor comes from D.b's
     # gradient; the head's own weight would give 0 (softmax CE: its gradient's rows sum to 0)
-    own = code_rhos(tiny_model(START), x, y, [8], chunk=10)[8]  # sample 8 x mean grad of E.w
+    own = code_rhos(tiny_model(START), *module_state(tiny_model(START)), x, y, [8], chunk=10)[8]  # sample 8 x mean grad of E.w
     assert own == pytest.approx(0.0, abs=1e-7) and abs(rhos[2]) > 1e-3
 
 
 def test_one_slice_and_two_slices_agree():
     x, y = data()
     model = tiny_model(START)
-    one = code_rhos(model, x, y, [5, 6, 7], chunk=len(x))
-    two = code_rhos(model, x, y, [5, 6, 7], chunk=3)  # slices of 3: sample 5 and 6-7 apart
+    one = code_rhos(model, *module_state(model), x, y, [5, 6, 7], chunk=len(x))
+    two = code_rhos(model, *module_state(model), x, y, [5, 6, 7], chunk=3)  # slices of 3: sample 5 and 6-7 apart
     for j, r in zip((5, 6, 7), hand_rhos(START, XS, YS)):
         assert one[j] == pytest.approx(r, rel=1e-5)
         assert two[j] == pytest.approx(one[j], rel=1e-5)  # float32 sums in another order
@@ -196,4 +198,4 @@ def test_unknown_variant_is_refused():
 def test_too_few_samples_for_the_codes_pairing_is_a_clear_error():
     x, y = data()
     with pytest.raises(ValueError, match="rho_7 needs the loss of sample 7; this client has 7 samples"):
-        code_rhos(tiny_model(START), x[:7], y[:7], [5, 6, 7], chunk=4)
+        code_rhos(tiny_model(START), *module_state(tiny_model(START)), x[:7], y[:7], [5, 6, 7], chunk=4)
