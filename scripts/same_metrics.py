@@ -29,6 +29,7 @@ NEEDS = {  # methods whose client needs something the synthetic/logreg default l
     "fedbn": {"dataset": "mnist", "model": "cnn-bn", "batch-size": 64, "num-server-rounds": 2},
     "moon": {"model": "mlp"},
     "fedpgvc": {"model": "mlp"},
+    "dp-fedavg": {"dp-noise-seeded": True},  # its Gaussian noise from the run's seed, not the OS: comparable
 }
 
 
