@@ -146,6 +146,11 @@ def test_a_run_records_its_fingerprint_and_refuses_to_resume_on_other_data(mnist
         serve_in_process({**cfg, "run-name": "cut", "resume": True}, 2)
     assert not (tmp_path / "r" / "cut" / "summary.json").exists()
 
+    # a fresh run (not resumed) in that folder starts anew: it records the data it read now
+    serve_in_process({**cfg, "run-name": "cut"}, 2)
+    fresh = json.loads((tmp_path / "r" / "cut" / "data-fingerprint.json").read_text())
+    assert fresh["digest"] != fp["digest"] and fresh == json.loads((tmp_path / "r" / "cut" / "summary.json").read_text())["data_fingerprint"]
+
 
 def test_a_simulated_run_records_the_fingerprint_the_runner_expects(simulated, request):
     """Through Flower's Ray simulation (the shared fedavg run of tests/test_simulation.py): the

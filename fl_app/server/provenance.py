@@ -185,14 +185,17 @@ def fingerprint_digest(fingerprint: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:DIGEST_CHARS]
 
 
-def record_fingerprint(run_dir: Path, cfg: dict, num_partitions: int | None, node_local: int = 0) -> dict:
+def record_fingerprint(run_dir: Path, cfg: dict, num_partitions: int | None, node_local: int = 0,
+                       resumed: bool = True) -> dict:
     """The run's data fingerprint, computed now and kept in ``<run_dir>/data-fingerprint.json``:
     written when the run starts; a resumed run must find the same digest there, else
     ``DataChanged`` (a run continued on other data would mix two data sets in one result). A
-    run started before fingerprints were recorded gets the file at its resume."""
+    run started before fingerprints were recorded gets the file at its resume. A fresh run
+    (``resumed`` False) starts its results anew in the folder, so a file left there by an
+    earlier run is replaced, never compared nor kept."""
     path = Path(run_dir) / FINGERPRINT_FILE
     try:
-        before = json.loads(path.read_text())
+        before = json.loads(path.read_text()) if resumed else None
     except (OSError, ValueError):
         before = None
     if isinstance(before, dict) and num_partitions is None:  # resumed after its last round: nothing asked

@@ -161,10 +161,12 @@ class RunRecord:
         self.initial: dict[str, float] = {}  # the initial model's test accuracy and loss (round 0)
         self.fingerprint: dict | None = None  # the data's fingerprint (``record_fingerprint``)
         self.facts: dict = {}  # what the server adds to summary.json (the execution path and why)
+        self.resumed = False  # continues a checkpoint (``resume``), else starts its files anew
         self.run_dir.mkdir(parents=True, exist_ok=True)
 
     def resume(self, checkpoint: Checkpoint, previous_rows: list[dict]) -> None:
         """Continue the run of ``checkpoint``: its elapsed time and the rows it covers."""
+        self.resumed = True
         self.elapsed_before = checkpoint.elapsed_seconds
         for row in previous_rows:
             if row["round"] <= checkpoint.round:
@@ -199,7 +201,8 @@ class RunRecord:
         if self.fingerprint is None:
             node_local = len(getattr(client_manager, "data_path_of", None) or {})
             try:
-                self.fingerprint = record_fingerprint(self.run_dir, self.cfg, num_clients(client_manager), node_local)
+                self.fingerprint = record_fingerprint(self.run_dir, self.cfg, num_clients(client_manager), node_local,
+                                                      resumed=self.resumed)
             except DataChanged as exc:
                 log.error("fl-drift: %s", exc)
                 raise
