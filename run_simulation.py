@@ -22,7 +22,7 @@ Output defaults to results/experiments/<name>.
 An experiment file's `[tune]` table (the tuning protocol, docs/experiments.md; `--tune` asks for
 it explicitly, `--no-tune` skips it) first searches each row's grid on a validation split held out
 of the training data, in <out>/tuning, writes the choice and every point's numbers to
-<out>/tuning.json, then runs the table with the chosen values (fl_app/tooling/tuning.py).
+<out>/tuning.json, then runs the table with the chosen values (runner/tuning.py).
 
 `--list [methods|models|datasets|keys]` prints what can be chosen; `--check` validates every
 run (config, data, federation size) and exits without launching anything.
@@ -80,14 +80,13 @@ if __name__ == "__main__" and missing_data_dir(sys.argv[1:]):
 from fl_app.config import ConfigError, parse_override, validate_config
 from fl_app.config import spec as config_keys
 from fl_app.registry import method_names
-from fl_app.results.report import compare, plot, plot_curves, plot_drift, read_summary, write_comparison
 from fl_app.server.checkpoint import CHECKPOINT, load_checkpoint
 from fl_app.server.preflight import check_data_dir, check_nodes
 from fl_app.server_app import build_strategy, resolve
-from fl_app.tooling.experiment import read_experiment
-from fl_app.tooling.launch import LocalSimulation, execution_for
-from fl_app.tooling.parallel import Failed, Machine, Pool, check_workers, default_workers, say, split
-from fl_app.tooling.plan import (
+from runner.experiment import read_experiment
+from runner.launch import LocalSimulation, execution_for
+from runner.parallel import Failed, Machine, Pool, check_workers, default_workers, say, split
+from runner.plan import (
     check_axes,
     check_command_line_keys,
     grid_points,
@@ -96,9 +95,10 @@ from fl_app.tooling.plan import (
     resolve_rows,
     run_name,
 )
-from fl_app.tooling.processes import FolderInUse, MissingTool, lock_folder
-from fl_app.tooling.quiet import for_output, is_noise, plain, quiet_libraries
-from fl_app.tooling.tuning import (
+from runner.processes import FolderInUse, MissingTool, lock_folder
+from runner.quiet import for_output, is_noise, plain, quiet_libraries
+from runner.results.report import compare, plot, plot_curves, plot_drift, read_summary, write_comparison
+from runner.tuning import (
     SEARCH_FOLDER,
     SearchPlan,
     apply_choice,
@@ -227,7 +227,7 @@ def check_method(raw: dict) -> dict:
 def build_configs(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str, int, dict]]:
     """Validate every (label, seed) config up front; raises ConfigError before any launch.
 
-    Precedence (later wins; see fl_app/tooling/plan.py): the file's [run-config], its
+    Precedence (later wins; see runner/plan.py): the file's [run-config], its
     [methods.<label>] keys, its grids, the command line (flags and --set), --grid."""
     experiment = getattr(args, "experiment", {}) or {}
     base: dict = dict(experiment.get("run-config", {}))
@@ -318,8 +318,8 @@ def changed_data(run_dir: Path, wanted: dict, clients: int | None) -> str | None
     """One line when ``run_dir`` recorded a data fingerprint (fl_app/server/provenance.py) that
     the data asked for now does not have; None when it matches or the run recorded none (made
     before fingerprints were recorded: not guessed). The fingerprint is computed only then."""
-    from fl_app.results.fingerprint import data_change, recorded_fingerprint
     from fl_app.server.provenance import data_fingerprint
+    from runner.results.fingerprint import data_change, recorded_fingerprint
 
     recorded = recorded_fingerprint(run_dir)
     if recorded is None:
@@ -413,7 +413,7 @@ def print_check(configs: list[tuple[str, int, dict]], runs_dir: Path, clients: i
     """`--check`'s report: one line per run saying whether a launch would run it, continue it
     or keep it, and the estimated time of what is left (finished runs cost nothing; a
     continued run costs its start and its remaining rounds)."""
-    from fl_app.tooling.estimate import describe
+    from runner.estimate import describe
 
     left, step_costs, paths = [], [], []
     for row, seed, raw in configs:
@@ -466,7 +466,7 @@ def progress_printer(args: argparse.Namespace, tail: list[str], lead: str = "   
 def launch(args: argparse.Namespace, configs: list[tuple[str, int, dict]], runs_dir: Path, gpus: float,
            lock: int | None = None) -> Outcome:
     """Step 4: one `flwr run` per (row, seed) on a private SuperLink, ``--parallel`` runs at a
-    time (fl_app/tooling/parallel.py: a SuperLink, Ray and watchdog per worker, each with its
+    time (runner/parallel.py: a SuperLink, Ray and watchdog per worker, each with its
     share of the machine); finished runs are kept, checkpointed ones continue. Every worker's
     watchdog also holds the folder ``lock``, so after a ``kill -9`` of this runner the folder
     stays taken until all their processes are gone. The outcome lists the runs in the sweep's
@@ -604,9 +604,9 @@ def main(argv: list[str] | None = None) -> int:
     # everything it started are stopped; finished runs and checkpoints stay for --resume.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     args = parse_args(argv)
-    quiet_libraries(args.verbose)  # fl_app/tooling/quiet.py: hidden unless --verbose
+    quiet_libraries(args.verbose)  # runner/quiet.py: hidden unless --verbose
     if args.list:
-        from fl_app.tooling.listing import listing
+        from runner.listing import listing
 
         print(listing(args.list))
         return 0
@@ -616,7 +616,7 @@ def main(argv: list[str] | None = None) -> int:
             check_out_folder(out)
             # a folder that exists may be another runner's: refused before its runs are read
             lock = None if args.check or not out.exists() else take_folder(out, held)
-            search = plan_search(args)  # the [tune] search (fl_app/tooling/tuning.py), or None
+            search = plan_search(args)  # the [tune] search (runner/tuning.py), or None
             if search:
                 args.experiment = apply_choice(args.experiment, read_tuning(out))  # a finished search's choice
                 search.configs = validate(search.args, out / SEARCH_FOLDER / "runs")

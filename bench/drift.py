@@ -28,9 +28,9 @@ import numpy as np
 import torch
 from flwr.common import ndarrays_to_parameters
 
-from fl_app.results.report import read_metrics
 from fl_app.server.drift import round_drift
 from fl_app.server.recording import _views
+from runner.results.report import read_metrics
 from strategies.base import DriftFedAvg
 from tasks.datasets import input_shape, resolve_data_dir
 from tasks.models import build_model, get_weights

@@ -44,7 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fl_app.tooling.procfs import descendants, memory_kib  # noqa: E402
+from runner.procfs import descendants, memory_kib  # noqa: E402
 
 
 # ------------------------------------------------------------------ process-tree memory
@@ -303,7 +303,7 @@ def child_flags(args: argparse.Namespace) -> list[str]:
 # ------------------------------------------------------------------ (b) simulation
 def simulation(args: argparse.Namespace) -> dict:
     from fl_app.config import validate_config
-    from fl_app.tooling.launch import LocalSimulation
+    from runner.launch import LocalSimulation
     from tasks.partitioning import PartitionSpec, check_data
 
     results = tempfile.mkdtemp(prefix="bench-sim-")

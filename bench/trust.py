@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def kill9(repo: Path, wait: float) -> None:
-    from fl_app.tooling.procfs import descendants, environ_of, proc_table, processes_with_env
+    from runner.procfs import descendants, environ_of, proc_table, processes_with_env
 
     out = Path(f"/tmp/fl-drift-bench-kill9-{os.getpid()}")
     argv = ["--strategy", "fedavg", "--dataset", "mnist", "--set", "model=cnn-small", "--set", "tracking=none",
@@ -71,7 +71,7 @@ def kill9(repo: Path, wait: float) -> None:
 
 def refusal(repo: Path, supernodes: int) -> None:
     sys.path.insert(0, str(repo))
-    from fl_app.tooling.launch import LocalSimulation
+    from runner.launch import LocalSimulation
 
     first: list[float] = []
     line_seen: list[str] = []

@@ -106,7 +106,7 @@ class DriftClient(NumPyClient):
     """
 
     # A local step's cost relative to one SGD step, one forward-backward pass a step, plain SGD; read by the
-    # run-time estimate of `run_simulation.py --check` (fl_app/tooling/estimate.py).
+    # run-time estimate of `run_simulation.py --check` (runner/estimate.py).
     STEP_COST = 1.0
     # The method's local update as functions (module docstring); None: the hook loop.
     LOCAL_UPDATE: LocalUpdate | None = None

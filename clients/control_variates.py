@@ -39,9 +39,9 @@ from torch import nn
 
 from clients.base import DriftClient
 from clients.perturbation import global_norm
+from protocol.layout import cv_names_in_state_order, trainable_param_names
 from tasks.functional import RoundResult
 from tasks.functional.methods import control_variate_update
-from tasks.layout import cv_names_in_state_order, trainable_param_names
 
 CI_STATE = "cv-ci"
 

@@ -21,8 +21,8 @@ Summary: client adaptive SAM gradient | server - | client state - | server state
 from __future__ import annotations
 
 from clients.fedsam import FedSAMClient
+from protocol.keys import Key, non_negative, positive
 from tasks.functional.sharpness import FEDASAM
-from tasks.keys import Key, non_negative, positive
 
 
 class FedASAMClient(FedSAMClient):

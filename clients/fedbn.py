@@ -25,9 +25,9 @@ from __future__ import annotations
 import numpy as np
 
 from clients.base import DriftClient
+from protocol.layout import bn_indices
 from tasks.functional import RoundResult
 from tasks.functional.corrections import FEDBN
-from tasks.layout import bn_indices
 from tasks.models import get_weights
 
 STATE = "fedbn-bn"

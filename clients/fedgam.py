@@ -38,15 +38,15 @@ Summary: client GAM gradient | server - | client state - | server state - | traf
 from __future__ import annotations
 
 from clients.base import DriftClient
+from protocol.keys import Key, non_negative, positive
 from tasks.functional.sharpness import FEDGAM
-from tasks.keys import Key, non_negative, positive
 
 
 class FedGAMClient(DriftClient):
     """The GAM gradient of either variant as the step's direction: ``tasks.functional.sharpness.FEDGAM``."""
 
     # A local step's cost relative to one SGD step, two or more forward-backward passes a step; read by the
-    # run-time estimate of `run_simulation.py --check` (fl_app/tooling/estimate.py).
+    # run-time estimate of `run_simulation.py --check` (runner/estimate.py).
     STEP_COST = 2.0
     LOCAL_UPDATE = FEDGAM
     # Shared with FedGAM-CV (docs/methods.md defaults: rho 0.02, alpha 0.2; the "reference" GAM

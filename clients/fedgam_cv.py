@@ -21,8 +21,8 @@ traffic c down, Δc_i up
 
 from clients.control_variates import ControlVariateClient
 from clients.fedgam import FedGAMClient
+from protocol.keys import Key, non_negative
 from tasks.functional.sharpness import FEDGAM_CV
-from tasks.keys import Key, non_negative
 
 
 class FedGAMCVClient(ControlVariateClient, FedGAMClient):

@@ -19,8 +19,8 @@ traffic -
 from __future__ import annotations
 
 from clients.base import DriftClient
+from protocol.keys import Key, non_negative, positive
 from tasks.functional.distillation import FEDNTD, not_true, ntd_loss
-from tasks.keys import Key, non_negative, positive
 
 __all__ = ["FedNTDClient", "not_true", "ntd_loss"]
 
@@ -31,7 +31,7 @@ class FedNTDClient(DriftClient):
 
     LOCAL_UPDATE = FEDNTD
     # A local step's cost relative to one SGD step, a forward pass of the global model beside the local one; read by the
-    # run-time estimate of `run_simulation.py --check` (fl_app/tooling/estimate.py).
+    # run-time estimate of `run_simulation.py --check` (runner/estimate.py).
     STEP_COST = 1.3
     CONFIG_KEYS = {  # the paper's defaults beta = 1, tau = 1
         "ntd-beta": Key(1.0, non_negative, ">= 0"),

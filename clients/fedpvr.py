@@ -13,8 +13,8 @@ Summary: client + c − c_i on the last layers | server c update | client state 
 """
 
 from clients.control_variates import ControlVariateClient
+from protocol.layout import pvr_param_names
 from tasks.functional.corrections import FEDPVR
-from tasks.layout import pvr_param_names
 
 
 class FedPVRClient(ControlVariateClient):

@@ -17,8 +17,8 @@ import torch
 
 from clients.base import DriftClient
 from clients.perturbation import perturbed, sam_eps
+from protocol.keys import Key, positive
 from tasks.functional import FEDSAM
-from tasks.keys import Key, positive
 
 
 class FedSAMClient(DriftClient):
@@ -28,7 +28,7 @@ class FedSAMClient(DriftClient):
     FedSMOO's), which keep the hook loop: ``LOCAL_UPDATE`` is not inherited."""
 
     # A local step's cost relative to one SGD step, two passes: ascent, then descent; read by the
-    # run-time estimate of `run_simulation.py --check` (fl_app/tooling/estimate.py).
+    # run-time estimate of `run_simulation.py --check` (runner/estimate.py).
     STEP_COST = 2.0
     LOCAL_UPDATE = FEDSAM
     # rho 0.05-0.5 in the literature; 0.05 is SAM's usual CIFAR value (FedSOL's table used 0.1)

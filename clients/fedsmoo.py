@@ -71,10 +71,10 @@ from clients.base import FunctionalRound
 from clients.control_variates import arrays_to_tensors, split_received
 from clients.feddyn import FedDynClient
 from clients.fedsam import FedSAMClient
+from protocol.keys import Key, non_negative
+from protocol.layout import cv_names_in_state_order, trainable_param_names
 from tasks.functional import RoundResult
 from tasks.functional.sharpness import FEDSMOO, smoo_buffers, smoo_outputs
-from tasks.keys import Key, non_negative
-from tasks.layout import cv_names_in_state_order, trainable_param_names
 
 MU_STATE = "smoo-mu"
 

@@ -50,9 +50,9 @@ from typing import Any
 import numpy as np
 
 from clients.base import DriftClient, FunctionalRound
+from protocol.keys import Key, positive
 from tasks.functional import RoundResult
 from tasks.functional.sharpness import FEDSOL, RADII, fedsol_buffers, fedsol_metrics
-from tasks.keys import Key, positive
 
 
 class FedSOLClient(DriftClient):
@@ -60,7 +60,7 @@ class FedSOLClient(DriftClient):
     sent (the received model's), the fit metric ``prox_loss`` comes out of the round's buffers."""
 
     # A local step's cost relative to one SGD step, two passes: proximal, then perturbed; read by the
-    # run-time estimate of `run_simulation.py --check` (fl_app/tooling/estimate.py).
+    # run-time estimate of `run_simulation.py --check` (runner/estimate.py).
     STEP_COST = 2.0
     LOCAL_UPDATE = FEDSOL
     CONFIG_KEYS = {

@@ -36,9 +36,9 @@ import numpy as np
 import torch
 
 from clients.base import DriftClient
+from protocol.keys import Key, non_negative, positive
 from tasks.functional import RoundResult
 from tasks.functional.distillation import MOON, moon_contrastive
-from tasks.keys import Key, non_negative, positive
 
 __all__ = ["STATE", "MoonClient", "moon_contrastive"]
 
@@ -51,7 +51,7 @@ class MoonClient(DriftClient):
 
     LOCAL_UPDATE = MOON
     # A local step's cost relative to one SGD step, three forward passes, one backward; read by the
-    # run-time estimate of `run_simulation.py --check` (fl_app/tooling/estimate.py).
+    # run-time estimate of `run_simulation.py --check` (runner/estimate.py).
     STEP_COST = 1.5
     CONFIG_KEYS = {  # mu: default 1 (the MOON paper's range 1-5); temperature 0.5
         "moon-mu": Key(1.0, non_negative, ">= 0"),

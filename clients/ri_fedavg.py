@@ -40,8 +40,8 @@ from __future__ import annotations
 import torch
 
 from clients.base import DriftClient
+from protocol.keys import Key, at_least, non_negative, positive
 from tasks.functional.corrections import RI_FEDAVG
-from tasks.keys import Key, at_least, non_negative, positive
 from tasks.roughness import model_roughness
 
 _DIRECTIONS_STREAM = 0x52  # separates the direction seed from the batch-order seed
@@ -60,7 +60,7 @@ class RIFedAvgClient(DriftClient):
     LOCAL_UPDATE = RI_FEDAVG
 
     # A local step's cost relative to one SGD step, the roughness index's loss evaluations; read by the
-    # run-time estimate of `run_simulation.py --check` (fl_app/tooling/estimate.py).
+    # run-time estimate of `run_simulation.py --check` (runner/estimate.py).
     STEP_COST = 1.3
 
     CONFIG_KEYS = {  # defaults as in the paper's Sec. V-A

@@ -14,10 +14,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from fl_app.node.faults import FAULT_FORMS, parse_faults
+from fl_app.common.faults import FAULT_FORMS, parse_faults
 from fl_app.registry import DEFAULT_METHOD
+from protocol.keys import ConfigError, Key, at_least, non_negative, positive, unit_interval
 from tasks.catalogue import DATASET_NAMES as DATASETS
-from tasks.keys import ConfigError, Key, at_least, non_negative, positive, unit_interval
 from tasks.models import FLAT_MODELS, IMAGE_MODELS, MODELS
 from tasks.optim import OPTIMIZERS, optimizer_problem
 
@@ -105,7 +105,7 @@ GENERAL_KEYS: dict[str, Key] = {
     # built; decided here, not inherited from PyTorch (TF32 on for cuDNN convolutions by default).
     "cuda-tf32": Key(False, None, "true or false (TF32 for CUDA matmuls and convolutions; false = full fp32;"
                                   " no effect on CPU)"),
-    # Tuning (fl_app/tooling/tuning.py): a share of the training split held out before it is
+    # Tuning (runner/tuning.py): a share of the training split held out before it is
     # partitioned (no client trains on it); the server then scores it instead of the test split.
     "validation-fraction": Key(0.0, lambda v: 0 <= v <= 0.5,
                                "in [0, 0.5] (share of the training split held out as the validation split"
@@ -114,7 +114,7 @@ GENERAL_KEYS: dict[str, Key] = {
     # never reads it; '' = none recorded).
     "tuning-protocol": Key("", None, "text: the protocol that chose this run's settings (set by the runner's"
                                      " [tune]; '' = none recorded)"),
-    # Reporting (fl_app/results/report.py): comparison.md's rounds to target is the first round
+    # Reporting (runner/results/report.py): comparison.md's rounds to target is the first round
     # whose test accuracy is >= this; training never reads it. 0 = no target: what is worth
     # reaching depends on dataset, model and budget (0.3 on CIFAR-10 to 0.99 on MNIST in experiments/).
     "target-accuracy": Key(0.0, lambda v: 0 <= v < 1,
@@ -306,7 +306,7 @@ def parse_override(text: str) -> tuple[str, Any]:
 def toml_table() -> str:
     """The ``[tool.flwr.app.config]`` body for pyproject.toml, generated from ``spec()``.
 
-    Regenerated in place after adding a key by ``python -m fl_app.tooling.listing generate``.
+    Regenerated in place after adding a key by ``python -m runner.listing generate``.
     """
     return "\n".join(f"{name} = {toml_value(key.default)}" for name, key in spec().items())
 

@@ -101,14 +101,14 @@ def description(method: Method) -> str:
     serves other methods too and whose strategy class is its alone (a server-side method on
     FedAvg's client, say): then its strategy module. It is the single source of ``--list
     methods``, of the README's method table and of the first paragraph of the method's section
-    in docs/methods.md (the last two generated, ``python -m fl_app.tooling.listing generate``)."""
+    in docs/methods.md (the last two generated, ``python -m runner.listing generate``)."""
     return first_paragraph(sys.modules[own_class(method).__module__])
 
 
 def documentation(method: Method) -> str:
     """The whole docstring of the method's own module (see ``description``): its description,
     then its update rule, state, keys and readings, and its ``Summary:`` line. The method's
-    section of docs/methods.md is generated from it (``fl_app.tooling.listing``)."""
+    section of docs/methods.md is generated from it (``runner.listing``)."""
     return inspect.getdoc(sys.modules[own_class(method).__module__]) or ""
 
 

@@ -3,7 +3,7 @@
     python scripts/deploy_timing.py --isolation subprocess process --rounds 2 --nodes 2
 
 Prints, per mode, the wall time of ``flwr run`` (submit to finish) and the per-round
-``round_seconds`` from metrics.csv. Uses ``fl_app/tooling/deploy.py``; everything it starts is stopped
+``round_seconds`` from metrics.csv. Uses ``runner/deploy.py``; everything it starts is stopped
 at the end. Numbers depend on the machine's load: compare modes measured back to back.
 """
 
@@ -21,8 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fl_app.results.report import read_metrics  # noqa: E402
-from fl_app.tooling.deploy import TLS, LocalDeployment  # noqa: E402
+from runner.deploy import TLS, LocalDeployment  # noqa: E402
+from runner.results.report import read_metrics  # noqa: E402
 
 
 def time_mode(isolation: str, tls: TLS, args, work: Path) -> dict:

@@ -21,7 +21,7 @@ only DNS names, and only the subject's CN when there is none). An existing CA in
 reused, so adding a host keeps old nodes valid. The server certificate is (re)issued when
 ``--host`` is given or none exists yet; ``--device``/``--revoke``/``--node-key`` alone leave it.
 
-Device certificates (mutual TLS at the edge in front of the SuperLink, ``fl_app/tooling/edge.py``):
+Device certificates (mutual TLS at the edge in front of the SuperLink, ``runner/edge.py``):
 ``--device NAME`` (repeatable) writes ``device-NAME.pem`` / ``device-NAME.key`` (a client
 certificate, CN = NAME, usable only for TLS client authentication), issued by a separate device
 CA, ``device-ca.crt`` / ``device-ca.key``, created on first use: the edge trusts device

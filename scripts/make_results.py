@@ -23,18 +23,18 @@ row per label (a method, a variant ``[methods."<label>"]`` or a grid point ``fed
 0.01]``): final and best test accuracy (mean +- std over seeds), rounds to the file's
 `target-accuracy` (first round at or above it; mean over the seeds that reached it; else the
 run-config key of its [run-config]), megabytes per client per round (down / up) and client compute
-seconds per round (fl_app/results/report.py's cost columns; "n/a" for runs made before they were
+seconds per round (runner/results/report.py's cost columns; "n/a" for runs made before they were
 recorded), the final minimum per-class accuracy (drift made visible: the class the global model has forgotten most),
 the paper's number for the same cell and the seeds/rounds actually run; for a grid, the point with
 the highest best accuracy per label; one table row per ordering the paper claims (the file's
 `claims`, else the proposed methods against FedAvg and the paper's strongest baseline run): the
 mean paired difference over seeds with its 95% t interval and a verdict holds / refuted /
-undecided (fl_app/results/stats.py); the accuracy curves (docs/results/<name>-accuracy.png) and the clients' update
+undecided (runner/results/stats.py); the accuracy curves (docs/results/<name>-accuracy.png) and the clients' update
 diversity per round (docs/results/<name>-drift.png).
 
 Each row names how its settings were chosen (the tuning column, P1, P2, ... with a legend):
 the tuning protocol its runs recorded (run-config ``tuning-protocol``, written by the runner's
-``[tune]`` search, fl_app/tooling/tuning.py), else the experiment file's ``[chosen-by]`` statement
+``[tune]`` search, runner/tuning.py), else the experiment file's ``[chosen-by]`` statement
 for the row (or ``all``), else "protocol not recorded". A claim is counted only between two rows
 of the same, known protocol; otherwise its line shows the difference and says "not counted", and
 the overview counts it apart; so is a claim between rows whose values a search chose on the test
@@ -67,9 +67,11 @@ sys.path.insert(0, str(ROOT))
 
 from fl_app.config import ConfigError, validate_config  # noqa: E402
 from fl_app.registry import method_names  # noqa: E402
-from fl_app.results.clientmix import LABEL_COUNTS_FILE, PER_CLASS_FILE, client_mix_columns, run_label_counts  # noqa: E402
-from fl_app.results.fingerprint import data_line, fingerprint_of, mixed_data  # noqa: E402
-from fl_app.results.report import (  # noqa: E402
+from runner.experiment import read_experiment  # noqa: E402
+from runner.plan import check_axes, grid_points, label, resolve_rows, run_name  # noqa: E402
+from runner.results.clientmix import LABEL_COUNTS_FILE, PER_CLASS_FILE, client_mix_columns, run_label_counts  # noqa: E402
+from runner.results.fingerprint import data_line, fingerprint_of, mixed_data  # noqa: E402
+from runner.results.report import (  # noqa: E402
     CLIENT_HEADERS,
     TAIL_KEY,
     TAIL_ROUNDS,
@@ -88,7 +90,7 @@ from fl_app.results.report import (  # noqa: E402
     read_summary,
     rounds_to_target,
 )
-from fl_app.results.stats import (  # noqa: E402
+from runner.results.stats import (  # noqa: E402
     HOLDS,
     REFUTED,
     UNDECIDED,
@@ -98,9 +100,7 @@ from fl_app.results.stats import (  # noqa: E402
     paired_difference,
     parse_claims,
 )
-from fl_app.tooling.experiment import read_experiment  # noqa: E402
-from fl_app.tooling.plan import check_axes, grid_points, label, resolve_rows, run_name  # noqa: E402
-from fl_app.tooling.tuning import (  # noqa: E402
+from runner.tuning import (  # noqa: E402
     TUNING_FILE,
     apply_choice,
     comparable,
@@ -275,7 +275,7 @@ def collect(source: Path, store: Path, experiments: list[tuple[Path, dict]]) -> 
         raise ConfigError(f"--collect refused: {mixed}; one table never mixes two data sets (re-run them on"
                           " one data set, or leave the others out of --collect's folder)")
     copied = []
-    for path, exp in experiments:  # the tuning record beside the runs it chose for (fl_app/tooling/tuning.py)
+    for path, exp in experiments:  # the tuning record beside the runs it chose for (runner/tuning.py)
         name = exp.get("name", path.stem)
         if (Path(source) / name / TUNING_FILE).is_file():
             (Path(store) / name).mkdir(parents=True, exist_ok=True)
@@ -286,7 +286,7 @@ def collect(source: Path, store: Path, experiments: list[tuple[Path, dict]]) -> 
             shutil.rmtree(target)
         target.mkdir(parents=True)
         shutil.copy2(d / "metrics.csv", target / "metrics.csv")
-        if (d / PER_CLASS_FILE).exists():  # the clients' label-mix view (fl_app/results/clientmix.py)
+        if (d / PER_CLASS_FILE).exists():  # the clients' label-mix view (runner/results/clientmix.py)
             shutil.copy2(d / PER_CLASS_FILE, target / PER_CLASS_FILE)
             counts = run_label_counts(d, compute=True)
             if counts is not None:
@@ -305,7 +305,7 @@ def collect_mixes_data(found: list[tuple[str, Path, dict]], store: Path,
     """One line naming two data fingerprints that a collect would put into one table, else
     None: per experiment, its incoming runs and the kept runs of the store that its table would
     show beside them (those of the file's current setting that are not replaced). Runs without
-    a fingerprint are not compared (``fl_app/results/fingerprint.py``)."""
+    a fingerprint are not compared (``runner/results/fingerprint.py``)."""
     for path, exp in experiments:
         name = exp.get("name", path.stem)
         incoming = [(f"{name}/{d.name}", fingerprint_of(summary)) for n, d, summary in found if n == name]
@@ -344,7 +344,7 @@ def method_row(method: str, dirs: list[Path], target: float | None, paper_value:
                       drift.get("final_min_class_accuracy_std", math.nan)),
         **(client_columns(dirs) if dirs else {}),
         **(client_mix_columns(dirs) if dirs else {}),
-        **(cost_columns(dirs) if dirs else {}),  # MB and client compute per round (fl_app/results/report.py)
+        **(cost_columns(dirs) if dirs else {}),  # MB and client compute per round (runner/results/report.py)
     }
 
 
@@ -372,7 +372,7 @@ def uses_best(exp: dict) -> bool:
 
 
 def experiment_claims(exp: dict, rows: list[str]) -> list[Claim]:
-    """The experiment's ``claims`` (``"A > B (source)"``, fl_app.results.stats.parse_claims); without
+    """The experiment's ``claims`` (``"A > B (source)"``, runner.results.stats.parse_claims); without
     them, the orderings its ``paper-results`` imply: each proposed method against FedAvg and
     against the strongest baseline of the paper's table among the rows run, in the paper's
     direction (source: the paper's two numbers). A grid without ``claims`` is a search: it
@@ -421,7 +421,7 @@ TEST_SPLIT_SEARCH = "searched on the test split"
 def why_not_counted(claim: Claim, better: str, worse: str) -> str:
     """Why a claim between rows chosen by the protocols ``better`` and ``worse`` is not counted
     ("not counted: ..."), or "" when it is: only between rows of one known protocol
-    (``fl_app.tooling.tuning.comparable``) that did not choose on the test split."""
+    (``runner.tuning.comparable``) that did not choose on the test split."""
     if not comparable(better, worse):
         return (f"{NOT_COUNTED}: {claim.better} and {claim.worse} were tuned differently" if better != worse else
                 f"{NOT_COUNTED}: how the rows were tuned is not recorded")
@@ -431,7 +431,7 @@ def why_not_counted(claim: Claim, better: str, worse: str) -> str:
 
 
 def row_protocols(exp: dict, dirs: dict[str, list[Path]]) -> dict[str, str]:
-    """Row label -> how its settings were chosen (``fl_app.tooling.tuning.row_protocol``: the
+    """Row label -> how its settings were chosen (``runner.tuning.row_protocol``: the
     protocol its runs recorded, else the file's [chosen-by], else "protocol not recorded")."""
     names = {row: name for row, name, _ in experiment_rows(exp)}
     return {row: row_protocol(exp, names.get(row, row), d) for row, d in dirs.items()}
@@ -678,7 +678,7 @@ def grid_winners(table: list[tuple[str, str, str]], rows: dict[str, dict]) -> li
 
 
 def drift_figure(name: str, dirs: dict[str, list[Path]], figures: Path, md_dir: Path) -> list[str]:
-    """The experiment's update-diversity plot (fl_app.results.report.plot_drift), or nothing when its
+    """The experiment's update-diversity plot (runner.results.report.plot_drift), or nothing when its
     runs predate the drift columns."""
     png = Path(figures) / f"{name}-drift.png"
     png.parent.mkdir(parents=True, exist_ok=True)
@@ -706,7 +706,7 @@ def make_results(experiments: Path, results: Path, out: Path) -> str:
              "the last round (label-skewed clients make a model forget classes; 0 = one class never predicted). "
              "Client accuracy on label mixes: each client's accuracy of the final global model on its own label "
              "mix (the per-class test accuracies weighted by the client's training label counts; "
-             "`fl_app/results/clientmix.py`), mean, std and mean of the worst 10% over all clients, then mean "
+             "`runner/results/clientmix.py`), mean, std and mean of the worst 10% over all clients, then mean "
              "over seeds: the fairness view of label skew, computed from the runs without holding data back. "
              "The runs are reduced versions of the papers' settings (each section says how), so the papers' "
              "numbers are a reference, not a target. Run time: the runs' own time (start of the ServerApp to "

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from fl_app.registry import method_names  # noqa: E402
-from fl_app.tooling.launch import LocalSimulation  # noqa: E402
+from runner.launch import LocalSimulation  # noqa: E402
 
 NEEDS = {  # methods whose client needs something the synthetic/logreg default lacks
     "fedbn": {"dataset": "mnist", "model": "cnn-bn", "batch-size": 64, "num-server-rounds": 2},

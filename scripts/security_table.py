@@ -25,7 +25,7 @@ except the text below ``HAND_WRITTEN`` in the page, which regenerating keeps as 
 
 The page pairs runs by seed: a cell's loss is clean - attacked on the same seed (same split,
 test images and initial weights), in points, shown as the mean over the kept seeds with its 95%
-Student t interval (``fl_app.results.stats.paired_difference``). The acceptance asks, for every
+Student t interval (``runner.results.stats.paired_difference``). The acceptance asks, for every
 attack, a screening whose mean loss over at least ``SEEDS_NEEDED`` seeds is at most
 ``TOLERANCE``; with fewer seeds kept it is not decided. Kept runs of different settings (other
 than the seed, attack and screening) are refused, naming both, not mixed into one page.
@@ -54,12 +54,12 @@ from flwr.server.client_manager import SimpleClientManager  # noqa: E402
 from fl_app.config import validate_config  # noqa: E402
 from fl_app.node.node_client import NodeClient  # noqa: E402
 from fl_app.registry import METHODS  # noqa: E402
-from fl_app.results.stats import Paired, paired_difference  # noqa: E402
 from fl_app.server.screening import allowed_modes, min_replies  # noqa: E402
-from fl_app.tooling.inprocess import (
+from runner.inprocess import (
     InProcessProxy,  # noqa: E402
     RoundByRound,  # noqa: E402
 )
+from runner.results.stats import Paired, paired_difference  # noqa: E402
 from strategies.base import fedavg_kwargs  # noqa: E402
 from tasks.datasets import input_shape  # noqa: E402
 from tasks.models import build_model, get_weights, set_weights  # noqa: E402
@@ -373,7 +373,7 @@ def hand_written_part(page: str) -> str:
 ABOUT = [
     "Each cell is the accuracy the attack costs, in points: clean minus attacked final accuracy on the same "
     "seed, as the mean over the kept seeds and its 95% Student t interval over them "
-    "(`fl_app/results/stats.py`); a negative loss is a gain. The acceptance asks, for each attack, a screening "
+    "(`runner/results/stats.py`); a negative loss is a gain. The acceptance asks, for each attack, a screening "
     f"whose mean loss over at least {SEEDS_NEEDED} seeds is at most {TOLERANCE * 100:.0f} points.",
     "",
     "Attacks (`inject-faults`, fl_app/node/attacks.py): `scale-x10` multiplies each attacker's update by 10; "

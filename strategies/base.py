@@ -8,9 +8,9 @@ import numpy as np
 from flwr.common import Parameters, parameters_to_ndarrays
 from flwr.server.strategy import FedAvg
 
+from protocol.keys import Key
+from protocol.layout import trainable_mask as model_trainable_mask
 from tasks.datasets import input_shape
-from tasks.keys import Key
-from tasks.layout import trainable_mask as model_trainable_mask
 from tasks.models import build_model
 
 

@@ -20,11 +20,11 @@ import numpy as np
 from flwr.common import FitIns, FitRes, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.client_manager import ClientManager
 
+from protocol.keys import ConfigError
+from protocol.layout import cv_names_in_state_order, trainable_param_names
 from strategies.arrays import restored_like
 from strategies.base import DriftFedAvg
 from tasks.datasets import input_shape
-from tasks.keys import ConfigError
-from tasks.layout import cv_names_in_state_order, trainable_param_names
 from tasks.models import build_model
 from tasks.optim import linear_step_problem
 

@@ -33,10 +33,10 @@ from flwr.server.strategy import (
 )
 from flwr.supercore.differential_privacy import compute_stdv
 
+from protocol.keys import ConfigError, Key, non_negative, positive
 from strategies.arrays import total_clients
 from strategies.base import DriftFedAvg, FromConfig
 from tasks.datasets import input_shape
-from tasks.keys import ConfigError, Key, non_negative, positive
 from tasks.models import MODELS, build_model, probe_shape
 
 DP_MODES = ("client", "server")

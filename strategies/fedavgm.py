@@ -17,9 +17,9 @@ from __future__ import annotations
 from flwr.common import Parameters
 from flwr.server.strategy import FedAvgM
 
+from protocol.keys import Key
 from strategies.base import MEAN_OF_WEIGHTS
 from strategies.server_opt import SERVER_LR, ServerOptimiser
-from tasks.keys import Key
 
 
 class FedAvgMStrategy(ServerOptimiser, FedAvgM):

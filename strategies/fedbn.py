@@ -16,11 +16,11 @@ from __future__ import annotations
 import numpy as np
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 
+from protocol.keys import ConfigError
+from protocol.layout import bn_indices
 from strategies.arrays import cast_like
 from strategies.base import MEAN_OF_WEIGHTS, DriftFedAvg
 from tasks.datasets import input_shape
-from tasks.keys import ConfigError
-from tasks.layout import bn_indices
 from tasks.models import MODELS, build_model, probe_shape
 
 # models without BN whose BN twin (named "<model>-bn") the refusal names

@@ -18,9 +18,9 @@ from __future__ import annotations
 import numpy as np
 from flwr.common import ndarrays_to_parameters
 
+from protocol.keys import Key, positive
 from strategies.arrays import cast_like, total_clients
 from strategies.base import REPLIES_ONLY, DriftFedAvg, trainable_mask
-from tasks.keys import Key, positive
 
 
 class FedDynStrategy(DriftFedAvg):

@@ -14,9 +14,9 @@ from __future__ import annotations
 import numpy as np
 from flwr.common import ndarrays_to_parameters
 
+from protocol.keys import ConfigError
 from strategies.arrays import cast_like
 from strategies.base import REPLIES_ONLY, DriftFedAvg, trainable_mask
-from tasks.keys import ConfigError
 
 
 def normaliser(tau: int, momentum: float) -> float:

@@ -14,11 +14,11 @@ from __future__ import annotations
 import numpy as np
 from flwr.common import FitRes, ndarrays_to_parameters, parameters_to_ndarrays
 
+from protocol.keys import ConfigError, Key, at_least
 from strategies.base import MEAN_OF_WEIGHTS, DriftFedAvg
 from strategies.server_opt import SERVER_LR
 from tasks.datasets import input_shape
 from tasks.keras_layers import pgvc_code_layers
-from tasks.keys import ConfigError, Key, at_least
 from tasks.models import MODELS, build_model, last_layers_param_names
 
 # "text": the paper's equations (a penalty in every step); "authors": the released code

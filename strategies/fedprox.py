@@ -2,8 +2,8 @@
 
 from flwr.server.strategy import FedProx
 
+from protocol.keys import Key, non_negative
 from strategies.base import MEAN_OF_WEIGHTS, FromConfig
-from tasks.keys import Key, non_negative
 
 
 class FedProxStrategy(FromConfig, FedProx):

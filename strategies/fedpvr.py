@@ -2,10 +2,10 @@
 ``pvr-layers`` Linear layers only (default 1: the classifier head); the other layers take
 plain SGD steps. Server as SCAFFOLD: weighted mean, c <- c + (1/N) sum delta c_i."""
 
+from protocol.keys import Key, at_least
+from protocol.layout import pvr_param_names
 from strategies.base import REPLIES_ONLY
 from strategies.control_variates import ControlVariateStrategy
-from tasks.keys import Key, at_least
-from tasks.layout import pvr_param_names
 
 
 class FedPVRStrategy(ControlVariateStrategy):

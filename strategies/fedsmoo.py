@@ -24,13 +24,13 @@ from __future__ import annotations
 import numpy as np
 from flwr.common import ndarrays_to_parameters
 
+from protocol.keys import Key, non_negative
+from protocol.layout import cv_names_in_state_order, trainable_param_names
 from strategies.arrays import restored_like
 from strategies.base import REPLIES_ONLY
 from strategies.control_variates import send_with_extras, split_replies
 from strategies.feddyn import FedDynStrategy
 from tasks.datasets import input_shape
-from tasks.keys import Key, non_negative
-from tasks.layout import cv_names_in_state_order, trainable_param_names
 from tasks.models import build_model
 
 S_MODES = ("paper", "code", "none")  # what a client replies and how s is formed

@@ -7,9 +7,9 @@ c <- c + (1/D) sum_{i in S_t} delta c_i with D = N, the number of clients in the
 separate FedGAM-CV's divisor from its GAM term. Both are the same under full participation.
 """
 
+from protocol.keys import Key
 from strategies.base import REPLIES_ONLY
 from strategies.control_variates import DIVISORS, ControlVariateStrategy
-from tasks.keys import Key
 
 
 class ScaffoldStrategy(ControlVariateStrategy):

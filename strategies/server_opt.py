@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 from flwr.common import Parameters, ndarrays_to_parameters, parameters_to_ndarrays
 
+from protocol.keys import Key, positive
 from strategies.base import FromConfig
-from tasks.keys import Key, positive
 
 # The global learning rate eta_g of FedAvgM and FedPGVC (one declaration, fl_app/registry.py):
 # both step w <- w - eta_g * (w - mean_k w_k) (FedAvgM on its momentum), 1 = the plain mean.

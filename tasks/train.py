@@ -73,7 +73,7 @@ def accuracy_spread(accuracies) -> tuple[float, float, float, int]:
     (the ceil(n / 10) lowest, at least one client). Non-finite values are left out; NaNs and
     n = 0 when none is left. The one definition of the clients' spread, for the clients' own
     local test splits (``fl_app.server.recording``) and for their label mixes
-    (``fl_app.results.clientmix``)."""
+    (``runner.results.clientmix``)."""
     values = np.sort(np.asarray([a for a in accuracies if math.isfinite(a)], dtype=float))
     if values.size == 0:
         return math.nan, math.nan, math.nan, 0

@@ -19,8 +19,8 @@ sys.path.insert(0, str(ROOT))
 
 from fl_app.client_app import client_fn  # noqa: E402
 from fl_app.config import validate_config  # noqa: E402
-from fl_app.tooling.inprocess import InProcessProxy  # noqa: E402
-from fl_app.tooling.procfs import processes_with_env  # noqa: E402
+from runner.inprocess import InProcessProxy  # noqa: E402
+from runner.procfs import processes_with_env  # noqa: E402
 
 SHARED_DATA = ROOT.parent / "shared" / "data"
 
@@ -47,7 +47,7 @@ def data_env() -> dict[str, str]:
 def local_simulation(**kwargs):
     """A ``LocalSimulation`` (not started) whose processes see the offline data folder when
     there is one (``data_env``); this process's environment is left as it is."""
-    from fl_app.tooling.launch import LocalSimulation
+    from runner.launch import LocalSimulation
 
     simulation = LocalSimulation(**kwargs)
     simulation.env.update(data_env())

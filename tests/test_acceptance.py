@@ -11,8 +11,8 @@ import math
 import pytest
 
 from fl_app.registry import method_names
-from fl_app.results.report import read_metrics
-from fl_app.tooling.launch import LocalSimulation
+from runner.launch import LocalSimulation
+from runner.results.report import read_metrics
 
 pytestmark = pytest.mark.slow
 

@@ -6,9 +6,9 @@ import torch
 
 from clients.fedavg import FedAvgClient
 from clients.scaffold import ScaffoldClient
+from fl_app.common.faults import parse_faults
 from fl_app.config import ConfigError, validate_config
 from fl_app.node.attacks import Attack, attacked_reply
-from fl_app.node.faults import parse_faults
 from fl_app.node.node_client import NodeClient
 from tests.conftest import make_client
 

@@ -12,8 +12,8 @@ import torch
 from flwr.common import Code, EvaluateRes, Status
 
 from fl_app.config import validate_config
-from fl_app.results.report import read_metrics
 from fl_app.server.recording import client_accuracy_stats
+from runner.results.report import read_metrics
 from tasks.partition_spec import PartitionSpec
 from tasks.partitioning import load_client_split, load_partition, split_tensors
 from tests.conftest import FakeManager, FakeProxy
@@ -156,7 +156,7 @@ def test_tiny_run_writes_client_columns(tmp_path):
 def test_comparison_carries_the_client_columns(tmp_path):
     import json
 
-    from fl_app.results.report import compare, write_comparison
+    from runner.results.report import compare, write_comparison
 
     dirs = []
     for seed, worst in enumerate([0.4, 0.6]):

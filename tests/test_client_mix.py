@@ -1,4 +1,4 @@
-"""The clients' accuracy on their own label mixes (fl_app/results/clientmix.py): the per-class
+"""The clients' accuracy on their own label mixes (runner/results/clientmix.py): the per-class
 test accuracies weighted by each client's training label counts, its spread over clients, the
 counts cut again from the data the clients trained on, and the results table's column."""
 
@@ -13,7 +13,7 @@ import pytest
 
 import scripts.make_results as mr
 from fl_app.config import validate_config
-from fl_app.results.clientmix import (
+from runner.results.clientmix import (
     LABEL_COUNTS_FILE,
     MIX_COLUMNS,
     PER_CLASS_FILE,
@@ -21,7 +21,7 @@ from fl_app.results.clientmix import (
     label_mix_accuracies,
     run_label_counts,
 )
-from fl_app.results.report import client_cells
+from runner.results.report import client_cells
 from tasks.partition_spec import PartitionSpec
 from tasks.partitioning import load_partition, partition_label_counts
 from tasks.train import accuracy_spread

@@ -90,7 +90,7 @@ def test_simulation_with_disk_state_matches_memory_state(method, tmp_path):
     """A short seeded simulation gives the same metrics.csv (timings aside) either way."""
     import csv
 
-    from fl_app.tooling.launch import LocalSimulation
+    from runner.launch import LocalSimulation
 
     tables = {}
     with LocalSimulation() as sim:

@@ -337,7 +337,7 @@ def compared(a_rows: list[dict], b_rows: list[dict], exact: bool, skip: tuple = 
 
 
 def per_client_run(method: str, tmp_path, **keys) -> list[dict]:
-    from fl_app.results.report import read_metrics
+    from runner.results.report import read_metrics
     from tests.conftest import serve_in_process
 
     serve_in_process(base_config(method, tmp_path, **keys, **{"run-name": "per-client"}), NODES)
@@ -345,7 +345,7 @@ def per_client_run(method: str, tmp_path, **keys) -> list[dict]:
 
 
 def cohort_run(method: str, tmp_path, nodes: int = 1, name: str = "cohort", **keys) -> list[dict]:
-    from fl_app.results.report import read_metrics, read_summary
+    from runner.results.report import read_metrics, read_summary
 
     serve_cohort(base_config(method, tmp_path, **cohort_keys(**keys), **{"run-name": name}), nodes)
     assert read_summary(tmp_path / name)["execution"]["path"] == "cohort"
@@ -392,7 +392,7 @@ def test_cohort_resume_equals_uninterrupted_cohort_run(method, tmp_path):
     """A cohort run crashes after round 2 (``crash-after:2``) and resumes with new cohort nodes
     (empty ``context.state``): rounds 3-4 equal the uninterrupted cohort run's (the clients'
     state comes back from the mirror, the sampler's draws from the checkpoint)."""
-    from fl_app.results.report import read_metrics, read_summary
+    from runner.results.report import read_metrics, read_summary
 
     keys = {"num-server-rounds": 4}
     full = cohort_run(method, tmp_path, name="full", **keys)
@@ -414,7 +414,7 @@ def test_cohort_run_through_flowers_simulation_equals_per_client(simulated, sim,
     virtual clients, Flower's transport and node registration) against the per-client fedavg
     run of ``tests/test_simulation.py`` (shared: ``simulated``), metrics.csv within the module
     docstring's tolerance; summary.json records the path and why."""
-    from fl_app.results.report import read_metrics, read_summary
+    from runner.results.report import read_metrics, read_summary
     from tests.test_simulation import SUPERNODES, simulated_config
 
     cfg = simulated_config("fedavg", request)
@@ -436,7 +436,7 @@ SYNTH = ["--dataset", "synthetic", "--set", "model=logreg", "--rounds", "2", "--
 
 
 def test_runner_sets_the_virtual_clients_of_a_cohort_run():
-    from fl_app.tooling.launch import execution_for
+    from runner.launch import execution_for
 
     raw = {"dataset": "synthetic", "model": "logreg", "execution": "cohort", "min-available-clients": 6}
     launched, execution = execution_for(raw, 6)
@@ -450,7 +450,7 @@ def test_runner_sets_the_virtual_clients_of_a_cohort_run():
 def test_check_states_each_runs_path_and_refuses_a_cohort_that_cannot_run(tmp_path, capsys, monkeypatch):
     import run_simulation
 
-    monkeypatch.setattr("fl_app.tooling.launch.visible_gpus", lambda devices: 0)  # as on this CPU
+    monkeypatch.setattr("runner.launch.visible_gpus", lambda devices: 0)  # as on this CPU
     out = tmp_path / "out"
     assert run_simulation.main(["--check", "--strategy", "fedavg", *SYNTH, "--out", str(out)]) == 0
     printed = capsys.readouterr().out

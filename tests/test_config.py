@@ -108,7 +108,7 @@ def test_a_method_key_declared_twice_is_refused(monkeypatch):
     one of them silently; method_keys refuses that (a shared key reuses one declaration)."""
     from clients.fedavg import FedAvgClient
     from fl_app import registry
-    from tasks.keys import Key
+    from protocol.keys import Key
 
     class Clash(FedAvgClient):
         CONFIG_KEYS = {"sam-rho": Key(0.5)}
@@ -122,7 +122,7 @@ def test_a_method_key_declared_twice_is_refused(monkeypatch):
 def test_every_method_key_is_listed_with_its_method():
     """``--list`` shows each method's keys from both sides (strategy and client)."""
     from fl_app.registry import METHODS, config_keys
-    from fl_app.tooling.listing import methods
+    from runner.listing import methods
 
     lines = methods()
     for name, method in METHODS.items():

@@ -13,7 +13,7 @@ import types
 from pathlib import Path
 
 from fl_app import registry
-from fl_app.tooling.listing import config_reference, listing, methods_doc, readme_methods_table, toml_table
+from runner.listing import config_reference, listing, methods_doc, readme_methods_table, toml_table
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "contributing.md"
 BLOCK = re.compile(r"^```python file=(\S+)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
@@ -69,13 +69,13 @@ def test_the_example_registers_lists_and_runs_two_rounds(monkeypatch, tmp_path):
 
 def test_the_page_names_the_one_generate_command():
     text = DOC.read_text(encoding="utf-8")
-    assert "python -m fl_app.tooling.listing generate" in text
+    assert "python -m runner.listing generate" in text
     for generated in ("README", "docs/methods.md", "pyproject", "docs/configuration.md"):
         assert generated in text
 
 
 def test_the_generated_files_take_the_example_from_its_four_files(monkeypatch, tmp_path):
-    """What ``python -m fl_app.tooling.listing generate`` would write with the example
+    """What ``python -m runner.listing generate`` would write with the example
     registered: its README row, its docs/methods.md summary row and section (its client
     module's docstring), its keys in pyproject's table and docs/configuration.md's reference; no
     other file to edit."""

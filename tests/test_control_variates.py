@@ -14,7 +14,7 @@ from clients.fedgam_cv import FedGAMCVClient
 from clients.fedpvr import FedPVRClient
 from clients.scaffold import ScaffoldClient
 from fl_app.config import validate_config
-from fl_app.tooling.inprocess import RoundByRound
+from runner.inprocess import RoundByRound
 from strategies.base import fedavg_kwargs
 from strategies.fedgam_cv import FedGAMCVStrategy
 from strategies.fedpvr import FedPVRStrategy
@@ -280,7 +280,7 @@ def test_scaffold_cv_divisor_key_sets_d_of_the_c_update(divisor, expected_d):
 
 
 def test_cv_divisor_is_validated_with_its_choices():
-    from tasks.keys import ConfigError
+    from protocol.keys import ConfigError
 
     with pytest.raises(ConfigError, match="participants"):
         _cfg("scaffold", **{"cv-divisor": "clients"})

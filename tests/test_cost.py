@@ -1,6 +1,6 @@
 """What a run costs beside its accuracy (issue 45 item 3): rounds to the run's target accuracy,
 megabytes per client per round measured from the messages, client compute per round; in
-metrics.csv (``fl_app/server/recording.py``) and comparison.md/.csv (``fl_app/results/report.py``)."""
+metrics.csv (``fl_app/server/recording.py``) and comparison.md/.csv (``runner/results/report.py``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from flwr.common import parameters_to_ndarrays
 
 from fl_app.config import ConfigError, validate_config
-from fl_app.results.report import (
+from runner.results.report import (
     compare,
     cost_columns,
     read_metrics,

@@ -1,7 +1,7 @@
 """Real deployment on loopback: a TLS SuperLink, SuperNodes with node-local data, `flwr run`.
 
 The same ServerApp/ClientApp as in simulation. Each deployment starts its own SuperLink and
-SuperNodes (``fl_app/tooling/deploy.py``: private FLWR_HOME, free ports, no runtime dependency
+SuperNodes (``runner/deploy.py``: private FLWR_HOME, free ports, no runtime dependency
 installation) and checks that no process it started outlives it. The nodes read the session's
 MNIST sample (``small_mnist`` in conftest.py): every ClientApp process decodes its data anew.
 The killed-node deployment runs in a background thread while the mixed-nodes test runs its own.
@@ -27,9 +27,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from fl_app.registry import METHODS
-from fl_app.results.report import read_metrics
-from fl_app.tooling.deploy import TLS, LocalDeployment
-from fl_app.tooling.procfs import alive, descendants, processes_with_env
+from runner.deploy import TLS, LocalDeployment
+from runner.procfs import alive, descendants, processes_with_env
+from runner.results.report import read_metrics
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.skipif(
@@ -277,8 +277,8 @@ def test_tls_superlink_refuses_keyless_and_plaintext_nodes_and_plaintext_runs(tm
     plaintext `flwr run` are all refused, and no process survives."""
     import tomli_w
 
-    from fl_app.tooling.launch import APP_DIR
-    from fl_app.tooling.processes import exe, free_port
+    from runner.launch import APP_DIR
+    from runner.processes import exe, free_port
 
     deployment = LocalDeployment(tls=certs, home=tmp_path / "flwr-home", supernode_auth=True)
     outsider = tmp_path / "outsider-home"  # the submitter's FLWR_HOME: a plaintext connection

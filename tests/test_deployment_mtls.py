@@ -1,8 +1,8 @@
 """The mTLS edge on loopback: only devices with a valid certificate reach the SuperLink, and
 they reach only its Fleet API.
 
-One deployment for the module (``fl_app/tooling/deploy.py``): a TLS SuperLink bound to
-127.0.0.1 and the nginx edge (``fl_app/tooling/edge.py``) on the devices' address, 127.0.0.2
+One deployment for the module (``runner/deploy.py``): a TLS SuperLink bound to
+127.0.0.1 and the nginx edge (``runner/edge.py``) on the devices' address, 127.0.0.2
 where it can be bound (Linux routes all of 127/8 to loopback), so that "not on the devices'
 address" is a real connection attempt. Certificates come from ``scripts/make_certs.py`` as a
 user runs it. An outsider holds ``ca.crt`` (every device does) and no device certificate; each
@@ -25,11 +25,11 @@ import httpx
 import pytest
 import tomli_w
 
-from fl_app.results.report import read_metrics
-from fl_app.tooling import edge as nginx_edge
-from fl_app.tooling.deploy import TLS, Device, DeviceCA, LocalDeployment
-from fl_app.tooling.launch import APP_DIR
-from fl_app.tooling.processes import exe
+from runner import edge as nginx_edge
+from runner.deploy import TLS, Device, DeviceCA, LocalDeployment
+from runner.launch import APP_DIR
+from runner.processes import exe
+from runner.results.report import read_metrics
 from tests.conftest import ROOT, leftovers
 
 try:

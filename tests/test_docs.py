@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from fl_app.registry import METHODS
-from fl_app.tooling.experiment import ENTRIES as EXPERIMENT_ENTRIES
+from runner.experiment import ENTRIES as EXPERIMENT_ENTRIES
 
 ROOT = Path(__file__).resolve().parent.parent
 METHODS_DOC = ROOT / "docs" / "methods.md"
@@ -191,7 +191,7 @@ SET_KEY = re.compile(r"--(?:set|grid)[ =]['\"]?([a-z][a-z0-9-]*)=")
 RUN_CONFIG = re.compile(r"--run-config[ =]\"([^\"]+)\"")
 ASSIGNED = re.compile(r"`([a-z][a-z0-9-]*) ?= ?[^`]+`")  # `key = value` in running text
 # Names the docs assign that are not run-config keys, each with where it belongs: experiment
-# file entries (fl_app/tooling/experiment.py), a SuperNode's node config, Flower's federation settings.
+# file entries (runner/experiment.py), a SuperNode's node config, Flower's federation settings.
 NOT_RUN_CONFIG = set(EXPERIMENT_ENTRIES) | {"partition-id", "num-partitions", "data-path",
                                             "client-resources-num-cpus", "client-resources-num-gpus"}
 PLACEHOLDER = "key"  # `--set key=value` in the prose that explains --set

@@ -19,7 +19,7 @@ from fl_app.server.drift import (
     layout,
     round_drift,
 )
-from fl_app.tooling.inprocess import RoundByRound
+from runner.inprocess import RoundByRound
 from strategies.base import DriftFedAvg, fedavg_kwargs
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights

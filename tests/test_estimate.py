@@ -1,10 +1,10 @@
-"""fl_app/tooling/estimate.py: the run-time arithmetic, by hand (the probe is machine-dependent)."""
+"""runner/estimate.py: the run-time arithmetic, by hand (the probe is machine-dependent)."""
 
 import pytest
 
 from fl_app.config import validate_config
 from fl_app.registry import get_method
-from fl_app.tooling.estimate import ROUND_SECONDS, START_SECONDS, Probe, describe, local_steps, run_seconds
+from runner.estimate import ROUND_SECONDS, START_SECONDS, Probe, describe, local_steps, run_seconds
 
 
 def test_run_seconds_by_hand():

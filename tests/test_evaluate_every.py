@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from fl_app.config import ConfigError, validate_config
-from fl_app.results.report import curves, plot
 from fl_app.server.recording import evaluated_round
+from runner.results.report import curves, plot
 from tests.conftest import FakeManager, FakeProxy
 from tests.test_results import fit_res, make_strategy
 

@@ -22,7 +22,7 @@ from fl_app.config import validate_config
 from fl_app.node.node_client import NodeClient
 from fl_app.registry import METHODS, method_names
 from fl_app.server_app import evaluate_global
-from fl_app.tooling.inprocess import RoundByRound
+from runner.inprocess import RoundByRound
 from strategies.base import fedavg_kwargs
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights

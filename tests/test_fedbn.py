@@ -7,8 +7,8 @@ from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 
 from clients.fedbn import FedBNClient
 from fl_app.config import ConfigError, validate_config
+from protocol.layout import bn_indices
 from strategies.fedbn import FedBNStrategy
-from tasks.layout import bn_indices
 from tests.conftest import make_client
 from tests.helpers_baselines import fit_res
 

@@ -15,7 +15,7 @@ from clients.fedsmoo import MU_STATE, FedSMOOClient
 from fl_app.config import ConfigError, validate_config
 from fl_app.node.node_client import NodeClient
 from fl_app.server.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from fl_app.tooling.inprocess import RoundByRound
+from runner.inprocess import RoundByRound
 from strategies.base import fedavg_kwargs
 from strategies.feddyn import FedDynStrategy
 from strategies.fedsmoo import FedSMOOStrategy

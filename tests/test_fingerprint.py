@@ -16,9 +16,9 @@ import pytest
 
 import run_simulation
 from fl_app.config import ConfigError, validate_config
-from fl_app.results import fingerprint as fpr
 from fl_app.server import provenance
 from fl_app.server.provenance import data_fingerprint
+from runner.results import fingerprint as fpr
 from tasks.partition_spec import PartitionSpec
 
 ROOT = Path(__file__).resolve().parent.parent

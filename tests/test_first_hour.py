@@ -17,11 +17,11 @@ import pytest
 import run_simulation
 from fl_app.config import ConfigError, parse_override, validate_config
 from fl_app.registry import method_names
-from fl_app.results.report import compare, curve_stats, plot, plot_curves, write_comparison
 from fl_app.server.sampling import NotEnoughNodes, SeededClientManager
-from fl_app.tooling.listing import listing
-from fl_app.tooling.plan import label, parse_grid, run_name
-from fl_app.tooling.quiet import is_noise
+from runner.listing import listing
+from runner.plan import label, parse_grid, run_name
+from runner.quiet import is_noise
+from runner.results.report import compare, curve_stats, plot, plot_curves, write_comparison
 from tests.conftest import ROOT, fake_context
 
 SYNTH = ["--dataset", "synthetic", "--set", "model=logreg"]
@@ -208,7 +208,7 @@ def test_plot_statistics_band_and_flat_noise(tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from fl_app.results.report import _draw
+    from runner.results.report import _draw
 
     fig, ax = plt.subplots()
     _draw(ax, curve_stats(flat, "ri_mean"), "ri")
@@ -300,7 +300,7 @@ def test_fedbn_with_cnn_is_refused_naming_cnn_bn(tmp_path):
 
 def test_summary_records_clients_data_source_versions_and_revision(tmp_path, monkeypatch):
     from fl_app.registry import get_method
-    from fl_app.tooling.inprocess import RoundByRound
+    from runner.inprocess import RoundByRound
     from strategies.base import fedavg_kwargs
 
     monkeypatch.delenv("FL_DRIFT_REVISION", raising=False)

@@ -144,7 +144,7 @@ LIBRARY_NOISE = [
 
 
 def test_library_warnings_and_mlflow_lines_are_noise():
-    from fl_app.tooling.quiet import is_noise
+    from runner.quiet import is_noise
 
     for line in LIBRARY_NOISE:
         assert is_noise(line), line
@@ -162,7 +162,7 @@ def test_the_runner_hides_library_warnings_unless_verbose(monkeypatch):
     import warnings
 
     import run_simulation
-    from fl_app.tooling.quiet import quiet_libraries
+    from runner.quiet import quiet_libraries
 
     def shown(verbose: bool) -> list[str]:
         with warnings.catch_warnings(record=True) as caught:
@@ -192,7 +192,7 @@ def test_the_shard_split_future_warning_is_hidden():
     from datasets import Dataset
     from flwr_datasets.partitioner import ShardPartitioner
 
-    from fl_app.tooling.quiet import quiet_libraries
+    from runner.quiet import quiet_libraries
 
     def warned(quiet: bool) -> list[str]:
         with warnings.catch_warnings(record=True) as caught:

@@ -25,11 +25,11 @@ from clients.fedbn import FedBNClient
 from clients.fednova import FedNovaClient
 from clients.fedpvr import FedPVRClient
 from clients.ri_fedavg import RIFedAvgClient
+from protocol.layout import bn_indices, pvr_param_names
 from tasks.catalogue import InputShape
 from tasks.functional import Hyper, cohort_round, local_round, module_state
 from tasks.functional.corrections import CORRECTIONS, ri_begin
 from tasks.functional.rounds import stack_trees, unstack_tree
-from tasks.layout import bn_indices, pvr_param_names
 from tasks.models import build_model, get_weights
 from tests.conftest import make_client
 

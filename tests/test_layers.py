@@ -4,14 +4,14 @@ Every import is counted, including imports inside functions, by reading the sour
 a cycle cannot hide behind a lazy import. Allowed edges, with no exception:
 
 - ``tasks`` imports nothing of ours but ``tasks`` (the run-config key declarations,
-  ``tasks.keys``, included: every layer imports them downwards);
+  ``protocol.keys``, included: every layer imports them downwards);
 - ``clients`` and ``strategies`` import ``tasks`` and their own package; never each other:
   what both sides of a method must agree on lives in ``tasks``;
 - ``fl_app`` (the composition root) imports anything below it, and inside it the rooms import
-  one way too (``FL_APP_LAYERS``, top to bottom): ``fl_app.tooling`` (the runner's and
+  one way too (``FL_APP_LAYERS``, top to bottom): ``runner`` (the runner's and
   deployment's tools, outside a Flower run) -> the entry points (``server_app``,
   ``client_app``) -> ``config`` (the run-config schema) -> ``fl_app.server`` (the server's round loop and its parts) and
-  ``fl_app.results`` (reading finished runs) -> ``fl_app.node`` (what a node does around a
+  ``runner.results`` (reading finished runs) -> ``fl_app.node`` (what a node does around a
   method's client) -> ``fl_app.registry`` (the method catalogue). A room imports its own
   modules and the rooms below it, never one above or beside it.
 
@@ -26,12 +26,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("fl_app", "strategies", "clients", "tasks")
-KEYS = "tasks.keys"
+KEYS = "protocol.keys"
 FL_APP_LAYERS = (
-    ("fl_app.tooling",),
+    ("runner",),
     ("fl_app.server_app", "fl_app.client_app", "fl_app"),
     ("fl_app.config",),
-    ("fl_app.server", "fl_app.results"),
+    ("fl_app.server", "runner.results"),
     ("fl_app.node",),
     ("fl_app.registry",),
 )
@@ -121,7 +121,7 @@ def test_every_fl_app_module_has_a_room():
 
 
 def test_key_declarations_are_a_leaf():
-    """tasks.keys sits below every module that declares or validates a key."""
+    """protocol.keys sits below every module that declares or validates a key."""
     assert import_graph()[KEYS] == set()
 
 

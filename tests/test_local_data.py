@@ -25,7 +25,7 @@ from clients.fedavg import FedAvgClient
 from fl_app.client_app import node_partition
 from fl_app.config import validate_config
 from fl_app.server.sampling import SeededClientManager
-from fl_app.tooling.deploy import node_config_arg
+from runner.deploy import node_config_arg
 from tasks.local_files import LocalDataError, load_local_file
 from tests.conftest import ROOT
 

@@ -1,11 +1,11 @@
 """The runner's output: Flower's History printout hidden line by line, colour codes only on a
-terminal (fl_app/tooling/quiet.py)."""
+terminal (runner/quiet.py)."""
 
 from __future__ import annotations
 
 import io
 
-from fl_app.tooling.quiet import for_output, is_noise
+from runner.quiet import for_output, is_noise
 
 INFO = "\x1b[92mINFO \x1b[0m:      "
 # The tail of a real `flwr run --stream` output (MNIST, 3 rounds), as the runner received it.

@@ -255,7 +255,7 @@ def test_each_table_names_the_code_revisions_of_its_runs(tmp_path):
 
 
 def test_bad_claim_is_one_clear_error():
-    from fl_app.results.stats import parse_claims
+    from runner.results.stats import parse_claims
 
     with pytest.raises(ValueError, match=r"names 'fedsoll', not a row of the experiment; valid: \['fedavg'"):
         parse_claims(["fedsoll > fedavg"], ["fedavg", "fedsol"])
@@ -543,7 +543,7 @@ def page_problems(text: str) -> list[str]:
     """What docs/results.md gets wrong about tuning: a results table without its tuning column, a
     tuning label without a legend line, a claim counted between rows of two protocols, of an
     unknown one or of a search on the test split, or a not-counted claim with a bare verdict."""
-    from fl_app.tooling.tuning import NOT_RECORDED
+    from runner.tuning import NOT_RECORDED
 
     problems = []
     for name, sec in _sections(text).items():
@@ -617,8 +617,8 @@ def test_every_file_with_claims_says_how_each_rows_values_were_chosen():
     """Issue 42: every experiment file with claims (experiments/ and experiments/paper/) carries a
     [tune] table (one protocol for its rows) or a [chosen-by] statement that covers every row
     (``all`` or the row itself), so docs/results.md can name each row's protocol."""
-    from fl_app.tooling.experiment import read_experiment
-    from fl_app.tooling.tuning import read_protocol
+    from runner.experiment import read_experiment
+    from runner.tuning import read_protocol
 
     files = sorted((ROOT / "experiments").glob("*.toml")) + sorted((ROOT / "experiments" / "paper").glob("*.toml"))
     missing = []

@@ -3,7 +3,7 @@ its strategy module where the client is another method's). Its first paragraph
 (``fl_app.registry.description``) is what ``--list methods`` prints and what the README's method
 table shows; the whole docstring is the method's section of docs/methods.md, its ``Summary:``
 line the method's row of the summary table there. Both files' generated parts must equal what
-``python -m fl_app.tooling.listing generate`` writes, for every registered method (a method
+``python -m runner.listing generate`` writes, for every registered method (a method
 added to the registry is covered without editing this file or docs/methods.md). ``--list
 models`` prints a complete sentence for every model."""
 
@@ -17,7 +17,7 @@ import pytest
 from clients.fedavg import FedAvgClient
 from fl_app import registry
 from fl_app.registry import METHODS, Method, description
-from fl_app.tooling.listing import GENERATED, current_part, listing, methods_doc, readme_methods_table, split_summary
+from runner.listing import GENERATED, current_part, listing, methods_doc, readme_methods_table, split_summary
 from strategies.base import DriftFedAvg
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,7 +48,7 @@ def test_methods_doc_sections_open_with_the_description():
     drifted = [f"{name}:\n  docstring: {description(m)}\n  docs:      {first.get(name)}"
                for name, m in METHODS.items() if first.get(name) != description(m)]
     assert not drifted, ("docs/methods.md sections whose first paragraph differs from the method module's "
-                         "docstring (edit the docstring, then `python -m fl_app.tooling.listing generate`):\n"
+                         "docstring (edit the docstring, then `python -m runner.listing generate`):\n"
                          + "\n".join(drifted))
 
 
@@ -57,13 +57,13 @@ def test_readme_methods_table_is_the_generated_one():
     assert match, "README has no generated methods table (markers missing)"
     assert match.group(1) == readme_methods_table(), (
         "README's methods table is out of date: regenerate it with "
-        "`python -m fl_app.tooling.listing generate`")
+        "`python -m runner.listing generate`")
 
 
 def test_methods_doc_is_the_generated_one():
     assert current_part(GENERATED["methods-doc"]) == methods_doc(), (
         "docs/methods.md's generated part differs from the module docstrings: edit the docstring, "
-        "not the page, and regenerate with `python -m fl_app.tooling.listing generate`")
+        "not the page, and regenerate with `python -m runner.listing generate`")
 
 
 @pytest.mark.parametrize("name", list(METHODS))
@@ -95,7 +95,7 @@ def test_every_generated_part_is_up_to_date():
     """README's method table, docs/methods.md's methods, pyproject's run-config table and
     docs/configuration.md's key reference: one command regenerates all four."""
     stale = [f"{part.path.name} ({what})" for what, part in GENERATED.items() if current_part(part) != part.make()]
-    assert not stale, "out of date, regenerate with `python -m fl_app.tooling.listing generate`: " + ", ".join(stale)
+    assert not stale, "out of date, regenerate with `python -m runner.listing generate`: " + ", ".join(stale)
 
 
 def test_configuration_doc_lists_every_key_with_its_default_and_readers():

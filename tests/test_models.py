@@ -210,7 +210,7 @@ def sim():
     ("vgg11", "mnist", "crop"),
 ])
 def test_flwr_run_two_rounds(sim, shared_data, tmp_path, model, dataset, augment):
-    from fl_app.results.report import read_metrics
+    from runner.results.report import read_metrics
 
     data = _tiny_data_dir(shared_data, tmp_path, dataset)
     cfg = {"strategy": "fedavg", "dataset": dataset, "model": model, "augment": augment,

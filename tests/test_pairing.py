@@ -1,5 +1,5 @@
 """Seeds pair runs across methods: for one seed every method trains on the same partitioning and
-samples the same clients each round, so a per-seed difference of two methods (fl_app.results.stats) removes
+samples the same clients each round, so a per-seed difference of two methods (runner.results.stats) removes
 the split's and the sampling's share of the variance."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from flwr.common import Code, GetPropertiesRes, Status, ndarrays_to_parameters
 from fl_app.config import validate_config
 from fl_app.registry import get_method, method_names
 from fl_app.server.sampling import SeededClientManager
-from fl_app.tooling.inprocess import RoundByRound
-from fl_app.tooling.plan import resolve_rows
+from runner.inprocess import RoundByRound
+from runner.plan import resolve_rows
 from strategies.base import fedavg_kwargs
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights

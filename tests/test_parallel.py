@@ -1,4 +1,4 @@
-"""Issue 44, concurrent sweeps: ``run_simulation.py --parallel N`` (fl_app/tooling/parallel.py).
+"""Issue 44, concurrent sweeps: ``run_simulation.py --parallel N`` (runner/parallel.py).
 
 The scheduling (how many workers, each one's share, the pool's order, failures and Ctrl-C) is
 tested without Flower; the runner's launch step with stand-in simulations (its outcome in the
@@ -25,7 +25,7 @@ import pytest
 
 import run_simulation
 from fl_app.config import ConfigError
-from fl_app.tooling.parallel import (
+from runner.parallel import (
     MEMORY_PER_RUN,
     Failed,
     Machine,
@@ -37,8 +37,8 @@ from fl_app.tooling.parallel import (
     run_pool,
     split,
 )
-from fl_app.tooling.plan import run_name
-from fl_app.tooling.procfs import descendants, environ_of, processes_with_env
+from runner.plan import run_name
+from runner.procfs import descendants, environ_of, processes_with_env
 from tests.conftest import ROOT
 
 BIG = 1 << 40  # memory enough not to matter

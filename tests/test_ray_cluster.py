@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from fl_app.results.report import read_metrics, read_summary
 from fl_app.server.placement import read_ray_nodes
-from fl_app.tooling.processes import Managed, exe, free_port, stop_processes
-from fl_app.tooling.procfs import processes_with_env
+from runner.processes import Managed, exe, free_port, stop_processes
+from runner.procfs import processes_with_env
+from runner.results.report import read_metrics, read_summary
 from tests.conftest import ROOT
 
 MARK = "FL_DRIFT_TEST_MARK"

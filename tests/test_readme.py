@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from fl_app.tooling import procfs
+from runner import procfs
 from tests.conftest import ROOT, find_data_dir
 
 pytestmark = pytest.mark.slow

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from fl_app.config import ConfigError, validate_config
-from fl_app.results.report import read_metrics, read_summary
-from fl_app.tooling.launch import LocalSimulation
+from runner.launch import LocalSimulation
+from runner.results.report import read_metrics, read_summary
 from tasks.datasets import DataUnavailableError, PartitionError
 from tasks.partitioning import PartitionSpec, check_data
 from tests.conftest import ROOT, serve_in_process
@@ -200,7 +200,7 @@ def test_non_finite_aggregate_is_discarded(tmp_path):
     from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
     from flwr.server.strategy import FedAvg
 
-    from fl_app.tooling.inprocess import RoundByRound
+    from runner.inprocess import RoundByRound
 
     class Proxy:
         def __init__(self, cid):

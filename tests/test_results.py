@@ -7,9 +7,9 @@ import numpy as np
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 
 from fl_app.config import validate_config
-from fl_app.results.report import compare, read_metrics, read_summary, write_comparison
 from fl_app.server.recording import summarise_client_metrics
-from fl_app.tooling.inprocess import RoundByRound
+from runner.inprocess import RoundByRound
+from runner.results.report import compare, read_metrics, read_summary, write_comparison
 from strategies.base import DriftFedAvg, fedavg_kwargs
 from tests.conftest import FakeManager, FakeProxy
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from fl_app.results.report import read_metrics, read_summary
+from runner.results.report import read_metrics, read_summary
 from tests.conftest import serve_in_process
 from tests.test_simulation import NEEDS
 

@@ -2,7 +2,7 @@
 
 `kill -9` of `run_simulation.py` left 13 processes (SuperLink, SuperExec, flwr-simulation, Ray)
 that finished the run unattended, and a `--resume` of the same folder started meanwhile wrote
-into it too. Now a watchdog (fl_app/tooling/watchdog.py) stops everything with the runner's
+into it too. Now a watchdog (runner/watchdog.py) stops everything with the runner's
 FLWR_HOME when the runner dies, Ray's session folders live in a private temp folder that goes
 with it, and a results folder is held by one runner at a time (an flock'ed ``.lock``).
 """
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from fl_app.tooling.processes import FolderInUse, lock_folder
-from fl_app.tooling.procfs import descendants, environ_of, processes_with_env
+from runner.processes import FolderInUse, lock_folder
+from runner.procfs import descendants, environ_of, processes_with_env
 from tests.conftest import ROOT
 
 GONE_WITHIN = 30.0  # seconds after the runner's death (the issue's bound)
@@ -41,7 +41,7 @@ def python(code: str, **kwargs) -> subprocess.Popen:
 
 def test_a_held_folder_is_refused_naming_the_holder_and_a_dead_holder_s_lock_is_taken(tmp_path):
     out = tmp_path / "out"
-    holder = python(f"from fl_app.tooling.processes import lock_folder; import time; lock_folder(__import__('pathlib')"
+    holder = python(f"from runner.processes import lock_folder; import time; lock_folder(__import__('pathlib')"
                     f".Path({str(out)!r})); print('held', flush=True); time.sleep(120)", stdout=subprocess.PIPE,
                     text=True)
     try:
@@ -64,7 +64,7 @@ LAUNCHER = """
 import os, subprocess, sys, time
 from pathlib import Path
 marker, folder = sys.argv[1], sys.argv[2]
-watchdog = subprocess.Popen([sys.executable, "-m", "fl_app.tooling.watchdog", "--marker", f"FLWR_HOME={marker}",
+watchdog = subprocess.Popen([sys.executable, "-m", "runner.watchdog", "--marker", f"FLWR_HOME={marker}",
                              f"--remove={folder}"], stdin=subprocess.PIPE, start_new_session=True)
 # like SuperExec: a child in a session of its own that ignores SIGTERM (only SIGKILL ends it)
 child = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"

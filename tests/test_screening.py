@@ -10,7 +10,6 @@ from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 
 from fl_app.config import ConfigError, validate_config
 from fl_app.registry import METHODS
-from fl_app.results.report import read_metrics
 from fl_app.server.screening import (
     allowed_modes,
     clip_factor,
@@ -20,7 +19,8 @@ from fl_app.server.screening import (
     update_norm,
 )
 from fl_app.server_app import resolve
-from fl_app.tooling.inprocess import RoundByRound
+from runner.inprocess import RoundByRound
+from runner.results.report import read_metrics
 from strategies.base import DriftFedAvg, fedavg_kwargs
 from tests.conftest import FakeManager
 from tests.helpers_baselines import fit_res

@@ -13,7 +13,7 @@ from clients.feddyn import FedDynClient
 from clients.scaffold import ScaffoldClient
 from fl_app.config import validate_config
 from fl_app.node.node_client import NodeClient
-from fl_app.tooling.inprocess import RoundByRound
+from runner.inprocess import RoundByRound
 from strategies.base import fedavg_kwargs
 from strategies.feddyn import FedDynStrategy
 from strategies.scaffold import ScaffoldStrategy

@@ -20,7 +20,7 @@ from flwr.server.client_manager import SimpleClientManager
 from clients.fedavg import FedAvgClient
 from fl_app.config import validate_config
 from fl_app.node.node_client import NodeClient
-from fl_app.tooling.inprocess import RoundByRound
+from runner.inprocess import RoundByRound
 from strategies.base import DriftFedAvg, fedavg_kwargs
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights, set_weights
@@ -120,8 +120,8 @@ def test_screening_costs_nothing_without_an_attacker(shared_data, one_thread):
 def test_attack_and_screening_through_a_simulation(tmp_path):
     """The run-config keys reach both sides of a real Flower simulation: partition 0 scales its
     update by 100 (client side) and the server rejects it every round (server side)."""
-    from fl_app.results.report import read_metrics
-    from fl_app.tooling.launch import LocalSimulation
+    from runner.launch import LocalSimulation
+    from runner.results.report import read_metrics
 
     cfg = {"strategy": "fedavg", "dataset": "synthetic", "model": "logreg", "num-server-rounds": 2,
            "fraction-fit": 1.0, "inject-faults": "scale:0:100", "screening": "reject",
@@ -173,7 +173,7 @@ def _scaffold_table(clean, attacked, seeds=(0, 1, 2)):
 
 
 def test_loss_is_paired_by_seed_with_the_stats_interval():
-    from fl_app.results.stats import paired_difference
+    from runner.results.stats import paired_difference
     from scripts.security_table import loss, points
 
     records = _scaffold_table([0.90, 0.92, 0.88], {("adaptive", "multi-krum"): [0.89, 0.90, 0.88]})

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from fl_app.registry import method_names
-from fl_app.results.report import read_metrics, read_summary
+from runner.results.report import read_metrics, read_summary
 from tests.conftest import ROOT
 
 # Methods whose client needs something the synthetic/logreg default lacks.

@@ -11,8 +11,8 @@ from flwr.common import Context
 
 import fl_app.node.node_client as node
 from clients.fedavg import FedAvgClient
+from fl_app.common.background import in_background
 from fl_app.config import validate_config
-from fl_app.node.background import in_background
 from tasks.partitioning import PartitionSpec, federated_dataset, load_test, load_test_split
 
 

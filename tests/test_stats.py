@@ -1,10 +1,10 @@
-"""fl_app.results.stats: the t quantiles, the paired interval and the verdicts, against hand computations."""
+"""runner.results.stats: the t quantiles, the paired interval and the verdicts, against hand computations."""
 
 import math
 
 import pytest
 
-from fl_app.results.stats import HOLDS, REFUTED, UNDECIDED, Paired, fmt_paired, paired_difference, t975
+from runner.results.stats import HOLDS, REFUTED, UNDECIDED, Paired, fmt_paired, paired_difference, t975
 
 
 def test_t_quantiles_table_and_expansion():

@@ -1,5 +1,5 @@
 """Per-class test accuracy (tasks/train.evaluate), the run's side files and TensorBoard event
-files (fl_app/server/tracking.py), and the drift outputs of the comparison (fl_app/results/report.py)."""
+files (fl_app/server/tracking.py), and the drift outputs of the comparison (runner/results/report.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import pytest
 import torch
 from torch import nn
 
-from fl_app.results.report import compare, plot_drift, write_comparison
 from fl_app.server.tracking import PER_CLASS_FILE, TENSORBOARD_DIR, RunTracker
+from runner.results.report import compare, plot_drift, write_comparison
 from tasks.train import evaluate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -126,7 +126,7 @@ def test_comparison_drift_columns_and_plot(tmp_path):
 def test_drift_plot_title_carries_the_setup_line(tmp_path):
     """drift.png names the setup as accuracy.png does (dataset, split, clients, model...)."""
     from fl_app.config import validate_config
-    from fl_app.results.report import drift_title, setup_title
+    from runner.results.report import drift_title, setup_title
 
     run = _write_run(tmp_path / "a0", [2.0, 4.0, 3.0], None, 0.8)
     cfg = validate_config({"dataset": "cifar10", "alpha": 0.1, "num-server-rounds": 3, "model": "cnn"})
@@ -172,7 +172,7 @@ def _record_one_round(run_dir: Path, **keys) -> dict:
     from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 
     from fl_app.config import validate_config
-    from fl_app.tooling.inprocess import RoundByRound
+    from runner.inprocess import RoundByRound
     from strategies.base import DriftFedAvg, fedavg_kwargs
 
     cfg = validate_config({"fraction-fit": 1.0, "num-server-rounds": 1, "model": "logreg",
@@ -209,7 +209,7 @@ def test_recording_strategy_writes_min_class_column_side_file_and_honours_the_ke
 def test_plots_start_at_round_0_the_initial_model(tmp_path):
     """summary.json keeps the initial model's evaluation and the accuracy and loss curves start
     with it; the rows of metrics.csv stay rounds 1..T."""
-    from fl_app.results.report import curve_stats, read_metrics, read_summary
+    from runner.results.report import curve_stats, read_metrics, read_summary
 
     _record_one_round(tmp_path / "run")
     summary = read_summary(tmp_path / "run")

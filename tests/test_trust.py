@@ -215,7 +215,7 @@ def recorded_run(run_dir: Path, rounds_ok: list[bool]) -> Path:
     from flwr.server.strategy import FedAvg
 
     from fl_app.config import validate_config
-    from fl_app.tooling.inprocess import RoundByRound
+    from runner.inprocess import RoundByRound
 
     class Proxy:
         cid = "0"
@@ -234,7 +234,7 @@ def recorded_run(run_dir: Path, rounds_ok: list[bool]) -> Path:
 
 
 def test_rounds_without_any_update_are_flagged_and_untrained_runs_are_no_result(tmp_path):
-    from fl_app.results.report import compare, read_summary, write_comparison
+    from runner.results.report import compare, read_summary, write_comparison
 
     dead = read_summary(recorded_run(tmp_path / "dead-seed0", [False, False]))
     assert dead["rounds_without_update"] == [1, 2] and dead["untrained"] is True
@@ -393,7 +393,7 @@ def test_the_runner_finds_flower_beside_its_python_or_names_what_is_missing(tmp_
     the missing flower-superexec instead of 'flower-superlink exited early'."""
     import os
 
-    from fl_app.tooling import processes
+    from runner import processes
 
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     env = processes.private_env(tmp_path / "home")

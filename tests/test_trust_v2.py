@@ -38,7 +38,7 @@ model = "logreg"
                                        ('run-name = "x"', "run-name")])
 def test_a_per_run_key_in_run_config_is_refused(tmp_path, line, key):
     """`strategy = "fedavg"` in [run-config] turned a file's three methods into one run."""
-    from fl_app.tooling.experiment import read_experiment
+    from runner.experiment import read_experiment
 
     exp = tmp_path / "exp.toml"
     exp.write_text(THREE_METHODS.format(line=line))
@@ -50,7 +50,7 @@ def test_a_per_run_key_in_run_config_is_refused(tmp_path, line, key):
 
 
 def test_a_variant_still_names_its_method_but_not_its_seed(tmp_path):
-    from fl_app.tooling.experiment import read_experiment
+    from runner.experiment import read_experiment
 
     exp = tmp_path / "exp.toml"
     exp.write_text('strategies = ["slow"]\n[methods.slow]\nstrategy = "fedavg"\nlearning-rate = 0.001\n')

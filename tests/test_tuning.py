@@ -1,4 +1,4 @@
-"""The tuning protocol (issue 42, fl_app/tooling/tuning.py): the validation split held out of
+"""The tuning protocol (issue 42, runner/tuning.py): the validation split held out of
 the training data, the search's choice, the chosen values in the table's runs, make_results'
 refusal to count a claim between rows tuned differently, and the [tune] table's errors.
 
@@ -23,9 +23,9 @@ from PIL import Image
 import run_simulation
 from fl_app.config import ConfigError, validate_config
 from fl_app.server.startup import ServerStartup
-from fl_app.tooling.experiment import read_experiment
-from fl_app.tooling.plan import label, run_name
-from fl_app.tooling.tuning import (
+from runner.experiment import read_experiment
+from runner.plan import label, run_name
+from runner.tuning import (
     NOT_RECORDED,
     Protocol,
     apply_choice,

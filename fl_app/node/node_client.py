@@ -34,9 +34,9 @@ import torch
 from flwr.client import NumPyClient
 
 from clients.base import DriftClient
+from fl_app.common.background import in_background
+from fl_app.common.faults import parse_faults
 from fl_app.node.attacks import attacked_reply
-from fl_app.node.background import in_background
-from fl_app.node.faults import parse_faults
 from fl_app.node.state_mirror import ClientStateMirror
 from tasks.partitioning import PartitionSpec, federated_dataset
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from fl_app.node.state_mirror import atomic_savez
-from tasks.keys import ConfigError
+from protocol.keys import ConfigError
 
 CHECKPOINT = "checkpoint.npz"
 

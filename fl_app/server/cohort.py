@@ -47,10 +47,10 @@ from flwr.common import (
 )
 from flwr.server.client_proxy import ClientProxy
 
+from fl_app.common.faults import parse_faults
 from fl_app.node.cohort_wire import PARTITIONS, bundle_instructions, split_replies
-from fl_app.node.faults import parse_faults
 from fl_app.registry import METHODS, Method
-from tasks.keys import ConfigError
+from protocol.keys import ConfigError
 
 log = logging.getLogger("flwr.fl_drift")
 

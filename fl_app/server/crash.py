@@ -3,7 +3,7 @@ fail after that round's row and checkpoint are written, to test resuming."""
 
 from __future__ import annotations
 
-from fl_app.node.faults import parse_faults
+from fl_app.common.faults import parse_faults
 
 
 def crash_if_injected(cfg: dict, server_round: int) -> None:

@@ -13,8 +13,8 @@ import logging
 from pathlib import Path
 
 from fl_app.server.screening import check_replies
+from protocol.keys import ConfigError
 from tasks.datasets import local_parquet_files, resolve_data_dir
-from tasks.keys import ConfigError
 
 log = logging.getLogger("flwr.fl_drift")
 

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tasks.keys import ConfigError
+from protocol.keys import ConfigError
 
 
 def code_revision(where: Path | None = None) -> str:

@@ -218,7 +218,7 @@ class RunRecord:
         sampled client failed or was rejected, which ``min-fit-fraction = 0`` lets a run
         survive): the global model did not change in them. ``untrained`` is true when that
         holds for every round, so the accuracies are the initial model's and not a result
-        (``fl_app/results/report.py`` leaves such runs out of the comparison's means)."""
+        (``runner/results/report.py`` leaves such runs out of the comparison's means)."""
         empty = [r["round"] for r in self.rows if r.get("num_clients") == 0]
         accs = [r["test_accuracy"] for r in self.rows if isinstance(r.get("test_accuracy"), float)]
         finite = [a for a in accs if math.isfinite(a)]

@@ -27,7 +27,7 @@ from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.criterion import Criterion
 
-from tasks.keys import ConfigError
+from protocol.keys import ConfigError
 
 log = logging.getLogger("flwr.fl_drift")
 

@@ -77,7 +77,7 @@ from flwr.server.strategy.aggregate import (
     aggregate_trimmed_avg,
 )
 
-from tasks.keys import ConfigError
+from protocol.keys import ConfigError
 
 log = logging.getLogger("flwr.fl_drift")
 

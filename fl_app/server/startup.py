@@ -1,5 +1,5 @@
 """The server's start-up between ``flwr run`` and round 1, as explicit steps that overlap with
-the nodes' own start-up (``fl_app/node/background.py``):
+the nodes' own start-up (``fl_app/common/background.py``):
 
 1. ``begin()`` (in ``server_fn``): start decoding the test split in the background. A real
    dataset's test split does not depend on the partitioning, so it is decoded while Ray and the
@@ -39,12 +39,12 @@ from pathlib import Path
 
 import torch
 
-from fl_app.node.background import in_background
+from fl_app.common.background import in_background
 from fl_app.server.preflight import loud
 from fl_app.server.sampling import CohortClientManager, SeededClientManager
 from fl_app.server.screening import check_replies
+from protocol.keys import ConfigError
 from tasks.datasets import PartitionError, resolve_data_dir
-from tasks.keys import ConfigError
 from tasks.partitioning import (
     PartitionSpec,
     check_data,

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.keys import ConfigError
+from protocol.keys import ConfigError
 
 log = logging.getLogger("flwr.fl_drift")
 

@@ -17,7 +17,7 @@ An experiment file states it in a ``[tune]`` table::
     learning-rate = [0.01, 0.03, 0.05, 0.1, 0.2]
 
 The runner (``run_simulation.py --config FILE``; ``--tune`` asks for it explicitly, ``--no-tune``
-skips it) first runs the search through its own grid machinery (``fl_app/tooling/plan.py``:
+skips it) first runs the search through its own grid machinery (``runner/plan.py``:
 each grid point a labelled row, in ``<out>/tuning/runs``), with ``validation-fraction`` set, so
 the clients never train on the held-out examples and the server scores them instead of the
 test split (``tasks/partitioning.py``); then it picks, per row, the grid point with the highest
@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from fl_app.config import ConfigError, spec
-from fl_app.results.report import read_summary, tail_accuracy
-from fl_app.tooling.plan import grid_points, label, run_name
+from runner.plan import grid_points, label, run_name
+from runner.results.report import read_summary, tail_accuracy
 
 METRICS = ("best", "final", "last-5-mean")
 TUNING_FILE = "tuning.json"

@@ -2,7 +2,7 @@
 
 ``LocalSimulation.start()`` starts one before its SuperLink:
 
-    python -m fl_app.tooling.watchdog --marker FLWR_HOME=<home> [--remove DIR ...]
+    python -m runner.watchdog --marker FLWR_HOME=<home> [--remove DIR ...]
 
 in a session of its own (a terminal's Ctrl-C or hang-up reaches the launcher, not it), with
 its stdin a pipe whose only writer is the launcher. The kernel closes that pipe when the
@@ -34,7 +34,7 @@ import shutil
 import signal
 import sys
 
-from fl_app.tooling.processes import stop_marked
+from runner.processes import stop_marked
 
 DONE = b"done"
 

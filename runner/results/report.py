@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fl_app.results.clientmix import MIX_COLUMNS, client_mix_columns
-from fl_app.results.stats import Paired, fmt_paired, paired_difference
+from runner.results.clientmix import MIX_COLUMNS, client_mix_columns
+from runner.results.stats import Paired, fmt_paired, paired_difference
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -163,7 +163,7 @@ def value_by_seed(dirs: list[Path], key: str = "final_accuracy") -> dict[int, fl
 def add_paired_columns(table: list[dict], runs: dict[str, list[Path]]) -> None:
     """When some row has >= 2 seeds: per row, its final accuracy minus the reference row's
     (``reference_row``), paired by seed, as the mean and its 95% t interval over the seeds
-    both ran (``fl_app.results.stats``), and the same for the mean accuracy over the last
+    both ran (``runner.results.stats``), and the same for the mean accuracy over the last
     ``TAIL_ROUNDS`` rounds (``tail_*``, with its own seed count: runs without metrics.csv have
     none) and for the mean client compute seconds per round (``compute_*``: same seed, same
     partition, so the data size cancels); empty cells for the reference itself and for n < 2.

@@ -3,12 +3,12 @@
 Flower starts SuperExec (and through it the simulation, Ray and ClientApp processes) in new
 sessions, so stopping one process group misses them. ``Managed`` remembers every descendant
 it has seen while the tree was intact, and ``stop_processes`` ends the groups and then each
-remembered PID. Used by the simulation launcher (``fl_app/tooling/launch.py``) and the
-deployment launcher (``fl_app/tooling/deploy.py``); /proc is read by ``fl_app/tooling/procfs.py``.
+remembered PID. Used by the simulation launcher (``runner/launch.py``) and the
+deployment launcher (``runner/deploy.py``); /proc is read by ``runner/procfs.py``.
 
 Every process a launcher starts inherits its private ``FLWR_HOME`` (``private_env``), Ray's
 daemons and workers included, so ``stop_marked`` finds and stops them by that marker even
-after the tree is broken (its launcher killed); ``fl_app/tooling/watchdog.py`` does so when a
+after the tree is broken (its launcher killed); ``runner/watchdog.py`` does so when a
 launcher dies. ``lock_folder`` gives one runner at a time a results folder.
 """
 
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import tomli_w
 
-from fl_app.tooling.procfs import alive, descendants, processes_with_env
+from runner.procfs import alive, descendants, processes_with_env
 
 BIN_DIR = Path(sys.executable).parent
 

@@ -16,7 +16,7 @@ Ray writes its session folders (logs, sockets: hundreds of MB over many runs) un
 private temporary folder (``RAY_TMPDIR``, Ray's own setting for its temp root; Flower 1.41's
 federation config offers no ``temp_dir``), not the shared ``/tmp/ray``, and ``close()``
 deletes it. Nothing outlives the object's owner either: ``start()`` first starts a watchdog
-(``fl_app/tooling/watchdog.py``) that, if this process dies without ``close()`` (``kill -9``),
+(``runner/watchdog.py``) that, if this process dies without ``close()`` (``kill -9``),
 stops every process with this ``FLWR_HOME`` and deletes the temporary folders.
 """
 
@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fl_app.server.cohort import Execution, cohort_node_count, launch_execution
-from fl_app.tooling.processes import (
+from runner.processes import (
     Managed,
     exe,
     free_port,
@@ -65,7 +65,7 @@ class LocalSimulation:
         self.ray_dir: Path | None = None  # made by start(), unless the cluster at ray_address is used
         self.hold = tuple(hold)
         # Ray's own resources for this simulation's runs (Flower's ``init-args-num-cpus`` /
-        # ``-num-gpus``); empty: Ray counts the machine. Set by --parallel (fl_app/tooling/parallel.py).
+        # ``-num-gpus``); empty: Ray counts the machine. Set by --parallel (runner/parallel.py).
         self.ray_resources: dict[str, int] = {}
         self.http_port, self.control_port = free_port(), free_port()
         self.env = private_env(
@@ -166,12 +166,12 @@ class LocalSimulation:
         return m, max(1, int(cpus // m)), (gpus / m if gpus else 0.0)
 
     def start_watchdog(self) -> None:
-        """Start the watchdog (``fl_app/tooling/watchdog.py``) of this object's processes, in a
+        """Start the watchdog (``runner/watchdog.py``) of this object's processes, in a
         session of its own; its stdin is a pipe only this process writes to."""
         remove = [str(self.ray_dir)] if self.ray_dir else []
         remove += [] if self.keep_home else [str(self.home)]
         self.watchdog = subprocess.Popen(
-            [sys.executable, "-m", "fl_app.tooling.watchdog", "--marker", f"FLWR_HOME={self.home}",
+            [sys.executable, "-m", "runner.watchdog", "--marker", f"FLWR_HOME={self.home}",
              *(f"--remove={d}" for d in remove)],
             cwd=Path(__file__).resolve().parents[2],  # the folder holding this fl_app package
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -31,8 +31,8 @@ with ``--auth-supernode-private-key``, so Flower's SuperNode authentication is n
 this edge: the device certificate is the node's credential, and ``crl.pem`` revokes it.
 
 Both configs run nginx in the foreground (``daemon off``) with every path (pid, logs, temp
-files) inside their own folder, so ``LocalDeployment`` (``fl_app/tooling/deploy.py``) can start
-and stop them like Flower's processes; ``python -m fl_app.tooling.edge`` writes the same files
+files) inside their own folder, so ``LocalDeployment`` (``runner/deploy.py``) can start
+and stop them like Flower's processes; ``python -m runner.edge`` writes the same files
 for a real server and device (docs/deployment.md).
 """
 
@@ -98,7 +98,7 @@ def _frame(folder: Path, body: str) -> str:
     folder = Path(folder).resolve()
     temp = "\n".join(f"    {kind}_temp_path {_quote(folder / ('tmp-' + kind))};"
                      for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
-    return f"""# written by fl_app/tooling/edge.py
+    return f"""# written by runner/edge.py
 daemon off;
 worker_processes 1;
 pid {_quote(folder / 'nginx.pid')};
@@ -184,7 +184,7 @@ def write_config(folder: Path, text: str) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m fl_app.tooling.edge",
+        prog="python -m runner.edge",
         description="Write the nginx config of the mTLS edge (server) or of a device's forwarder.")
     sub = parser.add_subparsers(dest="role", required=True)
     edge = sub.add_parser("edge", help="on the server, in front of the SuperLink")

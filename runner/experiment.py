@@ -57,7 +57,7 @@ ENTRIES: dict[str, tuple[Any, str]] = {
     "target-accuracy": (lambda v: _number(v) and 0 < v < 1, "a number between 0 and 1"),
     "claims": (lambda v: isinstance(v, list) and all(_text(c) for c in v),
                'a list of the paper\'s orderings, e.g. ["fedgam > fedavg (Table 3)"]'),
-    # the tuning protocol and how rows not tuned by it were set (fl_app/tooling/tuning.py)
+    # the tuning protocol and how rows not tuned by it were set (runner/tuning.py)
     "tune": (_table, "a table: seeds, budget, metric, validation-fraction, untuned, [tune.grid], [tune.<row>]"),
     "chosen-by": (lambda v: _table(v) and all(_text(x) for x in v.values()),
                   'a table of row label (or "all") = how its settings were chosen, e.g. all = "fixed from the paper"'),
@@ -83,7 +83,7 @@ def read_experiment(path: Path | str) -> dict:
             raise ConfigError(f"experiment file {path}: entry {key!r} = {shown} has the wrong type"
                               f" ({type(value).__name__}); expected {expected}")
     check_per_run_keys(exp, path)
-    from fl_app.tooling.tuning import read_protocol
+    from runner.tuning import read_protocol
 
     read_protocol(exp, list(exp.get("strategies", [])), path)
     rows = set(exp.get("strategies", [])) | {"all"}

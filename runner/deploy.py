@@ -10,7 +10,7 @@ new session, so a group kill alone would miss it). Used by ``tests/test_deployme
 the same commands.
 
 mTLS edge (``devices=DeviceCA.in_dir(certs)``): the SuperLink stays on 127.0.0.1 and an nginx
-edge (``fl_app/tooling/edge.py``) on ``edge_host`` is the only thing the devices reach: it
+edge (``runner/edge.py``) on ``edge_host`` is the only thing the devices reach: it
 requires a device certificate from ``make_certs.py --device`` that ``crl.pem`` does not list and
 passes on only the Fleet API. A SuperNode started with ``device=Device.in_dir(certs, name)``
 talks to it through its own forwarder (nginx on loopback, with that device's certificate); one
@@ -37,9 +37,9 @@ from pathlib import Path
 
 import tomli_w
 
-from fl_app.tooling import edge as nginx_edge
-from fl_app.tooling.launch import APP_DIR
-from fl_app.tooling.processes import (
+from runner import edge as nginx_edge
+from runner.launch import APP_DIR
+from runner.processes import (
     Managed,
     exe,
     free_port,
@@ -47,7 +47,7 @@ from fl_app.tooling.processes import (
     stop_processes,
     stream_flwr_run,
 )
-from fl_app.tooling.procfs import alive, descendants
+from runner.procfs import alive, descendants
 
 
 @dataclass(frozen=True)
