@@ -43,7 +43,7 @@ from runner.processes import (
     stream_flwr_run,
 )
 
-APP_DIR = Path(__file__).resolve().parents[2]
+APP_DIR = Path(__file__).resolve().parents[1]
 
 
 class LocalSimulation:
@@ -173,7 +173,7 @@ class LocalSimulation:
         self.watchdog = subprocess.Popen(
             [sys.executable, "-m", "runner.watchdog", "--marker", f"FLWR_HOME={self.home}",
              *(f"--remove={d}" for d in remove)],
-            cwd=Path(__file__).resolve().parents[2],  # the folder holding this fl_app package
+            cwd=APP_DIR,  # the checkout: the folder holding runner/ and fl_app/
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True, pass_fds=self.hold,
         )

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 WHAT = ("methods", "models", "datasets", "keys")
 
 def methods() -> list[str]:
