@@ -12,6 +12,7 @@ import torch
 from flwr.common import Context, ndarrays_to_parameters
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 
+from fl_app.common.run_files import read_metrics
 from fl_app.config import ConfigError, method_config, validate_config
 from fl_app.registry import Method, get_method
 from fl_app.server.checkpoint import Checkpoint, load_checkpoint
@@ -20,7 +21,6 @@ from fl_app.server.preflight import check_data_dir, loud
 from fl_app.server.sampling import CohortClientManager, SeededClientManager
 from fl_app.server.server import DriftServer
 from fl_app.server.startup import ServerStartup
-from runner.results.report import read_metrics
 from strategies.base import fedavg_kwargs
 from tasks.datasets import DataUnavailableError, PartitionError, input_shape
 from tasks.models import build_model, default_device, get_weights, set_cuda_precision, set_weights

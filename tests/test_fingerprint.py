@@ -18,7 +18,6 @@ import run_simulation
 from fl_app.config import ConfigError, validate_config
 from fl_app.server import provenance
 from fl_app.server.provenance import data_fingerprint
-from runner.results import fingerprint as fpr
 from tasks.partition_spec import PartitionSpec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -112,10 +111,6 @@ def test_fingerprint_of_a_hub_dataset_is_its_id_revision_and_rows_from_the_cache
     cache_hub_dataset(tmp_path / "cache", "ylecun/mnist", "b" * 40, 5)
     two = data_fingerprint(cfg, 10)["train"]
     assert two["revision"] is None and two["cached"] == ["a" * 40, "b" * 40]
-
-
-def test_the_fingerprint_file_names_agree():
-    assert provenance.FINGERPRINT_FILE == fpr.STARTED_FILE
 
 
 # ---- a real run records it ----------------------------------------------------------------------------

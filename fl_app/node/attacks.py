@@ -19,6 +19,7 @@ received, w_k = its trained weights) before the reply leaves the client:
   passes ``reject`` and is not cut by ``clip``, while pulling against the honest direction
   with up to that many times an honest client's weight.
 
+The items are parsed with the other ``inject-faults`` items in ``fl_app/common/faults.py``.
 A suffix ``@R`` (R >= 1) starts the attack at round R (``scale:3:100@5``); without it the
 attack acts from round 1. Only floating-point arrays of the model state change (integer
 buffers such as BatchNorm's ``num_batches_tracked`` are sent as trained), and the norm of
@@ -29,52 +30,10 @@ as SCAFFOLD's delta c_i) are sent as computed: the attack is on the model update
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
-ATTACK_KINDS = ("scale", "flip", "noise", "adaptive")
-ATTACK_FORMS = ("scale:<partition>:<factor>[@<round>], flip:<partition>[:<factor>][@<round>], "
-                "noise:<partition>:<norm>[@<round>], adaptive:<partition>[:<margin>][@<round>]")
-ADAPTIVE_MARGIN = 0.9  # default share of the screening bound an adaptive attacker uses
-
-
-@dataclass(frozen=True)
-class Attack:
-    """One poisoning attack: ``kind`` in ATTACK_KINDS, its number and its first round."""
-
-    kind: str
-    value: float
-    from_round: int = 1
-
-
-def parse_attack(item: str) -> tuple[int, Attack]:
-    """'scale:3:100@5' -> (3, Attack('scale', 100.0, 5)); ValueError naming what is wrong."""
-    body, at, start = item.partition("@")
-    from_round = 1
-    if at:
-        if not start.strip().isdigit() or int(start) < 1:
-            raise ValueError(f"{item!r}: the round after '@' must be an integer >= 1")
-        from_round = int(start)
-    kind, *fields = [f.strip() for f in body.split(":")]
-    if not fields or not fields[0].isdigit():
-        raise ValueError(f"{item!r}: the partition must be a non-negative integer")
-    partition, numbers = int(fields[0]), fields[1:]
-    if kind in ("flip", "adaptive") and not numbers:
-        numbers = ["1" if kind == "flip" else str(ADAPTIVE_MARGIN)]
-    if len(numbers) != 1:
-        raise ValueError(f"{item!r}: {kind} takes exactly one number after the partition")
-    try:
-        value = float(numbers[0])
-    except ValueError:
-        raise ValueError(f"{item!r}: {numbers[0]!r} is not a number") from None
-    if not math.isfinite(value):
-        raise ValueError(f"{item!r}: the number must be finite")
-    if kind in ("flip", "noise") and value <= 0:
-        raise ValueError(f"{item!r}: the {'factor' if kind == 'flip' else 'norm'} must be > 0")
-    if kind == "adaptive" and not 0 < value <= 1:
-        raise ValueError(f"{item!r}: the margin must be in (0, 1]")
-    return partition, Attack(kind, value, from_round)
+from fl_app.common.faults import Attack
 
 
 def screening_bound(cfg: dict, own_norm: float) -> float:

@@ -3,24 +3,12 @@ simulation with ``client-state = "disk"``) gives each client back the state it h
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 import numpy as np
 
-
-def atomic_savez(path: Path, arrays: dict[str, np.ndarray]) -> Path:
-    """Write ``arrays`` to ``path`` so a reader sees the old file or the whole new one, never a
-    part (temp file, fsync, rename): a crash mid-write cannot corrupt a checkpoint or a state file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return path
+from fl_app.common.files import atomic_savez
 
 
 class ClientStateMirror:

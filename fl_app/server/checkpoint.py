@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fl_app.node.state_mirror import atomic_savez
+from fl_app.common.files import atomic_savez
 from protocol.keys import ConfigError
 
 CHECKPOINT = "checkpoint.npz"

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from fl_app.common.run_files import FINGERPRINT_FILE
 from protocol.keys import ConfigError
 
 
@@ -86,7 +87,6 @@ def run_facts(cfg: dict, num_clients: int | None) -> dict:
 
 
 # ----------------------------------------------------------------------------- data fingerprint
-FINGERPRINT_FILE = "data-fingerprint.json"  # in the run folder, written when the run starts
 DIGEST_CHARS = 12
 
 

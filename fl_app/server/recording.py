@@ -24,12 +24,10 @@ rejected before screening and before the method's strategy sees it (``num_reject
 
 from __future__ import annotations
 
-import csv
 import io
 import json
 import logging
 import math
-import os
 import time
 from pathlib import Path
 
@@ -37,16 +35,13 @@ import numpy as np
 from flwr.common import FitRes, Parameters, parameters_to_ndarrays
 from flwr.server.client_proxy import ClientProxy
 
+from fl_app.common.files import atomic_write_text
+from fl_app.common.run_files import BASE_COLUMNS, FINGERPRINT_KEY, SUMMARY_FILE, write_metrics
 from fl_app.server.checkpoint import Checkpoint
 from fl_app.server.provenance import DataChanged, record_fingerprint, run_facts
 from tasks.train import accuracy_spread
 
 log = logging.getLogger("flwr.fl_drift")
-
-BASE_COLUMNS = [
-    "round", "test_accuracy", "test_loss", "train_loss",
-    "num_clients", "num_failures", "num_rejected", "num_dropped", "round_seconds",
-]
 
 # Client metrics that are bookkeeping, not method metrics.
 _SKIP_CLIENT_METRICS = {"train_loss", "num_steps"}
@@ -186,13 +181,7 @@ class RunRecord:
         self.rows.append(row)
         new_columns = [k for k in row if k not in self.columns]
         self.columns += new_columns
-        path = self.run_dir / "metrics.csv"
-        tmp = path.with_suffix(".csv.tmp")
-        with tmp.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=self.columns, restval="")
-            writer.writeheader()
-            writer.writerows(self.rows)
-        os.replace(tmp, path)
+        write_metrics(self.run_dir, self.columns, self.rows)
 
     def data_fingerprint(self, client_manager) -> dict | None:
         """The data fingerprint (``fl_app/server/provenance.py``), computed once per process at the
@@ -235,12 +224,10 @@ class RunRecord:
             "rounds_without_update": empty,
             "untrained": bool(self.rows) and len(empty) == len(self.rows),
             **run_facts(self.cfg, num_clients(client_manager)),
-            "data_fingerprint": self.data_fingerprint(client_manager),
+            FINGERPRINT_KEY: self.data_fingerprint(client_manager),
             **self.facts,
         }
-        tmp = self.run_dir / "summary.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=2))
-        os.replace(tmp, self.run_dir / "summary.json")
+        atomic_write_text(self.run_dir / SUMMARY_FILE, json.dumps(summary, indent=2))
 
 
 def num_clients(client_manager) -> int | None:

@@ -13,8 +13,8 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-FINGERPRINT_KEY = "data_fingerprint"
-STARTED_FILE = "data-fingerprint.json"  # written by a run when it starts (provenance.FINGERPRINT_FILE)
+from fl_app.common.run_files import FINGERPRINT_FILE, FINGERPRINT_KEY, SUMMARY_FILE
+
 NOT_RECORDED = "data fingerprint not recorded"
 
 
@@ -26,8 +26,8 @@ def fingerprint_of(summary: dict | None) -> dict | None:
 
 def recorded_fingerprint(run_dir: Path) -> dict | None:
     """The fingerprint a run recorded: its summary's when it finished, else the one it wrote
-    when it started (``STARTED_FILE``); None when it recorded none."""
-    for name, wrap in (("summary.json", lambda d: d), (STARTED_FILE, lambda d: {FINGERPRINT_KEY: d})):
+    when it started (``FINGERPRINT_FILE``); None when it recorded none."""
+    for name, wrap in ((SUMMARY_FILE, lambda d: d), (FINGERPRINT_FILE, lambda d: {FINGERPRINT_KEY: d})):
         try:
             found = fingerprint_of(wrap(json.loads((Path(run_dir) / name).read_text())))
         except (OSError, ValueError, AttributeError):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import json
 import math
 import re
 from collections import defaultdict
@@ -11,35 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
+from fl_app.common.run_files import read_metrics, read_summary
 from runner.results.clientmix import MIX_COLUMNS, client_mix_columns
 from runner.results.stats import Paired, fmt_paired, paired_difference
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    """metrics.csv rows with numeric values parsed (empty cells -> None)."""
-    path = Path(run_dir) / "metrics.csv"
-    if not path.exists():
-        return []
-    rows = []
-    with path.open() as f:
-        for row in csv.DictReader(f):
-            rows.append({k: _num(v) for k, v in row.items()})
-    return rows
-
-
-def read_summary(run_dir: Path) -> dict | None:
-    path = Path(run_dir) / "summary.json"
-    return json.loads(path.read_text()) if path.exists() else None
-
-
-def _num(text: str):
-    if text is None or text == "":
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        return text
-    return int(value) if value.is_integer() and "." not in text and "e" not in text else value
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
