@@ -9,7 +9,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CODE = ("fl_app", "clients", "strategies", "tasks", "scripts", "bench", "run_simulation.py")
+CODE = ("runner", "fl_app", "clients", "strategies", "protocol", "tasks", "scripts", "bench", "run_simulation.py")
 # distribution name -> the module it installs, where the two differ
 MODULE = {"flwr-datasets": "flwr_datasets", "tomli-w": "tomli_w", "pillow": "PIL"}
 

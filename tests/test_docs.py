@@ -22,7 +22,7 @@ from runner.experiment import ENTRIES as EXPERIMENT_ENTRIES
 
 ROOT = Path(__file__).resolve().parent.parent
 METHODS_DOC = ROOT / "docs" / "methods.md"
-CODE_PACKAGES = ("fl_app", "clients", "strategies", "tasks")
+CODE_PACKAGES = ("runner", "fl_app", "clients", "strategies", "protocol", "tasks")
 # References to material outside the repository: the sibling folder, the pinned-formula file
 # and the numbered paper texts that live there (docs/methods.md, lower case, is ours).
 OUTSIDE = re.compile(r"\.\./shared|METHODS\.md|(?i:papers? 00\d)")

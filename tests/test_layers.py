@@ -1,19 +1,27 @@
-"""The packages import one way: tasks <- (clients, strategies) <- fl_app, every arrow down.
+"""The packages import one way, every arrow down:
+
+    tasks <- protocol <- (clients, strategies) <- fl_app <- runner
 
 Every import is counted, including imports inside functions, by reading the source (AST), so
 a cycle cannot hide behind a lazy import. Allowed edges, with no exception:
 
-- ``tasks`` imports nothing of ours but ``tasks`` (the run-config key declarations,
-  ``protocol.keys``, included: every layer imports them downwards);
-- ``clients`` and ``strategies`` import ``tasks`` and their own package; never each other:
-  what both sides of a method must agree on lives in ``tasks``;
-- ``fl_app`` (the composition root) imports anything below it, and inside it the rooms import
-  one way too (``FL_APP_LAYERS``, top to bottom): ``runner`` (the runner's and
-  deployment's tools, outside a Flower run) -> the entry points (``server_app``,
-  ``client_app``) -> ``config`` (the run-config schema) -> ``fl_app.server`` (the server's round loop and its parts) and
-  ``runner.results`` (reading finished runs) -> ``fl_app.node`` (what a node does around a
-  method's client) -> ``fl_app.registry`` (the method catalogue). A room imports its own
-  modules and the rooms below it, never one above or beside it.
+- ``tasks`` (datasets, models, training: no method's protocol) imports nothing of ours but
+  ``tasks``;
+- ``protocol`` (the methods' wire protocol: the run-config key declarations ``protocol.keys``,
+  which every layer imports downwards, and ``protocol.layout``, which entries travel as what)
+  imports ``tasks`` and itself;
+- ``clients`` and ``strategies`` import ``protocol``, ``tasks`` and their own package; never
+  each other: what both sides of a method must agree on lives in ``protocol``;
+- ``fl_app`` (what runs inside a Flower run: the ServerApp, the ClientApp and their parts)
+  imports anything below it and never ``runner``; inside it the rooms import one way too
+  (``FL_APP_LAYERS``, top to bottom): the entry points (``server_app``, ``client_app``) ->
+  ``config`` (the run-config schema) -> ``fl_app.server`` (the server's round loop and its
+  parts) -> ``fl_app.node`` (what a node does around a method's client) -> ``fl_app.registry``
+  (the method catalogue) -> ``fl_app.common`` (shared I/O and background helpers, the run
+  folder's files and their schema, the parsing of ``inject-faults``). A room imports its own
+  modules and the rooms below it, never one above or beside it;
+- ``runner`` (outside a Flower run: launches runs and deployments, writes reports) imports
+  anything; ``runner.results`` (reading finished runs) imports no other part of the runner.
 
 Within one package the module graph must be acyclic, and a method module never borrows from a
 sibling method module except through the package's shared modules.
@@ -25,21 +33,27 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("fl_app", "strategies", "clients", "tasks")
+PACKAGES = ("runner", "fl_app", "strategies", "clients", "protocol", "tasks")
 KEYS = "protocol.keys"
 FL_APP_LAYERS = (
-    ("runner",),
     ("fl_app.server_app", "fl_app.client_app", "fl_app"),
     ("fl_app.config",),
-    ("fl_app.server", "runner.results"),
+    ("fl_app.server",),
     ("fl_app.node",),
     ("fl_app.registry",),
+    ("fl_app.common",),
+)
+RUNNER_LAYERS = (
+    ("runner",),
+    ("runner.results",),
 )
 ALLOWED = {
     "tasks": {"tasks"},
-    "clients": {"clients", "tasks"},
-    "strategies": {"strategies", "tasks"},
-    "fl_app": set(PACKAGES),
+    "protocol": {"protocol", "tasks"},
+    "clients": {"clients", "protocol", "tasks"},
+    "strategies": {"strategies", "protocol", "tasks"},
+    "fl_app": {"fl_app", "clients", "strategies", "protocol", "tasks"},
+    "runner": set(PACKAGES),
 }
 
 
@@ -91,33 +105,45 @@ def test_no_upward_or_sideways_imports():
     assert not bad, "imports against the layering:\n" + "\n".join(sorted(bad))
 
 
-def fl_app_room(module: str) -> tuple[int, str]:
-    """(layer index, room) of an fl_app module: the longest room name that prefixes it."""
-    rooms = [(i, room) for i, layer in enumerate(FL_APP_LAYERS) for room in layer
+def room_of(module: str, layers: tuple) -> tuple[int, str]:
+    """(layer index, room) of a module: the longest room name of ``layers`` that prefixes it."""
+    rooms = [(i, room) for i, layer in enumerate(layers) for room in layer
              if module == room or module.startswith(room + ".")]
     return max(rooms, key=lambda r: len(r[1]))
 
 
-def test_fl_app_rooms_import_downwards():
-    """Inside fl_app: a module imports its own room or a room in a lower layer."""
+def rooms_importing_upwards(package: str, layers: tuple) -> list[str]:
+    """The imports of ``package``'s modules into a room of it above or beside their own."""
     bad = []
     for module, targets in import_graph().items():
-        if not module.startswith("fl_app"):
+        if module.split(".")[0] != package:
             continue
-        layer, room = fl_app_room(module)
+        layer, room = room_of(module, layers)
         for target in targets:
-            if not target.startswith("fl_app"):
+            if target.split(".")[0] != package:
                 continue
-            t_layer, t_room = fl_app_room(target)
+            t_layer, t_room = room_of(target, layers)
             if t_room != room and t_layer <= layer:
                 bad.append(f"{module} ({room}) imports {target} ({t_room})")
-    assert not bad, "fl_app rooms importing upwards or sideways:\n" + "\n".join(sorted(bad))
+    return sorted(bad)
+
+
+def test_fl_app_rooms_import_downwards():
+    """Inside fl_app: a module imports its own room or a room in a lower layer."""
+    bad = rooms_importing_upwards("fl_app", FL_APP_LAYERS)
+    assert not bad, "fl_app rooms importing upwards or sideways:\n" + "\n".join(bad)
+
+
+def test_runner_results_import_no_launcher():
+    """Reading finished runs (runner.results) needs nothing of the runner that launches them."""
+    bad = rooms_importing_upwards("runner", RUNNER_LAYERS)
+    assert not bad, "runner rooms importing upwards:\n" + "\n".join(bad)
 
 
 def test_every_fl_app_module_has_a_room():
     """A new module or folder under fl_app/ is placed in the room order on purpose."""
     mods = [m for m in import_graph() if m.startswith("fl_app")]
-    assert mods and all(fl_app_room(m) for m in mods)
+    assert mods and all(room_of(m, FL_APP_LAYERS) for m in mods)
 
 
 def test_key_declarations_are_a_leaf():

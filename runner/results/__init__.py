@@ -1,2 +1,2 @@
-"""Reading finished runs: comparison tables, paired statistics and plots (used by the
-ServerApp at the end of a run, the runner and scripts/make_results.py)."""
+"""Reading finished runs: comparison tables, paired statistics and plots (used by the runner
+and scripts/make_results.py; the run folder's files are read through ``fl_app.common.run_files``)."""
