@@ -77,12 +77,12 @@ if __name__ == "__main__" and missing_data_dir(sys.argv[1:]):
     sys.exit(2)
 
 
-from fl_app.config import ConfigError, parse_override, validate_config
+from fl_app.config import ConfigError, parse_override, resolve, validate_config
 from fl_app.config import spec as config_keys
 from fl_app.registry import method_names
 from fl_app.server.checkpoint import CHECKPOINT, load_checkpoint
 from fl_app.server.preflight import check_data_dir, check_nodes
-from fl_app.server_app import build_strategy, resolve
+from fl_app.server_app import build_strategy
 from runner.experiment import read_experiment
 from runner.launch import LocalSimulation, execution_for
 from runner.parallel import Failed, Machine, Pool, check_workers, default_workers, say, split

@@ -10,10 +10,9 @@ from flwr.client import ClientApp
 from flwr.client.mod import make_ffn
 from flwr.common import Context
 
-from fl_app.config import method_config, validate_config
+from fl_app.config import resolve
 from fl_app.node.cohort_client import CohortClient
 from fl_app.node.node_client import NodeClient, match_threads_to_cpu_share
-from fl_app.registry import Method, get_method
 from tasks.models import set_cuda_precision
 
 
@@ -32,14 +31,6 @@ def node_partition(node_config: dict) -> tuple[int, int]:
             f"node config {dict(node_config)!r} must set either data-path=\"<parquet file or image"
             " folder>\" or integer partition-id and num-partitions (flower-supernode --node-config)"
         ) from exc
-
-
-def resolve(run_config) -> tuple[dict, Method]:
-    """The run config validated and its method: the one place the client side looks the
-    method up by name; the method's client class is passed down from here."""
-    cfg = validate_config(run_config)
-    method = get_method(cfg["strategy"])
-    return method_config(cfg, method.strategy), method
 
 
 def client_fn(context: Context):
@@ -62,8 +53,8 @@ def _declared_mods(run_config: frozenset) -> tuple:
 
 
 def method_mods(msg, context: Context, call_next):
-    """The Flower mods the run's method client declares (``mods(run_config)``: DP-FedAvg's
-    client-side clipping), around this message; none for most methods."""
+    """The Flower mods the run's method client declares (``mods(run_config)``: a method's
+    client-side clipping, say), around this message; none for most methods."""
     mods = _declared_mods(frozenset(context.run_config.items()))
     return make_ffn(call_next, list(mods))(msg, context)
 

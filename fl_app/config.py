@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fl_app.common.faults import FAULT_FORMS, parse_faults
-from fl_app.registry import DEFAULT_METHOD
+from fl_app.registry import DEFAULT_METHOD, Method, get_method
 from protocol.keys import ConfigError, Key, at_least, non_negative, positive, unit_interval
 from tasks.catalogue import DATASET_NAMES as DATASETS
 from tasks.models import FLAT_MODELS, IMAGE_MODELS, MODELS
@@ -232,15 +232,22 @@ def validate_config(raw: Mapping[str, Any], strategies: tuple[str, ...] | None =
     return cfg
 
 
+def resolve(run_config: Mapping[str, Any]) -> tuple[dict, Method]:
+    """The run config validated and its method: the one look-up of a method by its name, for
+    the ServerApp, the ClientApp and the runner's checks alike (so all agree); from here the
+    method is passed down as an object."""
+    cfg = validate_config(run_config)
+    method = get_method(cfg["strategy"])
+    return method_config(cfg, method.strategy), method
+
+
 def method_config(cfg: dict, strategy: type) -> dict:
     """``cfg`` (validated) checked and adjusted for its method, given as the method's strategy
-    class (resolved by the caller, ``fl_app.server_app.resolve`` / ``fl_app.client_app``): the
-    class's own ``resolve_config`` and the screening modes it allows."""
+    class (``resolve``): the screening modes the class allows, then its own ``resolve_config``."""
     from fl_app.server.screening import check_screening
 
-    cfg = strategy.resolve_config(cfg)
     check_screening(cfg, strategy)
-    return cfg
+    return strategy.resolve_config(cfg)
 
 
 def _check_combinations(cfg: dict) -> None:
@@ -256,7 +263,7 @@ def _check_combinations(cfg: dict) -> None:
             f" {cfg['dataset']!r}; valid choices: {', '.join(IMAGE_MODELS)}"
         )
 
-    problem = optimizer_problem(cfg)
+    problem = optimizer_problem(cfg["optimizer"], cfg["momentum"])
     if problem:
         raise ConfigError(problem)
     if cfg["dataset"] == "synthetic" and cfg["augment"].strip() not in ("", "none"):

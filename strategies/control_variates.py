@@ -80,22 +80,19 @@ class ControlVariateStrategy(DriftFedAvg):
     @classmethod
     def resolve_config(cls, cfg: dict) -> dict:
         """Refuse an optimiser whose step is not linear in the gradient (Adam, AdamW)."""
-        problem = linear_step_problem(cfg, cfg["strategy"])
+        problem = linear_step_problem(cfg["optimizer"], cfg["strategy"])
         if problem:
             raise ConfigError(problem)
         return super().resolve_config(cfg)
 
     @classmethod
     def from_config(cls, cfg: dict, **kwargs):
+        divisor = cls.divisor(cfg)
         model = build_model(cfg["model"], input_shape(cfg["dataset"]))
         state = model.state_dict()
         names = cv_names_in_state_order(model, cls.cv_param_names(model, cfg))
-        return cls(
-            cv_shapes=[tuple(state[n].shape) for n in names],
-            num_state=len(state),
-            cv_divisor=cls.divisor(cfg),
-            **kwargs,
-        )
+        return cls(cv_shapes=[tuple(state[n].shape) for n in names], num_state=len(state), cv_divisor=divisor,
+                   **kwargs)
 
     @classmethod
     def divisor(cls, cfg: dict) -> str:

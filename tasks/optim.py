@@ -29,12 +29,12 @@ def build_optimizer(params, cfg: dict, lr: float) -> torch.optim.Optimizer:
     raise ValueError(f"run-config key 'optimizer' = {name!r} is invalid; valid choices: {', '.join(OPTIMIZERS)}")
 
 
-def optimizer_problem(cfg: dict) -> str | None:
+def optimizer_problem(optimizer: str, momentum: float) -> str | None:
     """Why the optimiser keys contradict each other, or None (checked before training)."""
-    if cfg["optimizer"] != "sgd" and cfg["momentum"] != 0:
+    if optimizer != "sgd" and momentum != 0:
         return (
-            f"run-config key 'momentum' = {cfg['momentum']} is invalid with optimizer"
-            f" {cfg['optimizer']!r}: Adam's first-moment decay is fixed at PyTorch's beta1 = 0.9;"
+            f"run-config key 'momentum' = {momentum} is invalid with optimizer"
+            f" {optimizer!r}: Adam's first-moment decay is fixed at PyTorch's beta1 = 0.9;"
             " set momentum = 0, or use optimizer = \"sgd\""
         )
     return None
@@ -55,17 +55,17 @@ def effective_steps(steps: int, momentum: float) -> float:
     return (steps - b * (1 - b**steps) / (1 - b)) / (1 - b)
 
 
-def linear_step_problem(cfg: dict, method: str) -> str | None:
+def linear_step_problem(optimizer: str, method: str) -> str | None:
     """Why option II control variates cannot run with this optimiser, or None.
 
     c_i+ = c_i - c + (w_t - w) / (lr K_eff) recovers the mean corrected gradient only when the
     weights move linearly in the gradients (SGD, with or without momentum); Adam's step is
     normalised per coordinate, so (w_t - w) says nothing about the gradient's size.
     """
-    if cfg["optimizer"] == "sgd":
+    if optimizer == "sgd":
         return None
     return (
-        f"run-config key 'optimizer' = {cfg['optimizer']!r} is invalid for strategy {method!r}:"
+        f"run-config key 'optimizer' = {optimizer!r} is invalid for strategy {method!r}:"
         " its option II control variates c_i+ = c_i - c + (w_t - w)/(lr K_eff) need a local step"
         " that is linear in the gradient, which Adam's per-coordinate normalisation is not;"
         " valid choices: sgd (with any momentum)"

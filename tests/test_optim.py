@@ -9,9 +9,8 @@ import torch.nn.functional as F
 from clients.control_variates import CI_STATE
 from clients.fedavg import FedAvgClient
 from clients.scaffold import ScaffoldClient
-from fl_app.config import GENERAL_KEYS, ConfigError, validate_config
+from fl_app.config import GENERAL_KEYS, ConfigError, resolve, validate_config
 from fl_app.registry import METHODS
-from fl_app.server_app import resolve
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights
 from tasks.optim import OPTIMIZERS, effective_steps

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 
-from fl_app.config import ConfigError, validate_config
+from fl_app.config import ConfigError, resolve, validate_config
 from fl_app.registry import METHODS
 from fl_app.server.screening import (
     allowed_modes,
@@ -18,7 +18,6 @@ from fl_app.server.screening import (
     scale_update,
     update_norm,
 )
-from fl_app.server_app import resolve
 from runner.inprocess import RoundByRound
 from runner.results.report import read_metrics
 from strategies.base import DriftFedAvg, fedavg_kwargs

@@ -7,9 +7,8 @@ import pytest
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.strategy.aggregate import aggregate_krum
 
-from fl_app.config import ConfigError, validate_config
+from fl_app.config import ConfigError, resolve, validate_config
 from fl_app.server.screening import decide, krum_keep, krum_scores, min_replies, robust_weights
-from fl_app.server_app import resolve
 from tests.test_screening import W_T, client
 
 # five updates on the float vector (the matrix update 0): four honest near (1, 1), one far
