@@ -236,8 +236,11 @@ def resolve(run_config: Mapping[str, Any]) -> tuple[dict, Method]:
     """The run config validated and its method: the one look-up of a method by its name, for
     the ServerApp, the ClientApp and the runner's checks alike (so all agree); from here the
     method is passed down as an object."""
+    from fl_app.server.cohort import check_execution
+
     cfg = validate_config(run_config)
     method = get_method(cfg["strategy"])
+    check_execution(cfg, method)  # a cohort the method or settings cannot run: refused here
     return method_config(cfg, method.strategy), method
 
 

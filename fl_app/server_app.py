@@ -1,5 +1,6 @@
-"""ServerApp: validates the run config, resolves its method once, builds the method's strategy
-and fl-drift's ``DriftServer`` (``fl_app/server/server.py``) that runs it and records results."""
+"""ServerApp: validates the run config and resolves its method once (``fl_app.config.resolve``),
+assembles fl-drift's ``DriftServer`` (``fl_app/server/server.py``), which runs the method and
+records results, then builds the method's strategy and hands it to the server."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ from flwr.common import Context, ndarrays_to_parameters
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 
 from fl_app.common.run_files import read_metrics
-from fl_app.config import ConfigError, method_config, validate_config
-from fl_app.registry import Method, get_method
+from fl_app.config import ConfigError, resolve
+from fl_app.registry import Method
 from fl_app.server.checkpoint import Checkpoint, load_checkpoint
-from fl_app.server.cohort import check_execution, server_execution
+from fl_app.server.cohort import server_execution
 from fl_app.server.preflight import check_data_dir, loud
 from fl_app.server.sampling import CohortClientManager, SeededClientManager
 from fl_app.server.server import DriftServer
@@ -89,32 +90,24 @@ def server_fn(context: Context) -> ServerAppComponents:
         return _server_components(context)
 
 
-def resolve(run_config) -> tuple[dict, Method]:
-    """The run config validated and its method: the one place the server side looks the
-    method up by name (the runner's checks call this too, so all agree); the method is passed
-    down as an object from here."""
-    cfg = validate_config(run_config)
-    method = get_method(cfg["strategy"])
-    cfg = method_config(cfg, method.strategy)
-    check_execution(cfg, method)  # a cohort the method or settings cannot run: refused here
-    return cfg, method
-
-
 def build_strategy(cfg: dict, method: Method, initial=None, evaluate_fn=None):
     """The method's Flower strategy for ``cfg`` (method-specific refusals raise here)."""
     return method.strategy.from_config(cfg, **fedavg_kwargs(cfg, initial, evaluate_fn))
 
 
 def _server_components(context: Context) -> ServerAppComponents:
-    """Validate the run config and resolve its method, set the starting point (fresh or
-    resumed), begin the start-up (step 1), build the method's strategy and the server that
-    runs it."""
+    """Validate the run config and resolve its method; the strategy's inputs (the starting
+    point, fresh or resumed, and the central evaluation); the method's strategy, built once
+    (its refusals come before anything is written); last the server's own parts: the
+    start-up (step 1 begun) and the ``DriftServer`` that runs the strategy."""
     cfg, method = resolve(context.run_config)
     set_cuda_precision(cfg["cuda-tf32"])  # before the server's evaluation model is built
     check_data_dir(cfg)
     run_dir = Path(cfg["results-dir"]).expanduser() / run_name(cfg)
     checkpoint, weights = starting_point(cfg, run_dir)
     execution = server_execution(cfg, method, torch.cuda.is_available())
+    evaluation = CentralEvaluation(cfg)
+    strategy = build_strategy(cfg, method, ndarrays_to_parameters(weights), evaluation)
     if execution.cohort:  # the nodes host num-virtual-clients virtual clients (fl_app/server/cohort.py)
         client_manager = CohortClientManager(cfg["seed"], cfg["num-virtual-clients"],
                                              wait_seconds=cfg["wait-for-nodes"])
@@ -124,10 +117,8 @@ def _server_components(context: Context) -> ServerAppComponents:
         client_manager.draws = checkpoint.sampler_draws
     startup = ServerStartup(cfg, client_manager)
     startup.begin()  # start-up step 1: decode the test split while the nodes start
-    evaluation = CentralEvaluation(cfg)
-    strategy = build_strategy(cfg, method, ndarrays_to_parameters(weights), evaluation)
     server = DriftServer(
-        client_manager=client_manager, strategy=strategy, cfg=cfg, run_dir=run_dir, method_class=method.strategy,
+        client_manager=client_manager, cfg=cfg, run_dir=run_dir, strategy=strategy, method_class=method.strategy,
         start_up=start_up_steps(startup, evaluation), resume_from=checkpoint,
         previous_rows=read_metrics(run_dir) if checkpoint is not None else None, execution=execution,
     )

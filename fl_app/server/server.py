@@ -72,27 +72,30 @@ log = logging.getLogger("flwr.fl_drift")
 class DriftServer(Server):
     """Runs one fl-drift run: ``fit`` is the loop; ``start_up`` and one method per step.
 
-    ``method_class`` is the strategy class the method registers, whose declared facts the drift
-    columns read (``UNIFORM_MEAN``, ``local_entries``); it is not always ``strategy``'s own class
-    (DP-FedAvg's ``from_config`` returns one of Flower's DP wrappers), so the ServerApp passes it
-    down; by default ``type(strategy)``. ``start_up`` is a callable (``fl_app.server_app``) that
-    completes the server's start-up once the nodes are known: it loads the test split into the
-    strategy's evaluation and checks the data and the partitioning. ``resume_from`` is the
-    checkpoint a resumed run continues (its rows: ``previous_rows``). ``execution`` is the path
-    (``fl_app.server.cohort.Execution``: per-client or cohort, and why), logged once and recorded
-    in summary.json; by default per-client."""
+    The strategy is given to the server at its construction (``strategy=``) or later by
+    Flower's own ``set_strategy``, which wires it in. ``method_class`` is the strategy class the
+    method registers, whose declared facts the drift columns read (``UNIFORM_MEAN``,
+    ``local_entries``); it is not always the strategy's own class (a method's ``from_config``
+    may return one of Flower's wrappers), so the ServerApp passes it down; by default the class
+    of the strategy set. ``start_up`` is a callable (``fl_app.server_app``) that completes the
+    server's start-up once the nodes are known: it loads the test split into the strategy's
+    evaluation and checks the data and the partitioning. ``resume_from`` is the checkpoint a
+    resumed run continues (its rows: ``previous_rows``); the strategy's own state is restored
+    from it when the strategy is set. ``execution`` is the path (``fl_app.server.cohort.Execution``:
+    per-client or cohort, and why), logged once and recorded in summary.json; by default
+    per-client."""
 
-    def __init__(self, *, client_manager: ClientManager, strategy: Strategy, cfg: dict, run_dir: Path,
+    def __init__(self, *, client_manager: ClientManager, cfg: dict, run_dir: Path, strategy: Strategy | None = None,
                  method_class: type | None = None, start_up=None, resume_from: Checkpoint | None = None,
                  previous_rows: list[dict] | None = None, execution: Execution | None = None):
         super().__init__(client_manager=client_manager, strategy=strategy)
-        self.method_class = method_class or type(strategy)
+        self.method_class = method_class
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.num_rounds = cfg["num-server-rounds"]  # of the whole run, resumed or not
         self.record = RunRecord(cfg, run_dir)
         self.tracker = RunTracker(self.run_dir, cfg)
-        self.screening = Screening(cfg, getattr(strategy, "screen_skip", ()))
+        self.screening = Screening(cfg)
         self.participation = Participation(cfg)
         self.complete_start_up = start_up
         self.resume_from = resume_from
@@ -104,9 +107,18 @@ class DriftServer(Server):
         self.execution = execution or Execution(PER_CLIENT, "one node per client")
         self.record.facts["execution"] = self.execution.record()
         if resume_from is not None:
-            if hasattr(strategy, "set_state"):
-                strategy.set_state(resume_from.strategy_state)
             self.record.resume(resume_from, previous_rows or [])
+        if strategy is not None:
+            self.set_strategy(strategy)
+
+    def set_strategy(self, strategy: Strategy) -> None:
+        """Run the method's ``strategy``: the entries it keeps out of screening
+        (``screen_skip``), and on resume its state from the checkpoint."""
+        super().set_strategy(strategy)
+        self.method_class = self.method_class or type(strategy)
+        self.screening.skip = frozenset(getattr(strategy, "screen_skip", ()))
+        if self.resume_from is not None and hasattr(strategy, "set_state"):
+            strategy.set_state(self.resume_from.strategy_state)
 
     # ------------------------------------------------------------------ the run
     def fit(self, num_rounds: int, timeout: float | None) -> tuple[History, float]:
