@@ -24,7 +24,7 @@ A suffix ``@R`` (R >= 1) starts the attack at round R (``scale:3:100@5``); witho
 attack acts from round 1. Only floating-point arrays of the model state change (integer
 buffers such as BatchNorm's ``num_batches_tracked`` are sent as trained), and the norm of
 ``noise`` is taken over those arrays. Arrays after the model state (a method's extras, such
-as SCAFFOLD's delta c_i) are sent as computed: the attack is on the model update only.
+as control-variate updates) are sent as computed: the attack is on the model update only.
 """
 
 from __future__ import annotations

@@ -2,11 +2,11 @@
 
 One file, ``<run-dir>/checkpoint.npz``, written atomically (temp file + rename), so an
 interrupted write never leaves a half checkpoint. Strategies with server state (control
-variates, FedDyn's h, ...) expose ``get_state() -> dict[str, list[np.ndarray]]`` and
+variates, dual variables, ...) expose ``get_state() -> dict[str, list[np.ndarray]]`` and
 ``set_state(state)``; stateless ones need nothing.
 
-Client state (``context.state``: SCAFFOLD's c_i, FedDyn's gradient, MOON's previous model,
-FedBN's BN layers) lives on the clients, so each client mirrors it to
+Client state (``context.state``: control variates, past gradients, previous models,
+BatchNorm layers kept local) lives on the clients, so each client mirrors it to
 ``<run-dir>/client-state/<client>/round-<r>.npz`` after every fit while checkpointing is on,
 and reloads the newest file not newer than the checkpoint on resume
 (``fl_app.node.state_mirror.ClientStateMirror``).

@@ -23,10 +23,10 @@ converted to float64 once, a chunk at a time, and never copied whole.
 
 p_k and the entries that count are the method's own facts, declared on its strategy class
 (strategies/base.py ``FromConfig``) and read from the strategy the server runs, handed in:
-p_k = 1/K when the class's ``UNIFORM_MEAN`` is set (its server takes the plain mean: FedDyn,
-FedSMOO, DP-FedAvg), else n_k / sum n (the n_k-weighted mean); entries its ``local_entries``
-names (FedBN's BN layers) stay on the clients and are left out. A plain Flower strategy,
-which declares neither, is taken as the n_k-weighted mean with nothing local. No method is
+p_k = 1/K when the class's ``UNIFORM_MEAN`` is set (its server takes the plain mean), else
+n_k / sum n (the n_k-weighted mean); entries its ``local_entries`` names (BatchNorm layers
+kept local, say) stay on the clients and are left out. A plain Flower strategy, which
+declares neither, is taken as the n_k-weighted mean with nothing local. No method is
 named or looked up here.
 """
 
@@ -99,7 +99,7 @@ def layout(model_name: str, dataset: str, strategy: type) -> tuple[int, tuple[in
 
     Head and body hold the trainable floating-point parameters of ``model.head`` and of the
     rest of the model; buffers (BN running statistics, counters) are in neither. Entries the
-    strategy class declares client-local (``local_entries``: FedBN's BN layers), which never
+    strategy class declares client-local (``local_entries``: BatchNorm layers kept local, say), which never
     leave the clients, are left out too.
     """
     from tasks.datasets import input_shape

@@ -9,7 +9,7 @@ server metrics as reported), and what the round cost in traffic, measured from t
 themselves: ``bytes_down_per_client`` and ``bytes_up_per_client``, the arrays' ``nbytes`` summed
 over each FitIns sent (after ``drop-rate``'s drops) and each FitRes received (rejected ones
 too: they were sent), mean over those clients (``message_nbytes``; a method that sends extra
-arrays, SCAFFOLD's control variates, shows them). At the last round it writes ``summary.json``
+arrays, control variates say, shows them). At the last round it writes ``summary.json``
 (with the initial model's ``initial_accuracy`` and ``initial_loss``, round 0 of the plots; absent
 after a resume; and the
 ``data_fingerprint`` of ``fl_app/server/provenance.py``, also kept from round 1 in
@@ -130,8 +130,8 @@ def check_reply(res: FitRes, sent_shapes: list[tuple] | None) -> str:
 
 def in_node_order(results: list[tuple[ClientProxy, FitRes]], client_manager) -> list[tuple[ClientProxy, FitRes]]:
     """Results in partition order, not the order they arrived in: float sums depend on
-    the order, and a method that amplifies small differences (FedPGVC at lr 0.05 went
-    from 0.64 to 0.10 test accuracy between two runs of the same seed) must still give
+    the order, and a method that amplifies small differences (one went, at lr 0.05, from
+    0.64 to 0.10 test accuracy between two runs of the same seed) must still give
     the same run for the same seed."""
     ordered = getattr(client_manager, "ordered", None)
     if ordered is None:

@@ -7,7 +7,7 @@ Run-config key ``screening`` (``none`` by default) and its parameters:
   round's update norms (norm clipping, Sun et al. 2019, "Can you really backdoor FL?"; the
   median as the adaptive bound, as in Andrew et al., NeurIPS 2021). A clipped attacker still
   moves the model by up to B in its own direction, so the bound is tight by default: at 3 x
-  the median, one sign-flipped client in ten held FedAvg on MNIST 7 points below the clean run.
+  the median, one sign-flipped client in ten held the weighted mean on MNIST 7 points below the clean run.
 - ``reject``: a reply whose ||Delta_k|| exceeds ``screen-reject-multiple`` (3) x the round's
   median norm
   is dropped (counted in ``num_rejected``, its node named in the log).
@@ -24,10 +24,10 @@ arrays of a reply, N = the number of model state arrays. Only floating-point arr
 the norm and change: integer buffers (BatchNorm's ``num_batches_tracked``) are left as sent.
 BatchNorm running statistics are floating-point state that the methods average, so they
 count and are clipped like the weights (a client could otherwise poison them freely).
-Arrays the server does not aggregate (a strategy's ``screen_skip``: FedBN's local BN entries)
+Arrays the server does not aggregate (a strategy's ``screen_skip``: entries kept on the clients, BatchNorm's say)
 neither count nor change.
 
-A method's extra arrays after the N weights (SCAFFOLD-style delta c_i) follow their reply:
+A method's extra arrays after the N weights (control-variate updates) follow their reply:
 a rejected reply is dropped whole, so its extras are never applied; a clipped reply's
 floating extras are scaled by the same s_k, so clipping shrinks every contribution of that
 client to the server state by one factor (rejection being s_k = 0, no screening s_k = 1).
@@ -41,8 +41,9 @@ Byzantine-robust rules for a declared number of attackers f = ``screen-attackers
   round's replies); ``krum`` keeps the one reply of lowest score, ``multi-krum`` the n - f
   of lowest score. The others are dropped whole, as ``reject`` drops a reply (extras
   included, counted in ``num_rejected``), so these two are allowed wherever ``reject`` is,
-  SCAFFOLD included. For FedAvg the result is exactly Flower's ``aggregate_krum`` (its mean
-  of the kept replies weighted by examples; tests/test_screening_robust.py checks this).
+  methods with extra arrays included. For the weighted mean of weights the result is exactly
+  Flower's ``aggregate_krum`` (its mean of the kept replies weighted by examples;
+  tests/test_screening_robust.py checks this).
 - ``bulyan`` (El Mhamdi et al., ICML 2018): Flower's ``aggregate_bulyan`` with Krum as its
   selection rule: a robust value that replaces every reply's weights like ``median``, so it
   is allowed wherever ``median`` is.
