@@ -71,3 +71,28 @@ def test_the_server_reads_the_facts_the_method_registers_not_its_wrappers(tmp_pa
     server = components.server
     assert not isinstance(server.strategy, DPFedAvgStrategy)
     assert server.method_class is DPFedAvgStrategy and DPFedAvgStrategy.UNIFORM_MEAN
+
+
+def test_a_server_built_first_is_given_its_strategy_by_flowers_call(tmp_path):
+    """``DriftServer`` without a strategy, then Flower's ``set_strategy``: the strategy runs,
+    its client-local entries stay out of screening, its class is the method's when none was
+    registered, and a resumed run restores the strategy's state from the checkpoint."""
+    from fl_app.server.checkpoint import Checkpoint
+    from strategies.base import DriftFedAvg
+
+    class Kept(DriftFedAvg):
+        screen_skip = (1, 3)
+        state = None
+
+        def set_state(self, state):
+            self.state = state
+
+    cfg = validate_config({"dataset": "synthetic", "model": "logreg", "tracking": "none",
+                           "num-server-rounds": 3, "results-dir": str(tmp_path)})
+    resumed = Checkpoint(1, [np.zeros(2)], {"h": [np.ones(2)]})
+    server = DriftServer(client_manager=SimpleClientManager(), cfg=cfg, run_dir=tmp_path / "run", resume_from=resumed)
+    strategy = Kept()
+    server.set_strategy(strategy)
+    assert server.strategy is strategy and server.method_class is Kept
+    assert server.screening.skip == frozenset({1, 3})
+    assert list(strategy.state) == ["h"] and np.array_equal(strategy.state["h"][0], np.ones(2))
