@@ -82,7 +82,6 @@ from fl_app.config import spec as config_keys
 from fl_app.registry import method_names
 from fl_app.server.checkpoint import CHECKPOINT, load_checkpoint
 from fl_app.server.preflight import check_data_dir, check_nodes
-from fl_app.server_app import build_strategy
 from runner.experiment import read_experiment
 from runner.launch import LocalSimulation, execution_for
 from runner.parallel import Failed, Machine, Pool, check_workers, default_workers, say, split
@@ -107,6 +106,7 @@ from runner.tuning import (
     tuning_record,
     write_tuning,
 )
+from strategies.base import build_strategy
 from tasks.datasets import DataUnavailableError, PartitionError, resolve_data_dir
 from tasks.partitioning import PartitionSpec, check_data
 
@@ -215,12 +215,12 @@ def resolve_experiment(args: argparse.Namespace, parser: argparse.ArgumentParser
 
 
 def check_method(raw: dict) -> dict:
-    """The ServerApp's own checks of the method (``fl_app.server_app.resolve``) and its
+    """The ServerApp's own checks of the method (``fl_app.config.resolve``) and its
     strategy built once, as the ServerApp will: method-specific refusals (a BN model for FedBN,
     enough Linear layers for FedPGVC, an optimiser SCAFFOLD cannot use, a screening mode the
     method does not allow, ...) then fail here, before any launch. The validated config."""
     cfg, method = resolve(raw)
-    build_strategy(cfg, method)
+    build_strategy(method.strategy, cfg)
     return cfg
 
 

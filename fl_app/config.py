@@ -236,21 +236,21 @@ def resolve(run_config: Mapping[str, Any]) -> tuple[dict, Method]:
     """The run config validated and its method: the one look-up of a method by its name, for
     the ServerApp, the ClientApp and the runner's checks alike (so all agree); from here the
     method is passed down as an object."""
-    from fl_app.server.cohort import check_execution
-
     cfg = validate_config(run_config)
     method = get_method(cfg["strategy"])
-    check_execution(cfg, method)  # a cohort the method or settings cannot run: refused here
-    return method_config(cfg, method.strategy), method
+    return method_config(cfg, method), method
 
 
-def method_config(cfg: dict, strategy: type) -> dict:
-    """``cfg`` (validated) checked and adjusted for its method, given as the method's strategy
-    class (``resolve``): the screening modes the class allows, then its own ``resolve_config``."""
+def method_config(cfg: dict, method: Method) -> dict:
+    """``cfg`` (validated) checked and adjusted for its method (``resolve``): the screening
+    modes its strategy allows, a cohort it cannot run (``execution``), then its strategy
+    class's own ``resolve_config``."""
+    from fl_app.server.cohort import check_execution
     from fl_app.server.screening import check_screening
 
-    check_screening(cfg, strategy)
-    return strategy.resolve_config(cfg)
+    check_screening(cfg, method.strategy)
+    check_execution(cfg, method)
+    return method.strategy.resolve_config(cfg)
 
 
 def _check_combinations(cfg: dict) -> None:

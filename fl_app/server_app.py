@@ -15,14 +15,13 @@ from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 
 from fl_app.common.run_files import read_metrics
 from fl_app.config import ConfigError, resolve
-from fl_app.registry import Method
 from fl_app.server.checkpoint import Checkpoint, load_checkpoint
 from fl_app.server.cohort import server_execution
 from fl_app.server.preflight import check_data_dir, loud
 from fl_app.server.sampling import CohortClientManager, SeededClientManager
 from fl_app.server.server import DriftServer
 from fl_app.server.startup import ServerStartup
-from strategies.base import fedavg_kwargs
+from strategies.base import build_strategy
 from tasks.datasets import DataUnavailableError, PartitionError, input_shape
 from tasks.models import build_model, default_device, get_weights, set_cuda_precision, set_weights
 from tasks.train import evaluate
@@ -90,24 +89,19 @@ def server_fn(context: Context) -> ServerAppComponents:
         return _server_components(context)
 
 
-def build_strategy(cfg: dict, method: Method, initial=None, evaluate_fn=None):
-    """The method's Flower strategy for ``cfg`` (method-specific refusals raise here)."""
-    return method.strategy.from_config(cfg, **fedavg_kwargs(cfg, initial, evaluate_fn))
-
-
 def _server_components(context: Context) -> ServerAppComponents:
-    """Validate the run config and resolve its method; the strategy's inputs (the starting
-    point, fresh or resumed, and the central evaluation); the method's strategy, built once
-    (its refusals come before anything is written); last the server's own parts: the
-    start-up (step 1 begun) and the ``DriftServer`` that runs the strategy."""
+    """Validate the run config and resolve its method; the server's own inputs: the starting
+    point (fresh or resumed), the central evaluation, the execution path; the method's
+    strategy, built once (its refusals come before anything is written); last the start-up
+    (step 1 begun) and the ``DriftServer`` that runs the strategy."""
     cfg, method = resolve(context.run_config)
     set_cuda_precision(cfg["cuda-tf32"])  # before the server's evaluation model is built
     check_data_dir(cfg)
     run_dir = Path(cfg["results-dir"]).expanduser() / run_name(cfg)
     checkpoint, weights = starting_point(cfg, run_dir)
-    execution = server_execution(cfg, method, torch.cuda.is_available())
     evaluation = CentralEvaluation(cfg)
-    strategy = build_strategy(cfg, method, ndarrays_to_parameters(weights), evaluation)
+    execution = server_execution(cfg, method, torch.cuda.is_available())
+    strategy = build_strategy(method.strategy, cfg, ndarrays_to_parameters(weights), evaluation)
     if execution.cohort:  # the nodes host num-virtual-clients virtual clients (fl_app/server/cohort.py)
         client_manager = CohortClientManager(cfg["seed"], cfg["num-virtual-clients"],
                                              wait_seconds=cfg["wait-for-nodes"])

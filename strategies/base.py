@@ -50,6 +50,14 @@ def fedavg_kwargs(cfg: dict, initial_parameters: Parameters, evaluate_fn: Callab
     )
 
 
+def build_strategy(strategy_cls: type, cfg: dict, initial_parameters: Parameters | None = None,
+                   evaluate_fn: Callable | None = None):
+    """A method's Flower strategy for ``cfg``: its registered class's ``from_config`` with the
+    FedAvg arguments every method shares. A method's own refusals of the config raise here
+    (the ServerApp builds the strategy before anything of the run is written)."""
+    return strategy_cls.from_config(cfg, **fedavg_kwargs(cfg, initial_parameters, evaluate_fn))
+
+
 # Update screening modes (fl_app/server/screening.py) a strategy supports besides "none".
 # Clipping and rejection act on the replies before any aggregation, so every method can have
 # them; "median" and "trimmed-mean" replace a mean of the client weights, so only a server whose
