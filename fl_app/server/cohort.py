@@ -92,7 +92,7 @@ def cohort_methods(cfg: dict) -> list[str]:
 
 def cohort_problem(cfg: dict, method: Method) -> str:
     """Why ``cfg`` cannot run as a cohort ('' when it can): the method has no functional local
-    update of its own, wraps its messages in client mods (DP-FedAvg's clipping acts on one
+    update of its own, wraps its messages in client mods (a DP clipping mod acts on one
     client's message), or ``inject-faults`` asks a node to fault or attack (per partition, on
     the node's own message)."""
     name = cfg["strategy"]
