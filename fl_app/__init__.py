@@ -1,1 +1,4 @@
-"""fl-drift Flower app: ServerApp, ClientApp, run config and the method registry."""
+"""fl-drift's Flower app, what runs inside a Flower run: the ServerApp and ClientApp (entry
+points), the run config, the server (``server/``), the node (``node/``), the method registry and
+the shared bottom room (``common/``). The runner that launches runs and writes reports is
+``runner``, which this package never imports."""
