@@ -17,13 +17,14 @@ from fl_app.common.run_files import read_metrics
 from fl_app.config import ConfigError, resolve
 from fl_app.server.checkpoint import Checkpoint, load_checkpoint
 from fl_app.server.cohort import server_execution
-from fl_app.server.preflight import check_data_dir, loud
+from fl_app.server.preflight import check_data_folder, loud
 from fl_app.server.sampling import CohortClientManager, SeededClientManager
 from fl_app.server.server import DriftServer
 from fl_app.server.startup import ServerStartup
 from strategies.base import build_strategy
-from tasks.datasets import DataUnavailableError, PartitionError, input_shape
-from tasks.models import build_model, default_device, get_weights, set_cuda_precision, set_weights
+from tasks.datasets import DataUnavailableError, PartitionError
+from tasks.models import default_device, set_weights
+from tasks.server_side import server_side
 from tasks.train import evaluate
 
 log = logging.getLogger("flwr.fl_drift")
@@ -40,12 +41,12 @@ def run_name(cfg: dict) -> str:
 class CentralEvaluation:
     """The method strategy's ``evaluate_fn``: the global weights on the server's test split (the
     validation split held out of the training data when ``validation-fraction`` > 0: a tuning
-    run), every round it is asked. The split is handed in once, by the server's start-up
-    (``load``), before round 0's evaluation."""
+    run), every round it is asked, in ``model`` (built by ``tasks.server_side``). The split is
+    handed in once, by the server's start-up (``load``), before round 0's evaluation."""
 
-    def __init__(self, cfg: dict):
+    def __init__(self, model):
         self.device = default_device()
-        self.model = build_model(cfg["model"], input_shape(cfg["dataset"])).to(self.device)
+        self.model = model.to(self.device)
         self.test_data: list = []
 
     def load(self, x, y) -> None:
@@ -90,16 +91,26 @@ def server_fn(context: Context) -> ServerAppComponents:
 
 
 def _server_components(context: Context) -> ServerAppComponents:
-    """Validate the run config and resolve its method; the server's own inputs: the starting
-    point (fresh or resumed), the central evaluation, the execution path; the method's
-    strategy, built once (its refusals come before anything is written); last the start-up
-    (step 1 begun) and the ``DriftServer`` that runs the strategy."""
+    """Assemble the run in three stretches, each on one layer, so that the run config goes
+    down to the lower layers twice instead of once per part:
+
+    1. the run config validated and its method resolved, the data folder checked, the run
+       folder named: the server's own checks, which need nothing built;
+    2. one call to the model and data side (``tasks.server_side``: CUDA precision, the data
+       files, the seeded initial weights, the evaluation model), then what needs it: the
+       starting point (fresh or resumed), the central evaluation, the execution path;
+    3. the method's strategy, built once: its refusals come before anything is written, and
+       the ``DriftServer`` that runs it writes the run folder, so it is built last, with the
+       client manager and the start-up (step 1 begun) that it is given.
+
+    The config refusals keep their order: config, data folder, data files, checkpoint,
+    execution path, the method's own."""
     cfg, method = resolve(context.run_config)
-    set_cuda_precision(cfg["cuda-tf32"])  # before the server's evaluation model is built
-    check_data_dir(cfg)
+    check_data_folder(cfg)
     run_dir = Path(cfg["results-dir"]).expanduser() / run_name(cfg)
-    checkpoint, weights = starting_point(cfg, run_dir)
-    evaluation = CentralEvaluation(cfg)
+    side = server_side(cfg)
+    checkpoint, weights = starting_point(cfg, run_dir, side.weights)
+    evaluation = CentralEvaluation(side.evaluation_model)
     execution = server_execution(cfg, method, torch.cuda.is_available())
     strategy = build_strategy(method.strategy, cfg, ndarrays_to_parameters(weights), evaluation)
     if execution.cohort:  # the nodes host num-virtual-clients virtual clients (fl_app/server/cohort.py)
@@ -109,7 +120,7 @@ def _server_components(context: Context) -> ServerAppComponents:
         client_manager = SeededClientManager(cfg["seed"], wait_seconds=cfg["wait-for-nodes"])
     if checkpoint is not None:
         client_manager.draws = checkpoint.sampler_draws
-    startup = ServerStartup(cfg, client_manager)
+    startup = ServerStartup(cfg, client_manager, side.data_dir)
     startup.begin()  # start-up step 1: decode the test split while the nodes start
     server = DriftServer(
         client_manager=client_manager, cfg=cfg, run_dir=run_dir, strategy=strategy, method_class=method.strategy,
@@ -127,15 +138,15 @@ def _server_components(context: Context) -> ServerAppComponents:
     )
 
 
-def starting_point(cfg: dict, run_dir: Path) -> tuple[Checkpoint | None, list]:
-    """The run's checkpoint and weights when it resumes one (``resume``), else no checkpoint
-    and the seeded initial model's weights."""
-    weights = get_weights(build_model(cfg["model"], input_shape(cfg["dataset"]), seed=cfg["seed"]))
-    checkpoint = load_checkpoint(run_dir, cfg["model"], [w.shape for w in weights]) if cfg["resume"] else None
+def starting_point(cfg: dict, run_dir: Path, initial: list) -> tuple[Checkpoint | None, list]:
+    """The run's checkpoint and weights when it resumes one (``resume``; the checkpoint must
+    match the shapes of the ``initial`` weights), else no checkpoint and the ``initial``
+    weights (the seeded initial model's)."""
+    checkpoint = load_checkpoint(run_dir, cfg["model"], [w.shape for w in initial]) if cfg["resume"] else None
     if checkpoint is not None:
         log.info("resuming %s from its checkpoint after round %d", run_dir, checkpoint.round)
         return checkpoint, checkpoint.weights
-    return None, weights
+    return None, initial
 
 
 app = ServerApp(server_fn=server_fn)

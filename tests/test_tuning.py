@@ -107,11 +107,11 @@ def test_server_scores_the_clients_held_out_rows(tiny_mnist):
     server = load_validation_split("mnist", str(tiny_mnist), 3, 0.2)
     assert torch.equal(server[0], held_out[0]) and torch.equal(server[1], held_out[1])
     cfg = validate_config({"dataset": "mnist", "data-dir": str(tiny_mnist), "seed": 3, "validation-fraction": 0.2})
-    startup = ServerStartup(cfg, client_manager=None)
+    startup = ServerStartup(cfg, client_manager=None, data_dir=str(tiny_mnist))
     startup.begin()
     x, y = startup.prefetched.result()
     assert torch.equal(x, server[0]) and len(y) == 60
-    plain = ServerStartup({**cfg, "validation-fraction": 0.0}, client_manager=None)
+    plain = ServerStartup({**cfg, "validation-fraction": 0.0}, client_manager=None, data_dir=str(tiny_mnist))
     plain.begin()
     assert len(plain.prefetched.result()[1]) == TEST  # without the key: the test split, as before
 

@@ -14,16 +14,23 @@ from pathlib import Path
 
 from fl_app.server.screening import check_replies
 from protocol.keys import ConfigError
-from tasks.datasets import local_parquet_files, resolve_data_dir
+from tasks.server_side import checked_data_dir
 
 log = logging.getLogger("flwr.fl_drift")
 
 
 def check_data_dir(cfg: dict) -> None:
+    """An explicit ``data-dir`` must be an existing folder (``check_data_folder``) holding both
+    splits of the dataset (``tasks.server_side.checked_data_dir``: ``DataUnavailableError``
+    naming the missing file). The ServerApp makes the two checks apart: the folder with its
+    config checks, the files in its one call to the model and data side (``server_side``)."""
+    check_data_folder(cfg)
+    checked_data_dir(cfg)
+
+
+def check_data_folder(cfg: dict) -> None:
     """An explicit ``data-dir`` must be an existing folder: a missing one is a typo, not a
-    reason to try the Hugging Face hub (which retries for half a minute). The data folder in
-    use (``data-dir``, else ``$FL_DATA_DIR``) must hold both splits of the dataset
-    (``DataUnavailableError`` naming the missing file)."""
+    reason to try the Hugging Face hub (which retries for half a minute)."""
     configured = cfg.get("data-dir", "")
     if not configured or cfg.get("dataset") == "synthetic":
         return
@@ -34,7 +41,6 @@ def check_data_dir(cfg: dict) -> None:
             f" it must hold {cfg['dataset']}/train.parquet and {cfg['dataset']}/test.parquet"
             f" (leave data-dir empty to use $FL_DATA_DIR or the Hugging Face hub id {hub_id(cfg['dataset'])})"
         )
-    local_parquet_files(cfg["dataset"], resolve_data_dir(configured))  # both splits, or refused
 
 
 def hub_id(dataset: str) -> str:

@@ -44,7 +44,7 @@ from fl_app.server.preflight import loud
 from fl_app.server.sampling import CohortClientManager, SeededClientManager
 from fl_app.server.screening import check_replies
 from protocol.keys import ConfigError
-from tasks.datasets import PartitionError, resolve_data_dir
+from tasks.datasets import PartitionError
 from tasks.partitioning import (
     PartitionSpec,
     check_data,
@@ -60,8 +60,12 @@ SETTLE_SECONDS = 0.2  # Flower registers >= 4000 simulated nodes in this time, e
 
 
 class ServerStartup:
-    def __init__(self, cfg: dict, client_manager: SeededClientManager):
+    """``data_dir`` is the data folder in use, resolved by the ServerApp's call to the model and
+    data side (``tasks.server_side``); '' = the Hugging Face hub."""
+
+    def __init__(self, cfg: dict, client_manager: SeededClientManager, data_dir: str = ""):
         self.cfg = cfg
+        self.data_dir = data_dir
         self.client_manager = client_manager
         self.prefetched: Future | None = None
         self.learning: Future | None = None
@@ -73,11 +77,10 @@ class ServerStartup:
         (a tuning run: its scores must never come from the test split)."""
         cfg = self.cfg
         if cfg["dataset"] != "synthetic" and cfg["validation-fraction"] > 0:
-            self.prefetched = in_background(load_validation_split, cfg["dataset"], resolve_data_dir(cfg["data-dir"]),
+            self.prefetched = in_background(load_validation_split, cfg["dataset"], self.data_dir,
                                             cfg["seed"], cfg["validation-fraction"])
         elif cfg["dataset"] != "synthetic":
-            self.prefetched = in_background(
-                load_test_split, cfg["dataset"], resolve_data_dir(cfg["data-dir"]), cfg["seed"])
+            self.prefetched = in_background(load_test_split, cfg["dataset"], self.data_dir, cfg["seed"])
 
     def test_split(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Ask the nodes for their partitions (in the background); the decoded test split.
