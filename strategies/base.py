@@ -55,7 +55,8 @@ def build_strategy(strategy_cls: type, cfg: dict, initial_parameters: Parameters
     """A method's Flower strategy for ``cfg``: its registered class's ``from_config`` with the
     FedAvg arguments every method shares. A method's own refusals of the config raise here
     (the ServerApp builds the strategy before anything of the run is written)."""
-    return strategy_cls.from_config(cfg, **fedavg_kwargs(cfg, initial_parameters, evaluate_fn))
+    shared = fedavg_kwargs(cfg, initial_parameters, evaluate_fn)
+    return strategy_cls.from_config(cfg, **shared)
 
 
 # Update screening modes (fl_app/server/screening.py) a strategy supports besides "none".
