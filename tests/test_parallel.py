@@ -194,7 +194,17 @@ def test_a_worker_that_cannot_start_leaves_its_jobs_to_the_others():
         pool.results()
 
 
-def test_ctrl_c_stops_every_worker_and_starts_no_further_job():
+@pytest.fixture
+def python_sigint():
+    """Python's own SIGINT handler during the test, as in the runner's process: ``interrupt_main``
+    calls whatever handler is installed, and an in-process Flower run earlier in the suite may
+    leave Flower's (``flwr.supercore.exit.signal_handler``), under which no KeyboardInterrupt comes."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_stops_every_worker_and_starts_no_further_job(python_sigint):
     """Ctrl-C reaches the main thread while both workers run a job: both are stopped (which
     ends their runs), no job after them starts, and the KeyboardInterrupt goes on."""
     both = threading.Barrier(2)
