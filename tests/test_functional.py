@@ -45,6 +45,7 @@ from tasks.functional.optim import opt_init, opt_step
 from tasks.functional.rounds import stack_trees, unstack_tree
 from tasks.models import build_model
 from tests.conftest import fake_context, make_client
+from tests.helpers_cohort import assert_cohort_client_equals
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPE = InputShape(1, 8, 10)  # MNIST-like, one channel (a channels-last quirk: keep_layout), small for speed
@@ -232,18 +233,7 @@ def _compare(name, model_name, sizes, batch_size, rel):
     for k in range(k_all):
         alone = local_round(update, skeleton, unstack_tree(params, k), unstack_tree(buffers, k), states[k], server,
                             hp, *data[k], batch_size, 2, torch.Generator().manual_seed(10 + k))
-        assert together.metrics[k]["num_steps"] == alone.metrics["num_steps"]
-        pairs = [(together.params[n][k], alone.params[n]) for n in alone.params]
-        pairs += [(together.buffers[n][k], alone.buffers[n]) for n in alone.buffers]
-        pairs += [(together.states[k][s][n], alone.state[s][n]) for s in alone.state for n in alone.state[s]]
-        pairs += [(together.replies[k][r][n], alone.reply[r][n]) for r in alone.reply for n in alone.reply[r]]
-        for u, v in pairs:
-            if rel == 0:
-                assert torch.equal(u, v)
-            else:
-                assert (u - v).abs().max() <= rel * v.abs().max().clamp_min(1e-12)
-        for key, value in alone.metrics.items():
-            assert together.metrics[k][key] == pytest.approx(value, rel=max(rel, 1e-12))
+        assert_cohort_client_equals(together, k, alone, rel)
 
 
 @pytest.mark.parametrize("name", sorted(METHODS))

@@ -32,6 +32,7 @@ from tasks.functional.corrections import CORRECTIONS, ri_begin
 from tasks.functional.rounds import stack_trees, unstack_tree
 from tasks.models import build_model, get_weights
 from tests.conftest import make_client
+from tests.helpers_cohort import assert_cohort_client_equals
 
 FLAT = InputShape(0, 5, 3)  # logistic regression on 5 features, 3 classes: small enough to write out
 IMAGES = InputShape(1, 8, 10)
@@ -265,19 +266,8 @@ def _compare(name: str, model_name: str, sizes: list[int], rel: float):
     for k in range(len(sizes)):
         alone = local_round(update, skeleton, unstack_tree(params, k), unstack_tree(buffers, k), states[k], server,
                             hp, *data[k], 4, 2, torch.Generator().manual_seed(10 + k))
-        assert together.metrics[k]["num_steps"] == alone.metrics["num_steps"]
-        pairs = [(together.params[n][k], alone.params[n]) for n in alone.params]
-        pairs += [(together.buffers[n][k], alone.buffers[n]) for n in alone.buffers]
-        pairs += [(together.states[k][s][n], alone.state[s][n]) for s in alone.state for n in alone.state[s]]
-        pairs += [(together.replies[k][r][n], alone.reply[r][n]) for r in alone.reply for n in alone.reply[r]]
-        for u, v in pairs:
-            if rel == 0:
-                assert torch.equal(u, v)
-            else:
-                assert (u - v).abs().max() <= rel * v.abs().max().clamp_min(1e-12)
+        assert_cohort_client_equals(together, k, alone, rel)
         assert list(together.metrics[k]) == list(alone.metrics)
-        for key, value in alone.metrics.items():
-            assert together.metrics[k][key] == pytest.approx(value, rel=max(rel, 1e-12))
 
 
 COHORT_MODEL = {"fednova": "cnn-small", "fedbn": "cnn-bn", "dp-fedavg": "cnn-small", "fedpvr": "cnn-small",

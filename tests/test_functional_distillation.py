@@ -34,6 +34,7 @@ from tasks.functional.distillation import FEDNTD, MOON, not_true, ntd_loss
 from tasks.functional.rounds import stack_trees, unstack_tree
 from tasks.models import Classifier, build_model, cached_model, set_weights
 from tests.conftest import make_client
+from tests.helpers_cohort import assert_cohort_client_equals
 
 SHAPE = InputShape(1, 8, 10)
 KEYS = {"ntd-beta": 1.5, "ntd-tau": 2.0, "moon-mu": 2.0, "moon-temperature": 0.5}
@@ -265,17 +266,7 @@ def _compare(name, model_name, sizes, rel, moon_prev=(0, 2)):
     for k in range(k_all):
         alone = local_round(update, skeleton, unstack_tree(params, k), unstack_tree(buffers, k), states[k],
                             server, hp, *data[k], 4, 2, torch.Generator().manual_seed(10 + k))
-        assert together.metrics[k]["num_steps"] == alone.metrics["num_steps"]
-        pairs = [(together.params[n][k], alone.params[n]) for n in alone.params]
-        pairs += [(together.buffers[n][k], alone.buffers[n]) for n in alone.buffers]
-        pairs += [(together.states[k][s][n], alone.state[s][n]) for s in alone.state for n in alone.state[s]]
-        for u, v in pairs:
-            if rel == 0:
-                assert torch.equal(u, v)
-            else:
-                assert (u - v).abs().max() <= rel * v.abs().max().clamp_min(1e-12)
-        for key, value in alone.metrics.items():
-            assert together.metrics[k][key] == pytest.approx(value, rel=max(rel, 1e-12))
+        assert_cohort_client_equals(together, k, alone, rel)
 
 
 @pytest.mark.parametrize("name", sorted(UPDATES))

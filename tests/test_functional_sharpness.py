@@ -49,6 +49,7 @@ from tasks.functional.sharpness import (
 from tasks.models import build_model
 from tests.conftest import make_client
 from tests.helpers_baselines import softmax_regression_grad
+from tests.helpers_cohort import assert_cohort_client_equals
 
 SHAPE = InputShape(1, 8, 10)  # one channel (channels-last quirk: keep_layout), small for speed
 GAM = {"gam-rho": 0.3, "gam-alpha": 0.7, "gam-cv-alpha": 0.6, "gam-variant": "paper", "gam-norm-rho": 0.6,
@@ -525,18 +526,7 @@ def _compare(name, sizes, rel):
     for k in range(k_all):
         alone = local_round(update, skeleton, unstack_tree(params, k), unstack_tree(buffers, k), states[k], server,
                             hp, *data[k], 4, 1, torch.Generator().manual_seed(10 + k))
-        assert together.metrics[k]["num_steps"] == alone.metrics["num_steps"]
-        pairs = [(together.params[n][k], alone.params[n]) for n in alone.params]
-        pairs += [(together.buffers[n][k], alone.buffers[n]) for n in alone.buffers if n != PROX_SUM]
-        pairs += [(together.states[k][s][n], alone.state[s][n]) for s in alone.state for n in alone.state[s]]
-        pairs += [(together.replies[k][r][n], alone.reply[r][n]) for r in alone.reply for n in alone.reply[r]]
-        for u, v in pairs:
-            if rel == 0:
-                assert torch.equal(u, v)
-            else:
-                assert (u - v).abs().max() <= rel * v.abs().max().clamp_min(1e-12)
-        for key, value in alone.metrics.items():
-            assert together.metrics[k][key] == pytest.approx(value, rel=max(rel, 1e-12))
+        assert_cohort_client_equals(together, k, alone, rel, skip_buffers=(PROX_SUM,))
         if PROX_SUM in alone.buffers:  # a sum of KLs, each a difference of terms of order log(10):
             # float32 rounding is relative to those terms (about 1e-7 a step), not to the small KL
             u, v = together.buffers[PROX_SUM][k], alone.buffers[PROX_SUM]
