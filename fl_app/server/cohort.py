@@ -48,7 +48,7 @@ from flwr.common import (
 from flwr.server.client_proxy import ClientProxy
 
 from fl_app.common.faults import parse_faults
-from fl_app.node.cohort_wire import PARTITIONS, bundle_instructions, split_replies
+from fl_app.node.cohort_wire import NUM_PARTITIONS, PARTITIONS, bundle_instructions, split_replies
 from fl_app.registry import METHODS, Method
 from protocol.keys import ConfigError
 
@@ -56,7 +56,6 @@ log = logging.getLogger("flwr.fl_drift")
 
 PER_CLIENT, COHORT, AUTO = "per-client", "cohort", "auto"
 CHOICES = (AUTO, PER_CLIENT, COHORT)
-NUM_PARTITIONS = "num-partitions"  # in every virtual client's fit config: N, the partitions of the data
 
 
 @dataclass(frozen=True)
