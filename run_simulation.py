@@ -77,9 +77,9 @@ if __name__ == "__main__" and missing_data_dir(sys.argv[1:]):
     sys.exit(2)
 
 
-from fl_app.config import ConfigError, parse_override, resolve, validate_config
-from fl_app.config import spec as config_keys
-from fl_app.registry import method_names
+from fl_app.config import ConfigError
+from fl_app.registry import DEFAULT_METHOD, method_names, parse_override, resolve, validate_config
+from fl_app.registry import spec as config_keys
 from fl_app.server.checkpoint import CHECKPOINT, load_checkpoint
 from fl_app.server.preflight import check_data_dir, check_nodes
 from runner.experiment import read_experiment
@@ -121,7 +121,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                        " run_simulation.py --list keys")
     p.add_argument("--config",
                    help="experiment file (TOML): strategies, seeds, clients, run-config, per-method keys, grid")
-    p.add_argument("--strategy", help="method name or comma list (--list methods) (default: fedavg)")
+    p.add_argument("--strategy", help=f"method name or comma list (--list methods) (default: {DEFAULT_METHOD})")
     p.add_argument("--dataset", help=f"{', '.join(DATASETS)} (default: {d['dataset']})")
     p.add_argument("--rounds", type=int, help=f"num-server-rounds (default: {d['num-server-rounds']})")
     p.add_argument("--clients", type=int, help="number of simulated SuperNodes (partitions) (default: 10)")
@@ -215,7 +215,7 @@ def resolve_experiment(args: argparse.Namespace, parser: argparse.ArgumentParser
 
 
 def check_method(raw: dict) -> dict:
-    """The ServerApp's own checks of the method (``fl_app.config.resolve``) and its
+    """The ServerApp's own checks of the method (``fl_app.registry.resolve``) and its
     strategy built once, as the ServerApp will: method-specific refusals (a BN model for FedBN,
     enough Linear layers for FedPGVC, an optimiser SCAFFOLD cannot use, a screening mode the
     method does not allow, ...) then fail here, before any launch. The validated config."""

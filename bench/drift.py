@@ -94,7 +94,7 @@ def main() -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="dataset=... or model=... (as the other bench scripts; wins over --dataset/--model)")
     args = p.parse_args()
-    from fl_app.config import parse_override
+    from fl_app.registry import parse_override
 
     for text in args.set:
         key, value = parse_override(text)

@@ -43,8 +43,7 @@ from flwr.app import RecordDict  # noqa: E402
 from flwr.common import Context  # noqa: E402
 from torch import nn  # noqa: E402
 
-from fl_app.config import validate_config  # noqa: E402
-from fl_app.registry import METHODS, get_method  # noqa: E402
+from fl_app.registry import METHODS, resolve, validate_config  # noqa: E402
 from tasks.datasets import input_shape  # noqa: E402
 from tasks.models import build_model, get_weights, last_layers_param_names  # noqa: E402
 from tasks.partitioning import PartitionSpec, load_partition  # noqa: E402
@@ -283,11 +282,12 @@ def calibrated(cfg: dict, costs: dict, fedavg_per_sample: float, n_k: float) -> 
     return {m: 1 + e / fedavg_per_sample for m, e in extra.items()}
 
 
-def make_client(method: str, base: dict, pid: int, num_partitions: int):
-    cfg = validate_config({**base, "strategy": method})
+def make_client(name: str, base: dict, pid: int, num_partitions: int):
+    """The method's client as a run builds it: the config resolved by the registry (validated,
+    the method looked up, its own checks applied), the client built from it."""
+    cfg, method = resolve({**base, "strategy": name})
     context = Context(run_id=0, node_id=pid, node_config={}, state=RecordDict(), run_config={})
-    client = get_method(method).client(cfg, context, pid, num_partitions)
-    return cfg, client
+    return cfg, method.client(cfg, context, pid, num_partitions)
 
 
 def fit_config(method: str, cfg: dict, rnd: int) -> dict:
@@ -313,7 +313,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def base_config(args: argparse.Namespace) -> dict:
     """The run config every method's clients share; ``--set model=/dataset=`` win over the
     defaults (``args.model`` follows)."""
-    from fl_app.config import parse_override
+    from fl_app.registry import parse_override
 
     base = {"dataset": "mnist", "model": args.model, "data-dir": str(Path(args.data_dir).resolve()),
             "checkpoint-every": 0, "local-epochs": 1, "batch-size": 32}

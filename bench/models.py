@@ -132,7 +132,7 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="dataset=...: only that dataset's shapes (default: both for augment, cifar10 for throughput)")
     args = ap.parse_args()
-    from fl_app.config import parse_override
+    from fl_app.registry import parse_override
 
     chosen = dict(parse_override(text) for text in args.set)
     if set(chosen) - {"dataset"}:

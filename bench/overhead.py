@@ -175,7 +175,7 @@ def loadavg() -> float:
 
 # ------------------------------------------------------------------ configuration
 def run_config(args: argparse.Namespace, results_dir: str) -> dict:
-    from fl_app.config import parse_override
+    from fl_app.registry import parse_override
 
     return {
         "strategy": "fedavg", "num-server-rounds": args.rounds, "fraction-fit": args.fraction,
@@ -244,7 +244,7 @@ def plain(args: argparse.Namespace) -> dict:
     """The simulation's FedAvg work with no Flower: one process, weights stay tensors."""
     import torch
 
-    from fl_app.config import validate_config
+    from fl_app.registry import validate_config
     from tasks.datasets import input_shape
     from tasks.models import build_model, default_device
     from tasks.partitioning import PartitionSpec, check_data, load_test
@@ -302,7 +302,7 @@ def child_flags(args: argparse.Namespace) -> list[str]:
 
 # ------------------------------------------------------------------ (b) simulation
 def simulation(args: argparse.Namespace) -> dict:
-    from fl_app.config import validate_config
+    from fl_app.registry import validate_config
     from runner.launch import LocalSimulation
     from tasks.partitioning import PartitionSpec, check_data
 
@@ -361,7 +361,7 @@ def simulation_on(args: argparse.Namespace, execution: str) -> dict:
 
 def trained_samples(args: argparse.Namespace, rounds: int) -> int:
     """Training samples of ``rounds`` rounds: the sampled partitions' sizes times the epochs."""
-    from fl_app.config import validate_config
+    from fl_app.registry import validate_config
     from tasks.partitioning import PartitionSpec, federated_dataset
 
     fds = federated_dataset(PartitionSpec.from_config(validate_config(run_config(args, tempfile.gettempdir())),
@@ -405,7 +405,7 @@ def round_breakdown(args: argparse.Namespace, b: dict) -> dict:
     """
     import heapq
 
-    from fl_app.config import validate_config
+    from fl_app.registry import validate_config
     from tasks.partitioning import PartitionSpec, federated_dataset
 
     actors = parallel_actors(args)

@@ -10,9 +10,9 @@ from flwr.client import ClientApp
 from flwr.client.mod import make_ffn
 from flwr.common import Context
 
-from fl_app.config import resolve
 from fl_app.node.cohort_client import CohortClient
 from fl_app.node.node_client import NodeClient, match_threads_to_cpu_share
+from fl_app.registry import resolve
 from tasks.models import set_cuda_precision
 
 

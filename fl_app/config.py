@@ -1,10 +1,13 @@
-"""Run-config schema: every key's default, type and allowed range, validated in one place.
+"""Run-config schema: every general key's default, type and allowed range, and the checks,
+written once for any table of keys.
 
-Flower requires the defaults to sit in ``pyproject.toml`` under ``[tool.flwr.app.config]``;
-``tests/test_config.py`` checks that table against ``spec()`` so the two cannot drift apart.
-Validation runs when the ServerApp starts (and in ``run_simulation.py`` before anything is
-launched), so a bad value fails before any training with a message naming the key, the value
-and what is allowed.
+The whole schema is these general keys, the ``strategy`` key and every registered method's own
+keys; the registry (``fl_app.registry.spec``) puts them together, since only it knows the
+methods, and this module knows none. Flower requires the defaults to sit in ``pyproject.toml``
+under ``[tool.flwr.app.config]``; ``tests/test_config.py`` checks that table against
+``spec()`` so the two cannot drift apart. Validation (``fl_app.registry.validate_config``) runs
+when the ServerApp starts (and in ``run_simulation.py`` before anything is launched), so a bad
+value fails before any training with a message naming the key, the value and what is allowed.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from fl_app.common.faults import FAULT_FORMS, parse_faults
-from fl_app.registry import DEFAULT_METHOD, Method, get_method
 from protocol.keys import ConfigError, Key, at_least, non_negative, positive, unit_interval
 from tasks.catalogue import DATASET_NAMES as DATASETS
 from tasks.models import FLAT_MODELS, IMAGE_MODELS, MODELS
@@ -32,10 +34,10 @@ PARTITIONERS = ("dirichlet", "shard", "iid")
 SCREENING_MODES = ("none", "clip", "reject", "median", "trimmed-mean", "krum", "multi-krum", "bulyan")
 EXECUTIONS = ("auto", "per-client", "cohort")
 
-# General keys. Method-specific keys (prefixed by the method, e.g. ``ri-lambda``) are declared
-# as ``CONFIG_KEYS`` of the method's client or strategy class and merged in by ``spec()``.
+# General keys. ``strategy`` (its choices are the registered methods) and the method-specific
+# keys (prefixed by the method, e.g. ``ri-lambda``, declared as ``CONFIG_KEYS`` of the method's
+# client or strategy class) are added by ``fl_app.registry.spec()``.
 GENERAL_KEYS: dict[str, Key] = {
-    "strategy": Key(DEFAULT_METHOD),  # choices come from the registry (see validate_config)
     "num-server-rounds": Key(3, at_least(1), ">= 1"),
     "fraction-fit": Key(0.5, unit_interval, "in (0, 1]"),
     "min-fit-clients": Key(1, at_least(1), ">= 1"),
@@ -152,13 +154,6 @@ def _valid_augment(text: str) -> bool:
         return False
 
 
-def spec() -> dict[str, Key]:
-    """All run-config keys: the general ones plus every registered method's own."""
-    from fl_app.registry import method_keys
-
-    return {**GENERAL_KEYS, **method_keys()}
-
-
 def _coerce(name: str, key: Key, value: Any) -> Any:
     """Convert TOML-typed values to the key's type, refusing lossy or surprising casts."""
     want = key.type
@@ -197,17 +192,11 @@ def _coerce(name: str, key: Key, value: Any) -> Any:
     )
 
 
-def validate_config(raw: Mapping[str, Any], strategies: tuple[str, ...] | None = None) -> dict:
-    """Return a complete, typed config (defaults filled in) or raise ConfigError.
-
-    ``strategies`` lists the valid method names; by default it is read from the registry.
-    The checks of one method (``method_config``) need the method, resolved by the caller.
-    """
-    if strategies is None:
-        from fl_app.registry import method_names
-
-        strategies = method_names()
-    keys = spec()
+def validate_keys(raw: Mapping[str, Any], keys: Mapping[str, Key]) -> dict:
+    """Return a complete, typed config of ``keys`` (defaults filled in) or raise ConfigError
+    naming the key, the value and what is allowed. ``keys`` is the whole schema
+    (``fl_app.registry.spec``); the checks of one method need the method
+    (``fl_app.registry.method_config``)."""
     unknown = sorted(set(raw) - set(keys))
     if unknown:
         hints = "".join(did_you_mean(k, keys) for k in unknown)
@@ -217,11 +206,10 @@ def validate_config(raw: Mapping[str, Any], strategies: tuple[str, ...] | None =
     cfg: dict[str, Any] = {}
     for name, key in keys.items():
         value = _coerce(name, key, raw.get(name, key.default))
-        choices = strategies if name == "strategy" else key.choices
-        if choices is not None and value not in choices:
+        if key.choices is not None and value not in key.choices:
             raise ConfigError(
-                f"run-config key '{name}' = {value!r} is invalid{did_you_mean(value, choices)};"
-                f" valid choices: {', '.join(choices)}"
+                f"run-config key '{name}' = {value!r} is invalid{did_you_mean(value, key.choices)};"
+                f" valid choices: {', '.join(key.choices)}"
             )
         if key.check is not None and not key.check(value):
             raise ConfigError(
@@ -230,27 +218,6 @@ def validate_config(raw: Mapping[str, Any], strategies: tuple[str, ...] | None =
         cfg[name] = value
     _check_combinations(cfg)
     return cfg
-
-
-def resolve(run_config: Mapping[str, Any]) -> tuple[dict, Method]:
-    """The run config validated and its method: the one look-up of a method by its name, for
-    the ServerApp, the ClientApp and the runner's checks alike (so all agree); from here the
-    method is passed down as an object."""
-    cfg = validate_config(run_config)
-    method = get_method(cfg["strategy"])
-    return method_config(cfg, method), method
-
-
-def method_config(cfg: dict, method: Method) -> dict:
-    """``cfg`` (validated) checked and adjusted for its method (``resolve``): the screening
-    modes its strategy allows, a cohort it cannot run (``execution``), then its strategy
-    class's own ``resolve_config``."""
-    from fl_app.server.cohort import check_execution
-    from fl_app.server.screening import check_screening
-
-    check_screening(cfg, method.strategy)
-    check_execution(cfg, method)
-    return method.strategy.resolve_config(cfg)
 
 
 def _check_combinations(cfg: dict) -> None:
@@ -291,13 +258,12 @@ def _check_combinations(cfg: dict) -> None:
         )
 
 
-def parse_override(text: str) -> tuple[str, Any]:
-    """Parse one ``KEY=VALUE`` override as TOML would (numbers, booleans, strings)."""
+def parse_key_value(text: str, keys: Mapping[str, Key]) -> tuple[str, Any]:
+    """Parse one ``KEY=VALUE`` override of ``keys`` as TOML would (numbers, booleans, strings)."""
     if "=" not in text:
         raise ConfigError(f"override {text!r} is not of the form KEY=VALUE")
     name, value = text.split("=", 1)
     name, value = name.strip(), value.strip()
-    keys = spec()
     if name not in keys:
         raise ConfigError(
             f"unknown run-config key {name!r}{did_you_mean(name, keys)}; valid keys: {', '.join(sorted(keys))}"
@@ -310,15 +276,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     try:
         return name, int(value) if want is int else float(value)
     except ValueError:
-        return name, value  # left for validate_config to reject with the standard message
-
-
-def toml_table() -> str:
-    """The ``[tool.flwr.app.config]`` body for pyproject.toml, generated from ``spec()``.
-
-    Regenerated in place after adding a key by ``python -m runner.listing generate``.
-    """
-    return "\n".join(f"{name} = {toml_value(key.default)}" for name, key in spec().items())
+        return name, value  # left for validate_keys to reject with the standard message
 
 
 def toml_value(value) -> str:

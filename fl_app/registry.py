@@ -1,14 +1,22 @@
-"""Method name -> (server strategy class, client class). One line per method.
+"""Method name -> (server strategy class, client class), one line per method; and the one place
+a method is looked up by its name.
 
 A method whose server is FedAvg (the n_k-weighted mean) is registered with ``DriftFedAvg``
 itself: it has no strategy module of its own, and its client module's docstring says so.
+
+Both apps (and the runner's checks) resolve a run config here, once (``resolve``): validated
+against the whole schema (``spec``: ``strategy``, whose choices are the methods below, the
+general keys of ``fl_app.config`` and every method's own keys), its method looked up, and the
+method's own checks applied (``method_config``). From there the method is passed down as an
+object (``fl_app.common.method.Method``); no module below this one names a method.
 """
 
 from __future__ import annotations
 
 import inspect
 import sys
-from typing import NamedTuple
+from collections.abc import Mapping
+from typing import Any
 
 from clients.dp_fedavg import DPFedAvgClient
 from clients.fedasam import FedASAMClient
@@ -28,6 +36,11 @@ from clients.fedsol import FedSOLClient
 from clients.moon import MoonClient
 from clients.ri_fedavg import RIFedAvgClient
 from clients.scaffold import ScaffoldClient
+from fl_app.common.method import Method
+from fl_app.config import GENERAL_KEYS, parse_key_value, toml_value, validate_keys
+from fl_app.server.cohort import check_execution, cohort_update
+from fl_app.server.screening import check_screening
+from protocol.keys import Key
 from strategies.base import DriftFedAvg
 from strategies.dp_fedavg import DPFedAvgStrategy
 from strategies.fedadagrad import FedAdagradStrategy
@@ -43,12 +56,6 @@ from strategies.fedpvr import FedPVRStrategy
 from strategies.fedsmoo import FedSMOOStrategy
 from strategies.fedyogi import FedYogiStrategy
 from strategies.scaffold import ScaffoldStrategy
-
-
-class Method(NamedTuple):
-    strategy: type
-    client: type
-
 
 METHODS: dict[str, Method] = {
     "fedavg": Method(DriftFedAvg, FedAvgClient),
@@ -141,3 +148,60 @@ def method_keys() -> dict:
                     " declare it once and share that declaration"
                 )
     return keys
+
+
+# ----------------------------------------------------------------------- the run-config schema
+def general_keys() -> dict[str, Key]:
+    """The keys every run has: ``strategy`` (one of the registered methods) first, then
+    ``fl_app.config.GENERAL_KEYS``."""
+    return {"strategy": Key(DEFAULT_METHOD, choices=method_names()), **GENERAL_KEYS}
+
+
+def spec() -> dict[str, Key]:
+    """All run-config keys: the general ones plus every registered method's own."""
+    return {**general_keys(), **method_keys()}
+
+
+def validate_config(raw: Mapping[str, Any]) -> dict:
+    """``raw`` checked against the whole schema (``fl_app.config.validate_keys``): a complete,
+    typed config, or ConfigError naming the key, the value and what is allowed. The checks of
+    one method need the method (``resolve`` applies them)."""
+    return validate_keys(raw, spec())
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """One ``KEY=VALUE`` override parsed as TOML would, for any key of the schema."""
+    return parse_key_value(text, spec())
+
+
+def toml_table() -> str:
+    """The ``[tool.flwr.app.config]`` body for pyproject.toml, generated from ``spec()``.
+
+    Regenerated in place after adding a key by ``python -m runner.listing generate``.
+    """
+    return "\n".join(f"{name} = {toml_value(key.default)}" for name, key in spec().items())
+
+
+# ------------------------------------------------------------------------- resolving a run
+def resolve(run_config: Mapping[str, Any]) -> tuple[dict, Method]:
+    """The run config validated and its method: the one look-up of a method by its name, for
+    the ServerApp, the ClientApp and the runner's checks alike (so all agree); from here the
+    method is passed down as an object."""
+    cfg = validate_config(run_config)
+    method = get_method(cfg["strategy"])
+    return method_config(cfg, method), method
+
+
+def method_config(cfg: dict, method: Method) -> dict:
+    """``cfg`` (validated) checked and adjusted for its method (``resolve``): the screening
+    modes its strategy allows, a cohort it cannot run (``execution``), then its strategy
+    class's own ``resolve_config``."""
+    check_screening(cfg, method.strategy)
+    check_execution(cfg, method)
+    return method.strategy.resolve_config(cfg)
+
+
+def cohort_methods(cfg: dict) -> list[str]:
+    """The registered methods whose client has a functional local update with ``cfg``
+    (``fl_app.server.cohort.cohort_update``): those that can run as a cohort."""
+    return [name for name, m in METHODS.items() if cohort_update(m, cfg) is not None]

@@ -1,4 +1,4 @@
-"""ServerApp: validates the run config and resolves its method once (``fl_app.config.resolve``),
+"""ServerApp: validates the run config and resolves its method once (``fl_app.registry.resolve``),
 assembles fl-drift's ``DriftServer`` (``fl_app/server/server.py``), which runs the method and
 records results, then builds the method's strategy and hands it to the server."""
 
@@ -14,7 +14,8 @@ from flwr.common import Context, ndarrays_to_parameters
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 
 from fl_app.common.run_files import read_metrics
-from fl_app.config import ConfigError, resolve
+from fl_app.config import ConfigError
+from fl_app.registry import resolve
 from fl_app.server.checkpoint import Checkpoint, load_checkpoint
 from fl_app.server.cohort import server_execution
 from fl_app.server.preflight import check_data_folder, loud

@@ -3,7 +3,7 @@ strategies and fl_app all import it downwards (it imports nothing of ours).
 
 A method declares its own keys beside the code that reads them with ``Key``: in
 ``CONFIG_KEYS`` of its client class for a key only the client reads, else of its strategy
-class; ``fl_app.config`` merges them with the general keys and
+class; ``fl_app.registry`` merges them with the general keys (``fl_app.config``) and
 validates a run config in one place.
 """
 

@@ -8,7 +8,7 @@ string, not an integer), ``strategies = "fedavg,fedprox"`` (a string, which woul
 read letter by letter), a ``[run-config]`` that is not a table, a key the runner sets for
 each run itself (``strategy = "fedavg"`` in ``[run-config]`` would replace the file's
 ``strategies``; ``PER_RUN_KEYS``), ... The values of the
-run-config keys themselves are checked by ``fl_app.config.validate_config``.
+run-config keys themselves are checked by ``fl_app.registry.validate_config``.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ And the generated parts of four files, rewritten by one command,
 what it writes): the README's method table and docs/methods.md's summary table and per-method
 sections, both from each method's module docstring (``fl_app.registry.documentation``),
 pyproject.toml's ``[tool.flwr.app.config]`` table, from the key schema
-(``fl_app.config.toml_table``), and docs/configuration.md's key reference, from the same schema.
+(``fl_app.registry.toml_table``), and docs/configuration.md's key reference, from the same schema.
 ``readme-table``, ``methods-doc``, ``toml-table`` and ``config-doc`` print one of them."""
 
 from __future__ import annotations
@@ -65,17 +65,13 @@ def datasets() -> list[str]:
 
 def allowed(name: str, key) -> str:
     """What a run-config key accepts, in words (``--list keys`` and docs/configuration.md)."""
-    from fl_app.registry import method_names
-
-    if name == "strategy":
-        return "one of " + ", ".join(method_names())
     if key.choices:
         return "one of " + ", ".join(key.choices)
     return key.allowed or f"any {key.type.__name__}"
 
 
 def keys() -> list[str]:
-    from fl_app.config import spec
+    from fl_app.registry import spec
 
     table = spec()
     width = max(map(len, table))
@@ -147,17 +143,17 @@ def methods_doc() -> str:
 
 
 def toml_table() -> str:
-    from fl_app.config import toml_table as table
+    from fl_app.registry import toml_table as table
 
     return table()
 
 
 def config_reference() -> str:
-    """docs/configuration.md's generated part: every run-config key of ``fl_app.config.spec()``
+    """docs/configuration.md's generated part: every run-config key of ``fl_app.registry.spec()``
     with its default (as TOML writes it) and what it accepts; the general keys first, then each
     method's own keys with the methods that read them."""
-    from fl_app.config import GENERAL_KEYS, spec, toml_value
-    from fl_app.registry import METHODS, config_keys
+    from fl_app.config import toml_value
+    from fl_app.registry import METHODS, config_keys, general_keys, spec
 
     def cell(text: str) -> str:
         return text.replace("|", "\\|")
@@ -171,7 +167,7 @@ def config_reference() -> str:
            "", "| key | default | allowed | methods |", "|---|---|---|---|"]
     for name, key in spec().items():
         row = f"| `{name}` | `{cell(toml_value(key.default))}` | {cell(allowed(name, key))} |"
-        if name in GENERAL_KEYS:
+        if name in general_keys():
             general.append(row)
         else:
             own.append(row + " " + ", ".join(f"[`{m}`](methods.md#{m})" for m in readers[name]) + " |")

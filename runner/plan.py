@@ -18,7 +18,8 @@ import itertools
 import re
 from typing import Any
 
-from fl_app.config import ConfigError, did_you_mean, parse_override
+from fl_app.config import ConfigError, did_you_mean
+from fl_app.registry import parse_override
 
 # Run-config keys the runner sets for each run itself, and the flag that sets each: given by
 # --set or --grid they would be replaced silently (``--grid seed=0,1`` made two rows of one seed).

@@ -42,7 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fl_app.config import ConfigError, spec
+from fl_app.config import ConfigError
+from fl_app.registry import spec
 from runner.plan import grid_points, label, run_name
 from runner.results.report import read_summary, tail_accuracy
 
@@ -333,7 +334,8 @@ def plan_search(args: Any) -> SearchPlan | None:
     ``--grid`` and a ``validation-fraction`` given on the command line: the protocol sets them."""
     import copy
 
-    from fl_app.config import GENERAL_KEYS, parse_override
+    from fl_app.config import GENERAL_KEYS
+    from fl_app.registry import parse_override
 
     exp = getattr(args, "experiment", None) or {}
     wanted = getattr(args, "tune", None)

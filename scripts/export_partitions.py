@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fl_app.config import validate_config  # noqa: E402
+from fl_app.registry import validate_config  # noqa: E402
 from tasks.partitioning import PartitionSpec, federated_dataset  # noqa: E402
 
 

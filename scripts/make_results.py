@@ -65,8 +65,8 @@ from typing import NamedTuple
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fl_app.config import ConfigError, validate_config  # noqa: E402
-from fl_app.registry import method_names  # noqa: E402
+from fl_app.config import ConfigError  # noqa: E402
+from fl_app.registry import method_names, validate_config  # noqa: E402
 from runner.experiment import read_experiment  # noqa: E402
 from runner.plan import check_axes, grid_points, label, resolve_rows, run_name  # noqa: E402
 from runner.results.clientmix import LABEL_COUNTS_FILE, PER_CLASS_FILE, client_mix_columns, run_label_counts  # noqa: E402

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from fl_app.config import validate_config  # noqa: E402
+from fl_app.registry import validate_config  # noqa: E402
 from tasks.datasets import input_shape, resolve_data_dir  # noqa: E402
 from tasks.models import build_model  # noqa: E402
 from tasks.partition_spec import PartitionSpec  # noqa: E402

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from clients.fedavg import FedAvgClient
-from fl_app.config import ConfigError, validate_config
+from fl_app.config import ConfigError
+from fl_app.registry import validate_config
 from tasks.augment import HOLE, PAD, Augment, augment_seed, parse_augment
 from tasks.catalogue import DATASETS
 from tests.conftest import make_client

@@ -11,7 +11,7 @@ import pytest
 import torch
 from flwr.common import Code, EvaluateRes, Status
 
-from fl_app.config import validate_config
+from fl_app.registry import validate_config
 from fl_app.server.recording import client_accuracy_stats
 from runner.results.report import read_metrics
 from tasks.partition_spec import PartitionSpec

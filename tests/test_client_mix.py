@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import scripts.make_results as mr
-from fl_app.config import validate_config
+from fl_app.registry import validate_config
 from runner.results.clientmix import (
     LABEL_COUNTS_FILE,
     MIX_COLUMNS,

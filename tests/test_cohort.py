@@ -35,15 +35,14 @@ from flwr.common import (
 from flwr.server.client_proxy import ClientProxy
 
 from clients.fedavg import FedAvgClient
-from fl_app.config import ConfigError, validate_config
+from fl_app.config import ConfigError
 from fl_app.node.cohort_wire import bundle_replies, split_instructions
-from fl_app.registry import METHODS, Method, get_method
+from fl_app.registry import METHODS, Method, cohort_methods, get_method, method_config, validate_config
 from fl_app.server.cohort import (
     COHORT,
     PER_CLIENT,
     CohortFailure,
     check_execution,
-    cohort_methods,
     cohort_problem,
     fit_cohort,
     launch_execution,
@@ -82,10 +81,10 @@ HOOK_ONLY = Method(get_method("fedavg").strategy, HookOnlyClient)
 def test_cohort_refused_for_a_method_without_its_own_local_update():
     cfg = config(execution="cohort")
     with pytest.raises(ConfigError) as err:
-        check_execution(cfg, HOOK_ONLY)
+        method_config(cfg, HOOK_ONLY)  # the registry's checks of a method, as resolve applies them
     text = str(err.value)
     assert "'execution' = 'cohort'" in text and "'fedavg'" in text and "LOCAL_UPDATE" in text
-    assert "valid choices: auto, per-client" in text and "scaffold" in text and "\n" not in text
+    assert "valid choices: auto, per-client" in text and "\n" not in text
     check_execution(cfg, get_method("fedavg"))  # the registered FedAvg runs as a cohort
 
 

@@ -23,11 +23,10 @@ from flwr.app import RecordDict
 from flwr.common import FitIns, ndarrays_to_parameters, parameters_to_ndarrays
 
 import clients.base
-from fl_app.config import validate_config
 from fl_app.node.cohort_client import CohortClient, state_prefix
 from fl_app.node.cohort_wire import bundle_instructions, split_replies
 from fl_app.node.node_client import NodeClient
-from fl_app.registry import METHODS
+from fl_app.registry import METHODS, validate_config
 from tests.conftest import fake_context
 from tests.test_cohort_wire import reply_as_fitres
 

@@ -4,8 +4,8 @@ import tomllib
 
 import pytest
 
-from fl_app.config import ConfigError, parse_override, spec, toml_table, validate_config
-from fl_app.registry import method_names
+from fl_app.config import ConfigError
+from fl_app.registry import method_names, parse_override, spec, toml_table, validate_config
 from tests.conftest import ROOT
 
 

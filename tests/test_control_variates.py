@@ -13,7 +13,7 @@ from clients.fedavg import FedAvgClient
 from clients.fedgam_cv import FedGAMCVClient
 from clients.fedpvr import FedPVRClient
 from clients.scaffold import ScaffoldClient
-from fl_app.config import validate_config
+from fl_app.registry import validate_config
 from runner.inprocess import RoundByRound
 from strategies.base import fedavg_kwargs
 from strategies.fedgam_cv import FedGAMCVStrategy

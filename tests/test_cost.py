@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from flwr.common import parameters_to_ndarrays
 
-from fl_app.config import ConfigError, validate_config
+from fl_app.config import ConfigError
+from fl_app.registry import validate_config
 from runner.results.report import (
     compare,
     cost_columns,

@@ -211,7 +211,7 @@ def test_key_patterns_find_what_they_must():
 
 
 def test_every_run_config_key_the_docs_name_exists():
-    from fl_app.config import spec
+    from fl_app.registry import spec
 
     keys = set(spec())
     unknown = sorted(f"{path.relative_to(ROOT)}: {name}" for path in [README, *sorted((ROOT / "docs").glob("*.md"))]

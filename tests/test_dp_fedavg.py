@@ -11,7 +11,8 @@ from flwr.compat.common import recorddict_compat as compat
 from flwr.supercore.task_identity import TaskIdentity
 
 import fl_app.client_app as client_app
-from fl_app.config import ConfigError, validate_config
+from fl_app.config import ConfigError
+from fl_app.registry import validate_config
 from strategies.dp_fedavg import (
     DPClientSideClipping,
     DPFedAvgStrategy,

@@ -9,8 +9,7 @@ import pytest
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 
 import fl_app.server.drift as drift
-from fl_app.config import validate_config
-from fl_app.registry import get_method, method_names
+from fl_app.registry import get_method, method_names, validate_config
 from fl_app.server.drift import (
     aggregation_weights,
     diversity,

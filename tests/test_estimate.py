@@ -2,8 +2,7 @@
 
 import pytest
 
-from fl_app.config import validate_config
-from fl_app.registry import get_method
+from fl_app.registry import get_method, validate_config
 from runner.estimate import ROUND_SECONDS, START_SECONDS, Probe, describe, local_steps, run_seconds
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fl_app.config import ConfigError, validate_config
+from fl_app.config import ConfigError
+from fl_app.registry import validate_config
 from fl_app.server.recording import evaluated_round
 from runner.results.report import curves, plot
 from tests.conftest import FakeManager, FakeProxy

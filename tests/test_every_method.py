@@ -18,9 +18,8 @@ from flwr.app import RecordDict
 from flwr.common import Context, ndarrays_to_parameters
 from flwr.server.client_manager import SimpleClientManager
 
-from fl_app.config import validate_config
 from fl_app.node.node_client import NodeClient
-from fl_app.registry import METHODS, method_names
+from fl_app.registry import METHODS, method_names, validate_config
 from fl_app.server_app import evaluate_global
 from runner.inprocess import RoundByRound
 from strategies.base import fedavg_kwargs

@@ -6,7 +6,8 @@ import torch
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 
 from clients.fedbn import FedBNClient
-from fl_app.config import ConfigError, validate_config
+from fl_app.config import ConfigError
+from fl_app.registry import validate_config
 from protocol.layout import bn_indices
 from strategies.fedbn import FedBNStrategy
 from tests.conftest import make_client

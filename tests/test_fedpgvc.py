@@ -12,7 +12,8 @@ from flwr.common import Code, Context, FitRes, Status, ndarrays_to_parameters, p
 from torch import nn
 
 from clients.fedpgvc import FedPGVCClient
-from fl_app.config import ConfigError, validate_config
+from fl_app.config import ConfigError
+from fl_app.registry import validate_config
 from strategies.base import fedavg_kwargs
 from strategies.fedpgvc import FedPGVCStrategy
 from tasks.models import Classifier, get_weights

@@ -15,7 +15,8 @@ from torch import nn
 
 from clients.fedavg import FedAvgClient
 from clients.fedpgvc import FedPGVCClient
-from fl_app.config import ConfigError, validate_config
+from fl_app.config import ConfigError
+from fl_app.registry import validate_config
 from strategies.base import fedavg_kwargs
 from strategies.fedpgvc import FedPGVCStrategy
 from tasks.datasets import input_shape

@@ -42,7 +42,7 @@ def test_fedprox_step_matches_hand_computation():
 
 
 def test_fedprox_strategy_sends_mu():
-    from fl_app.config import validate_config
+    from fl_app.registry import validate_config
 
     cfg = validate_config({"strategy": "fedprox", "proximal-mu": 0.3})
     strategy = FedProxStrategy.from_config(cfg)

@@ -12,8 +12,9 @@ from clients.feddyn import STATE as G_STATE
 from clients.feddyn import FedDynClient
 from clients.fedsam import FedSAMClient
 from clients.fedsmoo import MU_STATE, FedSMOOClient
-from fl_app.config import ConfigError, validate_config
+from fl_app.config import ConfigError
 from fl_app.node.node_client import NodeClient
+from fl_app.registry import validate_config
 from fl_app.server.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from runner.inprocess import RoundByRound
 from strategies.base import fedavg_kwargs

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 import run_simulation
-from fl_app.config import ConfigError, validate_config
+from fl_app.config import ConfigError
+from fl_app.registry import validate_config
 from fl_app.server import provenance
 from fl_app.server.provenance import data_fingerprint
 from tasks.partition_spec import PartitionSpec

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import run_simulation
-from fl_app.config import ConfigError, parse_override, validate_config
-from fl_app.registry import method_names
+from fl_app.config import ConfigError
+from fl_app.registry import method_names, parse_override, validate_config
 from fl_app.server.sampling import NotEnoughNodes, SeededClientManager
 from runner.listing import listing
 from runner.plan import label, parse_grid, run_name
@@ -60,7 +60,8 @@ def test_override_and_runner_suggest_the_closest_name(tmp_path):
 def test_list_prints_methods_models_datasets_and_every_key(capsys):
     assert run_simulation.main(["--list"]) == 0
     out = capsys.readouterr().out
-    from fl_app.config import DATASETS, MODELS, spec
+    from fl_app.config import DATASETS, MODELS
+    from fl_app.registry import spec
 
     for name in method_names():
         line = next(line for line in out.splitlines() if line.split()[:1] == [name])

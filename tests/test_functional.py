@@ -182,7 +182,7 @@ def test_lookup_is_not_inherited():
 
 
 def _client_args():
-    from fl_app.config import validate_config
+    from fl_app.registry import validate_config
     return validate_config({"dataset": "synthetic", "model": "logreg"}), fake_context(), 0, 1
 
 

@@ -15,11 +15,13 @@ a cycle cannot hide behind a lazy import. Allowed edges, with no exception:
 - ``fl_app`` (what runs inside a Flower run: the ServerApp, the ClientApp and their parts)
   imports anything below it and never ``runner``; inside it the rooms import one way too
   (``FL_APP_LAYERS``, top to bottom): the entry points (``server_app``, ``client_app``) ->
-  ``config`` (the run-config schema) -> ``fl_app.server`` (the server's round loop and its
-  parts) -> ``fl_app.node`` (what a node does around a method's client) -> ``fl_app.registry``
-  (the method catalogue) -> ``fl_app.common`` (shared I/O and background helpers, the run
-  folder's files and their schema, the parsing of ``inject-faults``). A room imports its own
-  modules and the rooms below it, never one above or beside it;
+  ``fl_app.registry`` (the method catalogue, the whole run-config schema and ``resolve``, the
+  one look-up of a method by its name) -> ``config`` (the general keys and the checks, naming
+  no method) -> ``fl_app.server`` (the server's round loop and its parts) -> ``fl_app.node``
+  (what a node does around a method's client) -> ``fl_app.common`` (the ``Method`` pair type,
+  shared I/O and background helpers, the run folder's files and their schema, the parsing of
+  ``inject-faults``). A room imports its own modules and the rooms below it, never one above
+  or beside it;
 - ``runner`` (outside a Flower run: launches runs and deployments, writes reports) imports
   anything; ``runner.results`` (reading finished runs) imports no other part of the runner.
 
@@ -37,10 +39,10 @@ PACKAGES = ("runner", "fl_app", "strategies", "clients", "protocol", "tasks")
 KEYS = "protocol.keys"
 FL_APP_LAYERS = (
     ("fl_app.server_app", "fl_app.client_app", "fl_app"),
+    ("fl_app.registry",),
     ("fl_app.config",),
     ("fl_app.server",),
     ("fl_app.node",),
-    ("fl_app.registry",),
     ("fl_app.common",),
 )
 RUNNER_LAYERS = (

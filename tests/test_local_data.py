@@ -23,7 +23,7 @@ from PIL import Image
 
 from clients.fedavg import FedAvgClient
 from fl_app.client_app import node_partition
-from fl_app.config import validate_config
+from fl_app.registry import validate_config
 from fl_app.server.sampling import SeededClientManager
 from runner.deploy import node_config_arg
 from tasks.local_files import LocalDataError, load_local_file

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fl_app.config import validate_config
+from fl_app.registry import validate_config
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("make_results", ROOT / "scripts" / "make_results.py")
@@ -311,7 +311,7 @@ def test_rerun_refuses_runs_made_with_another_config(tmp_path):
     import json
 
     import run_simulation
-    from fl_app.config import validate_config
+    from fl_app.registry import validate_config
 
     args = run_simulation.parse_args(["--strategy", "fedavg,fedprox", "--dataset", "synthetic", "--rounds", "3", "--set", "model=logreg"])
     configs = run_simulation.build_configs(args, tmp_path)
@@ -335,7 +335,7 @@ def test_rerun_refuses_an_old_run_for_a_key_added_after_it_unless_asked_at_its_d
     import json
 
     import run_simulation
-    from fl_app.config import validate_config
+    from fl_app.registry import validate_config
 
     base = ["--strategy", "dp-fedavg", "--dataset", "synthetic", "--rounds", "3", "--set", "model=logreg"]
     configs = run_simulation.build_configs(run_simulation.parse_args(base), tmp_path)
@@ -516,7 +516,7 @@ def test_experiment_target_reaches_every_run_and_never_makes_a_kept_run_stale(tm
     import json
 
     import run_simulation
-    from fl_app.config import validate_config
+    from fl_app.registry import validate_config
 
     f = ROOT / "experiments" / "fedgam-mnist-dir03.toml"
     args = run_simulation.parse_args(["--config", str(f)])

@@ -101,7 +101,8 @@ def test_every_generated_part_is_up_to_date():
 def test_configuration_doc_lists_every_key_with_its_default_and_readers():
     """docs/configuration.md's key reference: one row per key of the schema, its default as
     pyproject writes it; a method's own key names every method that reads it, linked."""
-    from fl_app.config import GENERAL_KEYS, spec, toml_value
+    from fl_app.config import GENERAL_KEYS, toml_value
+    from fl_app.registry import spec
 
     part = current_part(GENERATED["config-doc"])
     rows = {line.split(" | ")[0].removeprefix("| `").removesuffix("`"): line

@@ -13,9 +13,9 @@ from flwr.common import ndarrays_to_parameters
 from torch import nn
 
 from clients.fedbn import bn_indices
-from fl_app.config import ConfigError, validate_config
+from fl_app.config import ConfigError
 from fl_app.node.node_client import NodeClient
-from fl_app.registry import get_method
+from fl_app.registry import get_method, validate_config
 from strategies.base import fedavg_kwargs
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights, last_layers_param_names, set_weights

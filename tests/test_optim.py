@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from clients.control_variates import CI_STATE
 from clients.fedavg import FedAvgClient
 from clients.scaffold import ScaffoldClient
-from fl_app.config import GENERAL_KEYS, ConfigError, resolve, validate_config
-from fl_app.registry import METHODS
+from fl_app.config import GENERAL_KEYS, ConfigError
+from fl_app.registry import METHODS, resolve, validate_config
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights
 from tasks.optim import OPTIMIZERS, effective_steps

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 from flwr.common import Code, GetPropertiesRes, Status, ndarrays_to_parameters
 
-from fl_app.config import validate_config
-from fl_app.registry import get_method, method_names
+from fl_app.registry import get_method, method_names, validate_config
 from fl_app.server.sampling import SeededClientManager
 from runner.inprocess import RoundByRound
 from runner.plan import resolve_rows

@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fl_app.config import ConfigError, validate_config
+from fl_app.config import ConfigError
+from fl_app.registry import validate_config
 from tasks.models import set_cuda_precision
 
 

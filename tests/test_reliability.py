@@ -11,7 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-from fl_app.config import ConfigError, validate_config
+from fl_app.config import ConfigError
+from fl_app.registry import validate_config
 from runner.launch import LocalSimulation
 from runner.results.report import read_metrics, read_summary
 from tasks.datasets import DataUnavailableError, PartitionError

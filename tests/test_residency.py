@@ -15,8 +15,7 @@ import torch
 
 import clients.base
 import fl_app.node.node_client as node
-from fl_app.config import validate_config
-from fl_app.registry import get_method
+from fl_app.registry import get_method, validate_config
 from tasks import models, partitioning
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights

@@ -6,7 +6,7 @@ import json
 import numpy as np
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 
-from fl_app.config import validate_config
+from fl_app.registry import validate_config
 from fl_app.server.recording import summarise_client_metrics
 from runner.inprocess import RoundByRound
 from runner.results.report import compare, read_metrics, read_summary, write_comparison

@@ -14,7 +14,7 @@ from flwr.app import RecordDict
 from flwr.common import Context
 
 from clients.ri_fedavg import _DIRECTIONS_STREAM, RIFedAvgClient, _seed
-from fl_app.config import validate_config
+from fl_app.registry import validate_config
 from tasks.catalogue import InputShape
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights

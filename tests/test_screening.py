@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 
-from fl_app.config import ConfigError, resolve, validate_config
-from fl_app.registry import METHODS
+from fl_app.config import ConfigError
+from fl_app.registry import METHODS, resolve, validate_config
 from fl_app.server.screening import (
     allowed_modes,
     clip_factor,

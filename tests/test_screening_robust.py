@@ -7,7 +7,8 @@ import pytest
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.strategy.aggregate import aggregate_krum
 
-from fl_app.config import ConfigError, resolve, validate_config
+from fl_app.config import ConfigError
+from fl_app.registry import resolve, validate_config
 from fl_app.server.screening import decide, krum_keep, krum_scores, min_replies, robust_weights
 from tests.test_screening import W_T, client
 

@@ -11,8 +11,8 @@ from flwr.server.client_manager import SimpleClientManager
 
 from clients.feddyn import FedDynClient
 from clients.scaffold import ScaffoldClient
-from fl_app.config import validate_config
 from fl_app.node.node_client import NodeClient
+from fl_app.registry import validate_config
 from runner.inprocess import RoundByRound
 from strategies.base import fedavg_kwargs
 from strategies.feddyn import FedDynStrategy

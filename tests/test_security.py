@@ -18,8 +18,8 @@ from flwr.common import (
 from flwr.server.client_manager import SimpleClientManager
 
 from clients.fedavg import FedAvgClient
-from fl_app.config import validate_config
 from fl_app.node.node_client import NodeClient
+from fl_app.registry import validate_config
 from runner.inprocess import RoundByRound
 from strategies.base import DriftFedAvg, fedavg_kwargs
 from tasks.datasets import input_shape

@@ -8,9 +8,8 @@ import torch
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server import Server, SimpleClientManager
 
-from fl_app.config import validate_config
 from fl_app.node.node_client import NodeClient
-from fl_app.registry import get_method
+from fl_app.registry import get_method, validate_config
 from fl_app.server.server import DriftServer
 from strategies.base import fedavg_kwargs
 from tasks.datasets import input_shape

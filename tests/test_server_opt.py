@@ -9,8 +9,7 @@ import pytest
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.strategy import FedAdagrad, FedAdam, FedAvgM, FedYogi
 
-from fl_app.config import validate_config
-from fl_app.registry import get_method
+from fl_app.registry import get_method, validate_config
 from fl_app.server.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from tests.helpers_baselines import fit_res
 

@@ -12,7 +12,7 @@ from flwr.common import Context
 import fl_app.node.node_client as node
 from clients.fedavg import FedAvgClient
 from fl_app.common.background import in_background
-from fl_app.config import validate_config
+from fl_app.registry import validate_config
 from tasks.partitioning import PartitionSpec, federated_dataset, load_test, load_test_split
 
 

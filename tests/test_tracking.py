@@ -125,7 +125,7 @@ def test_comparison_drift_columns_and_plot(tmp_path):
 
 def test_drift_plot_title_carries_the_setup_line(tmp_path):
     """drift.png names the setup as accuracy.png does (dataset, split, clients, model...)."""
-    from fl_app.config import validate_config
+    from fl_app.registry import validate_config
     from runner.results.report import drift_title, setup_title
 
     run = _write_run(tmp_path / "a0", [2.0, 4.0, 3.0], None, 0.8)
@@ -171,7 +171,7 @@ def _record_one_round(run_dir: Path, **keys) -> dict:
     ServerApp runs it, with run-config ``keys``; returns the validated config."""
     from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 
-    from fl_app.config import validate_config
+    from fl_app.registry import validate_config
     from runner.inprocess import RoundByRound
     from strategies.base import DriftFedAvg, fedavg_kwargs
 
@@ -224,7 +224,8 @@ def test_plots_start_at_round_0_the_initial_model(tmp_path):
 
 
 def test_tracking_key_refuses_an_unknown_tracker():
-    from fl_app.config import ConfigError, validate_config
+    from fl_app.config import ConfigError
+    from fl_app.registry import validate_config
 
     with pytest.raises(ConfigError, match="'tracking' = 'tensorboard,mlfow' is invalid: 'mlfow' is not a tracker; "
                                           "valid: 'none' or a comma list of tensorboard, mlflow, wandb"):

@@ -60,7 +60,7 @@ def test_resume_of_an_experiment_with_data_dir_and_fl_data_dir_keeps_its_runs(tm
     (out / "runner.json").write_text(json.dumps(run_simulation.runner_record(args)))
     started = out / "runs" / configs[0][2]["run-name"]
     started.mkdir(parents=True)
-    from fl_app.config import validate_config
+    from fl_app.registry import validate_config
 
     (started / "run-config.json").write_text(json.dumps(validate_config(configs[0][2])))
     monkeypatch.delenv("FL_DATA_DIR")  # a new shell
@@ -214,7 +214,7 @@ def recorded_run(run_dir: Path, rounds_ok: list[bool]) -> Path:
     from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
     from flwr.server.strategy import FedAvg
 
-    from fl_app.config import validate_config
+    from fl_app.registry import validate_config
     from runner.inprocess import RoundByRound
 
     class Proxy:
@@ -310,7 +310,7 @@ data-dir = "/somewhere"
 
 
 def finished_run(runs: Path, name: str, config: dict, num_clients: int) -> None:
-    from fl_app.config import validate_config
+    from fl_app.registry import validate_config
 
     d = runs / name
     d.mkdir(parents=True)
@@ -353,7 +353,7 @@ def test_collect_refuses_a_run_made_with_another_setting(tmp_path, capsys):
 def test_a_federation_larger_than_the_data_is_refused_before_any_node_is_asked(shared_data, caplog):
     """`flwr run` with num-supernodes = 100000: the ServerApp's start-up refuses it in one
     fl-drift line instead of polling every node."""
-    from fl_app.config import validate_config
+    from fl_app.registry import validate_config
     from fl_app.server.startup import ServerStartup
     from tasks.datasets import PartitionError
 

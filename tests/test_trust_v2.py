@@ -10,7 +10,8 @@ import threading
 import pytest
 
 import run_simulation
-from fl_app.config import ConfigError, validate_config
+from fl_app.config import ConfigError
+from fl_app.registry import validate_config
 from tasks.datasets import DataUnavailableError, PartitionError
 
 SYNTH = ["--dataset", "synthetic", "--set", "model=logreg"]

@@ -21,7 +21,8 @@ import torch
 from PIL import Image
 
 import run_simulation
-from fl_app.config import ConfigError, validate_config
+from fl_app.config import ConfigError
+from fl_app.registry import validate_config
 from fl_app.server.startup import ServerStartup
 from runner.experiment import read_experiment
 from runner.plan import label, run_name

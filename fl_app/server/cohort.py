@@ -48,8 +48,8 @@ from flwr.common import (
 from flwr.server.client_proxy import ClientProxy
 
 from fl_app.common.faults import parse_faults
+from fl_app.common.method import Method
 from fl_app.node.cohort_wire import NUM_PARTITIONS, PARTITIONS, bundle_instructions, split_replies
-from fl_app.registry import METHODS, Method
 from protocol.keys import ConfigError
 
 log = logging.getLogger("flwr.fl_drift")
@@ -84,11 +84,6 @@ def cohort_update(method: Method, cfg: dict):
     return method.client.local_update_for(cfg)
 
 
-def cohort_methods(cfg: dict) -> list[str]:
-    """The registered methods whose client has a functional local update with ``cfg``."""
-    return [name for name, m in METHODS.items() if cohort_update(m, cfg) is not None]
-
-
 def cohort_problem(cfg: dict, method: Method) -> str:
     """Why ``cfg`` cannot run as a cohort ('' when it can): the method has no functional local
     update of its own, wraps its messages in client mods (a DP clipping mod acts on one
@@ -97,7 +92,7 @@ def cohort_problem(cfg: dict, method: Method) -> str:
     name = cfg["strategy"]
     if cohort_update(method, cfg) is None:
         return (f"method {name!r} has no functional local update of its own with this run config (LOCAL_UPDATE,"
-                f" tasks/functional); the methods that run as a cohort: {', '.join(cohort_methods(cfg))}")
+                " tasks/functional)")
     mods = method.client.mods(cfg)
     if mods:
         return (f"method {name!r} wraps every message in client mods ({', '.join(m.__name__ for m in mods)}),"

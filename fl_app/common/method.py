@@ -1,0 +1,15 @@
+"""The pair a method is: its server ``Strategy`` class and its ``NumPyClient`` class.
+
+Defined here, below every room of ``fl_app``, so that the server's and the node's parts can
+name the type of the method object the entry points pass down, without importing the
+registry (the one place a method is looked up by its name, ``fl_app.registry``).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Method(NamedTuple):
+    strategy: type
+    client: type
