@@ -44,6 +44,7 @@ from runner.processes import (
 )
 
 APP_DIR = Path(__file__).resolve().parents[1]
+PORT_TRIES = 3  # SuperLink starts on fresh ports when one was taken after free_port() picked it
 
 
 class LocalSimulation:
@@ -67,13 +68,8 @@ class LocalSimulation:
         # Ray's own resources for this simulation's runs (Flower's ``init-args-num-cpus`` /
         # ``-num-gpus``); empty: Ray counts the machine. Set by --parallel (runner/parallel.py).
         self.ray_resources: dict[str, int] = {}
-        self.http_port, self.control_port = free_port(), free_port()
-        self.env = private_env(
-            self.home,
-            FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(self.http_port),
-            FLWR_LOCAL_CONTROL_API_PORT=str(self.control_port),
-            **({"RAY_ADDRESS": ray_address} if ray_address else {}),
-        )
+        self.env = private_env(self.home, **({"RAY_ADDRESS": ray_address} if ray_address else {}))
+        self.choose_ports()
         self.process: subprocess.Popen | None = None
         self.managed: Managed | None = None
         self.watchdog: subprocess.Popen | None = None
@@ -86,20 +82,43 @@ class LocalSimulation:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def choose_ports(self) -> None:
+        """Free ports for the SuperLink's HTTP and control APIs, in its environment too."""
+        self.http_port, self.control_port = free_port(), free_port()
+        self.env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] = str(self.http_port)
+        self.env["FLWR_LOCAL_CONTROL_API_PORT"] = str(self.control_port)
+
     def start(self, timeout: float = 60) -> None:
+        """Start the watchdog and the SuperLink, and wait until it answers its health check.
+
+        A port is free when ``free_port`` picks it but another process (another run's Ray,
+        under ``--parallel``) can bind it before the SuperLink does; the SuperLink then exits
+        at once with "address already in use", and this tries fresh ports, ``PORT_TRIES``
+        times in all, before it gives up naming the log."""
         exe("flower-superexec")  # started by the SuperLink: refuse now, naming it, if it is missing
-        command = [
-            exe("flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
-            "--control-api-address", f"127.0.0.1:{self.control_port}",
-            "--host", "127.0.0.1", "--port", str(self.http_port),
-            "--database", str(self.home / "state.db"),
-        ]
         self.home.mkdir(parents=True, exist_ok=True)
         if not self.ray_address:
             # short: Ray's socket paths (<dir>/ray/session_<date>_<pid>/sockets/plasma_store) must fit 107 bytes
             self.ray_dir = Path(tempfile.mkdtemp(prefix="fl-ray-"))
             self.env["RAY_TMPDIR"] = str(self.ray_dir)
         self.start_watchdog()
+        for attempt in range(1, PORT_TRIES + 1):
+            if attempt > 1:
+                self.choose_ports()
+            if self.start_superlink(timeout, last_try=attempt == PORT_TRIES):
+                return
+
+    def start_superlink(self, timeout: float, last_try: bool) -> bool:
+        """Start the SuperLink on this object's ports and wait for its health check: True when
+        it answers; False when it exited because a port was taken (unless ``last_try``), its
+        process reaped, so that the caller tries other ports; else stop everything and raise."""
+        command = [
+            exe("flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
+            "--control-api-address", f"127.0.0.1:{self.control_port}",
+            "--host", "127.0.0.1", "--port", str(self.http_port),
+            "--database", str(self.home / "state.db"),
+        ]
+        log_start = self.log_file.stat().st_size if self.log_file.exists() else 0
         with open(self.log_file, "ab") as log:
             self.process = subprocess.Popen(
                 command, env=self.env, cwd=self.app_dir, stdout=log, stderr=subprocess.STDOUT,
@@ -109,12 +128,19 @@ class LocalSimulation:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                with open(self.log_file, "rb") as log:
+                    log.seek(log_start)
+                    port_taken = b"address already in use" in log.read().lower()
+                if port_taken and not last_try:
+                    stop_processes([self.managed])
+                    self.process = self.managed = None
+                    return False
                 self.keep_home = True
                 self.close()
                 raise RuntimeError(f"flower-superlink exited early; see {self.log_file}")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/health", timeout=1):
-                    return
+                    return True
             except OSError:
                 time.sleep(0.3)
         self.keep_home = True

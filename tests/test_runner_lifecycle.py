@@ -170,3 +170,26 @@ def try_lock(folder: Path) -> int | None:
         return lock_folder(folder)
     except FolderInUse:
         return None
+
+
+# ---- a port taken between free_port() and the SuperLink's bind ---------------------------------------
+def test_a_superlink_port_taken_before_it_binds_is_retried_on_fresh_ports():
+    """Under --parallel another run's Ray can bind the port free_port() chose before the
+    SuperLink does; the SuperLink then exits with "address already in use". The launcher
+    starts it again on fresh ports (before: "flower-superlink exited early", the run lost)."""
+    import socket
+
+    from runner.launch import LocalSimulation
+
+    simulation = LocalSimulation()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", simulation.http_port))
+        taken.listen()
+        chosen = simulation.http_port
+        try:
+            simulation.start()
+            assert simulation.http_port != chosen
+            assert simulation.env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] == str(simulation.http_port)
+            assert b"address already in use" in simulation.log_file.read_bytes().lower()  # the first try hit it
+        finally:
+            assert simulation.close() == []
