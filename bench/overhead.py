@@ -208,7 +208,7 @@ def plain_local_fit(model, global_state: dict, x, y, cfg: dict, pid: int, rnd: i
     import torch.nn.functional as F
 
     from tasks.optim import build_optimizer
-    from tasks.train import batches
+    from tasks.train import batches, min_train_batch
 
     model.load_state_dict(global_state)
     lr = cfg["learning-rate"] * cfg["lr-decay"] ** (rnd - 1)
@@ -216,7 +216,7 @@ def plain_local_fit(model, global_state: dict, x, y, cfg: dict, pid: int, rnd: i
     gen = torch.Generator().manual_seed(hash((cfg["seed"], pid, rnd)) & 0x7FFFFFFF)
     model.train()
     for _ in range(cfg["local-epochs"]):
-        for xb, yb in batches(x, y, cfg["batch-size"], gen):
+        for xb, yb in batches(x, y, cfg["batch-size"], gen, min_train_batch(model)):
             opt.zero_grad(set_to_none=True)
             F.cross_entropy(model(xb), yb).backward()
             opt.step()

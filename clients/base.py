@@ -48,7 +48,7 @@ from tasks.local_files import load_local_file
 from tasks.models import Classifier, cached_model, default_device, get_weights, set_weights
 from tasks.optim import build_optimizer
 from tasks.partitioning import PartitionSpec, load_client_split, load_partition, split_tensors
-from tasks.train import batches, evaluate
+from tasks.train import batches, evaluate, min_train_batch
 
 
 @functools.lru_cache(maxsize=256)
@@ -267,8 +267,9 @@ class DriftClient(NumPyClient):
         extra_metrics = self.begin_round(server_round) or {}
         self.model.train()
         loss_sum, steps = torch.zeros((), device=self.device), 0
+        min_size = min_train_batch(self.model)
         for _ in range(self.cfg["local-epochs"]):
-            for xb, yb in batches(x, y, self.cfg["batch-size"], generator):
+            for xb, yb in batches(x, y, self.cfg["batch-size"], generator, min_size):
                 self.optimizer.zero_grad(set_to_none=True)
                 loss_sum += self.train_step(augment(xb), yb)
                 self.adjust_gradients()

@@ -12,13 +12,27 @@ from torch import nn
 
 
 def batches(
-    x: torch.Tensor, y: torch.Tensor, batch_size: int, generator: torch.Generator
+    x: torch.Tensor, y: torch.Tensor, batch_size: int, generator: torch.Generator, min_size: int = 1
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """One shuffled epoch of mini-batches; the order is fixed by ``generator``."""
+    """One shuffled epoch of mini-batches; the order is fixed by ``generator``. A last batch
+    of fewer than ``min_size`` samples is skipped (``min_train_batch``); the permutation is
+    drawn in full either way, so the generator's stream does not depend on it."""
     order = torch.randperm(len(x), generator=generator)
     for start in range(0, len(x), batch_size):
         idx = order[start : start + batch_size]
-        yield x[idx], y[idx]
+        if len(idx) >= min_size:
+            yield x[idx], y[idx]
+
+
+def min_train_batch(model: nn.Module) -> int:
+    """The smallest batch ``model`` can train on: 2 when it has a ``BatchNorm1d`` layer (after
+    a Linear layer it sees one value per channel on a batch of one sample, and PyTorch raises
+    'Expected more than 1 value per channel when training': a client whose data size was one
+    more than a multiple of the batch size failed every round, lenet-bn on MNIST Dir(0.5)),
+    else 1. ``BatchNorm2d`` after a convolution still has the image's pixels per channel, so
+    conv-only BN models (cnn-bn, resnet18-bn) skip nothing, and neither does any model without
+    BatchNorm. The skipped sample is a different one each epoch (the order is reshuffled)."""
+    return 2 if any(isinstance(m, nn.BatchNorm1d) for m in model.modules()) else 1
 
 
 @torch.no_grad()

@@ -69,3 +69,32 @@ def test_fedbn_server_averages_non_bn_and_never_sends_client_bn():
     np.testing.assert_array_equal(new[1], w_t[1])  # BN entries as sent, no client's values
     strategy.evaluate(1, ndarrays_to_parameters(new))
     np.testing.assert_allclose(evaluated[-1][1], (a[1] + 3 * b[1]) / 4)  # evaluation only
+
+
+def test_a_batchnorm_client_whose_data_leaves_a_last_batch_of_one_trains():
+    """7 samples at batch 6 leave a last batch of one sample, on which a BatchNorm layer cannot
+    train (PyTorch raises 'Expected more than 1 value per channel'): that client failed every
+    round (seen on MNIST Dir(0.5), 10 clients, lenet-bn). The batch is skipped: one step per
+    epoch, over 6 samples; a model without BatchNorm still takes both steps."""
+    from clients.fedavg import FedAvgClient
+
+    torch.manual_seed(0)
+    x, y = torch.randn(7, 1, 28, 28), torch.arange(7)
+    client = make_client(FedBNClient, {"strategy": "fedbn", "dataset": "mnist", "model": "lenet-bn",
+                                       "batch-size": 6, "local-epochs": 2}, x, y)
+    _, n, metrics = client.fit(client.get_parameters({}), {"server-round": 1})
+    assert n == 7 and metrics["num_steps"] == 2  # one batch of 6 per epoch
+    plain = make_client(FedAvgClient, {"dataset": "mnist", "model": "lenet", "batch-size": 6, "local-epochs": 2}, x, y)
+    assert plain.fit(plain.get_parameters({}), {"server-round": 1})[2]["num_steps"] == 4
+    from tasks.train import batches, min_train_batch
+
+    conv_bn = make_client(FedBNClient, {"strategy": "fedbn", "dataset": "mnist", "model": "cnn-bn", "batch-size": 6,
+                                        "local-epochs": 2}, x, y)
+    assert conv_bn.fit(conv_bn.get_parameters({}), {"server-round": 1})[2]["num_steps"] == 4  # BatchNorm2d: no skip
+    assert min_train_batch(conv_bn.model) == 1
+    assert min_train_batch(client.model) == 2 and min_train_batch(plain.model) == 1
+    # the skipped batch draws nothing: the generator's stream is the same with and without it
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    assert [len(b) for b, _ in batches(x, y, 6, g1, min_size=2)] == [6]
+    assert [len(b) for b, _ in batches(x, y, 6, g2)] == [6, 1]
+    assert torch.equal(torch.randperm(7, generator=g1), torch.randperm(7, generator=g2))

@@ -37,7 +37,7 @@ from torch.func import vmap
 from tasks.functional.core import Hyper, Tree
 from tasks.functional.methods import LocalUpdate
 from tasks.functional.optim import opt_init, opt_step
-from tasks.train import batches
+from tasks.train import batches, min_train_batch
 
 
 @dataclass
@@ -67,15 +67,17 @@ def local_round(update: LocalUpdate, model: nn.Module, params: Tree, buffers: Tr
                 epochs: int, generator: torch.Generator,
                 augment: Callable[[torch.Tensor], torch.Tensor] | None = None) -> RoundResult:
     """One client's round from w_t = ``params``: ``epochs`` shuffled passes over (x, y), each
-    batch augmented by ``augment`` (when given) before its step; ``model`` is put in training
-    mode and used as a skeleton only."""
+    batch augmented by ``augment`` (when given) before its step (a last batch too small for
+    the model to train on skipped, ``tasks.train.min_train_batch``); ``model`` is put in
+    training mode and used as a skeleton only."""
     model.train()
+    min_size = min_train_batch(model)
     w_t = params
     ctx = update.begin(w_t, state, server, hp)
     opt_state = opt_init(params, hp)
     loss_sum, steps = torch.zeros((), device=x.device), 0
     for _ in range(epochs):
-        for xb, yb in batches(x, y, batch_size, generator):
+        for xb, yb in batches(x, y, batch_size, generator, min_size):
             xb = augment(xb) if augment is not None else xb
             step = make_step(update, model, hp, steps + 1)
             params, buffers, opt_state, loss = step(params, buffers, opt_state, xb, yb, w_t, ctx)
@@ -88,13 +90,14 @@ def local_round(update: LocalUpdate, model: nn.Module, params: Tree, buffers: Tr
 
 
 def batch_schedule(sizes: Sequence[int], batch_size: int, epochs: int,
-                   generators: Sequence[torch.Generator]) -> list[list[torch.Tensor]]:
+                   generators: Sequence[torch.Generator], min_size: int = 1) -> list[list[torch.Tensor]]:
     """Per client, the sample indices of each of its local steps, in its per-client order:
-    ``tasks.train.batches`` over ``arange(n)`` with the client's generator, epoch after epoch."""
+    ``tasks.train.batches`` over ``arange(n)`` with the client's generator and ``min_size``,
+    epoch after epoch."""
     schedule = []
     for n, gen in zip(sizes, generators):
         index = torch.arange(n)
-        schedule.append([idx for _ in range(epochs) for idx, _ in batches(index, index, batch_size, gen)])
+        schedule.append([idx for _ in range(epochs) for idx, _ in batches(index, index, batch_size, gen, min_size)])
     return schedule
 
 
@@ -200,7 +203,7 @@ def cohort_round(update: LocalUpdate, model: nn.Module, params: Tree, buffers: T
     sizes = [len(x) for x, _ in data]
     if min(sizes) == 0:
         raise ValueError(f"cohort clients need data: sizes {sizes}; train an empty client on its own")
-    schedule = batch_schedule(sizes, batch_size, epochs, generators)
+    schedule = batch_schedule(sizes, batch_size, epochs, generators, min_train_batch(model))
     offsets = torch.tensor([0, *sizes[:-1]]).cumsum(0).tolist()
     x_all, y_all = torch.cat([x for x, _ in data]), torch.cat([y for _, y in data])
     model.train()
