@@ -78,6 +78,7 @@ from runner.results.report import (  # noqa: E402
     accuracy_by_seed,
     client_cells,
     client_columns,
+    client_failures,
     client_views,
     compute_cell,
     cost_columns,
@@ -555,6 +556,10 @@ def section(path: Path, exp: dict, kept: KeptRuns, figures: Path, md_dir: Path) 
         lines += ["Runs stopped before their last round (final accuracy = the last round reached; a "
                   "round where too few clients return a finite update stops the run, see "
                   "`min-fit-fraction`):", ""] + stops + [""]
+    failed = [f"- {row}: {text}" for row in labels for text in client_failures(dirs[row])]
+    if failed:
+        lines += ["Runs in which sampled clients failed (raised or timed out: a failed client's update is left out "
+                  "of its round, so these runs trained on fewer clients than they sampled):", ""] + failed + [""]
     lines += claim_lines(exp, dirs)
     if exp.get("findings"):  # written by whoever ran the config: causes, extra runs
         lines += [f"Findings: {exp['findings']}", ""]

@@ -197,3 +197,27 @@ def test_docs_results_table_shows_the_cost_columns(tmp_path):
     # the target may also come from the file's [run-config] (the run-config key)
     assert mr.experiment_target({"run-config": {"target-accuracy": 0.7}}) == 0.7
     assert mr.experiment_target({}) is None
+
+
+def test_runs_whose_sampled_clients_failed_are_flagged(tmp_path):
+    """A client that fails every round (a FedBN client on a batch of one, say) makes the run's
+    federation smaller without a word; comparison.md now marks the row (!) and names the runs."""
+    def with_failures(folder, failures):
+        rows = list(csv.DictReader((folder / "metrics.csv").open()))
+        with (folder / "metrics.csv").open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=[*rows[0], "num_failures"])
+            writer.writeheader()
+            writer.writerows({**r, "num_failures": n} for r, n in zip(rows, failures))
+        return folder
+
+    runs = {"fedavg": [with_failures(make_run(tmp_path / "fedavg-seed0", 0, [0.5, 0.6, 0.7]), [0, 0, 0])],
+            "fedbn": [with_failures(make_run(tmp_path / "fedbn-seed0", 0, [0.5, 0.6, 0.7]), [1, 1, 1]),
+                      with_failures(make_run(tmp_path / "fedbn-seed1", 1, [0.5, 0.6, 0.7]), [0, 2, 0])]}
+    table = {r["method"]: r for r in compare(runs)}
+    assert table["fedavg"]["client_failures"] == ""
+    assert table["fedbn"]["client_failures"] == ("fedbn-seed0: 3 failed client updates in 3 of 3 rounds (every round);"
+                                                 " fedbn-seed1: 2 failed client updates in 1 of 3 rounds")
+    write_comparison(list(table.values()), tmp_path / "out")
+    md = (tmp_path / "out" / "comparison.md").read_text()
+    assert "| fedbn (!) |" in md and "| fedavg |" in md
+    assert "**Warning: sampled clients failed**" in md and "- fedbn: fedbn-seed0: 3 failed" in md

@@ -35,6 +35,23 @@ def update_gaps(dirs: list[Path]) -> list[str]:
     return gaps
 
 
+def client_failures(dirs: list[Path]) -> list[str]:
+    """Runs in which sampled clients failed (raised or timed out: ``num_failures`` in
+    metrics.csv), one text each: '<run>: F failed client updates in R of N rounds' (and 'every
+    round' when so). A failed client's update is left out of its round, so such a run trained
+    on fewer clients than it sampled; a client that fails every round (a data or model problem,
+    not chance) silently makes the federation smaller, which a comparison must show."""
+    found = []
+    for d in dirs:
+        rows = [r for r in read_metrics(d) if isinstance(r.get("num_failures"), (int, float))]
+        failed = [r for r in rows if r["num_failures"] > 0]
+        if failed:
+            total = int(sum(r["num_failures"] for r in failed))
+            every = " (every round)" if len(failed) == len(rows) else ""
+            found.append(f"{Path(d).name}: {total} failed client updates in {len(failed)} of {len(rows)} rounds{every}")
+    return found
+
+
 def compare(runs: dict[str, list[Path]]) -> list[dict]:
     """One row per method: final and best accuracy as mean and std over its seeds, what they
     cost (``cost_columns``: rounds to the target accuracy, megabytes per client per round, client
@@ -42,7 +59,8 @@ def compare(runs: dict[str, list[Path]]) -> list[dict]:
     (``add_paired_columns``). Untrained
     runs (summary ``untrained``: every round without a usable client update) are not a result:
     they are left out of the means and counted in ``untrained_runs``; ``update_gaps`` names the
-    runs with such rounds (shown under comparison.md)."""
+    runs with such rounds and ``client_failures`` the runs in which sampled clients failed (both
+    shown under comparison.md, the row marked (!))."""
     table = []
     for method, dirs in runs.items():
         summaries = [s for s in (read_summary(d) for d in dirs) if s is not None]
@@ -61,6 +79,7 @@ def compare(runs: dict[str, list[Path]]) -> list[dict]:
             "tail_rounds": _span(tail_rounds(d) for d in dirs),
             **drift_columns(dirs),
             "untrained_runs": len(summaries) - len(trained), "update_gaps": "; ".join(update_gaps(dirs)),
+            "client_failures": "; ".join(client_failures(dirs)),
             **client_columns(dirs),
             **client_mix_columns(dirs, compute=True),
         })
@@ -184,7 +203,8 @@ def write_comparison(table: list[dict], out: Path) -> None:
     ]
     for r in table:
         lines.append(
-            f"| {r['method']}{' (!)' if r.get('update_gaps') else ''} | {r['seeds']} | {r['rounds']} | "
+            f"| {r['method']}{' (!)' if r.get('update_gaps') or r.get('client_failures') else ''} | {r['seeds']} |"
+            f" {r['rounds']} | "
             f"{_pm(r['final_accuracy_mean'], r['final_accuracy_std'])} | "
             f"{_pm(r['best_accuracy_mean'], r['best_accuracy_std'])} | {r['seconds_mean']:.1f} |"
             + _drift_cells(r) + _cost_cells(r) + "".join(f" {client_cells(r, v)} |" for v in views)
@@ -206,6 +226,12 @@ def write_comparison(table: list[dict], out: Path) -> None:
                   " rejected; `min-fit-fraction = 0` let the run go on). Untrained runs are left out of the"
                   " accuracies above, and a row with none left shows `no result`:"]
         lines += [f"- {r['method']}: {r['update_gaps']}" for r in flagged]
+    failing = [r for r in table if r.get("client_failures")]
+    if failing:
+        lines += ["", "**Warning: sampled clients failed** (raised or timed out; a failed client's update is left out"
+                  " of its round, so these runs trained on fewer clients than they sampled: a client failing in every"
+                  " round points at its data or the model, not at chance; the run's log names the error):"]
+        lines += [f"- {r['method']}: {r['client_failures']}" for r in failing]
     (out / "comparison.md").write_text("\n".join(lines) + "\n")
 
 
