@@ -45,7 +45,7 @@ from typing import Any
 from fl_app.config import ConfigError
 from fl_app.registry import spec
 from runner.plan import grid_points, label, run_name
-from runner.results.report import read_summary, tail_accuracy
+from runner.results.report import client_failures, read_summary, tail_accuracy
 
 METRICS = ("best", "final", "last-5-mean")
 TUNING_FILE = "tuning.json"
@@ -191,16 +191,18 @@ def run_score(run_dir: Path, metric: str) -> float | None:
 
 def score_points(protocol: Protocol, runs_dir: Path) -> dict[str, list[dict]]:
     """Per tuned row, every grid point with its score per search seed and their mean (None
-    unless every seed finished: a point is compared on all seeds or not at all)."""
+    unless every seed finished: a point is compared on all seeds or not at all), and the runs
+    in which sampled clients failed (``client_failures``: a score then comes from fewer clients)."""
     table = {}
     for row, axes in protocol.grids.items():
         points = []
         for point in grid_points(axes):
-            scores = {seed: run_score(Path(runs_dir) / run_name(label(row, point), seed), protocol.metric)
-                      for seed in protocol.seeds}
+            dirs = [Path(runs_dir) / run_name(label(row, point), seed) for seed in protocol.seeds]
+            scores = {seed: run_score(d, protocol.metric) for seed, d in zip(protocol.seeds, dirs)}
             done = [s for s in scores.values() if s is not None]
             points.append({"values": point, "scores": {str(k): v for k, v in scores.items()},
-                           "mean": sum(done) / len(done) if len(done) == len(scores) else None})
+                           "mean": sum(done) / len(done) if len(done) == len(scores) else None,
+                           "client-failures": client_failures(dirs)})
         table[row] = points
     return table
 
@@ -308,8 +310,14 @@ def tuning_lines(record: dict | None) -> list[str]:
         for p in entry["points"]:
             values = ", ".join(f"{k}={v}" for k, v in p["values"].items())
             score = "-" if p["mean"] is None else f"{p['mean']:.4f}"
+            score += " (!)" if p.get("client-failures") else ""
             cells.append(f"**{values}: {score}**" if p["values"] == entry.get("chosen") else f"{values}: {score}")
         lines.append(f"- {row}: " + "; ".join(cells))
+    failed = [text for entry in record["rows"].values() for p in entry["points"]
+              for text in p.get("client-failures", [])]
+    if failed:
+        lines += ["", "(!) search runs in which sampled clients failed (their scores come from fewer clients): "
+                  + "; ".join(failed)]
     return lines + [""]
 
 

@@ -34,6 +34,7 @@ from runner.tuning import (
     plan_search,
     read_protocol,
     score_points,
+    tuning_lines,
     tuning_record,
     write_tuning,
 )
@@ -176,6 +177,28 @@ def test_the_search_picks_the_argmax_of_its_metric_over_seeds(tmp_path, metric, 
     record = tuning_record(protocol, 28, tmp_path)
     assert record["rows"]["fedavg"]["chosen"] == {"learning-rate": chosen}
     assert record["search-rounds"] == 7 and record["scored-on"] == "validation split"
+
+
+def test_search_runs_whose_clients_failed_are_named_in_the_record_and_on_the_page(tmp_path):
+    """A score from a run that lost clients (a FedBN client failing on a batch of one, say)
+    comes from fewer clients than the point claims: the record names the runs, the page marks
+    the point (!) and lists them."""
+    protocol = Protocol((0,), 0.25, "best", 0.1, {"fedbn": {"learning-rate": [0.01, 0.1]}})
+    write_run(tmp_path, label("fedbn", {"learning-rate": 0.01}), 0, STEADY)
+    write_run(tmp_path, label("fedbn", {"learning-rate": 0.1}), 0, PEAKY)
+    failing = tmp_path / run_name(label("fedbn", {"learning-rate": 0.1}), 0)
+    rows = list(csv.DictReader((failing / "metrics.csv").open()))
+    rows[1]["num_clients"], rows[1]["num_failures"] = 9, 1
+    with (failing / "metrics.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=[*rows[0], "num_failures"])
+        w.writeheader()
+        w.writerows({"num_failures": 0, **r} for r in rows)
+    record = tuning_record(protocol, 28, tmp_path)
+    points = record["rows"]["fedbn"]["points"]
+    assert points[0]["client-failures"] == []
+    assert points[1]["client-failures"] == [f"{failing.name}: 1 failed client updates in 1 of 7 rounds"]
+    lines = tuning_lines(record)
+    assert "learning-rate=0.1: 0.9000 (!)" in lines[2] and any(failing.name in line for line in lines)
 
 
 def test_a_row_without_a_finished_point_stops_the_table(tmp_path):
