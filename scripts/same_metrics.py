@@ -37,15 +37,22 @@ def ignored(column: str) -> bool:
     return "seconds" in column or column == "ray_node"
 
 
-def run(out: Path, methods: list[str], rounds: int) -> None:
+def run(out: Path, methods: list[str], rounds: int) -> int:
+    """Run each method; 1 if any run wrote no metrics.csv (``flwr run`` can exit 0 when the
+    ServerApp refused to start, e.g. MNIST for FedBN without FL_DATA_DIR), else 0."""
     home = os.environ.get("FLWR_HOME")
+    status = 0
     with LocalSimulation(home=Path(home) if home else None) as sim:
         for method in methods:
             cfg = {"strategy": method, "dataset": "synthetic", "model": "logreg", "num-server-rounds": rounds,
                    "fraction-fit": 0.5, "learning-rate": 0.05, "seed": 0, "results-dir": str(out.resolve()),
                    "run-name": method, **NEEDS.get(method, {})}
             code = sim.run(cfg, num_supernodes=4)
-            print(f"{method}: exit {code}", flush=True)
+            written = (out / method / "metrics.csv").is_file()
+            print(f"{method}: exit {code}" + ("" if written else ", no metrics.csv: the run did not start or finish"
+                                              " (FL_DATA_DIR set? FLWR_HOME=DIR keeps the SuperLink log)"), flush=True)
+            status |= not written
+    return status
 
 
 def rows(path: Path) -> list[dict]:
@@ -61,6 +68,10 @@ def compare(before: Path, after: Path) -> int:
         return 1
     status = 0
     for name in names:
+        if not (after / name / "metrics.csv").is_file():
+            print(f"{name}: no metrics.csv in {after / name}")
+            status = 1
+            continue
         a, b = rows(before / name / "metrics.csv"), rows(after / name / "metrics.csv")
         if len(a) != len(b):
             print(f"{name}: {len(a)} rows before, {len(b)} after")
@@ -89,8 +100,7 @@ def main() -> int:
     if args.command == "compare":
         return compare(args.before, args.after)
     os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
-    run(args.out, args.methods.split(","), args.rounds)
-    return 0
+    return run(args.out, args.methods.split(","), args.rounds)
 
 
 if __name__ == "__main__":
