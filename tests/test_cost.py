@@ -161,7 +161,9 @@ def test_a_target_never_reached_and_untrained_runs(tmp_path):
     assert table[0]["target_seeds"] == 1 and table[0]["rounds_to_target_mean"] is None  # untrained: no result
     assert table[0]["client_seconds_per_round_mean"] == 1.0
     write_comparison(table, tmp_path / "out")
-    assert "| not reached | n/a | 1 |" in (tmp_path / "out" / "comparison.md").read_text()
+    md = (tmp_path / "out" / "comparison.md").read_text()
+    assert "| not reached | n/a | 1 |" in md and "| a (!) |" in md
+    assert "**Warning: rounds without any usable client update**" in md and "- a: a-seed1: untrained" in md
     assert cost_columns([])["target_accuracy"] is None
 
 

@@ -220,18 +220,19 @@ def write_comparison(table: list[dict], out: Path) -> None:
     if any(r["seeds"] == 1 for r in table):
         lines.append("")
         lines.append("Rows with 1 seed show no ± (no spread from n=1).")
-    flagged = [r for r in table if r.get("update_gaps")]
-    if flagged:
-        lines += ["", "**Warning: rounds without any usable client update** (every sampled client failed or was"
-                  " rejected; `min-fit-fraction = 0` let the run go on). Untrained runs are left out of the"
-                  " accuracies above, and a row with none left shows `no result`:"]
-        lines += [f"- {r['method']}: {r['update_gaps']}" for r in flagged]
-    failing = [r for r in table if r.get("client_failures")]
-    if failing:
-        lines += ["", "**Warning: sampled clients failed** (raised or timed out; a failed client's update is left out"
-                  " of its round, so these runs trained on fewer clients than they sampled: a client failing in every"
-                  " round points at its data or the model, not at chance; the run's log names the error):"]
-        lines += [f"- {r['method']}: {r['client_failures']}" for r in failing]
+    warnings = {
+        "update_gaps": "**Warning: rounds without any usable client update** (every sampled client failed or was"
+                       " rejected; `min-fit-fraction = 0` let the run go on). Untrained runs are left out of the"
+                       " accuracies above, and a row with none left shows `no result`:",
+        "client_failures": "**Warning: sampled clients failed** (raised or timed out; a failed client's update is left"
+                           " out of its round, so these runs trained on fewer clients than they sampled: a client"
+                           " failing in every round points at its data or the model, not at chance; the run's log"
+                           " names the error):",
+    }
+    for key, heading in warnings.items():
+        flagged = [r for r in table if r.get(key)]
+        if flagged:
+            lines += ["", heading] + [f"- {r['method']}: {r[key]}" for r in flagged]
     (out / "comparison.md").write_text("\n".join(lines) + "\n")
 
 
