@@ -183,6 +183,18 @@ def _pm(mean: float, std: float | None) -> str:
     return f"{mean:.4f}" if std is None else f"{mean:.4f} ± {std:.4f}"
 
 
+# The warnings under comparison.md: a row's column -> the heading of the runs it lists.
+WARNINGS = {
+    "update_gaps": "**Warning: rounds without any usable client update** (every sampled client failed or was"
+                   " rejected; `min-fit-fraction = 0` let the run go on). Untrained runs are left out of the"
+                   " accuracies above, and a row with none left shows `no result`:",
+    "client_failures": "**Warning: sampled clients failed** (raised or timed out; a failed client's update is left"
+                       " out of its round, so these runs trained on fewer clients than they sampled: a client"
+                       " failing in every round points at its data or the model, not at chance; the run's log"
+                       " names the error):",
+}
+
+
 def write_comparison(table: list[dict], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with (out / "comparison.csv").open("w", newline="") as f:
@@ -220,16 +232,7 @@ def write_comparison(table: list[dict], out: Path) -> None:
     if any(r["seeds"] == 1 for r in table):
         lines.append("")
         lines.append("Rows with 1 seed show no ± (no spread from n=1).")
-    warnings = {
-        "update_gaps": "**Warning: rounds without any usable client update** (every sampled client failed or was"
-                       " rejected; `min-fit-fraction = 0` let the run go on). Untrained runs are left out of the"
-                       " accuracies above, and a row with none left shows `no result`:",
-        "client_failures": "**Warning: sampled clients failed** (raised or timed out; a failed client's update is left"
-                           " out of its round, so these runs trained on fewer clients than they sampled: a client"
-                           " failing in every round points at its data or the model, not at chance; the run's log"
-                           " names the error):",
-    }
-    for key, heading in warnings.items():
+    for key, heading in WARNINGS.items():
         flagged = [r for r in table if r.get(key)]
         if flagged:
             lines += ["", heading] + [f"- {r['method']}: {r[key]}" for r in flagged]
