@@ -38,7 +38,7 @@ from clients.ri_fedavg import RIFedAvgClient
 from clients.scaffold import ScaffoldClient
 from fl_app.common.method import Method
 from fl_app.config import GENERAL_KEYS, parse_key_value, toml_value, validate_keys
-from fl_app.server.cohort import check_execution, cohort_update
+from fl_app.server.cohort import check_execution
 from fl_app.server.screening import check_screening
 from protocol.keys import Key
 from strategies.base import DriftFedAvg
@@ -199,9 +199,3 @@ def method_config(cfg: dict, method: Method) -> dict:
     check_screening(cfg, method.strategy)
     check_execution(cfg, method)
     return method.strategy.resolve_config(cfg)
-
-
-def cohort_methods(cfg: dict) -> list[str]:
-    """The registered methods whose client has a functional local update with ``cfg``
-    (``fl_app.server.cohort.cohort_update``): those that can run as a cohort."""
-    return [name for name, m in METHODS.items() if cohort_update(m, cfg) is not None]

@@ -37,13 +37,14 @@ from flwr.server.client_proxy import ClientProxy
 from clients.fedavg import FedAvgClient
 from fl_app.config import ConfigError
 from fl_app.node.cohort_wire import bundle_replies, split_instructions
-from fl_app.registry import METHODS, Method, cohort_methods, get_method, method_config, validate_config
+from fl_app.registry import METHODS, Method, get_method, method_config, validate_config
 from fl_app.server.cohort import (
     COHORT,
     PER_CLIENT,
     CohortFailure,
     check_execution,
     cohort_problem,
+    cohort_update,
     fit_cohort,
     launch_execution,
     server_execution,
@@ -54,6 +55,11 @@ from tests.test_simulation import NEEDS as SIMULATION_NEEDS
 
 def config(**keys) -> dict:
     return validate_config({"dataset": "synthetic", "model": "logreg", **keys})
+
+
+def cohort_methods(cfg: dict) -> list[str]:
+    """The registered methods whose client has a functional local update with ``cfg``."""
+    return [name for name, m in METHODS.items() if cohort_update(m, cfg) is not None]
 
 
 # ------------------------------------------------------------------ which path, and refusals
