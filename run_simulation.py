@@ -83,7 +83,7 @@ from fl_app.registry import spec as config_keys
 from fl_app.server.checkpoint import CHECKPOINT, load_checkpoint
 from fl_app.server.preflight import check_data_dir, check_nodes
 from runner.experiment import read_experiment
-from runner.launch import LocalSimulation, execution_for
+from runner.launch import APP_DIR, LocalSimulation, execution_for
 from runner.parallel import Failed, Machine, Pool, check_workers, default_workers, say, split
 from runner.plan import (
     check_axes,
@@ -97,6 +97,7 @@ from runner.plan import (
 from runner.processes import FolderInUse, MissingTool, lock_folder
 from runner.quiet import for_output, is_noise, plain, quiet_libraries
 from runner.results.report import compare, plot, plot_curves, plot_drift, read_summary, write_comparison
+from runner.snapshot import snapshot_app
 from runner.tuning import (
     SEARCH_FOLDER,
     SearchPlan,
@@ -447,6 +448,19 @@ def plan(args: argparse.Namespace, out: Path) -> float:
     return min(1.0, args.cpus_per_client / 2) if torch.cuda.is_available() else 0.0
 
 
+def snapshot(out: Path) -> Path:
+    """Step 3b: the app every run of this sweep ships, frozen now (``runner/snapshot.py``), so an
+    edit of the checkout during the sweep reaches none of its runs; a one-line ``ConfigError``
+    when Flower cannot package it."""
+    try:
+        app, digest = snapshot_app(APP_DIR, out)
+    except ValueError as exc:
+        raise ConfigError(f"the app in {APP_DIR} cannot be packaged for a run: {exc}") from None
+    say(f"app: every run ships {app} (packaged now, sha256 {digest[:12]}; revision "
+        f"{os.environ.get('FL_DRIFT_REVISION', 'unknown')})")
+    return app
+
+
 def progress_printer(args: argparse.Namespace, tail: list[str], lead: str = "    "):
     """The callback for one run's output lines: keeps the last 40 in ``tail``, prints what
     --quiet / --verbose ask for, each line after ``lead`` (the run's tag when runs go in parallel)."""
@@ -464,13 +478,14 @@ def progress_printer(args: argparse.Namespace, tail: list[str], lead: str = "   
 
 
 def launch(args: argparse.Namespace, configs: list[tuple[str, int, dict]], runs_dir: Path, gpus: float,
-           lock: int | None = None) -> Outcome:
+           lock: int | None = None, app: Path = APP_DIR) -> Outcome:
     """Step 4: one `flwr run` per (row, seed) on a private SuperLink, ``--parallel`` runs at a
     time (runner/parallel.py: a SuperLink, Ray and watchdog per worker, each with its
     share of the machine); finished runs are kept, checkpointed ones continue. Every worker's
     watchdog also holds the folder ``lock``, so after a ``kill -9`` of this runner the folder
     stays taken until all their processes are gone. The outcome lists the runs in the sweep's
-    order however many ran at once, so the comparison is written the same way."""
+    order however many ran at once, so the comparison is written the same way. ``app``: the folder
+    every run ships (the sweep's snapshot, ``runner/snapshot.py``; the checkout by default)."""
     parts: list[Outcome] = []  # one per config, merged in order
     jobs: list[tuple[int, str, int, dict]] = []
     for i, (row, seed, cfg) in enumerate(configs, 1):
@@ -489,7 +504,7 @@ def launch(args: argparse.Namespace, configs: list[tuple[str, int, dict]], runs_
         say(f"[{i}/{len(configs)}] {row} seed {seed}: {how}, kept")
         parts[-1].runs.setdefault(row, []).append(run_dir)
     if jobs:
-        run_all(args, jobs, len(configs), runs_dir, gpus, lock, parts)
+        run_all(args, jobs, len(configs), runs_dir, gpus, lock, parts, app)
     outcome = Outcome()
     for part in parts:
         for row, run_dirs in part.runs.items():
@@ -500,7 +515,7 @@ def launch(args: argparse.Namespace, configs: list[tuple[str, int, dict]], runs_
 
 
 def run_all(args: argparse.Namespace, jobs: list[tuple[int, str, int, dict]], total: int, runs_dir: Path,
-            gpus: float, lock: int | None, parts: list[Outcome]) -> None:
+            gpus: float, lock: int | None, parts: list[Outcome], app: Path = APP_DIR) -> None:
     """The runs still to launch (``jobs``: index in the sweep, row, seed, config), each filed
     in ``parts[index - 1]``; on ``--parallel`` workers (default: ``default_workers``)."""
     cluster = getattr(args, "ray_address", None)
@@ -514,7 +529,7 @@ def run_all(args: argparse.Namespace, jobs: list[tuple[int, str, int, dict]], to
             + "; ".join(sorted({share.describe() for share in shares})))
 
     def start(share) -> tuple[LocalSimulation, float]:
-        sim = LocalSimulation(ray_address=cluster, hold=(lock,) if lock else ())
+        sim = LocalSimulation(app_dir=app, ray_address=cluster, hold=(lock,) if lock else ())
         sim.ray_resources = {k: v for k, v in (("num-cpus", share.ray_cpus), ("num-gpus", share.ray_gpus))
                              if v is not None}
         if share.cuda_devices is not None:
@@ -629,14 +644,15 @@ def main(argv: list[str] | None = None) -> int:
                 print_check(configs, out / "runs", args.clients)
                 return 0
             lock = lock or take_folder(out, held)
+            gpus = plan(args, out)
+            app = snapshot(out)
         except (ConfigError, DataUnavailableError, PartitionError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        gpus = plan(args, out)
         try:
             if search:
-                configs = run_search(args, search, out, gpus, lock)
-            outcome = launch(args, configs, out / "runs", gpus, lock)
+                configs = run_search(args, search, out, gpus, lock, app)
+            outcome = launch(args, configs, out / "runs", gpus, lock, app)
         except MissingTool as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
@@ -646,14 +662,15 @@ def main(argv: list[str] | None = None) -> int:
         return report(outcome, out)
 
 
-def run_search(args: argparse.Namespace, search: SearchPlan, out: Path, gpus: float, lock: int | None) -> list:
+def run_search(args: argparse.Namespace, search: SearchPlan, out: Path, gpus: float, lock: int | None,
+               app: Path = APP_DIR) -> list:
     """The [tune] search (its runs kept in <out>/tuning like any comparison's), its record
     <out>/tuning.json, and the table's configs with the chosen values (checked again, so a
     table run made with another choice is refused, not kept)."""
     runs = out / SEARCH_FOLDER / "runs"
     print(f"tuning search: {search.protocol.describe(search.rounds)}; its accuracies are on the validation split",
           flush=True)
-    report(launch(search.args, search.configs, runs, gpus, lock), out / SEARCH_FOLDER)
+    report(launch(search.args, search.configs, runs, gpus, lock, app), out / SEARCH_FOLDER)
     record = tuning_record(search.protocol, search.rounds, runs)
     print(f"tuning: wrote {write_tuning(out, record)}; chosen: " + "; ".join(
         f"{row} {entry['chosen']}" for row, entry in record["rows"].items()), flush=True)

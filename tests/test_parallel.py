@@ -234,8 +234,8 @@ class FakeSimulation:
 
     started: list[FakeSimulation] = []
 
-    def __init__(self, ray_address=None, hold=()):
-        self.ray_resources, self.env, self.closed = {}, {}, 0
+    def __init__(self, app_dir=None, ray_address=None, hold=()):
+        self.app_dir, self.ray_resources, self.env, self.closed = app_dir, {}, {}, 0
         FakeSimulation.started.append(self)
 
     def start(self):
