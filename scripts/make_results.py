@@ -558,8 +558,9 @@ def section(path: Path, exp: dict, kept: KeptRuns, figures: Path, md_dir: Path) 
                   "`min-fit-fraction`):", ""] + stops + [""]
     failed = [f"- {row}: {text}" for row in labels for text in client_failures(dirs[row])]
     if failed:
-        lines += ["Runs in which sampled clients failed (raised or timed out: a failed client's update is left out "
-                  "of its round, so these runs trained on fewer clients than they sampled):", ""] + failed + [""]
+        lines += ["Runs in which sampled clients' updates were lost (failed: raised or timed out; rejected: not "
+                  "finite, not matching the model, or screened out; either way left out of its round, so these runs "
+                  "trained on fewer clients than they sampled):", ""] + failed + [""]
     lines += claim_lines(exp, dirs)
     if exp.get("findings"):  # written by whoever ran the config: causes, extra runs
         lines += [f"Findings: {exp['findings']}", ""]

@@ -222,4 +222,23 @@ def test_runs_whose_sampled_clients_failed_are_flagged(tmp_path):
     write_comparison(list(table.values()), tmp_path / "out")
     md = (tmp_path / "out" / "comparison.md").read_text()
     assert "| fedbn (!) |" in md and "| fedavg |" in md
-    assert "**Warning: sampled clients failed**" in md and "- fedbn: fedbn-seed0: 3 failed" in md
+    assert "**Warning: sampled clients' updates were lost**" in md and "- fedbn: fedbn-seed0: 3 failed" in md
+
+
+def test_runs_whose_client_updates_were_rejected_are_flagged(tmp_path):
+    """A diverging run whose clients send back non-finite updates (SCAFFOLD at too high a rate,
+    say) loses them to the server's checks (``num_rejected``), not to failures: flagged alike."""
+    def with_losses(folder, failures, rejected):
+        rows = list(csv.DictReader((folder / "metrics.csv").open()))
+        with (folder / "metrics.csv").open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=[*rows[0], "num_failures", "num_rejected"])
+            writer.writeheader()
+            writer.writerows({**r, "num_failures": n, "num_rejected": j} for r, n, j in zip(rows, failures, rejected))
+        return folder
+
+    runs = {"scaffold": [with_losses(make_run(tmp_path / "scaffold-seed0", 0, [0.5, 0.6, 0.1]), [0, 0, 0], [0, 0, 2]),
+                         with_losses(make_run(tmp_path / "scaffold-seed1", 1, [0.5, 0.6, 0.7]), [0, 1, 0], [0, 3, 0]),
+                         with_losses(make_run(tmp_path / "scaffold-seed2", 2, [0.5, 0.6, 0.7]), [0, 0, 0], [0, 0, 0])]}
+    table = compare(runs)
+    assert table[0]["client_failures"] == ("scaffold-seed0: 2 rejected client updates in 1 of 3 rounds;"
+                                           " scaffold-seed1: 1 failed and 3 rejected client updates in 1 of 3 rounds")

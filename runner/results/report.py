@@ -36,19 +36,25 @@ def update_gaps(dirs: list[Path]) -> list[str]:
 
 
 def client_failures(dirs: list[Path]) -> list[str]:
-    """Runs in which sampled clients failed (raised or timed out: ``num_failures`` in
-    metrics.csv), one text each: '<run>: F failed client updates in R of N rounds' (and 'every
-    round' when so). A failed client's update is left out of its round, so such a run trained
-    on fewer clients than it sampled; a client that fails every round (a data or model problem,
-    not chance) silently makes the federation smaller, which a comparison must show."""
+    """Runs in which sampled clients' updates were lost, one text each: '<run>: F failed and J
+    rejected client updates in R of N rounds' (either part alone when the other is 0; 'every
+    round' when so). Failed: the client raised or timed out (``num_failures`` in metrics.csv);
+    rejected: its update arrived but was not finite, did not match the model, or was screened out
+    (``num_rejected``: a diverging method's clients show up here). Either way the update is left
+    out of its round, so such a run trained on fewer clients than it sampled; a client that fails
+    every round (a data or model problem, not chance) silently makes the federation smaller,
+    which a comparison must show."""
     found = []
     for d in dirs:
         rows = [r for r in read_metrics(d) if isinstance(r.get("num_failures"), (int, float))]
-        failed = [r for r in rows if r["num_failures"] > 0]
-        if failed:
-            total = int(sum(r["num_failures"] for r in failed))
-            every = " (every round)" if len(failed) == len(rows) else ""
-            found.append(f"{Path(d).name}: {total} failed client updates in {len(failed)} of {len(rows)} rounds{every}")
+        rejected_in = [r.get("num_rejected") if isinstance(r.get("num_rejected"), (int, float)) else 0 for r in rows]
+        lost = [(r["num_failures"], j) for r, j in zip(rows, rejected_in) if r["num_failures"] > 0 or j > 0]
+        if lost:
+            failed, rejected = int(sum(f for f, _ in lost)), int(sum(j for _, j in lost))
+            counts = " and ".join(t for t in (f"{failed} failed" if failed else "",
+                                              f"{rejected} rejected" if rejected else "") if t)
+            every = " (every round)" if len(lost) == len(rows) else ""
+            found.append(f"{Path(d).name}: {counts} client updates in {len(lost)} of {len(rows)} rounds{every}")
     return found
 
 
@@ -188,10 +194,11 @@ WARNINGS = {
     "update_gaps": "**Warning: rounds without any usable client update** (every sampled client failed or was"
                    " rejected; `min-fit-fraction = 0` let the run go on). Untrained runs are left out of the"
                    " accuracies above, and a row with none left shows `no result`:",
-    "client_failures": "**Warning: sampled clients failed** (raised or timed out; a failed client's update is left"
-                       " out of its round, so these runs trained on fewer clients than they sampled: a client"
-                       " failing in every round points at its data or the model, not at chance; the run's log"
-                       " names the error):",
+    "client_failures": "**Warning: sampled clients' updates were lost** (failed: the client raised or timed out;"
+                       " rejected: its update was not finite, did not match the model, or was screened out; either"
+                       " way it is left out of its round, so these runs trained on fewer clients than they sampled:"
+                       " a client failing in every round points at its data or the model, not at chance; the run's"
+                       " log names the error):",
 }
 
 
