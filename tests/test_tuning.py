@@ -196,7 +196,7 @@ def test_search_runs_whose_clients_failed_are_named_in_the_record_and_on_the_pag
     record = tuning_record(protocol, 28, tmp_path)
     points = record["rows"]["fedbn"]["points"]
     assert points[0]["client-failures"] == []
-    assert points[1]["client-failures"] == [f"{failing.name}: 1 failed client updates in 1 of 7 rounds"]
+    assert points[1]["client-failures"] == [f"{failing.name}: 1 failed client update in 1 of 7 rounds"]
     lines = tuning_lines(record)
     assert "learning-rate=0.1: 0.9000 (!)" in lines[2] and any(failing.name in line for line in lines)
 

@@ -54,7 +54,8 @@ def client_failures(dirs: list[Path]) -> list[str]:
             counts = " and ".join(t for t in (f"{failed} failed" if failed else "",
                                               f"{rejected} rejected" if rejected else "") if t)
             every = " (every round)" if len(lost) == len(rows) else ""
-            found.append(f"{Path(d).name}: {counts} client updates in {len(lost)} of {len(rows)} rounds{every}")
+            noun = "update" if failed + rejected == 1 else "updates"
+            found.append(f"{Path(d).name}: {counts} client {noun} in {len(lost)} of {len(rows)} rounds{every}")
     return found
 
 
