@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
 from pathlib import Path
 
 from flwr.cli.build import build_fab_from_disk
@@ -113,3 +115,39 @@ def test_every_run_of_a_sweep_ships_the_app_as_it_was_when_the_sweep_started(tmp
     assert RecordingSimulation.seen == ["VERSION = 1\n", "VERSION = 1\n"]
     assert (out / "app" / "pkg" / "app.py").read_text() == "VERSION = 1\n"
     assert f"every run ships {out / 'app'}" in capsys.readouterr().out
+
+
+def git(folder: Path, *args: str) -> None:
+    import subprocess
+
+    subprocess.run(["git", "-C", str(folder), *args], check=True, capture_output=True,
+                   env={**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                        "GIT_COMMITTER_EMAIL": "t@t"})
+
+
+def test_the_revision_is_dirty_only_when_a_shipped_file_changed(tmp_path, monkeypatch):
+    """``code_revision`` marks ``+dirty`` when a file the app ships (``fab-include``) differs from
+    the commit, not when docs/ does: a sweep started while its results page is being rewritten
+    ran the committed app."""
+    from fl_app.server import provenance
+
+    monkeypatch.delenv("FL_DRIFT_REVISION", raising=False)
+    repo = tmp_path / "repo"
+    (repo / "fl_app" / "server").mkdir(parents=True)
+    (repo / "docs").mkdir()
+    shutil.copy(provenance.__file__, repo / "fl_app" / "server" / "provenance.py")  # the checkout it trusts
+    (repo / "fl_app" / "top.py").write_text("A = 1\n")
+    (repo / "docs" / "results.md").write_text("old\n")
+    (repo / "pyproject.toml").write_text('[tool.flwr.app]\nfab-include = ["fl_app/**/*.py"]\n')
+    git(repo, "init", "-q")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "x")
+    clean = provenance.code_revision(repo)
+    assert len(clean) == 40 and not clean.endswith("+dirty")
+    (repo / "docs" / "results.md").write_text("new\n")
+    assert provenance.code_revision(repo) == clean
+    (repo / "fl_app" / "top.py").write_text("A = 2\n")  # a shipped file, at the package's top
+    assert provenance.code_revision(repo) == clean + "+dirty"
+    git(repo, "checkout", "--", "fl_app/top.py")
+    (repo / "pyproject.toml").write_text('[tool.flwr.app]\nfab-include = ["fl_app/**/*.py", "docs/*.md"]\n')
+    assert provenance.code_revision(repo) == clean + "+dirty"  # pyproject.toml ships too

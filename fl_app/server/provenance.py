@@ -21,7 +21,10 @@ from protocol.keys import ConfigError
 
 
 def code_revision(where: Path | None = None) -> str:
-    """The git commit of the code (``+dirty`` with uncommitted changes), else "unknown".
+    """The git commit of the code (``+dirty`` when a file the app ships differs from it), else
+    "unknown". The files the app ships are those ``fab-include`` in pyproject.toml names (all
+    tracked files without it): an edit of docs/ or experiments/ changes no run, so it makes no
+    run ``+dirty``.
 
     ``$FL_DRIFT_REVISION`` wins: the runner sets it from its checkout. Flower runs the app from
     an installed copy without git metadata, so a plain ``flwr run`` looks in the working
@@ -41,13 +44,29 @@ def code_revision(where: Path | None = None) -> str:
                                          capture_output=True, text=True, timeout=5, check=True).stdout.splitlines()
             if Path(top).resolve() != folder.resolve():  # an installed copy inside some other repository
                 continue
-            dirty = subprocess.run(["git", "-C", str(folder), "status", "--porcelain", "--untracked-files=no"],
+            dirty = subprocess.run(["git", "-C", str(folder), "status", "--porcelain", "--untracked-files=no",
+                                    "--", *shipped_pathspecs(folder)],
                                    capture_output=True, text=True, timeout=5, check=True).stdout.strip()
         except (OSError, subprocess.SubprocessError, ValueError):
             continue
         if commit:
             return f"{commit}+dirty" if dirty else commit
     return "unknown"
+
+
+def shipped_pathspecs(folder: Path) -> list[str]:
+    """Git pathspecs of the files a run ships: pyproject.toml and its ``fab-include`` patterns
+    (Flower's FAB), or every file when the app names none."""
+    import tomllib
+
+    try:
+        app = tomllib.loads((folder / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return ["."]
+    patterns = app.get("fab-include") if isinstance(app, dict) else None
+    if not isinstance(patterns, list) or not patterns:
+        return ["."]
+    return ["pyproject.toml", *(f":(glob){p.lstrip('/')}" for p in patterns if isinstance(p, str))]
 
 
 def software_versions() -> dict[str, str]:
