@@ -316,8 +316,8 @@ def tuning_lines(record: dict | None) -> list[str]:
     failed = [text for entry in record["rows"].values() for p in entry["points"]
               for text in p.get("client-failures", [])]
     if failed:
-        lines += ["", "(!) search runs in which sampled clients failed (their scores come from fewer clients): "
-                  + "; ".join(failed)]
+        lines += ["", "(!) search runs that lost client updates (failed or rejected: their scores come from fewer"
+                  " clients): " + "; ".join(failed)]
     return lines + [""]
 
 
