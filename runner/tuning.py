@@ -45,7 +45,7 @@ from typing import Any
 from fl_app.config import ConfigError
 from fl_app.registry import spec
 from runner.plan import grid_points, label, run_name
-from runner.results.report import client_failures, read_summary, tail_accuracy
+from runner.results.report import LOST_UPDATES, client_failures, read_summary, tail_accuracy
 
 METRICS = ("best", "final", "last-5-mean")
 TUNING_FILE = "tuning.json"
@@ -316,8 +316,7 @@ def tuning_lines(record: dict | None) -> list[str]:
     failed = [text for entry in record["rows"].values() for p in entry["points"]
               for text in p.get("client-failures", [])]
     if failed:
-        lines += ["", "(!) search runs that lost client updates (failed or rejected: their scores come from fewer"
-                  " clients): " + "; ".join(failed)]
+        lines += ["", f"(!) search runs that lost client updates ({LOST_UPDATES}): " + "; ".join(failed)]
     return lines + [""]
 
 

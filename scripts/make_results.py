@@ -73,6 +73,7 @@ from runner.results.clientmix import LABEL_COUNTS_FILE, PER_CLASS_FILE, client_m
 from runner.results.fingerprint import data_line, fingerprint_of, mixed_data  # noqa: E402
 from runner.results.report import (  # noqa: E402
     CLIENT_HEADERS,
+    LOST_UPDATES,
     TAIL_KEY,
     TAIL_ROUNDS,
     accuracy_by_seed,
@@ -558,9 +559,7 @@ def section(path: Path, exp: dict, kept: KeptRuns, figures: Path, md_dir: Path) 
                   "`min-fit-fraction`):", ""] + stops + [""]
     failed = [f"- {row}: {text}" for row in labels for text in client_failures(dirs[row])]
     if failed:
-        lines += ["Runs in which sampled clients' updates were lost (failed: raised or timed out; rejected: not "
-                  "finite, not matching the model, or screened out; either way left out of its round, so these runs "
-                  "trained on fewer clients than they sampled):", ""] + failed + [""]
+        lines += [f"Runs in which sampled clients' updates were lost ({LOST_UPDATES}):", ""] + failed + [""]
     lines += claim_lines(exp, dirs)
     if exp.get("findings"):  # written by whoever ran the config: causes, extra runs
         lines += [f"Findings: {exp['findings']}", ""]

@@ -35,27 +35,39 @@ def update_gaps(dirs: list[Path]) -> list[str]:
     return gaps
 
 
+# Why a lost client update matters, worded once for every page that lists such runs.
+LOST_UPDATES = ("failed: the client raised or timed out; rejected: its update was not finite, did not match the"
+                " model, or was screened out; either way it is left out of its round, so these runs trained on"
+                " fewer clients than they sampled")
+
+
+def _lost_in_round(row: dict) -> tuple[int, int]:
+    """(failed, rejected) client updates of one metrics.csv row; ``num_rejected`` is absent in
+    runs recorded before it existed and counts 0 there."""
+    rejected = row.get("num_rejected")
+    return int(row["num_failures"]), int(rejected) if isinstance(rejected, (int, float)) else 0
+
+
 def client_failures(dirs: list[Path]) -> list[str]:
     """Runs in which sampled clients' updates were lost, one text each: '<run>: F failed and J
     rejected client updates in R of N rounds' (either part alone when the other is 0; 'every
     round' when so). Failed: the client raised or timed out (``num_failures`` in metrics.csv);
     rejected: its update arrived but was not finite, did not match the model, or was screened out
     (``num_rejected``: a diverging method's clients show up here). Either way the update is left
-    out of its round, so such a run trained on fewer clients than it sampled; a client that fails
-    every round (a data or model problem, not chance) silently makes the federation smaller,
-    which a comparison must show."""
+    out of its round (``LOST_UPDATES``), so such a run trained on fewer clients than it sampled; a
+    client that fails every round (a data or model problem, not chance) silently makes the
+    federation smaller, which a comparison must show."""
     found = []
     for d in dirs:
-        rows = [r for r in read_metrics(d) if isinstance(r.get("num_failures"), (int, float))]
-        rejected_in = [r.get("num_rejected") if isinstance(r.get("num_rejected"), (int, float)) else 0 for r in rows]
-        lost = [(r["num_failures"], j) for r, j in zip(rows, rejected_in) if r["num_failures"] > 0 or j > 0]
+        rounds = [_lost_in_round(r) for r in read_metrics(d) if isinstance(r.get("num_failures"), (int, float))]
+        lost = [(f, j) for f, j in rounds if f > 0 or j > 0]
         if lost:
-            failed, rejected = int(sum(f for f, _ in lost)), int(sum(j for _, j in lost))
+            failed, rejected = sum(f for f, _ in lost), sum(j for _, j in lost)
             counts = " and ".join(t for t in (f"{failed} failed" if failed else "",
                                               f"{rejected} rejected" if rejected else "") if t)
-            every = " (every round)" if len(lost) == len(rows) else ""
+            every = " (every round)" if len(lost) == len(rounds) else ""
             noun = "update" if failed + rejected == 1 else "updates"
-            found.append(f"{Path(d).name}: {counts} client {noun} in {len(lost)} of {len(rows)} rounds{every}")
+            found.append(f"{Path(d).name}: {counts} client {noun} in {len(lost)} of {len(rounds)} rounds{every}")
     return found
 
 
@@ -195,11 +207,9 @@ WARNINGS = {
     "update_gaps": "**Warning: rounds without any usable client update** (every sampled client failed or was"
                    " rejected; `min-fit-fraction = 0` let the run go on). Untrained runs are left out of the"
                    " accuracies above, and a row with none left shows `no result`:",
-    "client_failures": "**Warning: sampled clients' updates were lost** (failed: the client raised or timed out;"
-                       " rejected: its update was not finite, did not match the model, or was screened out; either"
-                       " way it is left out of its round, so these runs trained on fewer clients than they sampled:"
-                       " a client failing in every round points at its data or the model, not at chance; the run's"
-                       " log names the error):",
+    "client_failures": f"**Warning: sampled clients' updates were lost** ({LOST_UPDATES}: a client failing in"
+                       " every round points at its data or the model, not at chance; the run's log names the"
+                       " error):",
 }
 
 
