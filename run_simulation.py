@@ -82,6 +82,7 @@ from fl_app.registry import DEFAULT_METHOD, method_names, parse_override, resolv
 from fl_app.registry import spec as config_keys
 from fl_app.server.checkpoint import CHECKPOINT, load_checkpoint
 from fl_app.server.preflight import check_data_dir, check_nodes
+from fl_app.server.provenance import with_app_digest
 from runner.experiment import read_experiment
 from runner.launch import APP_DIR, LocalSimulation, execution_for
 from runner.parallel import Failed, Machine, Pool, check_workers, default_workers, say, split
@@ -450,14 +451,16 @@ def plan(args: argparse.Namespace, out: Path) -> float:
 
 def snapshot(out: Path) -> Path:
     """Step 3b: the app every run of this sweep ships, frozen now (``runner/snapshot.py``), so an
-    edit of the checkout during the sweep reaches none of its runs; a one-line ``ConfigError``
-    when Flower cannot package it."""
+    edit of the checkout during the sweep reaches none of its runs; a ``+dirty`` revision gets the
+    package's digest (``with_app_digest``), so runs of two different uncommitted states never
+    record one revision. A one-line ``ConfigError`` when Flower cannot package it."""
     try:
         app, digest = snapshot_app(APP_DIR, out)
     except ValueError as exc:
         raise ConfigError(f"the app in {APP_DIR} cannot be packaged for a run: {exc}") from None
-    say(f"app: every run ships {app} (packaged now, sha256 {digest[:12]}; revision "
-        f"{os.environ.get('FL_DRIFT_REVISION', 'unknown')})")
+    revision = with_app_digest(os.environ.get("FL_DRIFT_REVISION", "unknown"), digest)
+    os.environ["FL_DRIFT_REVISION"] = revision  # what every run of the sweep records
+    say(f"app: every run ships {app} (packaged now, sha256 {digest[:12]}; revision {revision})")
     return app
 
 

@@ -612,15 +612,23 @@ def section_header(path: Path, exp: dict) -> list[str]:
                     f"`FL_DATA_DIR=/path/to/data python run_simulation.py --config {path.as_posix()} --quiet`.", ""]
 
 
+def short_revision(revision: str) -> str:
+    """'<commit>+dirty.<digest12>' as '<commit[:7]>+dirty.<digest12>': the commit shortened,
+    whatever follows it (the app package's digest of a dirty checkout) kept whole."""
+    commit, plus, rest = revision.partition("+")
+    return f"{commit[:7]}{plus}{rest}"
+
+
 def provenance_line(dirs: list[Path]) -> list[str]:
     """Which code made the table's runs: each recorded revision (short) with its run count, and
     the runs that recorded none ("unknown": made where the commit could not be read), so a table
-    whose rows or seeds come from several revisions says so."""
+    whose rows or seeds come from several revisions says so (two uncommitted states of one
+    commit differ by their app digest)."""
     counts = Counter(str((read_summary(d) or {}).get("code_revision") or "unknown") for d in dirs)
     if not counts:
         return []
     named = sorted((r for r in counts if r != "unknown"), key=lambda r: -counts[r])
-    parts = [f"`{r[:7]}{'+dirty' if r.endswith('+dirty') else ''}` ({counts[r]} runs)" for r in named]
+    parts = [f"`{short_revision(r)}` ({counts[r]} runs)" for r in named]
     if counts.get("unknown"):
         parts.append(f"not recorded ({counts['unknown']} runs: made outside a git checkout, or between ae3771f "
                      "and 0701d2d, when a bug hid the commit)")

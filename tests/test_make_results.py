@@ -241,15 +241,18 @@ def test_last_rounds_column_separates_an_ordering_that_one_round_hides(tmp_path)
 
 def test_each_table_names_the_code_revisions_of_its_runs(tmp_path):
     """A table completed with a later seed mixes code revisions: the section says which, with
-    run counts, and counts the runs that recorded none."""
+    run counts (two uncommitted states of one commit apart, by their app digest), and counts the
+    runs that recorded none."""
     runs = tmp_path / "runs"
-    for seed, revision in enumerate(["a" * 40, "a" * 40, "b" * 40 + "+dirty", None]):
+    dirty = ["b" * 40 + "+dirty.0123456789ab", "b" * 40 + "+dirty.ba9876543210"]  # two uncommitted states
+    for seed, revision in enumerate(["a" * 40, "a" * 40, *dirty, None]):
         write_run(runs, "fedavg", seed, [0.5])
         summary = json.loads((runs / f"fedavg-seed{seed}" / "summary.json").read_text())
         summary["code_revision"] = revision or "unknown"
         (runs / f"fedavg-seed{seed}" / "summary.json").write_text(json.dumps(summary))
     line = mr.provenance_line(sorted(runs.iterdir()))[0]
-    assert line.startswith("Code that made the kept runs (git revision): `aaaaaaa` (2 runs), `bbbbbbb+dirty` (1 runs), "
+    assert line.startswith("Code that made the kept runs (git revision): `aaaaaaa` (2 runs), "
+                           "`bbbbbbb+dirty.0123456789ab` (1 runs), `bbbbbbb+dirty.ba9876543210` (1 runs), "
                            "not recorded (1 runs")
     assert mr.provenance_line([]) == []
 

@@ -151,3 +151,27 @@ def test_the_revision_is_dirty_only_when_a_shipped_file_changed(tmp_path, monkey
     git(repo, "checkout", "--", "fl_app/top.py")
     (repo / "pyproject.toml").write_text('[tool.flwr.app]\nfab-include = ["fl_app/**/*.py", "docs/*.md"]\n')
     assert provenance.code_revision(repo) == clean + "+dirty"  # pyproject.toml ships too
+
+
+def test_a_dirty_revision_names_the_package_the_sweep_ships(tmp_path, monkeypatch):
+    """Two sweeps from two different uncommitted edits of one commit both read `<commit>+dirty`
+    from git; the runner appends the digest of the package it froze, so their runs record two
+    revisions. A clean commit is kept as it is."""
+    from fl_app.server.provenance import with_app_digest
+
+    source = tiny_app(tmp_path / "checkout")
+    monkeypatch.setattr(run_simulation, "APP_DIR", source)
+    recorded = []
+    for version in (1, 2):
+        (source / "pkg" / "app.py").write_text(f"VERSION = {version}\n")
+        monkeypatch.setenv("FL_DRIFT_REVISION", "c" * 40 + "+dirty")
+        app = run_simulation.snapshot(tmp_path / f"out{version}")
+        digest = (app / "fab.sha256").read_text().strip()
+        assert os.environ["FL_DRIFT_REVISION"] == "c" * 40 + "+dirty." + digest[:12]
+        recorded.append(os.environ["FL_DRIFT_REVISION"])
+    assert recorded[0] != recorded[1]
+    monkeypatch.setenv("FL_DRIFT_REVISION", "c" * 40)
+    run_simulation.snapshot(tmp_path / "out3")
+    assert os.environ["FL_DRIFT_REVISION"] == "c" * 40
+    assert with_app_digest("unknown", "f" * 64) == "unknown"
+    assert with_app_digest(recorded[0], "f" * 64) == recorded[0]  # already exact: kept

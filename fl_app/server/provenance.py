@@ -54,6 +54,16 @@ def code_revision(where: Path | None = None) -> str:
     return "unknown"
 
 
+def with_app_digest(revision: str, digest: str) -> str:
+    """``revision`` made exact by the sha256 of the app package a sweep ships
+    (``runner/snapshot.py``): a ``+dirty`` commit does not say which code ran (two different
+    uncommitted edits read alike, so a table mixing them would look like one code), so its first
+    12 hex digits are appended, '<commit>+dirty.<digest12>'. A clean commit already names the
+    code and "unknown" stays as it is; both are returned unchanged, as is a revision already
+    carrying a digest."""
+    return f"{revision}.{digest[:12]}" if revision.endswith("+dirty") else revision
+
+
 def shipped_pathspecs(folder: Path) -> list[str]:
     """Git pathspecs of the files a run ships: pyproject.toml and its ``fab-include`` patterns
     (Flower's FAB), or every file when the app names none."""
