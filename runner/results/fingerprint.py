@@ -14,27 +14,31 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from fl_app.common.run_files import FINGERPRINT_FILE, FINGERPRINT_KEY, SUMMARY_FILE
+from fl_app.server.checkpoint import checkpoint_fingerprint
 
 NOT_RECORDED = "data fingerprint not recorded"
 
 
 def fingerprint_of(summary: dict | None) -> dict | None:
     """A run's recorded data fingerprint, or None when it has none (or only a broken one)."""
-    fp = (summary or {}).get(FINGERPRINT_KEY)
+    fp = summary.get(FINGERPRINT_KEY) if isinstance(summary, dict) else None
     return fp if isinstance(fp, dict) and isinstance(fp.get("digest"), str) else None
 
 
 def recorded_fingerprint(run_dir: Path) -> dict | None:
-    """The fingerprint a run recorded: its summary's when it finished, else the one it wrote
+    """The fingerprint a run recorded: its summary's when it finished, else its checkpoint's
+    (the data its rounds so far trained on, hashed with the checkpoint), else the one it wrote
     when it started (``FINGERPRINT_FILE``); None when it recorded none."""
-    for name, wrap in ((SUMMARY_FILE, lambda d: d), (FINGERPRINT_FILE, lambda d: {FINGERPRINT_KEY: d})):
-        try:
-            found = fingerprint_of(wrap(json.loads((Path(run_dir) / name).read_text())))
-        except (OSError, ValueError, AttributeError):
-            continue
-        if found is not None:
-            return found
-    return None
+    found = fingerprint_of(_json(Path(run_dir) / SUMMARY_FILE))
+    found = found or fingerprint_of({FINGERPRINT_KEY: checkpoint_fingerprint(run_dir)})
+    return found or fingerprint_of({FINGERPRINT_KEY: _json(Path(run_dir) / FINGERPRINT_FILE)})
+
+
+def _json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def data_change(run: str, recorded: dict, now: dict) -> str | None:
