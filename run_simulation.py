@@ -98,6 +98,7 @@ from runner.plan import (
 )
 from runner.processes import FolderInUse, MissingTool, lock_folder
 from runner.quiet import for_output, is_noise, plain, quiet_libraries
+from runner.results.fingerprint import split_by_data
 from runner.results.report import compare, plot, plot_curves, plot_drift, read_summary, write_comparison
 from runner.snapshot import snapshot_app
 from runner.tuning import (
@@ -605,11 +606,14 @@ def trained_nothing(summary: dict) -> str:
 
 
 def report(outcome: Outcome, out: Path) -> int:
-    """Step 5: comparison.csv/.md and the plots; the exit code (1 when a run failed)."""
+    """Step 5: comparison.csv/.md and the plots; the exit code (1 when a run failed). A row whose
+    runs were made on different data (kept runs beside new ones) is split, in the table and the
+    plots alike (``split_by_data``): no mean is taken over two data sets."""
     write_comparison(compare(outcome.runs), out)
-    plot_curves(outcome.runs, out / "accuracy.png")
-    plot(outcome.runs, "ri_mean", "roughness index (mean over clients)", out / "roughness.png")
-    plot_drift(outcome.runs, out / "drift.png")
+    runs, _ = split_by_data(outcome.runs)
+    plot_curves(runs, out / "accuracy.png")
+    plot(runs, "ri_mean", "roughness index (mean over clients)", out / "roughness.png")
+    plot_drift(runs, out / "drift.png")
     print((out / "comparison.md").read_text())
     print(f"results in {out}")
     if outcome.stopped:  # a result (e.g. a method diverging), kept and reported, but worth a look

@@ -323,16 +323,67 @@ def test_collect_refuses_a_run_on_other_data_than_the_kept_runs_of_its_table(sub
     assert mr.main(argv) == 0
 
 
-def test_runs_without_a_fingerprint_are_labelled_and_still_collect(subset, tmp_path, capsys):
-    argv, runs, big, _ = subset
-    finished_run(runs, 0, 0.851, big)
-    finished_run(runs, 1, 0.477, None)  # made before fingerprints: not guessed to match or differ
+def test_runs_that_all_lack_a_fingerprint_are_labelled_and_still_collect(subset, tmp_path, capsys):
+    argv, runs, _, _ = subset
+    finished_run(runs, 0, 0.851, None)  # made before fingerprints: not guessed to match or differ
+    finished_run(runs, 1, 0.477, None)
     assert load_make_results().main(argv) == 0
     text = (tmp_path / "docs" / "results.md").read_text()
+    assert "data fingerprint not recorded (2 runs," in text and "fingerprint `" not in text
+    assert "0.6640 ± 0.2645" in text  # both seeds in the row: one (unknown) data set
+
+
+def test_a_run_without_a_fingerprint_beside_one_with_is_refused_in_one_line(subset, tmp_path, capsys):
+    """Issue 52: a run whose data is unknown was averaged with one whose data is known (0.6640
+    +- 0.2645 over 2 seeds, only a text line saying one fingerprint was not recorded): refused
+    by --collect and by the report, in one line naming the runs."""
+    argv, runs, big, _ = subset
+    finished_run(runs, 0, 0.851, big)
+    finished_run(runs, 1, 0.477, None)
+    mr = load_make_results()
+    assert mr.main(argv) == 2
+    err = capsys.readouterr().err
     digest = data_fingerprint(mnist_cfg(big), 10)["digest"]
-    assert f"fingerprint `{digest} (mnist: train 1100 bytes, sha256" in text and "(1 runs;" in text
-    assert "data fingerprint not recorded (1 runs," in text
-    assert "0.6640 ± 0.2645" in text  # both seeds in the row
+    assert err.count("\n") == 1 and "--collect refused: experiment subset:" in err
+    assert f"subset/fedavg-seed0 on data {digest} (" in err
+    assert "but subset/fedavg-seed1 without a data fingerprint (data unknown" in err
+    assert not (tmp_path / "store").exists() and not (tmp_path / "docs").exists()  # nothing written
+
+    store = tmp_path / "store" / "subset"  # the same two runs already in the store: the report refuses
+    shutil.copytree(runs, store)
+    assert mr.main(argv[:4] + argv[6:]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the kept runs mix two data sets: experiment subset: fedavg-seed0 on data" in err
+    assert "but fedavg-seed1 without a data fingerprint" in err and not (tmp_path / "docs").exists()
+
+
+def test_the_runners_comparison_splits_a_row_whose_runs_differ_in_data(tmp_path, capsys):
+    """The runner's comparison.md/csv (``run_simulation.report``): a row whose kept runs were made
+    on other data, or on unknown data beside known, is split into one row per data set, never
+    averaged, with one line naming the runs."""
+    from runner.results.report import compare
+
+    big = data_folder(tmp_path / "six-thousand", b"6000 images" * 100)
+    small = data_folder(tmp_path / "six-hundred", b"600 images" * 10)
+    runs = tmp_path / "runs"
+    known, unknown = finished_run(runs, 0, 0.851, big), finished_run(runs, 1, 0.477, None)
+    other = finished_run(runs, 2, 0.3, small)
+    outcome = run_simulation.Outcome(runs={"fedavg": [known, unknown], "scaffold": [known, other]})
+    assert run_simulation.report(outcome, tmp_path / "out") == 0
+    digest, small_digest = (data_fingerprint(mnist_cfg(d), 10)["digest"] for d in (big, small))
+    table = {r["method"]: r for r in compare(outcome.runs)}
+    assert list(table) == [f"fedavg [data {digest}]", "fedavg [data unknown]", f"scaffold [data {digest}]",
+                           f"scaffold [data {small_digest}]"]
+    assert [r["seeds"] for r in table.values()] == [1, 1, 1, 1]
+    assert table["fedavg [data unknown]"]["final_accuracy_mean"] == 0.477  # not averaged with 0.851
+    md = (tmp_path / "out" / "comparison.md").read_text()
+    assert "**Warning: rows split by data**" in md and "0.6640" not in md
+    line = next(x for x in md.splitlines() if x.startswith(f"- fedavg [data {digest}], fedavg [data unknown]:"))
+    assert f"fedavg split by data: fedavg-seed0 on data {digest} (" in line
+    assert "but fedavg-seed1 without a data fingerprint (data unknown" in line
+    assert f"but fedavg-seed2 on data {small_digest} (" in md
+    csv_text = (tmp_path / "out" / "comparison.csv").read_text()
+    assert f"fedavg [data {digest}]" in csv_text and "scaffold [data unknown]" not in csv_text
 
 
 def test_the_report_refuses_a_store_that_mixes_data(subset, tmp_path, capsys):
