@@ -77,6 +77,7 @@ if __name__ == "__main__" and missing_data_dir(sys.argv[1:]):
     sys.exit(2)
 
 
+from fl_app.common.run_files import FINGERPRINT_FILE
 from fl_app.config import ConfigError
 from fl_app.registry import DEFAULT_METHOD, method_names, parse_override, resolve, validate_config
 from fl_app.registry import spec as config_keys
@@ -97,6 +98,7 @@ from runner.plan import (
 )
 from runner.processes import FolderInUse, MissingTool, lock_folder
 from runner.quiet import for_output, is_noise, plain, quiet_libraries
+from runner.results.fingerprint import split_by_data
 from runner.results.report import compare, plot, plot_curves, plot_drift, read_summary, write_comparison
 from runner.snapshot import snapshot_app
 from runner.tuning import (
@@ -318,12 +320,18 @@ def changed_runs(configs: list[tuple[str, int, dict]], runs_dir: Path, env_data_
 
 def changed_data(run_dir: Path, wanted: dict, clients: int | None) -> str | None:
     """One line when ``run_dir`` recorded a data fingerprint (fl_app/server/provenance.py) that
-    the data asked for now does not have; None when it matches or the run recorded none (made
-    before fingerprints were recorded: not guessed). The fingerprint is computed only then."""
+    the data asked for now does not have, or when it is a started run (a checkpoint, no summary)
+    that recorded none: continuing it would train on data that cannot be shown to be the data it
+    started on (the server refuses it too, ``provenance.resumed_fingerprint``). None when it
+    matches, or for a finished run that recorded none (made before fingerprints were recorded:
+    kept, not guessed). The fingerprint is computed only when there is one to compare."""
     from fl_app.server.provenance import data_fingerprint
     from runner.results.fingerprint import data_change, recorded_fingerprint
 
     recorded = recorded_fingerprint(run_dir)
+    if recorded is None and read_summary(run_dir) is None and (run_dir / CHECKPOINT).exists():
+        return (f"{run_dir} would continue from a checkpoint that carries no data fingerprint, and its "
+                f"{FINGERPRINT_FILE} is missing: the data it started on is unknown")
     if recorded is None:
         return None
     now = data_fingerprint(wanted, clients or (recorded.get("partition") or {}).get("num-partitions"))
@@ -598,11 +606,14 @@ def trained_nothing(summary: dict) -> str:
 
 
 def report(outcome: Outcome, out: Path) -> int:
-    """Step 5: comparison.csv/.md and the plots; the exit code (1 when a run failed)."""
+    """Step 5: comparison.csv/.md and the plots; the exit code (1 when a run failed). A row whose
+    runs were made on different data (kept runs beside new ones) is split, in the table and the
+    plots alike (``split_by_data``): no mean is taken over two data sets."""
     write_comparison(compare(outcome.runs), out)
-    plot_curves(outcome.runs, out / "accuracy.png")
-    plot(outcome.runs, "ri_mean", "roughness index (mean over clients)", out / "roughness.png")
-    plot_drift(outcome.runs, out / "drift.png")
+    runs, _ = split_by_data(outcome.runs)
+    plot_curves(runs, out / "accuracy.png")
+    plot(runs, "ri_mean", "roughness index (mean over clients)", out / "roughness.png")
+    plot_drift(runs, out / "drift.png")
     print((out / "comparison.md").read_text())
     print(f"results in {out}")
     if outcome.stopped:  # a result (e.g. a method diverging), kept and reported, but worth a look

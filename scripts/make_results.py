@@ -16,7 +16,8 @@ fl_app/server/provenance.py), and ``--collect`` refuses, in one line naming both
 fingerprints differ from each other or from the kept runs their table shows (so does the report
 for a store that holds such runs); a ``--collect`` folder that does not exist is refused too.
 Each section names its fingerprint; runs made before fingerprints were recorded are counted as
-"data fingerprint not recorded", never guessed.
+"data fingerprint not recorded", never guessed: their data is unknown, so beside runs with a
+fingerprint in one table they are refused like runs on other data.
 
 For each experiment file (see run_simulation.py --config) it writes one section: a table with one
 row per label (a method, a variant ``[methods."<label>"]`` or a grid point ``fedavg[learning-rate=
@@ -307,7 +308,8 @@ def collect_mixes_data(found: list[tuple[str, Path, dict]], store: Path,
     """One line naming two data fingerprints that a collect would put into one table, else
     None: per experiment, its incoming runs and the kept runs of the store that its table would
     show beside them (those of the file's current setting that are not replaced). Runs without
-    a fingerprint are not compared (``runner/results/fingerprint.py``)."""
+    a fingerprint count as data unknown: beside runs with one they are refused too
+    (``runner/results/fingerprint.py``)."""
     for path, exp in experiments:
         name = exp.get("name", path.stem)
         incoming = [(f"{name}/{d.name}", fingerprint_of(summary)) for n, d, summary in found if n == name]

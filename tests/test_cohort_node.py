@@ -224,6 +224,7 @@ def test_resumed_cohort_equals_uninterrupted(tmp_path):
     for p in partitions:
         assert resumed[p].parameters.tensors == uninterrupted[p].parameters.tensors
         assert resumed[p].metrics["ci_norm"] == uninterrupted[p].metrics["ci_norm"]
+        assert resumed[p].metrics["state_arrays_in"] == uninterrupted[p].metrics["state_arrays_in"] > 0
     assert resumed_state.keys() == kept.keys()
 
 

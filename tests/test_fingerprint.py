@@ -12,9 +12,11 @@ import os
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import run_simulation
+from fl_app.common.run_files import read_metrics
 from fl_app.config import ConfigError
 from fl_app.registry import validate_config
 from fl_app.server import provenance
@@ -148,6 +150,93 @@ def test_a_run_records_its_fingerprint_and_refuses_to_resume_on_other_data(mnist
     assert fresh["digest"] != fp["digest"] and fresh == json.loads((tmp_path / "r" / "cut" / "summary.json").read_text())["data_fingerprint"]
 
 
+def cut_run(mnist_sample, tmp_path, name: str) -> tuple[dict, Path, Path]:
+    """A 3-round run on a copy of 300 MNIST images (2 nodes) that crashed after round 1: its
+    config, data folder and run folder."""
+    from tests.conftest import serve_in_process
+
+    data = Path(shutil.copytree(mnist_sample(300, 100), tmp_path / f"data-{name}"))
+    cfg = {"strategy": "fedavg", "dataset": "mnist", "model": "cnn-small", "data-dir": str(data),
+           "num-server-rounds": 3, "fraction-fit": 1.0, "tracking": "none", "results-dir": str(tmp_path / "r"),
+           "run-name": name, "partitioner": "iid"}
+    with pytest.raises(RuntimeError, match="injected crash after round 1"):
+        serve_in_process({**cfg, "inject-faults": "crash-after:1"}, 2)
+    return cfg, data, tmp_path / "r" / name
+
+
+def test_the_checkpoint_carries_the_fingerprint_so_a_deleted_file_does_not_let_other_data_in(mnist_sample, tmp_path):
+    """Issue 52: data swapped in place after round 1, data-fingerprint.json deleted, resume: it
+    trained rounds 2-3 on the other data (rc 0). The checkpoint (hashed) carries the fingerprint:
+    the server refuses in one line naming both digests, so does the runner before any launch."""
+    from fl_app.server.checkpoint import load_checkpoint
+    from tests.conftest import serve_in_process
+
+    cfg, data, run = cut_run(mnist_sample, tmp_path, "cut")
+    before = json.loads((run / "data-fingerprint.json").read_text())
+    (run / "data-fingerprint.json").unlink()
+    shutil.copy(mnist_sample(200, 100) / "mnist" / "train.parquet", data / "mnist" / "train.parquet")
+    now = data_fingerprint(validate_config(cfg), 2)["digest"]
+    assert now != before["digest"]
+    with pytest.raises(provenance.DataChanged) as refused:
+        serve_in_process({**cfg, "resume": True}, 2)
+    line = str(refused.value)
+    assert "\n" not in line and f"started on data {before['digest']} and would continue on data {now}" in line
+    assert "its checkpoint" in line
+    assert len(read_metrics(run)) == 1 and not (run / "summary.json").exists()  # nothing trained on it
+    assert load_checkpoint(run).data_fingerprint == before  # inside the checkpoint, under its SHA-256
+    refusal = run_simulation.changed_data(run, validate_config(cfg), 2)
+    assert f"was run on data {before['digest']} (" in refusal and f"but the data asked for now is {now} (" in refusal
+
+
+def test_a_checkpoint_without_a_fingerprint_resumes_only_when_the_file_agrees(mnist_sample, tmp_path):
+    """A checkpoint written before checkpoints carried the fingerprint: resumed when
+    data-fingerprint.json is there and agrees (its next checkpoints then carry it), refused in
+    one line when the file is missing (the data it started on is unknown), by the server and by
+    the runner's check."""
+    from fl_app.server.checkpoint import load_checkpoint, save_checkpoint
+    from tests.conftest import serve_in_process
+
+    cfg, _, run = cut_run(mnist_sample, tmp_path, "old")
+    old = load_checkpoint(run)
+    old.data_fingerprint = None  # as written before issue 52
+    save_checkpoint(run, old)
+    kept = (run / "data-fingerprint.json").read_text()
+    (run / "data-fingerprint.json").unlink()
+    with pytest.raises(provenance.DataChanged) as refused:
+        serve_in_process({**cfg, "resume": True}, 2)
+    line = str(refused.value)
+    assert "\n" not in line and "its checkpoint carries no data fingerprint" in line
+    assert "data-fingerprint.json is missing" in line and len(read_metrics(run)) == 1
+    assert "carries no data fingerprint" in run_simulation.changed_data(run, validate_config(cfg), 2)
+
+    (run / "data-fingerprint.json").write_text(kept)  # the file agrees with the data: resumed
+    assert run_simulation.changed_data(run, validate_config(cfg), 2) is None
+    with pytest.raises(RuntimeError, match="injected crash after round 2"):
+        serve_in_process({**cfg, "resume": True, "inject-faults": "crash-after:2"}, 2)
+    assert load_checkpoint(run).data_fingerprint == json.loads(kept)  # carried from now on
+    serve_in_process({**cfg, "resume": True}, 2)
+    assert json.loads((run / "summary.json").read_text())["data_fingerprint"] == json.loads(kept)
+
+
+def test_the_fingerprint_is_under_the_checkpoints_sha256(tmp_path):
+    """An edited fingerprint inside the checkpoint is refused like any altered array."""
+    import io
+    import zipfile
+
+    from fl_app.server.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
+
+    fp = {"dataset": "mnist", "digest": "0123456789ab"}
+    path = save_checkpoint(tmp_path, Checkpoint(1, [np.zeros(3, np.float32)], data_fingerprint=fp))
+    assert load_checkpoint(tmp_path).data_fingerprint == fp
+    good = path.read_bytes()
+    with zipfile.ZipFile(path, "w") as out, zipfile.ZipFile(io.BytesIO(good)) as src:
+        for item in src.namelist():  # the same archive, another digest in the fingerprint
+            data = src.read(item)
+            out.writestr(item, data.replace(b"0123456789ab", b"ba9876543210") if "fingerprint" in item else data)
+    with pytest.raises(CheckpointError, match="does not match its recorded SHA-256"):
+        load_checkpoint(tmp_path)
+
+
 def test_a_simulated_run_records_the_fingerprint_the_runner_expects(simulated, request):
     """Through Flower's Ray simulation (the shared fedavg run of tests/test_simulation.py): the
     server's fingerprint has the partitions the nodes reported, so re-running the runner's
@@ -234,16 +323,67 @@ def test_collect_refuses_a_run_on_other_data_than_the_kept_runs_of_its_table(sub
     assert mr.main(argv) == 0
 
 
-def test_runs_without_a_fingerprint_are_labelled_and_still_collect(subset, tmp_path, capsys):
-    argv, runs, big, _ = subset
-    finished_run(runs, 0, 0.851, big)
-    finished_run(runs, 1, 0.477, None)  # made before fingerprints: not guessed to match or differ
+def test_runs_that_all_lack_a_fingerprint_are_labelled_and_still_collect(subset, tmp_path, capsys):
+    argv, runs, _, _ = subset
+    finished_run(runs, 0, 0.851, None)  # made before fingerprints: not guessed to match or differ
+    finished_run(runs, 1, 0.477, None)
     assert load_make_results().main(argv) == 0
     text = (tmp_path / "docs" / "results.md").read_text()
+    assert "data fingerprint not recorded (2 runs," in text and "fingerprint `" not in text
+    assert "0.6640 ± 0.2645" in text  # both seeds in the row: one (unknown) data set
+
+
+def test_a_run_without_a_fingerprint_beside_one_with_is_refused_in_one_line(subset, tmp_path, capsys):
+    """Issue 52: a run whose data is unknown was averaged with one whose data is known (0.6640
+    +- 0.2645 over 2 seeds, only a text line saying one fingerprint was not recorded): refused
+    by --collect and by the report, in one line naming the runs."""
+    argv, runs, big, _ = subset
+    finished_run(runs, 0, 0.851, big)
+    finished_run(runs, 1, 0.477, None)
+    mr = load_make_results()
+    assert mr.main(argv) == 2
+    err = capsys.readouterr().err
     digest = data_fingerprint(mnist_cfg(big), 10)["digest"]
-    assert f"fingerprint `{digest} (mnist: train 1100 bytes, sha256" in text and "(1 runs;" in text
-    assert "data fingerprint not recorded (1 runs," in text
-    assert "0.6640 ± 0.2645" in text  # both seeds in the row
+    assert err.count("\n") == 1 and "--collect refused: experiment subset:" in err
+    assert f"subset/fedavg-seed0 on data {digest} (" in err
+    assert "but subset/fedavg-seed1 without a data fingerprint (data unknown" in err
+    assert not (tmp_path / "store").exists() and not (tmp_path / "docs").exists()  # nothing written
+
+    store = tmp_path / "store" / "subset"  # the same two runs already in the store: the report refuses
+    shutil.copytree(runs, store)
+    assert mr.main(argv[:4] + argv[6:]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the kept runs mix two data sets: experiment subset: fedavg-seed0 on data" in err
+    assert "but fedavg-seed1 without a data fingerprint" in err and not (tmp_path / "docs").exists()
+
+
+def test_the_runners_comparison_splits_a_row_whose_runs_differ_in_data(tmp_path, capsys):
+    """The runner's comparison.md/csv (``run_simulation.report``): a row whose kept runs were made
+    on other data, or on unknown data beside known, is split into one row per data set, never
+    averaged, with one line naming the runs."""
+    from runner.results.report import compare
+
+    big = data_folder(tmp_path / "six-thousand", b"6000 images" * 100)
+    small = data_folder(tmp_path / "six-hundred", b"600 images" * 10)
+    runs = tmp_path / "runs"
+    known, unknown = finished_run(runs, 0, 0.851, big), finished_run(runs, 1, 0.477, None)
+    other = finished_run(runs, 2, 0.3, small)
+    outcome = run_simulation.Outcome(runs={"fedavg": [known, unknown], "scaffold": [known, other]})
+    assert run_simulation.report(outcome, tmp_path / "out") == 0
+    digest, small_digest = (data_fingerprint(mnist_cfg(d), 10)["digest"] for d in (big, small))
+    table = {r["method"]: r for r in compare(outcome.runs)}
+    assert list(table) == [f"fedavg [data {digest}]", "fedavg [data unknown]", f"scaffold [data {digest}]",
+                           f"scaffold [data {small_digest}]"]
+    assert [r["seeds"] for r in table.values()] == [1, 1, 1, 1]
+    assert table["fedavg [data unknown]"]["final_accuracy_mean"] == 0.477  # not averaged with 0.851
+    md = (tmp_path / "out" / "comparison.md").read_text()
+    assert "**Warning: rows split by data**" in md and "0.6640" not in md
+    line = next(x for x in md.splitlines() if x.startswith(f"- fedavg [data {digest}], fedavg [data unknown]:"))
+    assert f"fedavg split by data: fedavg-seed0 on data {digest} (" in line
+    assert "but fedavg-seed1 without a data fingerprint (data unknown" in line
+    assert f"but fedavg-seed2 on data {small_digest} (" in md
+    csv_text = (tmp_path / "out" / "comparison.csv").read_text()
+    assert f"fedavg [data {digest}]" in csv_text and "scaffold [data unknown]" not in csv_text
 
 
 def test_the_report_refuses_a_store_that_mixes_data(subset, tmp_path, capsys):

@@ -74,7 +74,7 @@ def test_resume_restores_the_mirror_before_receive(tmp_path):
     assert what == "receive" and seen is not None
     for got, want in zip(seen, saved):
         np.testing.assert_array_equal(got, want)
-    assert metrics["state_arrays_in"] == 0  # counted before the restore: the node itself carried none
+    assert metrics["state_arrays_in"] == 2  # counted after the restore: c_i's two arrays, as uninterrupted
     assert sorted(p.name for p in (tmp_path / "client-state" / "partition-0").iterdir()) == [
         "round-2.npz", "round-3.npz"]  # the checkpointed round is kept for the next resume
 

@@ -172,6 +172,8 @@ def test_resume_matches_uninterrupted(simulated, method, tmp_path, request):
         assert a["test_accuracy"] == pytest.approx(b["test_accuracy"], abs=1e-6)
         assert a["test_loss"] == pytest.approx(b["test_loss"], rel=1e-5)
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
+        state = [k for k in a if k.startswith("state_arrays_in")]  # counted after the restore (issue 52)
+        assert {k: b[k] for k in state} == {k: a[k] for k in state}
     assert not (tmp_path / "cut" / "client-state").exists()  # removed once the run finished
 
 

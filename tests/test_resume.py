@@ -50,5 +50,9 @@ def test_resume_in_process_matches_uninterrupted(method, tmp_path):
         assert a["test_accuracy"] == pytest.approx(b["test_accuracy"], abs=1e-6)
         assert a["test_loss"] == pytest.approx(b["test_loss"], rel=1e-5)
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
+    state_columns = [k for k in full[3] if k.startswith("state_arrays_in")]
+    assert bool(state_columns) == (method in ("scaffold", "feddyn"))  # methods with client state report it
+    for a, b in zip(full[3:], resumed[3:]):  # counted after the mirror's state is restored (issue 52)
+        assert {k: b[k] for k in state_columns} == {k: a[k] for k in state_columns}, a["round"]
     assert read_summary(tmp_path / "cut")["rounds"] == 6
     assert not (tmp_path / "cut" / "client-state").exists()  # removed once the run finished

@@ -4,7 +4,8 @@ The ClientApp wraps every method client (a ``clients.base.DriftClient``) in ``No
 the client-side counterpart of the server's ``DriftServer``. The method's ``fit`` is
 its local training only; around it ``NodeClient.fit``:
 
-1. counts the arrays the node's ``context.state`` carried into the round;
+1. counts the arrays the node's ``context.state`` carried into the round (after step 3 when
+   that step restores any);
 2. raises the injected ``raise`` fault (``inject-faults``) before any work;
 3. restores the client's state from its on-disk mirror (``client-state = "disk"`` in a Ray
    simulation: the last round's state; a resumed run: the checkpointed round's) before the
@@ -192,7 +193,9 @@ class NodeClient(NumPyClient):
     def _restore_state(self, mirror, on_disk: bool, config: dict, server_round: int, carried: int) -> int:
         """Load the client's state from its mirror where it lives there: its last round's with
         ``client-state = "disk"`` in simulation, the checkpoint's round in a resumed run (an
-        empty ``context.state``). Returns the arrays carried into the round."""
+        empty ``context.state``). Returns the arrays carried into the round, counted after the
+        restore: the state the method starts the round with, so ``state_arrays_in`` reads the
+        same whether the state came from memory, the disk or a checkpoint's mirror."""
         c = self.client
         if on_disk and mirror is not None:  # client-state = "disk" in simulation: its last round's state
             for name, arrays in (mirror.load(server_round - 1) or {}).items():
@@ -201,6 +204,7 @@ class NodeClient(NumPyClient):
         if mirror is not None and not c.context.state.array_records:  # a resumed run: the checkpoint's round
             for name, arrays in (mirror.load(int(config.get("checkpoint-round", 0))) or {}).items():
                 c.save_state(name, arrays)
+            return carried_arrays(c)  # what the method starts the round with, as in an uninterrupted run
         return carried
 
     def _faulted_reply(self, fault: str | None, reply: list, parameters: list, server_round: int) -> list:

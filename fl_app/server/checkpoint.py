@@ -1,9 +1,13 @@
-"""Checkpoints: the server's global weights, strategy state, round and sampling state.
+"""Checkpoints: the server's global weights, strategy state, round and sampling state, and the
+data fingerprint of the data the rounds so far trained on (``fl_app/server/provenance.py``).
 
 One file, ``<run-dir>/checkpoint.npz``, written atomically (temp file + rename), so an
-interrupted write never leaves a half checkpoint. Strategies with server state (control
-variates, dual variables, ...) expose ``get_state() -> dict[str, list[np.ndarray]]`` and
-``set_state(state)``; stateless ones need nothing.
+interrupted write never leaves a half checkpoint. The fingerprint is stored as an array, so the
+checkpoint's SHA-256 covers it: a resume compares it with the data it is about to read
+(``provenance.resumed_fingerprint``), whatever became of ``data-fingerprint.json``.
+Strategies with server state (control variates, dual variables, ...) expose
+``get_state() -> dict[str, list[np.ndarray]]`` and ``set_state(state)``; stateless ones need
+nothing.
 
 Client state (``context.state``: control variates, past gradients, previous models,
 BatchNorm layers kept local) lives on the clients, so each client mirrors it to
@@ -27,6 +31,7 @@ from fl_app.common.files import atomic_savez
 from protocol.keys import ConfigError
 
 CHECKPOINT = "checkpoint.npz"
+FINGERPRINT_ENTRY = "data_fingerprint"  # the array holding the fingerprint's JSON (a checkpoint before issue 52: none)
 
 
 class CheckpointError(ConfigError):
@@ -42,6 +47,7 @@ class Checkpoint:
     sampler_draws: int = 0
     elapsed_seconds: float = 0.0
     model: str = ""
+    data_fingerprint: dict | None = None  # None: not known when written (or a checkpoint from before issue 52)
 
 
 def _digest(arrays: dict[str, np.ndarray]) -> str:
@@ -57,8 +63,11 @@ def _digest(arrays: dict[str, np.ndarray]) -> str:
 def save_checkpoint(run_dir: Path, ckpt: Checkpoint) -> Path:
     """Write the checkpoint with the model name, the weights' shapes and a SHA-256 of every
     array, so ``load_checkpoint`` can tell a checkpoint of another model, or an altered or
-    truncated file, from a good one."""
+    truncated file, from a good one. The data fingerprint, when known, is one of the hashed
+    arrays."""
     arrays = {f"w{i}": np.asarray(a) for i, a in enumerate(ckpt.weights)}
+    if ckpt.data_fingerprint is not None:
+        arrays[FINGERPRINT_ENTRY] = _json_array(ckpt.data_fingerprint)
     layout = {}
     for name, values in ckpt.strategy_state.items():
         layout[name] = len(values)
@@ -66,8 +75,16 @@ def save_checkpoint(run_dir: Path, ckpt: Checkpoint) -> Path:
     meta = {"round": ckpt.round, "num_weights": len(ckpt.weights), "strategy_state": layout,
             "sampler_draws": ckpt.sampler_draws, "elapsed_seconds": ckpt.elapsed_seconds,
             "model": ckpt.model, "shapes": [list(np.shape(a)) for a in ckpt.weights], "sha256": _digest(arrays)}
-    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    arrays["meta"] = _json_array(meta)
     return atomic_savez(Path(run_dir) / CHECKPOINT, arrays)
+
+
+def _json_array(value) -> np.ndarray:
+    return np.frombuffer(json.dumps(value).encode(), dtype=np.uint8)
+
+
+def _from_json_array(array: np.ndarray):
+    return json.loads(array.tobytes().decode())
 
 
 def load_checkpoint(run_dir: Path, model: str = "", shapes: list[tuple[int, ...]] | None = None) -> Checkpoint | None:
@@ -81,9 +98,10 @@ def load_checkpoint(run_dir: Path, model: str = "", shapes: list[tuple[int, ...]
     try:
         with np.load(path) as data:
             arrays = {key: data[key] for key in data.files}
-        meta = json.loads(arrays.pop("meta").tobytes().decode())
+        meta = _from_json_array(arrays.pop("meta"))
         weights = [arrays[f"w{i}"] for i in range(meta["num_weights"])]
         state = {name: [arrays[f"s:{name}:{i}"] for i in range(n)] for name, n in meta["strategy_state"].items()}
+        fingerprint = _from_json_array(arrays[FINGERPRINT_ENTRY]) if FINGERPRINT_ENTRY in arrays else None
     except Exception as exc:  # zipfile.BadZipFile, EOFError, OSError, KeyError, ValueError, ...
         raise CheckpointError(f"checkpoint {path} is unreadable (truncated or corrupt: {type(exc).__name__}:"
                               f" {exc}); {aside}") from exc
@@ -98,7 +116,20 @@ def load_checkpoint(run_dir: Path, model: str = "", shapes: list[tuple[int, ...]
             f" {[tuple(s) for s in (shapes or [])[:1]]}); resume with the config the run was started with,"
             f" or give this run another run-name / --out")
     return Checkpoint(meta["round"], weights, state, meta["sampler_draws"], meta["elapsed_seconds"],
-                      meta.get("model", ""))
+                      meta.get("model", ""), fingerprint if isinstance(fingerprint, dict) else None)
+
+
+def checkpoint_fingerprint(run_dir: Path) -> dict | None:
+    """The data fingerprint inside the run's checkpoint, read without loading its arrays; None
+    without a checkpoint, without a fingerprint in it, or when it cannot be read. Unchecked:
+    ``load_checkpoint`` checks the whole file against its SHA-256 (the runner does that first,
+    ``run_simulation.check_checkpoints``; the resumed server loads it that way)."""
+    try:
+        with np.load(Path(run_dir) / CHECKPOINT) as data:
+            found = _from_json_array(data[FINGERPRINT_ENTRY]) if FINGERPRINT_ENTRY in data.files else None
+    except Exception:  # no file, or unreadable: load_checkpoint names the problem where it matters
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def checkpoint_due(every: int, server_round: int, num_rounds: int) -> bool:

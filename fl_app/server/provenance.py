@@ -2,7 +2,9 @@
 and a fingerprint of the data it trained and tested on.
 
 ``RunRecord.write_summary`` (fl_app/server/recording.py) adds ``run_facts`` and ``data_fingerprint`` to every
-``summary.json``; the fingerprint is also written when a run starts (``record_fingerprint``).
+``summary.json``; the fingerprint is also written when a run starts (``record_fingerprint``) and
+carried inside every checkpoint, which a resume checks against the data it reads now
+(``resumed_fingerprint``).
 """
 
 from __future__ import annotations
@@ -120,7 +122,8 @@ DIGEST_CHARS = 12
 
 
 class DataChanged(ConfigError):
-    """A run is continued on other data than it started on."""
+    """A run is continued on other data than it started on, or on data that cannot be shown to
+    be the same (no fingerprint recorded)."""
 
 
 def file_identity(path: str) -> dict:
@@ -214,28 +217,59 @@ def fingerprint_digest(fingerprint: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:DIGEST_CHARS]
 
 
-def record_fingerprint(run_dir: Path, cfg: dict, num_partitions: int | None, node_local: int = 0,
-                       resumed: bool = True) -> dict:
-    """The run's data fingerprint, computed now and kept in ``<run_dir>/data-fingerprint.json``:
-    written when the run starts; a resumed run must find the same digest there, else
-    ``DataChanged`` (a run continued on other data would mix two data sets in one result). A
-    run started before fingerprints were recorded gets the file at its resume. A fresh run
-    (``resumed`` False) starts its results anew in the folder, so a file left there by an
-    earlier run is replaced, never compared nor kept."""
-    path = Path(run_dir) / FINGERPRINT_FILE
-    try:
-        before = json.loads(path.read_text()) if resumed else None
-    except (OSError, ValueError):
-        before = None
-    if isinstance(before, dict) and num_partitions is None:  # resumed after its last round: nothing asked
-        return before
+def record_fingerprint(run_dir: Path, cfg: dict, num_partitions: int | None, node_local: int = 0) -> dict:
+    """The data fingerprint of a run that starts (not resumed), computed now and kept in
+    ``<run_dir>/data-fingerprint.json``; a file left there by an earlier run in the folder is
+    replaced, never compared nor kept (the run starts its results anew)."""
     now = data_fingerprint(cfg, num_partitions, node_local)
-    if isinstance(before, dict) and before.get("digest") != now["digest"]:
-        raise DataChanged(f"{run_dir} started on data {before.get('digest')} and would continue on data "
-                          f"{now['digest']} (see {path}): the data files or the partitioning changed; "
-                          "start the run again in another folder")
-    if before is None:
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(now, indent=1))
-        os.replace(tmp, path)
+    _write_fingerprint(Path(run_dir) / FINGERPRINT_FILE, now)
     return now
+
+
+def resumed_fingerprint(run_dir: Path, cfg: dict, num_partitions: int | None, node_local: int = 0,
+                        checkpointed: dict | None = None) -> dict | None:
+    """The data fingerprint of a resumed run, which must equal the fingerprint of the data its
+    rounds so far trained on, else ``DataChanged`` (one line naming both digests): a run
+    continued on other data would mix two data sets in one result.
+
+    The fingerprint it started on is the checkpoint's (``checkpointed``: inside the hashed
+    checkpoint, so deleting or editing ``data-fingerprint.json`` changes nothing). A checkpoint
+    written before checkpoints carried one (or when the data could not be read) has None: then
+    ``data-fingerprint.json`` must be there and agree, and without it the resume is refused, since
+    the data it started on is unknown. The file is (re)written with the fingerprint found now
+    when it is missing or disagrees with the checkpoint's. A run resumed after its last round
+    (``num_partitions`` None: no node asked) gets the recorded fingerprint back unchecked: it
+    trains nothing more."""
+    path = Path(run_dir) / FINGERPRINT_FILE
+    kept = _read_fingerprint(path)
+    started = checkpointed or kept
+    if num_partitions is None:
+        return started
+    now = data_fingerprint(cfg, num_partitions, node_local)
+    if started is None:
+        raise DataChanged(f"{run_dir}: its checkpoint carries no data fingerprint (written before checkpoints "
+                          f"carried one) and {path} is missing, so the data it started on is unknown and cannot be "
+                          f"shown to be the data it would continue on ({now['digest']}); start the run again in "
+                          "another folder")
+    if started.get("digest") != now["digest"]:
+        where = "its checkpoint" if checkpointed else str(path)
+        raise DataChanged(f"{run_dir} started on data {started.get('digest')} and would continue on data "
+                          f"{now['digest']} (the first as recorded in {where}): the data files or the partitioning "
+                          "changed; start the run again in another folder")
+    if kept is None or kept.get("digest") != now["digest"]:
+        _write_fingerprint(path, now)
+    return now
+
+
+def _read_fingerprint(path: Path) -> dict | None:
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def _write_fingerprint(path: Path, fingerprint: dict) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(fingerprint, indent=1))
+    os.replace(tmp, path)

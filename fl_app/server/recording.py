@@ -38,7 +38,7 @@ from flwr.server.client_proxy import ClientProxy
 from fl_app.common.files import atomic_write_text
 from fl_app.common.run_files import BASE_COLUMNS, FINGERPRINT_KEY, SUMMARY_FILE, write_metrics
 from fl_app.server.checkpoint import Checkpoint
-from fl_app.server.provenance import DataChanged, record_fingerprint, run_facts
+from fl_app.server.provenance import DataChanged, record_fingerprint, resumed_fingerprint, run_facts
 from tasks.train import accuracy_spread
 
 log = logging.getLogger("flwr.fl_drift")
@@ -157,11 +157,14 @@ class RunRecord:
         self.fingerprint: dict | None = None  # the data's fingerprint (``record_fingerprint``)
         self.facts: dict = {}  # what the server adds to summary.json (the execution path and why)
         self.resumed = False  # continues a checkpoint (``resume``), else starts its files anew
+        self.started_on: dict | None = None  # the resumed checkpoint's data fingerprint
         self.run_dir.mkdir(parents=True, exist_ok=True)
 
     def resume(self, checkpoint: Checkpoint, previous_rows: list[dict]) -> None:
-        """Continue the run of ``checkpoint``: its elapsed time and the rows it covers."""
+        """Continue the run of ``checkpoint``: its elapsed time, the rows it covers and the data
+        fingerprint it carries (checked against the data at the first round)."""
         self.resumed = True
+        self.started_on = checkpoint.data_fingerprint
         self.elapsed_before = checkpoint.elapsed_seconds
         for row in previous_rows:
             if row["round"] <= checkpoint.round:
@@ -185,13 +188,15 @@ class RunRecord:
 
     def data_fingerprint(self, client_manager) -> dict | None:
         """The data fingerprint (``fl_app/server/provenance.py``), computed once per process at the
-        first round it runs and kept in the run folder; ``DataChanged`` when a resumed run finds
-        other data than it started on. None, with a warning, when the data cannot be read now."""
+        first round it runs and kept in the run folder (and in every checkpoint); ``DataChanged``
+        when a resumed run finds other data than its checkpoint's, or cannot tell
+        (``resumed_fingerprint``). None, with a warning, when the data cannot be read now."""
         if self.fingerprint is None:
             node_local = len(getattr(client_manager, "data_path_of", None) or {})
+            n = num_clients(client_manager)
             try:
-                self.fingerprint = record_fingerprint(self.run_dir, self.cfg, num_clients(client_manager), node_local,
-                                                      resumed=self.resumed)
+                self.fingerprint = (resumed_fingerprint(self.run_dir, self.cfg, n, node_local, self.started_on)
+                                    if self.resumed else record_fingerprint(self.run_dir, self.cfg, n, node_local))
             except DataChanged as exc:
                 log.error("fl-drift: %s", exc)
                 raise

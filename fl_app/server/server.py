@@ -293,13 +293,15 @@ class DriftServer(Server):
                  row.get("num_clients", 0), row.get("num_failures", 0), row["round_seconds"])
 
     def checkpoint(self, server_round: int) -> None:
-        """A checkpoint when one is due (``checkpoint-every``, and the last round)."""
+        """A checkpoint when one is due (``checkpoint-every``, and the last round), carrying the
+        data fingerprint so a resume can refuse other data."""
         if not checkpoint_due(self.cfg["checkpoint-every"], server_round, self.num_rounds):
             return
         state = self.strategy.get_state() if hasattr(self.strategy, "get_state") else {}
         draws = getattr(self._client_manager, "draws", 0)
         save_checkpoint(self.run_dir, Checkpoint(server_round, parameters_to_ndarrays(self.parameters), state,
-                                                 draws, self.record.elapsed(), self.cfg["model"]))
+                                                 draws, self.record.elapsed(), self.cfg["model"],
+                                                 self.record.data_fingerprint(self._client_manager)))
         self.last_checkpoint = server_round
 
     def finish(self) -> None:

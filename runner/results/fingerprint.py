@@ -2,9 +2,11 @@
 by ``fl_app/server/provenance.py``): what a table may put together and how it says so.
 
 A table never puts two fingerprints together: ``mixed_data`` names the two data sets (and the
-runs on each) in one line for the caller to refuse with. A run without a fingerprint (made
-before runs recorded one) is never guessed to match or differ: it is left out of the
-comparison and counted apart (``data_line``).
+runs on each) in one line for the caller to refuse with (``scripts/make_results.py``), or
+``split_by_data`` splits a row into one row per data set (the runner's comparison.md/csv). A run
+without a fingerprint (made before runs recorded one) is never guessed to match or differ: its
+data is unknown, a data set of its own beside runs whose data is known; runs that all lack one
+are labelled so (``data_line``).
 """
 
 from __future__ import annotations
@@ -13,28 +15,32 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from fl_app.common.run_files import FINGERPRINT_FILE, FINGERPRINT_KEY, SUMMARY_FILE
+from fl_app.common.run_files import FINGERPRINT_FILE, FINGERPRINT_KEY, SUMMARY_FILE, read_summary
+from fl_app.server.checkpoint import checkpoint_fingerprint
 
 NOT_RECORDED = "data fingerprint not recorded"
 
 
 def fingerprint_of(summary: dict | None) -> dict | None:
     """A run's recorded data fingerprint, or None when it has none (or only a broken one)."""
-    fp = (summary or {}).get(FINGERPRINT_KEY)
+    fp = summary.get(FINGERPRINT_KEY) if isinstance(summary, dict) else None
     return fp if isinstance(fp, dict) and isinstance(fp.get("digest"), str) else None
 
 
 def recorded_fingerprint(run_dir: Path) -> dict | None:
-    """The fingerprint a run recorded: its summary's when it finished, else the one it wrote
+    """The fingerprint a run recorded: its summary's when it finished, else its checkpoint's
+    (the data its rounds so far trained on, hashed with the checkpoint), else the one it wrote
     when it started (``FINGERPRINT_FILE``); None when it recorded none."""
-    for name, wrap in ((SUMMARY_FILE, lambda d: d), (FINGERPRINT_FILE, lambda d: {FINGERPRINT_KEY: d})):
-        try:
-            found = fingerprint_of(wrap(json.loads((Path(run_dir) / name).read_text())))
-        except (OSError, ValueError, AttributeError):
-            continue
-        if found is not None:
-            return found
-    return None
+    found = fingerprint_of(_json(Path(run_dir) / SUMMARY_FILE))
+    found = found or fingerprint_of({FINGERPRINT_KEY: checkpoint_fingerprint(run_dir)})
+    return found or fingerprint_of({FINGERPRINT_KEY: _json(Path(run_dir) / FINGERPRINT_FILE)})
+
+
+def _json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def data_change(run: str, recorded: dict, now: dict) -> str | None:
@@ -74,19 +80,47 @@ def by_digest(runs: Iterable[tuple[str, dict | None]]) -> tuple[dict[str, tuple[
 
 
 def mixed_data(runs: Iterable[tuple[str, dict | None]]) -> str | None:
-    """None when the runs with a fingerprint share one; else one line naming the first two
-    data sets (fingerprint and what it stands for) and their runs."""
-    groups, _ = by_digest(runs)
-    if len(groups) < 2:
+    """None when the runs share one data set: one digest, or no fingerprint at all; else one line
+    naming the first two data sets (fingerprint and what it stands for) and their runs. Runs
+    without a fingerprint beside runs with one count as a data set of their own, "data unknown":
+    they might be on any data, so they never share a mean or a table with runs whose data is known."""
+    groups, missing = by_digest(runs)
+    parts = [_runs_on(names, f"on data {describe(fp)}") for fp, names in groups.values()]
+    if groups and missing:
+        parts.append(_runs_on(missing, f"without a data fingerprint ({UNKNOWN}: made before runs recorded one)"))
+    if len(parts) < 2:
         return None
-
-    def group(fp: dict, names: list[str]) -> str:
-        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-        return f"{shown} on data {describe(fp)}"
-
-    parts = [group(*g) for g in list(groups.values())[:2]]
-    more = f" (and {len(groups) - 2} more data sets)" if len(groups) > 2 else ""
+    more = f" (and {len(parts) - 2} more data sets)" if len(parts) > 2 else ""
     return f"{parts[0]}, but {parts[1]}{more}"
+
+
+UNKNOWN = "data unknown"
+
+
+def _runs_on(names: list[str], data: str) -> str:
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return f"{shown} {data}"
+
+
+def split_by_data(runs: dict[str, list[Path]]) -> tuple[dict[str, list[Path]], dict[str, str]]:
+    """The rows of a comparison with no mean over two data sets: a row whose runs share one data
+    set (``mixed_data`` None) as it is; a row whose runs do not, split in place into one row per
+    data set, '<row> [data <digest>]' and '<row> [data unknown]' (runs without a fingerprint
+    beside runs with one). Also {new row: the one line naming the runs of the row it was split
+    from}, for the table to show why."""
+    out: dict[str, list[Path]] = {}
+    why: dict[str, str] = {}
+    for row, dirs in runs.items():
+        named = [(Path(d).name, fingerprint_of(read_summary(d))) for d in dirs]
+        mixed = mixed_data(named)
+        if mixed is None:
+            out[row] = dirs
+            continue
+        for d, (_, fp) in zip(dirs, named):
+            part = f"{row} [data {fp['digest'] if fp else 'unknown'}]"
+            out.setdefault(part, []).append(d)
+            why[part] = f"{row} split by data: {mixed}"
+    return out, why
 
 
 def data_line(runs: Iterable[tuple[str, dict | None]]) -> list[str]:

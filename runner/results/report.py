@@ -12,6 +12,7 @@ import numpy as np
 
 from fl_app.common.run_files import read_metrics, read_summary
 from runner.results.clientmix import MIX_COLUMNS, client_mix_columns
+from runner.results.fingerprint import split_by_data
 from runner.results.stats import Paired, fmt_paired, paired_difference
 
 
@@ -79,8 +80,11 @@ def compare(runs: dict[str, list[Path]]) -> list[dict]:
     runs (summary ``untrained``: every round without a usable client update) are not a result:
     they are left out of the means and counted in ``untrained_runs``; ``update_gaps`` names the
     runs with such rounds and ``client_failures`` the runs in which sampled clients failed (both
-    shown under comparison.md, the row marked (!))."""
+    shown under comparison.md, the row marked (!)). A row whose runs were made on different data,
+    or on unknown data beside known, is never averaged: it is split into one row per data set
+    (``split_by_data``), each with the line naming the runs in ``data_split``."""
     table = []
+    runs, split = split_by_data(runs)
     for method, dirs in runs.items():
         summaries = [s for s in (read_summary(d) for d in dirs) if s is not None]
         trained = [s for s in summaries if not s.get("untrained")]
@@ -99,6 +103,7 @@ def compare(runs: dict[str, list[Path]]) -> list[dict]:
             **drift_columns(dirs),
             "untrained_runs": len(summaries) - len(trained), "update_gaps": "; ".join(update_gaps(dirs)),
             "client_failures": "; ".join(client_failures(dirs)),
+            "data_split": split.get(method, ""),
             **client_columns(dirs),
             **client_mix_columns(dirs, compute=True),
         })
@@ -210,6 +215,8 @@ WARNINGS = {
     "client_failures": f"**Warning: sampled clients' updates were lost** ({LOST_UPDATES}: a client failing in"
                        " every round points at its data or the model, not at chance; the run's log names the"
                        " error):",
+    "data_split": "**Warning: rows split by data** (a mean is never taken over runs on different data, nor over"
+                  " runs without a data fingerprint beside runs with one; `runner/results/fingerprint.py`):",
 }
 
 
@@ -233,7 +240,7 @@ def write_comparison(table: list[dict], out: Path) -> None:
     ]
     for r in table:
         lines.append(
-            f"| {r['method']}{' (!)' if r.get('update_gaps') or r.get('client_failures') else ''} | {r['seeds']} |"
+            f"| {r['method']}{' (!)' if any(r.get(k) for k in WARNINGS) else ''} | {r['seeds']} |"
             f" {r['rounds']} | "
             f"{_pm(r['final_accuracy_mean'], r['final_accuracy_std'])} | "
             f"{_pm(r['best_accuracy_mean'], r['best_accuracy_std'])} | {r['seconds_mean']:.1f} |"
@@ -251,9 +258,12 @@ def write_comparison(table: list[dict], out: Path) -> None:
         lines.append("")
         lines.append("Rows with 1 seed show no ± (no spread from n=1).")
     for key, heading in WARNINGS.items():
-        flagged = [r for r in table if r.get(key)]
+        flagged: dict[str, list[str]] = {}  # text -> its rows (the rows split from one row share one text)
+        for r in table:
+            if r.get(key):
+                flagged.setdefault(r[key], []).append(r["method"])
         if flagged:
-            lines += ["", heading] + [f"- {r['method']}: {r[key]}" for r in flagged]
+            lines += ["", heading] + [f"- {', '.join(rows)}: {text}" for text, rows in flagged.items()]
     (out / "comparison.md").write_text("\n".join(lines) + "\n")
 
 
