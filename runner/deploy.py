@@ -13,9 +13,13 @@ mTLS edge (``devices=DeviceCA.in_dir(certs)``): the SuperLink stays on 127.0.0.1
 edge (``runner/edge.py``) on ``edge_host`` is the only thing the devices reach: it
 requires a device certificate from ``make_certs.py --device`` that ``crl.pem`` does not list and
 passes on only the Fleet API. A SuperNode started with ``device=Device.in_dir(certs, name)``
-talks to it through its own forwarder (nginx on loopback, with that device's certificate); one
-started without a device dials the edge directly with ``ca.crt`` only, as an outsider would.
-Runs are submitted on loopback (``self.address``), as the operator does on the server.
+talks to it through its own forwarder (nginx on loopback, with that device's certificate, TLS
+towards the SuperNode with a self-signed loopback certificate); one started without a device
+dials the edge directly with ``ca.crt`` only, as an outsider would. With the edge the SuperLink
+always authenticates SuperNodes (``--enable-supernode-auth``): a node is a key the operator
+registered (``register_supernode``), one per device, so one device certificate is one node
+(``runner/edge.py``). Runs are submitted on loopback (``self.address``), as the operator does on
+the server.
 
 Isolation: ``subprocess`` (Flower's default) lets each SuperLink/SuperNode start its own
 ``flower-superexec``; ``process`` starts SuperLink/SuperNode with ``--isolation process`` and a
@@ -125,16 +129,12 @@ class LocalDeployment:
             raise ValueError("SuperNode authentication needs TLS")
         if devices is not None and tls is None:
             raise ValueError("the mTLS edge (devices=...) needs TLS certificates (tls=...)")
-        if devices is not None and supernode_auth:
-            raise ValueError("supernode_auth cannot be combined with the mTLS edge: a SuperNode behind"
-                             " its device forwarder runs --insecure on loopback, which Flower refuses with"
-                             " a SuperNode key; the device certificate is the node's credential there")
         self.devices = devices
         self.edge_host = edge_host
         self.edge_port: int | None = None
         self.edge: Managed | None = None
         self.tls = tls
-        self.supernode_auth = supernode_auth
+        self.supernode_auth = supernode_auth or devices is not None  # the edge: one registered key, one node
         self.isolation = isolation
         self.app_dir = Path(app_dir)
         self.home = Path(home) if home else Path(tempfile.mkdtemp(prefix="fl-drift-deploy-"))
@@ -262,15 +262,16 @@ class LocalDeployment:
                 time.sleep(0.1)
         raise RuntimeError(f"{managed.name} did not listen on {host}:{port} in {timeout}s; see {managed.log}")
 
-    def start_forwarder(self, device: Device, timeout: float = 60) -> str:
+    def start_forwarder(self, device: Device, timeout: float = 60) -> tuple[str, Path]:
         """A device's forwarder (nginx on loopback, with its certificate) to the edge; returns
-        the ``host:port`` its SuperNode dials."""
+        the ``host:port`` its SuperNode dials and the certificate that SuperNode is to trust."""
         port = free_port()
         name = f"forwarder-{device.name}-{len(self.processes)}"
-        config = nginx_edge.forwarder_config(
-            self.home / name, f"{self.host}:{port}", self.edge_address, self.tls.ca, device.cert, device.key)
+        loopback = nginx_edge.make_loopback_cert(self.home / name, self.host)
+        config = nginx_edge.forwarder_config(self.home / name, f"{self.host}:{port}", self.edge_address,
+                                             self.tls.ca, device.cert, device.key, *loopback)
         self._nginx(name, config, self.host, port, timeout)
-        return f"{self.host}:{port}"
+        return f"{self.host}:{port}", loopback[0]
 
     def _wait_healthy(self, managed: Managed, port: int, timeout: float, tls: bool = True) -> None:
         scheme = "https" if (self.tls and tls) else "http"
@@ -313,16 +314,17 @@ class LocalDeployment:
     ) -> Managed:
         """Start one SuperNode with ``--node-config`` (partition-id/num-partitions or data-path).
 
-        ``auth_key``: its private key (``make_certs.py --node-key``) when the SuperLink
-        authenticates SuperNodes. ``wait``: wait until its Runtime API answers. With the mTLS
-        edge: ``device`` gives it a forwarder with that device's certificate; without one it
-        dials the edge with ``ca.crt`` only (and is refused)."""
+        ``auth_key``: its private key (``make_certs.py --node-key`` or ``--device``) when the
+        SuperLink authenticates SuperNodes (always with the edge). ``wait``: wait until its
+        Runtime API answers. With the mTLS edge: ``device`` gives it a forwarder with that
+        device's certificate; without one it dials the edge with ``ca.crt`` only (and is refused)."""
         index = len(self.supernodes)
         port = free_port()
         if self.devices is None:
             link = ["--superlink", self.address, *self._tls_client_args()]
         elif device is not None:
-            link = ["--superlink", self.start_forwarder(device, timeout), "--insecure"]  # device loopback
+            forwarder, loopback_cert = self.start_forwarder(device, timeout)
+            link = ["--superlink", forwarder, "--root-certificates", str(loopback_cert)]
         else:
             link = ["--superlink", self.edge_address, *self._tls_client_args()]
         command = [

@@ -23,12 +23,22 @@ on the address the devices dial, is the only way in from their network:
 Why a forwarder on each device. ``flower-supernode`` 1.41 talks to the Fleet API with httpx
 and has no option for a client certificate (``--root-certificates`` only verifies the server;
 httpx reads no client certificate from the environment). So each device runs a small nginx
-that listens on the device's loopback, takes the SuperNode's plain HTTP (the SuperNode runs
-with ``--insecure --superlink 127.0.0.1:<port>``), passes on only Fleet API paths, and
-speaks TLS to the edge with the device's certificate and key, verifying the edge's
-certificate against ``ca.crt`` and the name it dials. Flower refuses ``--insecure`` together
-with ``--auth-supernode-private-key``, so Flower's SuperNode authentication is not used with
-this edge: the device certificate is the node's credential, and ``crl.pem`` revokes it.
+that listens on the device's loopback, passes on only Fleet API paths, and speaks TLS to the
+edge with the device's certificate and key, verifying the edge's certificate against
+``ca.crt`` and the name it dials.
+
+One device, one SuperNode. A certificate alone says nothing about how many SuperNodes use it:
+without SuperNode authentication every ``flower-supernode`` registers a node of its own (with
+a key it makes up), so one device could be many clients. So the SuperLink runs with
+``--enable-supernode-auth``: the Fleet API then registers no node itself, a node is a public
+key the operator registered (``flwr supernode register``, Control API, which the edge keeps
+from the devices), and a key that is online is not activated a second time. Each device gets
+one key (``make_certs.py --device NAME`` writes ``supernode-NAME.key`` beside its
+certificate), so one device is one node: a second SuperNode behind the same certificate is
+refused, without a key ("registration disabled") and with the device's own key alike ("could
+not be activated"). Flower refuses a SuperNode key over plain HTTP, so the forwarder speaks TLS
+on the device's loopback too, with a self-signed certificate for its own address
+(``make_loopback_cert``) that the SuperNode is given as ``--root-certificates``.
 
 Both configs run nginx in the foreground (``daemon off``) with every path (pid, logs, temp
 files) inside their own folder, so ``LocalDeployment`` (``runner/deploy.py``) can start
@@ -150,14 +160,18 @@ def edge_config(folder: Path, listen: str, superlink: str, server_cert: Path, se
 
 
 def forwarder_config(folder: Path, listen: str, edge: str, ca: Path, device_cert: Path,
-                     device_key: Path, edge_name: str | None = None) -> str:
-    """A device's forwarder: plain HTTP on ``listen`` (the device's loopback) for its SuperNode,
-    Fleet API paths only, to the edge at ``edge`` over TLS with the device's certificate; the
-    edge's certificate is verified against ``ca`` for ``edge_name`` (default: ``edge``'s host)."""
+                     device_key: Path, loopback_cert: Path, loopback_key: Path, edge_name: str | None = None) -> str:
+    """A device's forwarder: TLS with ``loopback_cert`` on ``listen`` (the device's loopback) for
+    its SuperNode, Fleet API paths only, to the edge at ``edge`` over TLS with the device's
+    certificate; the edge's certificate is verified against ``ca`` for ``edge_name`` (default:
+    ``edge``'s host)."""
     name = edge_name or _host(edge)
     body = f"""    upstream edge {{ server {edge}; keepalive 4; }}
     server {{
-        listen {listen};
+        listen {listen} ssl;
+        ssl_protocols TLSv1.2 TLSv1.3;
+        ssl_certificate {_quote(loopback_cert)};
+        ssl_certificate_key {_quote(loopback_key)};
         location /v1/fleet/ {{
             proxy_pass https://edge;
             proxy_ssl_certificate {_quote(device_cert)};
@@ -173,6 +187,50 @@ def forwarder_config(folder: Path, listen: str, edge: str, ca: Path, device_cert
     return _frame(folder, body)
 
 
+def make_loopback_cert(folder: Path, host: str, days: int = 3650) -> tuple[Path, Path]:
+    """``folder/loopback.pem`` and ``folder/loopback.key`` (mode 0600 from the start): a
+    self-signed certificate for ``host`` (the forwarder's listening address) and localhost /
+    127.0.0.1 / ::1, for TLS server authentication only. It is its own trust root: the SuperNode
+    gets ``loopback.pem`` as ``--root-certificates``, and nothing else trusts it. Made on the
+    device (no CA key leaves the server); made anew on each call."""
+    import datetime as dt
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    names: list[x509.GeneralName] = []
+    for name in dict.fromkeys([host, "localhost", "127.0.0.1", "::1"]):
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(name)))
+        except ValueError:
+            names.append(x509.DNSName(name))
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"fl-drift forwarder {host}")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = folder / "loopback.pem", folder / "loopback.key"
+    tmp = folder / f".loopback.key.{os.getpid()}.tmp"
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
+        f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                  serialization.NoEncryption()))
+    os.replace(tmp, key_path)
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return cert_path, key_path
+
+
 def write_config(folder: Path, text: str) -> Path:
     """``folder/nginx.conf`` (the folder is created, and so are nginx's temp folders)."""
     folder = Path(folder)
@@ -180,6 +238,26 @@ def write_config(folder: Path, text: str) -> Path:
     path = folder / "nginx.conf"
     path.write_text(text)
     return path
+
+
+def _write_role(args: argparse.Namespace) -> tuple[Path, str]:
+    """Write the config that ``args`` asks for (its files checked first); returns its path and
+    what to run beside nginx (the device's SuperNode command; nothing for the edge)."""
+    certs, out = Path(args.certs), Path(args.out)
+    if args.role == "edge":
+        need = [certs / n for n in ("server.pem", "server.key", "ca.crt", "device-ca.crt", "crl.pem")]
+    else:
+        need = [certs / n for n in ("ca.crt", f"device-{args.name}.pem", f"device-{args.name}.key")]
+    missing = [str(p) for p in need if not p.is_file()]
+    if missing:
+        raise SystemExit(f"missing {', '.join(missing)}: run scripts/make_certs.py (--device NAME) first")
+    if args.role == "edge":
+        return write_config(out, edge_config(out, args.listen, args.superlink, *need)), ""
+    loopback = make_loopback_cert(out, _host(args.listen))
+    path = write_config(out, forwarder_config(out, args.listen, args.edge, *need, *loopback))
+    supernode = (f"flower-supernode --superlink {args.listen} --root-certificates {loopback[0]}"
+                 f" --auth-supernode-private-key {certs / f'supernode-{args.name}.key'} --node-config ...")
+    return path, supernode
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -198,25 +276,15 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("--certs", default="certs", help="folder written by scripts/make_certs.py")
         p.add_argument("--out", required=True, help="folder for nginx.conf, logs and pid file")
     args = parser.parse_args(argv)
-    certs = Path(args.certs)
-    if args.role == "edge":
-        need = [certs / n for n in ("server.pem", "server.key", "ca.crt", "device-ca.crt", "crl.pem")]
-    else:
-        need = [certs / n for n in ("ca.crt", f"device-{args.name}.pem", f"device-{args.name}.key")]
-    missing = [str(p) for p in need if not p.is_file()]
-    if missing:
-        raise SystemExit(f"missing {', '.join(missing)}: run scripts/make_certs.py (--device NAME) first")
-    if args.role == "edge":
-        text = edge_config(Path(args.out), args.listen, args.superlink, *need)
-    else:
-        text = forwarder_config(Path(args.out), args.listen, args.edge, *need)
-    path = write_config(Path(args.out), text)
+    path, supernode = _write_role(args)
     try:
         command = nginx_command(Path(args.out))
     except MissingNginx:  # written here, run where nginx is installed
         folder = Path(args.out).resolve()
         command = ["nginx", "-p", str(folder), "-c", str(path.resolve()), "-e", str(folder / "error.log")]
     print(f"wrote {path}; run: {' '.join(command)}")
+    if supernode:
+        print(f"then: {supernode}")
 
 
 if __name__ == "__main__":

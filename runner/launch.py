@@ -12,12 +12,14 @@ app, about 3.5 MB a run) is deleted in ``close()``, unless the SuperLink failed 
 (A run whose ServerApp fails still ends ``flwr run`` with 0; its traceback is in the run's
 own output, which ``run()`` streams to the caller.) A ``home`` passed in is always kept.
 
-Ray writes its session folders (logs, sockets: hundreds of MB over many runs) under a
-private temporary folder (``RAY_TMPDIR``, Ray's own setting for its temp root; Flower 1.41's
+Ray writes its session folders (logs, sockets: hundreds of MB over many runs) under a private
+temporary folder (``RAY_TMPDIR``, Ray's own setting for its temp root; Flower 1.41's
 federation config offers no ``temp_dir``), not the shared ``/tmp/ray``, and ``close()``
-deletes it. Nothing outlives the object's owner either: ``start()`` first starts a watchdog
-(``runner/watchdog.py``) that, if this process dies without ``close()`` (``kill -9``),
-stops every process with this ``FLWR_HOME`` and deletes the temporary folders.
+deletes it. That Ray listens on 127.0.0.1 only (``LOOPBACK_RAY``), as the SuperLink does: a
+simulation on one machine is reachable from that machine only. Nothing outlives the object's
+owner either: ``start()`` first starts a watchdog (``runner/watchdog.py``) that, if this
+process dies without ``close()`` (``kill -9``), stops every process with this ``FLWR_HOME``
+and deletes the temporary folders.
 """
 
 from __future__ import annotations
@@ -45,6 +47,15 @@ from runner.processes import (
 
 APP_DIR = Path(__file__).resolve().parents[1]
 PORT_TRIES = 3  # SuperLink starts on fresh ports when one was taken after free_port() picked it
+# A private Ray reachable from this machine only. Ray 2.55 takes the node's address from
+# ray.util.get_node_ip_address(): the machine's external address, and then its GCS, raylet, agents,
+# driver and workers listen on every interface; with Ray's switch for multi-node clusters off
+# (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, on by default on Linux) the node is 127.0.0.1 and every
+# one of them listens on 127.0.0.1 only. Flower 1.41 passes no `_node_ip_address` to ray.init()
+# (its federation config has only init-args num-cpus, num-gpus, logging-level, log-to-driver; Ray
+# would also turn 127.0.0.1 back into the external address) and keeps Ray's dashboard off
+# (include_dashboard=False). Not set for a Ray cluster (--ray-address): that is the user's network.
+LOOPBACK_RAY = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 class LocalSimulation:
@@ -100,7 +111,7 @@ class LocalSimulation:
         if not self.ray_address:
             # short: Ray's socket paths (<dir>/ray/session_<date>_<pid>/sockets/plasma_store) must fit 107 bytes
             self.ray_dir = Path(tempfile.mkdtemp(prefix="fl-ray-"))
-            self.env["RAY_TMPDIR"] = str(self.ray_dir)
+            self.env.update(RAY_TMPDIR=str(self.ray_dir), **LOOPBACK_RAY)
         self.start_watchdog()
         for attempt in range(1, PORT_TRIES + 1):
             if attempt > 1:

@@ -1,9 +1,11 @@
 """Reading Linux's /proc: the process table, a process tree, processes by environment
-variable, and memory (RSS/PSS). The one /proc walker of the launchers, tests and benchmarks."""
+variable, memory (RSS/PSS) and listening sockets. The one /proc walker of the launchers, tests and benchmarks."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import sys
 from pathlib import Path
 
 
@@ -96,3 +98,58 @@ def memory_kib(pid: int) -> tuple[int, int]:
             return rss, pss
     except OSError:
         return 0, 0
+
+
+def _listening_by_inode() -> dict[str, tuple[str, int]]:
+    """socket inode -> (local address, port) of every listening TCP socket (IPv4 and IPv6) in
+    this network namespace, from /proc/net/tcp and /proc/net/tcp6; an IPv4-mapped IPv6
+    address (``::ffff:127.0.0.1``) is given in its IPv4 form."""
+    found = {}
+    for table, width in (("/proc/net/tcp", 4), ("/proc/net/tcp6", 16)):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] != "0A":  # TCP_LISTEN
+                continue
+            hex_addr, hex_port = fields[1].split(":")
+            raw = bytes.fromhex(hex_addr)  # the kernel prints each 32-bit word in host byte order
+            words = [raw[i:i + 4] for i in range(0, width, 4)]
+            packed = b"".join(w[::-1] if sys.byteorder == "little" else w for w in words)
+            address = ipaddress.ip_address(packed)
+            address = getattr(address, "ipv4_mapped", None) or address  # ::ffff:127.0.0.1 is 127.0.0.1
+            found[fields[9]] = (str(address), int(hex_port, 16))
+    return found
+
+
+def listening_sockets(pids: list[int]) -> list[tuple[int, str, str, int]]:
+    """(pid, command name, local address, port) of every listening TCP socket that one of
+    ``pids`` holds open (its /proc/<pid>/fd links ``socket:[inode]``); a process that is
+    gone or not readable is skipped."""
+    by_inode = _listening_by_inode()
+    names = proc_table()
+    found = []
+    for pid in pids:
+        for link in _fd_links(pid):
+            inode = link[len("socket:["):-1] if link.startswith("socket:[") else None
+            if inode in by_inode:
+                found.append((pid, names.get(pid, (0, "", "?"))[2], *by_inode[inode]))
+    return found
+
+
+def _fd_links(pid: int) -> list[str]:
+    """What each open descriptor of ``pid`` points at (``socket:[inode]`` for a socket); a
+    descriptor closed while it is read is skipped, a process gone or not readable has none."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return []
+    links = []
+    for fd in fds:
+        try:
+            links.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            continue
+    return links

@@ -23,8 +23,10 @@ reused, so adding a host keeps old nodes valid. The server certificate is (re)is
 
 Device certificates (mutual TLS at the edge in front of the SuperLink, ``runner/edge.py``):
 ``--device NAME`` (repeatable) writes ``device-NAME.pem`` / ``device-NAME.key`` (a client
-certificate, CN = NAME, usable only for TLS client authentication), issued by a separate device
-CA, ``device-ca.crt`` / ``device-ca.key``, created on first use: the edge trusts device
+certificate, CN = NAME, usable only for TLS client authentication) and the device's SuperNode
+key pair ``supernode-NAME.key`` / ``.pub`` (as ``--node-key NAME``: the certificate lets the
+device reach the edge, the key, once the operator registers its ``.pub``, makes it one node;
+``runner/edge.py`` says why both), the certificate issued by a separate device CA, ``device-ca.crt`` / ``device-ca.key``, created on first use: the edge trusts device
 certificates and nothing else, and the SuperLink's CA (which every device holds) cannot issue
 them. ``--revoke NAME`` (repeatable) adds ``device-NAME.pem`` to ``crl.pem``, the device CA's
 certificate revocation list, which keeps every earlier entry and is re-signed, valid for
@@ -261,7 +263,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-loopback", action="store_true",
                         help="do not add localhost/127.0.0.1/::1 to the certificate")
     parser.add_argument("--device", action="append", default=[], metavar="NAME",
-                        help="also write a device client certificate device-NAME.{pem,key} (repeatable)")
+                        help="also write a device client certificate device-NAME.{pem,key} and its SuperNode"
+                             " key pair supernode-NAME.{key,pub} (repeatable)")
     parser.add_argument("--revoke", action="append", default=[], metavar="NAME",
                         help="add device-NAME.pem to crl.pem (repeatable)")
     parser.add_argument("--renew-crl", action="store_true",
@@ -277,12 +280,16 @@ def main(argv: list[str] | None = None) -> None:
         paths.update({f"{name} {k}": v for k, v in make_node_key(out, name).items()})
     for name in args.device:
         paths.update({f"device {name} {k}": v for k, v in make_device_cert(out, name, args.days).items()})
+        paths.update({f"device {name} node {k}": v for k, v in make_node_key(out, name).items()})
     for name in args.revoke:
         paths[f"revoked {name}: crl"] = revoke_device(out, name, args.days)
     if args.renew_crl:
         paths["crl"] = write_crl(out, args.days)
     for what, path in paths.items():
         print(f"{what}: {path}")
+    for name in args.device:
+        print(f"register device {name} as one SuperNode (on the server): flwr supernode register"
+              f" {out / f'supernode-{name}.pub'} <connection>")
 
 
 if __name__ == "__main__":

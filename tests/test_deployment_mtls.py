@@ -172,6 +172,9 @@ def test_make_certs_device_certificates_and_revocation(tmp_path):
         usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
         assert list(usage) == [ExtendedKeyUsageOID.CLIENT_AUTH]
         assert (tmp_path / f"device-{name}.key").stat().st_mode & 0o077 == 0
+        # ... and each device its own SuperNode key: the node the operator registers for it
+        assert (tmp_path / f"supernode-{name}.key").stat().st_mode & 0o077 == 0
+        assert (tmp_path / f"supernode-{name}.pub").read_text().startswith("ecdsa-sha2-nistp384 ")
     # the server certificate names an IP address as IP and DNS name (nginx checks DNS names only)
     server = x509.load_pem_x509_certificate((tmp_path / "server.pem").read_bytes())
     names = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
@@ -212,6 +215,32 @@ def test_edge_passes_only_the_fleet_api(tmp_path):
     assert all(p == q and p.startswith("/v1/fleet/") for p, q in passed)
     assert text.count("proxy_pass") == len(passed)  # nothing else is passed on
     assert "location / { return 403; }" in text and "listen 10.0.0.1:8443 ssl;" in text
+
+
+def test_forwarder_speaks_tls_to_its_supernode(tmp_path):
+    """The device forwarder listens with TLS (Flower sends a SuperNode key over TLS only), with a
+    self-signed certificate for its own address that a client given it as root certificate
+    accepts, as the SuperNode does; its key is the owner's alone."""
+    import threading
+
+    from runner.processes import free_port
+
+    cert, key = nginx_edge.make_loopback_cert(tmp_path / "fwd", "127.0.0.1")
+    assert key.stat().st_mode & 0o077 == 0
+    text = nginx_edge.forwarder_config(tmp_path / "fwd", "127.0.0.1:9090", "10.0.0.1:8443", tmp_path / "ca.crt",
+                                       tmp_path / "device-a.pem", tmp_path / "device-a.key", cert, key)
+    assert "listen 127.0.0.1:9090 ssl;" in text
+    assert f'ssl_certificate "{cert}";' in text and f'ssl_certificate_key "{key}";' in text
+    server_side = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_side.load_cert_chain(cert, key)
+    port = free_port()
+    with socket.create_server(("127.0.0.1", port)) as server:
+        accept = threading.Thread(target=lambda: server_side.wrap_socket(server.accept()[0], server_side=True).close())
+        accept.start()
+        client_side = ssl.create_default_context(cafile=str(cert))  # what --root-certificates gives httpx
+        with client_side.wrap_socket(socket.create_connection(("127.0.0.1", port)), server_hostname="127.0.0.1"):
+            pass
+        accept.join(timeout=10)
 
 
 # ------------------------------------------------------------------ live deployment
@@ -306,20 +335,66 @@ def test_revoking_a_device_shuts_it_out_after_a_reload(live, certs):
     assert _edge_logged(live, '"POST /v1/fleet/get-run HTTP/1.1" 400 verify=FAILED:certificate revoked subject="CN=late"')
 
 
+def _node_status(live: LocalDeployment) -> dict[int, str]:
+    """node id -> status of the nodes the operator sees on loopback."""
+    nodes = json.loads(_operator(live, "supernode", "list"))["nodes"]
+    return {n["node-id"]: n["status"] for n in nodes}
+
+
+def _wait_online(live: LocalDeployment, node_id: int, timeout: float = 120) -> dict[int, str]:
+    """The operator's view once node ``node_id`` is online (or after ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    while (status := _node_status(live)).get(node_id) != "online" and time.monotonic() < deadline:
+        time.sleep(1)
+    return status
+
+
+def _register(live: LocalDeployment, certs: Path, device: str) -> int:
+    """The operator registers ``device``'s SuperNode key (``flwr supernode register``); its node id."""
+    before = set(_node_status(live))
+    live.register_supernode(certs / f"supernode-{device}.pub")
+    (node_id,) = set(_node_status(live)) - before
+    return node_id
+
+
 @needs_nginx
 def test_device_supernode_joins_through_its_forwarder(live, certs):
-    """A SuperNode behind its device's forwarder registers and comes online (seen by the
-    operator on loopback); the edge logged the device's certificate on each Fleet call."""
-    live.add_supernode({"partition-id": 0, "num-partitions": 20}, device=Device.in_dir(certs, "dev1"))
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        nodes = json.loads(_operator(live, "supernode", "list"))["nodes"]
-        if [n["status"] for n in nodes] == ["online"]:
-            break
-        time.sleep(1)
-    assert [n["status"] for n in nodes] == ["online"], nodes
-    for path in ("/v1/fleet/register-node", "/v1/fleet/activate-node"):
-        assert _edge_logged(live, f'"POST {path} HTTP/1.1" 200 verify=SUCCESS subject="CN=dev1"')
+    """A SuperNode behind its device's forwarder, with the device's key that the operator
+    registered, comes online (seen by the operator on loopback); the edge logged the device's
+    certificate on its Fleet calls."""
+    node_id = _register(live, certs, "dev1")
+    live.add_supernode({"partition-id": 0, "num-partitions": 20}, device=Device.in_dir(certs, "dev1"),
+                       auth_key=certs / "supernode-dev1.key")
+    assert _wait_online(live, node_id)[node_id] == "online"
+    assert _edge_logged(live, '"POST /v1/fleet/activate-node HTTP/1.1" 200 verify=SUCCESS subject="CN=dev1"')
+
+
+@needs_nginx
+def test_one_device_certificate_is_one_supernode(live, certs):
+    """Issue #52 item 8: behind one device's certificate, once its SuperNode is online, a second
+    SuperNode is refused whatever key it brings: none (it would register a node of its own), one
+    the operator never registered, or a copy of the device's own key (that node is online). The
+    operator sees no node more, and the device's node stays online."""
+    node_id = _register(live, certs, "dev0")
+    dev0 = Device.in_dir(certs, "dev0")
+    live.add_supernode({"partition-id": 1, "num-partitions": 20}, device=dev0, auth_key=certs / "supernode-dev0.key")
+    before = _wait_online(live, node_id)
+    assert before[node_id] == "online", before
+    once = ("--max-retries", "0", "--max-wait-time", "20")
+    second = {key: live.add_supernode({"partition-id": 2, "num-partitions": 20}, wait=False, device=dev0,
+                                      auth_key=None if key == "none" else certs / f"supernode-{key}.key",
+                                      extra_args=once)
+              for key in ("none", "evil", "dev0")}
+    for key, node in second.items():
+        assert node.proc.wait(timeout=180) != 0, f"a second SuperNode with key {key} was not refused"
+    logs = {key: " ".join(node.log.read_text().split()) for key, node in second.items()}
+    assert "[code: 2001] SuperNode authentication is enabled" in logs["none"], logs["none"][-2000:]
+    for key in ("evil", "dev0"):
+        assert "[code: 2004] Failed to activate SuperNode" in logs[key], logs[key][-2000:]
+    superlink = (live.home / "superlink.log").read_text()  # why, as the SuperLink logged it
+    assert "exception: No SuperNode found with the given public key" in superlink
+    assert f"exception: SuperNode with node ID {node_id} could not be activated" in superlink
+    assert _node_status(live) == before  # no node more, and dev0's still online
 
 
 @needs_nginx
@@ -334,8 +409,9 @@ def test_devices_with_certificates_train_a_round(certs, small_mnist, tmp_path):
     try:
         deployment.start_superlink()
         for index, name in enumerate(("dev0", "dev1")):
+            deployment.register_supernode(certs / f"supernode-{name}.pub")
             deployment.add_supernode({"partition-id": index, "num-partitions": 20},
-                                     device=Device.in_dir(certs, name))
+                                     device=Device.in_dir(certs, name), auth_key=certs / f"supernode-{name}.key")
         rc = deployment.run({**SMALL, "strategy": "fedavg", "num-server-rounds": 1, "min-available-clients": 2,
                              "min-fit-clients": 2, "run-name": "mtls", "results-dir": str(tmp_path / "results")},
                             on_line=lines.append, timeout=420)
