@@ -89,6 +89,7 @@ from runner.parallel import Failed, Machine, Pool, check_workers, default_worker
 from runner.plan import (
     check_axes,
     check_command_line_keys,
+    check_distinct,
     grid_points,
     label,
     parse_grid,
@@ -171,6 +172,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return resolve_experiment(args, p)
 
 
+def refuse(parser: argparse.ArgumentParser, message: str) -> None:
+    """Exit 2 with ``error: <message>`` as the one line on stderr: a value the parser read but
+    this runner refuses (an experiment file, a runner.json, the seeds) is named alone, without
+    argparse's usage block, like every other refusal before launch."""
+    parser.exit(2, f"error: {message}\n")
+
+
 RECORD_TYPES = {"strategy": str, "seeds": list, "clients": int, "overrides": list}  # what a resume needs
 
 
@@ -179,16 +187,16 @@ def read_runner_record(folder: str, parser: argparse.ArgumentParser) -> dict:
     one is a one-line parser error naming the file."""
     saved = Path(folder) / "runner.json"
     if not saved.exists():
-        parser.error(f"--resume {folder}: no runner.json there (not a run_simulation.py output folder)")
+        refuse(parser, f"--resume {folder}: no runner.json there (not a run_simulation.py output folder)")
     try:
         record = json.loads(saved.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        parser.error(f"--resume {folder}: {saved} is not readable JSON ({exc}); it is written by"
-                     " run_simulation.py: start the comparison again with its command and --out")
+        refuse(parser, f"--resume {folder}: {saved} is not readable JSON ({exc}); it is written by"
+                       " run_simulation.py: start the comparison again with its command and --out")
     for key, kind in RECORD_TYPES.items():
         if not isinstance(record, dict) or not isinstance(record.get(key), kind):
-            parser.error(f"--resume {folder}: {saved} has no {kind.__name__} {key!r} (corrupt or not written by"
-                         " run_simulation.py): start the comparison again with its command and --out")
+            refuse(parser, f"--resume {folder}: {saved} has no {kind.__name__} {key!r} (corrupt or not written"
+                           " by run_simulation.py): start the comparison again with its command and --out")
     return record
 
 
@@ -198,20 +206,24 @@ def resolve_experiment(args: argparse.Namespace, parser: argparse.ArgumentParser
     if getattr(args, "config", None):
         path = Path(args.config)
         if not path.is_file():
-            parser.error(f"--config {args.config}: no such file")
+            refuse(parser, f"--config {args.config}: no such file")
         try:
             exp = read_experiment(path)
         except ConfigError as exc:
-            parser.error(f"--config: {exc}")
+            refuse(parser, f"--config: {exc}")
         args.experiment = exp
         args.strategy = args.strategy or ",".join(exp.get("strategies", []))
         args.seeds = args.seeds or exp.get("seeds")
         args.clients = exp.get("clients") if args.clients is None else args.clients
         args.out = args.out or f"results/experiments/{exp.get('name', path.stem)}"
     if args.strategy is not None and not [s for s in args.strategy.split(",") if s.strip()]:
-        parser.error(f"--strategy {args.strategy!r} names no method; give one or a comma list (--list methods)")
+        refuse(parser, f"--strategy {args.strategy!r} names no method; give one or a comma list (--list methods)")
     args.strategy = args.strategy or config_keys()["strategy"].default
     args.seeds = args.seeds or [0]
+    try:
+        check_distinct(args.seeds, f"--seeds {' '.join(map(str, args.seeds))}", "seed")
+    except ConfigError as exc:
+        refuse(parser, str(exc))
     args.clients = 10 if args.clients is None else args.clients  # --clients 0 is refused, not replaced
     return args
 

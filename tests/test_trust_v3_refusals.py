@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import run_simulation
 from tests.conftest import ROOT
 
 SYNTH = ["--dataset", "synthetic", "--set", "model=logreg"]
@@ -129,3 +130,86 @@ def test_a_successful_collect_replaces_the_kept_run_whole(kept_store, tmp_path):
     assert (kept / "metrics.csv").read_text().endswith("2,0.7\n")
     assert sorted(p.name for p in kept.parent.iterdir()) == ["fedavg-seed0"]  # no temporary or old copy left
     assert sorted(p.name for p in kept.iterdir()) == ["metrics.csv", "summary.json"]
+
+
+# ---- 3. a seed or grid value given twice is refused before launch -------------------------------------
+
+def refused_at_parse(argv: list[str], capsys) -> str:
+    """The one line of a refusal that comes while the arguments are read (exit code 2)."""
+    with pytest.raises(SystemExit) as exit_:
+        run_simulation.main(argv)
+    assert exit_.value.code == 2
+    return one_line_error(capsys)
+
+
+@pytest.mark.parametrize("seeds, repeated", [(["0", "0"], "0"), (["0", "0", "1"], "0"), (["3", "1", "3"], "3")])
+def test_a_seed_given_twice_is_refused(tmp_path, capsys, seeds, repeated):
+    """`--seeds 0 0` resumed the finished folder and the table showed `2 seeds, 0.7000 +- 0.0000`."""
+    err = refused_at_parse([*SYNTH, "--seeds", *seeds, "--check", "--out", str(tmp_path / "o")], capsys)
+    assert f"--seeds {' '.join(seeds)} is invalid: it lists seed {repeated} twice" in err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("grid, repeated", [("learning-rate=0.01,0.01", "0.01"), ("learning-rate=0.01,1e-2", "0.01"),
+                                            ("local-epochs=1,2,1", "1"), ("model=logreg,logreg", "logreg")])
+def test_a_grid_value_given_twice_is_refused(tmp_path, capsys, grid, repeated):
+    assert run_simulation.main([*SYNTH, "--grid", grid, "--check", "--out", str(tmp_path / "o")]) == 2
+    err = one_line_error(capsys)
+    assert f"--grid {grid} is invalid: it lists value {repeated} twice" in err
+
+
+EXPERIMENT = """
+strategies = ["fedavg", "slow"]
+seeds = {seeds}
+clients = 4
+[run-config]
+dataset = "synthetic"
+model = "logreg"
+[methods.slow]
+strategy = "fedavg"
+{grid}
+"""
+
+
+@pytest.mark.parametrize("seeds, grid, expected", [
+    ("[0, 0]", "", "entry 'seeds' = [0, 0] is invalid: it lists seed 0 twice"),
+    ("[0, 1]", "[methods.slow.grid]\nlearning-rate = [0.1, 0.1]",
+     "[methods.slow.grid] learning-rate = [0.1, 0.1] is invalid: it lists value 0.1 twice"),
+    ("[0, 1]", "[grid]\nlocal-epochs = [2, 2]", "[grid] local-epochs = [2, 2] is invalid: it lists value 2 twice"),
+])
+def test_an_experiment_file_giving_a_seed_or_grid_value_twice_is_refused(tmp_path, capsys, seeds, grid, expected):
+    exp = tmp_path / "exp.toml"
+    exp.write_text(EXPERIMENT.format(seeds=seeds, grid=grid))
+    argv = ["--config", str(exp), "--check", "--out", str(tmp_path / "o")]
+    try:
+        assert run_simulation.main(argv) == 2
+    except SystemExit as exit_:  # refused while the file is read
+        assert exit_.code == 2
+    assert expected in one_line_error(capsys)
+
+
+def test_a_tuning_search_giving_a_seed_or_value_twice_is_refused(tmp_path):
+    from fl_app.config import ConfigError
+    from runner.experiment import read_experiment
+
+    exp = tmp_path / "exp.toml"
+    tune = '[tune]\nseeds = [{seeds}]\nbudget = 0.5\nmetric = "best"\n[tune.grid]\nlearning-rate = [{values}]\n'
+    exp.write_text('strategies = ["fedavg"]\n' + tune.format(seeds="0, 0", values="0.1, 0.2"))
+    with pytest.raises(ConfigError, match=r"\[tune\] seeds = \[0, 0\] is invalid: it lists seed 0 twice"):
+        read_experiment(exp)
+    exp.write_text('strategies = ["fedavg"]\n' + tune.format(seeds="0, 1", values="0.1, 0.1"))
+    with pytest.raises(ConfigError, match=r"\[tune.grid\] learning-rate = \[0.1, 0.1\] is invalid: it lists value"):
+        read_experiment(exp)
+
+
+# ---- 10. an experiment file's error is one line, not argparse's usage block ----------------------------
+
+@pytest.mark.parametrize("body, expected", [('name = "t\n', "is not valid TOML"),
+                                            ('clients = "10"\n', "entry 'clients'"),
+                                            (None, "no such file")])
+def test_a_config_error_is_one_line(tmp_path, capsys, body, expected):
+    exp = tmp_path / "exp.toml"
+    if body is not None:
+        exp.write_text(body)
+    err = refused_at_parse(["--config", str(exp), "--check"], capsys)
+    assert err.startswith("error: --config") and expected in err
