@@ -213,3 +213,37 @@ def test_a_config_error_is_one_line(tmp_path, capsys, body, expected):
         exp.write_text(body)
     err = refused_at_parse(["--config", str(exp), "--check"], capsys)
     assert err.startswith("error: --config") and expected in err
+
+
+# ---- 4. a fault or attack on a partition that does not exist ----------------------------------------
+
+@pytest.mark.parametrize("faults, named", [("flip:99", 99), ("flip:4", 4), ("raise:0,scale:7:100@2", 7),
+                                           ("nan:5,noise:1:50", 5)])
+def test_an_attack_on_a_partition_that_does_not_exist_is_refused(tmp_path, capsys, faults, named):
+    """`inject-faults=flip:99` with 4 clients passed --check and ran a clean run, rc 0: a study
+    with a wrong partition number reported a defence that lost nothing."""
+    argv = [*SYNTH, "--clients", "4", "--set", f"inject-faults={faults}", "--check", "--out", str(tmp_path / "o")]
+    assert run_simulation.main(argv) == 2
+    err = one_line_error(capsys)
+    assert f"'inject-faults' = '{faults}' is invalid: partition {named} does not exist" in err
+    assert "4 partition(s), so a fault or attack names one of 0 to 3" in err
+
+
+def test_an_attack_on_the_last_partition_passes(tmp_path):
+    argv = [*SYNTH, "--clients", "4", "--set", "inject-faults=flip:3,crash-after:2", "--check",
+            "--out", str(tmp_path / "o")]
+    assert run_simulation.main(argv) == 0
+
+
+def test_the_server_refuses_an_attack_on_a_partition_no_node_reported(tmp_path):
+    """`flwr run` without the runner: the ServerApp's check of the reported partitioning."""
+    from fl_app.config import ConfigError
+    from fl_app.registry import validate_config
+    from fl_app.server.startup import ServerStartup
+
+    class Reported:
+        num_partitions = 4
+
+    cfg = validate_config({"dataset": "synthetic", "model": "logreg", "inject-faults": "flip:99"})
+    with pytest.raises(ConfigError, match="partition 99 does not exist; the federation has 4 partition"):
+        ServerStartup(cfg, Reported())._check()
