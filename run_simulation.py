@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import signal
 import sys
@@ -343,11 +344,16 @@ def changed_data(run_dir: Path, wanted: dict, clients: int | None) -> str | None
 
 
 def check_resources(args: argparse.Namespace) -> None:
-    """GPUs asked for must exist: on a machine whose torch sees no CUDA GPU, Ray would wait for
-    a GPU that never comes and the run fail after its start-up, in pages of tracebacks. (With
-    --ray-address the GPUs are the cluster's, so they are not checked here.)"""
+    """CPUs per client must be > 0 (0 failed inside Flower after launch, on a division by zero)
+    and GPUs per client >= 0. GPUs asked for must exist: on a machine whose torch sees no CUDA
+    GPU, Ray would wait for a GPU that never comes and the run fail after its start-up, in pages
+    of tracebacks. (With --ray-address the GPUs are the cluster's, so they are not checked here.)"""
+    cpus = getattr(args, "cpus_per_client", 1.0)
+    if not (math.isfinite(cpus) and cpus > 0):  # 0 divided by zero inside Flower after launch
+        raise ConfigError(f"--cpus-per-client = {cpus:g} is invalid: must be > 0 (Ray CPUs per simulated client,"
+                          " e.g. 1, or 0.5 for two clients per core)")
     gpus = args.gpus_per_client
-    if gpus is not None and gpus < 0:
+    if gpus is not None and not (math.isfinite(gpus) and gpus >= 0):
         raise ConfigError(f"--gpus-per-client = {gpus:g} is invalid: must be >= 0")
     if gpus and not getattr(args, "ray_address", None):
         import torch

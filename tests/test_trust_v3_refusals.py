@@ -247,3 +247,75 @@ def test_the_server_refuses_an_attack_on_a_partition_no_node_reported(tmp_path):
     cfg = validate_config({"dataset": "synthetic", "model": "logreg", "inject-faults": "flip:99"})
     with pytest.raises(ConfigError, match="partition 99 does not exist; the federation has 4 partition"):
         ServerStartup(cfg, Reported())._check()
+
+
+# ---- 9. labels outside the dataset's classes; no CPU per client --------------------------------------
+
+@pytest.fixture(scope="module")
+def mnist_rows(mnist_sample):
+    """A small MNIST sample (its folder), for data folders with altered labels."""
+    return mnist_sample(600, 100)
+
+
+def relabelled(tmp_path: Path, source: Path, split: str, label) -> Path:
+    """A copy of the MNIST data folder ``source`` whose ``split`` has ``label`` in its row 7."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "data"
+    (folder / "mnist").mkdir(parents=True)
+    for name in ("train", "test"):
+        table = pq.read_table(source / "mnist" / f"{name}.parquet")
+        if name == split:
+            labels = table.column("label").to_pylist()
+            labels[7] = label
+            kind = pa.float64() if isinstance(label, float) else pa.int64()
+            table = table.set_column(table.schema.get_field_index("label"), "label", pa.array(labels, type=kind))
+        pq.write_table(table, folder / "mnist" / f"{name}.parquet")
+    return folder
+
+
+@pytest.mark.parametrize("split, label, expected", [
+    ("train", 42, "label 42 is outside mnist's classes; valid labels: the integers 0 to 9"),
+    ("test", -1, "label -1 is outside mnist's classes"),
+    ("train", 10, "label 10 is outside mnist's classes"),
+    ("train", 3.5, "label column 'label' holds double values, not integers"),
+])
+def test_labels_outside_the_classes_are_refused_before_launch(tmp_path, capsys, mnist_rows, split, label, expected):
+    """Label 42 in an MNIST file passed --check; after launch every client failed with
+    `IndexError: Target 42 is out of bounds`, buried in a 622-line log."""
+    data = relabelled(tmp_path, mnist_rows, split, label)
+    argv = ["--dataset", "mnist", "--set", "model=cnn-small", "--data-dir", str(data), "--clients", "4",
+            "--out", str(tmp_path / "o")]
+    for check in (["--check"], []):  # --check, and a launch (refused before anything starts)
+        assert run_simulation.main([*argv, *check]) == 2
+        err = one_line_error(capsys)
+        assert f"{data / 'mnist' / split}.parquet: {expected}" in err
+    assert not (tmp_path / "o" / "runs").exists()
+
+
+def test_the_server_refuses_labels_outside_the_classes(tmp_path, mnist_rows):
+    """The ServerApp's check of the data (``check_data``, before round 1), for `flwr run`."""
+    from tasks.datasets import DataUnavailableError
+    from tasks.partitioning import PartitionSpec, check_data
+
+    spec = PartitionSpec(dataset="mnist", num_partitions=4, partitioner="iid", seed=0,
+                         data_dir=str(relabelled(tmp_path, mnist_rows, "train", 42)))
+    with pytest.raises(DataUnavailableError, match="label 42 is outside mnist's classes"):
+        check_data(spec)
+    check_data(PartitionSpec(dataset="mnist", num_partitions=4, partitioner="iid", seed=0, data_dir=str(mnist_rows)))
+
+
+@pytest.mark.parametrize("flag, value, expected", [
+    ("--cpus-per-client", "0", "--cpus-per-client = 0 is invalid: must be > 0"),
+    ("--cpus-per-client", "-1", "--cpus-per-client = -1 is invalid: must be > 0"),
+    ("--cpus-per-client", "nan", "--cpus-per-client = nan is invalid"),
+    ("--gpus-per-client", "-0.5", "--gpus-per-client = -0.5 is invalid: must be >= 0"),
+])
+def test_no_cpu_per_client_is_refused_before_launch(tmp_path, capsys, flag, value, expected):
+    """`--cpus-per-client 0` launched and failed inside Flower (ZeroDivisionError), its last
+    line "An error was encountered. Ending simulation."."""
+    for check in (["--check"], []):
+        assert run_simulation.main([*SYNTH, flag, value, *check, "--out", str(tmp_path / "o")]) == 2
+        assert expected in one_line_error(capsys)
+    assert not (tmp_path / "o" / "runs").exists()
