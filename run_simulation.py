@@ -78,6 +78,8 @@ if __name__ == "__main__" and missing_data_dir(sys.argv[1:]):
     sys.exit(2)
 
 
+from fl_app.common.files import atomic_write_text
+from fl_app.common.run_files import METRICS_FILE
 from fl_app.config import ConfigError
 from fl_app.registry import DEFAULT_METHOD, method_names, parse_override, resolve, validate_config
 from fl_app.registry import spec as config_keys
@@ -97,9 +99,17 @@ from runner.plan import (
     resolve_rows,
     run_name,
 )
-from runner.processes import FolderInUse, MissingTool, lock_folder
+from runner.processes import FolderInUse, MissingTool, lock_folder, release_folder
 from runner.quiet import for_output, is_noise, plain, quiet_libraries
-from runner.results.report import compare, plot, plot_curves, plot_drift, read_summary, write_comparison
+from runner.results.report import (
+    compare,
+    missing_metrics,
+    plot,
+    plot_curves,
+    plot_drift,
+    read_summary,
+    write_comparison,
+)
 from runner.snapshot import snapshot_app
 from runner.tuning import (
     SEARCH_FOLDER,
@@ -396,11 +406,12 @@ def runner_record(args: argparse.Namespace) -> dict:
 @dataclass
 class Outcome:
     """What the launch step hands the report step: the kept runs per row, and the names of
-    the runs that failed (no summary) or stopped before their last round."""
+    the runs that failed (no summary), stopped before their last round, or lost their metrics.csv."""
 
     runs: dict[str, list[Path]] = field(default_factory=dict)
     failed: list[str] = field(default_factory=list)
     stopped: list[str] = field(default_factory=list)
+    incomplete: list[str] = field(default_factory=list)  # kept finished runs whose metrics.csv is gone
 
 
 def validate(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str, int, dict]]:
@@ -456,7 +467,7 @@ def plan(args: argparse.Namespace, out: Path) -> float:
     """Step 3: record the arguments for --resume and the code revision; the GPUs per client
     (default: 0, or a share of the GPU when CUDA is present)."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "runner.json").write_text(json.dumps(runner_record(args), indent=1))
+    atomic_write_text(out / "runner.json", json.dumps(runner_record(args), indent=1))
     from fl_app.server.provenance import code_revision
 
     os.environ.setdefault("FL_DRIFT_REVISION", code_revision())  # the installed app has no .git
@@ -522,6 +533,9 @@ def launch(args: argparse.Namespace, configs: list[tuple[str, int, dict]], runs_
             parts[-1].failed.append(cfg["run-name"])
         elif earlier.get("stopped"):
             parts[-1].stopped.append(cfg["run-name"])
+        if missing_metrics([run_dir]):  # its summary stays a result; the lost per-round record is said
+            parts[-1].incomplete.append(cfg["run-name"])
+            how += f", but its {METRICS_FILE} is missing (deleted after it finished)"
         say(f"[{i}/{len(configs)}] {row} seed {seed}: {how}, kept")
         parts[-1].runs.setdefault(row, []).append(run_dir)
     if jobs:
@@ -532,6 +546,7 @@ def launch(args: argparse.Namespace, configs: list[tuple[str, int, dict]], runs_
             outcome.runs.setdefault(row, []).extend(run_dirs)
         outcome.failed += part.failed
         outcome.stopped += part.stopped
+        outcome.incomplete += part.incomplete
     return outcome
 
 
@@ -564,7 +579,7 @@ def run_all(args: argparse.Namespace, jobs: list[tuple[int, str, int, dict]], to
         if (run_dir / CHECKPOINT).exists():
             cfg = {**cfg, "resume": True}
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "run-config.json").write_text(json.dumps(validate_config(cfg), indent=1))
+        atomic_write_text(run_dir / "run-config.json", json.dumps(validate_config(cfg), indent=1))
         say(f"[{i}/{total}] {row} seed {seed} -> {run_dir}" + (" (resuming)" if cfg.get("resume") else ""))
         tail: list[str] = []
         sim.run(cfg, num_supernodes=args.clients, cpus_per_client=args.cpus_per_client,
@@ -576,8 +591,9 @@ def run_all(args: argparse.Namespace, jobs: list[tuple[int, str, int, dict]], to
     for (i, _, _, cfg), result in zip(jobs, pool.results()):
         if isinstance(result, Failed):  # the runner's own error in one run (the others went on)
             parts[i - 1].failed.append(cfg["run-name"])
-            say(f"  [{i}/{total}] run failed in the runner: "
-                + "".join(traceback.format_exception(result.error)).rstrip(), sys.stderr)
+            error = result.error  # a file it could not write (a full disk) in one line; a bug with its traceback
+            say(f"  [{i}/{total}] run failed in the runner: " + (file_problem(error) if isinstance(
+                error, OSError) else "".join(traceback.format_exception(error)).rstrip()), sys.stderr)
 
 
 def record_run(row: str, name: str, run_dir: Path, tail: list[str], outcome: Outcome, lead: str = "    ") -> None:
@@ -616,7 +632,8 @@ def trained_nothing(summary: dict) -> str:
 
 
 def report(outcome: Outcome, out: Path) -> int:
-    """Step 5: comparison.csv/.md and the plots; the exit code (1 when a run failed)."""
+    """Step 5: comparison.csv/.md and the plots; the exit code (1 when a run failed or a kept
+    run lost its metrics.csv)."""
     write_comparison(compare(outcome.runs), out)
     plot_curves(outcome.runs, out / "accuracy.png")
     plot(outcome.runs, "ri_mean", "roughness index (mean over clients)", out / "roughness.png")
@@ -627,15 +644,18 @@ def report(outcome: Outcome, out: Path) -> int:
         print(f"note: {len(outcome.stopped)} run(s) stopped before their last round (see 'stopped' in their "
               f"summary.json; to redo one, run again with another --out): {', '.join(outcome.stopped)}",
               file=sys.stderr)
+    if outcome.incomplete:
+        print(f"error: {len(outcome.incomplete)} finished run(s) have no {METRICS_FILE} (deleted after they finished;"
+              f" their rows use summary.json, their curves and per-round columns are missing): "
+              f"{', '.join(outcome.incomplete)}; run them again with another --out", file=sys.stderr)
     if outcome.failed:
         print(f"error: {len(outcome.failed)} run(s) failed: {', '.join(outcome.failed)}", file=sys.stderr)
-        return 1
-    return 0
+    return 1 if outcome.failed or outcome.incomplete else 0
 
 
 def main(argv: list[str] | None = None) -> int:
     """parse -> validate -> plan -> launch -> report. Exit codes: 0 done, 1 a run failed,
-    2 refused before anything was launched."""
+    2 refused before anything was launched, 130 interrupted (Ctrl-C: one line, no traceback)."""
     # SIGTERM (a job scheduler, `timeout`) unwinds like Ctrl-C, so the private SuperLink and
     # everything it started are stopped; finished runs and checkpoints stay for --resume.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -647,6 +667,18 @@ def main(argv: list[str] | None = None) -> int:
         print(listing(args.list))
         return 0
     out = Path(args.out or f"results/compare-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    try:
+        return run_comparison(args, out)
+    except KeyboardInterrupt:  # every process of the runs is stopped by then (runner/parallel.py)
+        kept = (f"the runs finished or checkpointed in {out} are kept: run_simulation.py --resume {out} continues"
+                " them" if (out / "runner.json").exists() else "nothing was launched")
+        print(f"\ninterrupted (Ctrl-C): {kept}", file=sys.stderr)
+        return 130
+
+
+def run_comparison(args: argparse.Namespace, out: Path) -> int:
+    """validate -> plan -> launch -> report into ``out``, holding its lock (kept when Ctrl-C
+    unwinds this, released by the kernel at the runner's end; removed on a normal return)."""
     with contextlib.ExitStack() as held:  # the folder's lock, released on return (or by the kernel at death)
         try:
             check_out_folder(out)
@@ -658,29 +690,47 @@ def main(argv: list[str] | None = None) -> int:
                 search.configs = validate(search.args, out / SEARCH_FOLDER / "runs")
             configs = validate(args, out / "runs")
             if args.check:
-                if search:
-                    print(f"tuning search ({search.protocol.describe(search.rounds)}):")
-                    print_check(search.configs, out / SEARCH_FOLDER / "runs", args.clients)
-                    print("the table (its tuned rows run the values the search chooses):")
-                print_check(configs, out / "runs", args.clients)
-                return 0
+                return print_checks(args, search, configs, out)
             lock = lock or take_folder(out, held)
             gpus = plan(args, out)
             app = snapshot(out)
-        except (ConfigError, DataUnavailableError, PartitionError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
+        except (ConfigError, DataUnavailableError, PartitionError, OSError) as exc:
+            print(f"error: {file_problem(exc, out) if isinstance(exc, OSError) else exc}", file=sys.stderr)
             return 2
         try:
             if search:
                 configs = run_search(args, search, out, gpus, lock, app)
-            outcome = launch(args, configs, out / "runs", gpus, lock, app)
+            return report(launch(args, configs, out / "runs", gpus, lock, app), out)
         except MissingTool as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         except (ConfigError, DataUnavailableError, PartitionError) as exc:  # the search chose nothing
             print(f"error: {exc}", file=sys.stderr)
             return 1
-        return report(outcome, out)
+        except OSError as exc:  # the runner's own files: a full disk while writing the comparison, ...
+            print(f"error: {file_problem(exc, out)}", file=sys.stderr)
+            return 1
+
+
+def print_checks(args: argparse.Namespace, search: SearchPlan | None, configs: list, out: Path) -> int:
+    """``--check``'s report of the tuning search (when the file has one) and the table; 0."""
+    if search:
+        print(f"tuning search ({search.protocol.describe(search.rounds)}):")
+        print_check(search.configs, out / SEARCH_FOLDER / "runs", args.clients)
+        print("the table (its tuned rows run the values the search chooses):")
+    print_check(configs, out / "runs", args.clients)
+    return 0
+
+
+def file_problem(exc: OSError, out: Path | None = None) -> str:
+    """One line for an ``OSError`` on the runner's own files (a full disk, a folder made
+    read-only under it): the file and the reason, and with ``out`` that what is finished there
+    stays for --resume. (Every file is written through a temp file and a rename, so none is
+    left half written.)"""
+    where = f" {exc.filename}" if exc.filename else ""
+    line = f"cannot write{where}: {exc.strerror or exc}"
+    return line + (f"; the finished runs and checkpoints in {out} are kept: free space (or fix the folder) and"
+                   f" continue with run_simulation.py --resume {out}" if out else "")
 
 
 def run_search(args: argparse.Namespace, search: SearchPlan, out: Path, gpus: float, lock: int | None,
@@ -711,11 +761,12 @@ def check_out_folder(out: Path) -> None:
 
 
 def take_folder(out: Path, held: contextlib.ExitStack) -> int:
-    """Hold ``out``'s lock (``lock_folder``) until ``held`` closes; a folder in use by another
-    runner or one that cannot be written is a one-line ``ConfigError``."""
+    """Hold ``out``'s lock (``lock_folder``) until ``held`` closes, its file removed when the
+    runner leaves cleanly (``release_folder``: every watchdog has been dismissed by then); a
+    folder in use by another runner or one that cannot be written is a one-line ``ConfigError``."""
     try:
         fd = lock_folder(out)
-        held.callback(os.close, fd)
+        held.push(lambda kind, exc, tb: release_folder(out, fd, remove=kind is None))  # removed on a clean exit
         return fd
     except FolderInUse as exc:
         raise ConfigError(str(exc)) from None

@@ -319,3 +319,136 @@ def test_no_cpu_per_client_is_refused_before_launch(tmp_path, capsys, flag, valu
         assert run_simulation.main([*SYNTH, flag, value, *check, "--out", str(tmp_path / "o")]) == 2
         assert expected in one_line_error(capsys)
     assert not (tmp_path / "o" / "runs").exists()
+
+
+# ---- 10. a full disk, Ctrl-C, a clean exit --------------------------------------------------------------
+
+def full_disk(*args, **kwargs):
+    raise OSError(28, "No space left on device")
+
+
+def test_a_checkpoint_write_on_a_full_disk_leaves_the_old_one_and_no_temp_file(tmp_path, monkeypatch):
+    """A full disk left `checkpoint.npz.tmp` beside the checkpoint."""
+    import numpy as np
+
+    from fl_app.server.checkpoint import CHECKPOINT, Checkpoint, load_checkpoint, save_checkpoint
+
+    save_checkpoint(tmp_path, Checkpoint(1, [np.ones((2, 3), np.float32)], model="logreg"))
+    before = (tmp_path / CHECKPOINT).read_bytes()
+
+    def half_then_full(file, **arrays):
+        file.write(b"PK\x03\x04 half a zip")
+        full_disk()
+
+    monkeypatch.setattr(np, "savez", half_then_full)
+    with pytest.raises(OSError, match="No space left"):
+        save_checkpoint(tmp_path, Checkpoint(2, [np.zeros((2, 3), np.float32)], model="logreg"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [CHECKPOINT]
+    assert (tmp_path / CHECKPOINT).read_bytes() == before and load_checkpoint(tmp_path).round == 1
+
+
+def test_a_comparison_written_on_a_full_disk_is_left_whole(tmp_path, monkeypatch):
+    """A full disk left a 0-byte comparison.csv."""
+    import csv
+
+    from runner.results.report import write_comparison
+
+    table = [{"method": "fedavg", "seeds": 1, "rounds": 2, "final_accuracy_mean": 0.5, "final_accuracy_std": 0.0,
+              "best_accuracy_mean": 0.5, "best_accuracy_std": 0.0, "seconds_mean": 1.0}]
+    (tmp_path / "comparison.csv").write_text("method\nearlier\n")
+    monkeypatch.setattr(csv.DictWriter, "writerows", full_disk)
+    with pytest.raises(OSError):
+        write_comparison(table, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["comparison.csv"]
+    assert (tmp_path / "comparison.csv").read_text() == "method\nearlier\n"
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    """The runner with its launch replaced (``launch(args, configs, runs_dir)``, the test's) and
+    the checkout shipped as it is: what happens around the runs, in a second."""
+    from runner.launch import APP_DIR
+
+    def use(launch):
+        monkeypatch.setattr(run_simulation, "snapshot", lambda out: APP_DIR)
+        monkeypatch.setattr(run_simulation, "launch", lambda args, configs, runs_dir, *rest: launch(runs_dir))
+
+    return use
+
+
+def test_a_full_disk_while_reporting_is_one_line(tmp_path, capsys, launched, monkeypatch):
+    launched(lambda runs_dir: run_simulation.Outcome())
+    def no_space(table, out):
+        raise OSError(28, "No space left on device", str(out / "comparison.csv"))
+
+    monkeypatch.setattr(run_simulation, "write_comparison", no_space)
+    assert run_simulation.main([*SYNTH, "--out", str(tmp_path / "o")]) == 1
+    err = one_line_error(capsys)
+    assert f"cannot write {tmp_path / 'o' / 'comparison.csv'}: No space left on device" in err
+    assert f"--resume {tmp_path / 'o'}" in err
+
+
+def test_ctrl_c_is_one_line_without_a_traceback(tmp_path, capsys, launched):
+    """Ctrl-C printed a 20-line traceback (the runner's stack down to the line it was reading)."""
+    def interrupted(runs_dir):
+        raise KeyboardInterrupt
+
+    launched(interrupted)
+    assert run_simulation.main([*SYNTH, "--out", str(tmp_path / "o")]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == (f"interrupted (Ctrl-C): the runs finished or checkpointed in {tmp_path / 'o'} are kept:"
+                           f" run_simulation.py --resume {tmp_path / 'o'} continues them")
+
+
+def test_the_lock_file_is_removed_after_a_clean_exit_and_kept_while_held(tmp_path, launched):
+    """`<out>/.lock` stayed in the results folder after every run."""
+    seen = []
+    launched(lambda runs_dir: seen.append((runs_dir.parent / ".lock").exists()) or run_simulation.Outcome())
+    assert run_simulation.main([*SYNTH, "--out", str(tmp_path / "o")]) == 0
+    assert seen == [True] and not (tmp_path / "o" / ".lock").exists()
+    assert (tmp_path / "o" / "runner.json").exists()
+
+
+def test_a_lock_file_removed_by_its_holder_is_not_taken(tmp_path, monkeypatch):
+    """A runner that opened `.lock` just before its holder removed it (on a clean exit) would
+    lock a file no one else sees: it takes the lock again on the file now at the path."""
+    import os
+
+    from runner.processes import LOCK_NAME, lock_folder, release_folder
+
+    first = lock_folder(tmp_path)
+    stale = os.open(tmp_path / LOCK_NAME, os.O_RDWR)  # the other runner's open, before the removal
+    release_folder(tmp_path, first, remove=True)
+    assert not (tmp_path / LOCK_NAME).exists()
+    opened, real_open = [], os.open
+    monkeypatch.setattr(os, "open", lambda *a: opened.append(a[0]) or (stale if len(opened) == 1 else real_open(*a)))
+    second = lock_folder(tmp_path)
+    assert len(opened) == 2 and second != stale
+    assert os.path.samestat(os.fstat(second), os.stat(tmp_path / LOCK_NAME))
+    release_folder(tmp_path, second, remove=False)
+    assert (tmp_path / LOCK_NAME).exists()
+
+
+def test_a_finished_run_whose_metrics_were_deleted_is_named(tmp_path, capsys, monkeypatch):
+    """A kept run whose metrics.csv was deleted was shown as a plain row, rc 0, nothing said."""
+    from fl_app.registry import validate_config
+    from runner.launch import APP_DIR
+
+    monkeypatch.setattr(run_simulation, "snapshot", lambda out: APP_DIR)
+    out = tmp_path / "o"
+    argv = [*SYNTH, "--rounds", "2", "--clients", "4", "--out", str(out)]
+    (_, _, raw), = run_simulation.build_configs(run_simulation.parse_args(argv), out / "runs")
+    run_dir = out / "runs" / raw["run-name"]
+    run_dir.mkdir(parents=True)
+    (run_dir / "summary.json").write_text(json.dumps({
+        "config": validate_config(raw), "rounds": 2, "final_accuracy": 0.6, "best_accuracy": 0.6, "final_loss": 1.0,
+        "total_seconds": 3.0, "stopped": None, "num_clients": 4}))  # and no metrics.csv
+    assert run_simulation.main(argv) == 1
+    captured = capsys.readouterr()
+    assert "fedavg seed 0: finished earlier, but its metrics.csv is missing (deleted after it finished), kept" in (
+        captured.out)
+    assert captured.err.strip().splitlines()[-1].startswith("error: 1 finished run(s) have no metrics.csv")
+    assert "fedavg-seed0; run them again with another --out" in captured.err
+    comparison = (out / "comparison.md").read_text()
+    assert "| fedavg (!) |" in comparison and "- fedavg: fedavg-seed0" in comparison
+    assert "finished runs without their metrics.csv" in comparison
