@@ -100,7 +100,7 @@ from runner.plan import (
     run_name,
 )
 from runner.processes import FolderInUse, MissingTool, lock_folder, release_folder
-from runner.quiet import for_output, is_noise, plain, quiet_libraries
+from runner.quiet import HeldTraceback, for_output, is_noise, plain, quiet_libraries
 from runner.results.report import (
     compare,
     missing_metrics,
@@ -495,16 +495,20 @@ def snapshot(out: Path) -> Path:
 
 def progress_printer(args: argparse.Namespace, tail: list[str], lead: str = "    "):
     """The callback for one run's output lines: keeps the last 40 in ``tail``, prints what
-    --quiet / --verbose ask for, each line after ``lead`` (the run's tag when runs go in parallel)."""
+    --quiet / --verbose ask for, each line after ``lead`` (the run's tag when runs go in parallel);
+    unless --verbose, the traceback of a run that stopped itself is left out (``HeldTraceback``)."""
+    held = HeldTraceback()  # the traceback of a run's own stop is hidden: the runner says why it stopped
+
     def on_line(line: str) -> None:
         tail.append(line)
         del tail[:-40]
-        if args.quiet:
-            show = "test accuracy" in line or "fl-drift:" in line
-        else:
-            show = args.verbose or not is_noise(line)
-        if show:
-            say(lead + for_output(line))
+        for shown in ([line] if args.verbose else held.feed(line)):
+            if args.quiet:
+                show = "test accuracy" in shown or "fl-drift:" in shown
+            else:
+                show = args.verbose or not is_noise(shown)
+            if show:
+                say(lead + for_output(shown))
 
     return on_line
 

@@ -452,3 +452,39 @@ def test_a_finished_run_whose_metrics_were_deleted_is_named(tmp_path, capsys, mo
     comparison = (out / "comparison.md").read_text()
     assert "| fedavg (!) |" in comparison and "- fedavg: fedavg-seed0" in comparison
     assert "finished runs without their metrics.csv" in comparison
+
+
+STOPPED_OUTPUT = """\
+WARNING :   round 3: rejected the update of node 42: non-finite values (NaN or Inf)
+ERROR :     Simulation raised an exception
+Traceback (most recent call last):
+  File "/venv/lib/python3.11/site-packages/flwr/simulation/app.py", line 337, in run_simulation_process
+    simulation_result = _run_simulation(
+                        ^^^^^^^^^^^^^^^^
+  File "/tmp/apps/fl_app/server/server.py", line 226, in screen
+    raise RunAborted(f"{reason}. Stopping the run; the summary and the last checkpoint are kept.")
+{exception}: round 3: only 0 of 2 sampled clients returned a usable update (0 failed, 2 rejected)
+ERROR :     Exit Code: 700
+An unhandled exception occurred when running the simulation.
+For more information, visit: <https://flower.ai/docs/framework/1.41/en/ref-exit-codes/700.html>
+INFO :      after the run"""
+
+
+@pytest.mark.parametrize("exception, hidden", [("fl_app.server.participation.RunAborted", True),
+                                               ("ValueError", False)])
+def test_a_run_that_stopped_itself_shows_no_traceback(capsys, exception, hidden):
+    """Every reply non-finite: the run stopped (its line "stopped after 2 rounds: ..." comes from
+    its summary), but a 30-line traceback of RunAborted and Flower's exit code 700 came first."""
+    import argparse
+
+    lines = STOPPED_OUTPUT.replace("{exception}", exception).splitlines()
+    tail: list[str] = []
+    on_line = run_simulation.progress_printer(argparse.Namespace(quiet=False, verbose=False), tail, lead="")
+    for line in lines:
+        on_line(line)
+    shown = capsys.readouterr().out.splitlines()
+    assert tail == lines  # the run's failure report still has every line
+    if hidden:
+        assert shown == [lines[0], lines[-1]]
+    else:  # any other error is shown whole
+        assert shown == lines
