@@ -341,8 +341,9 @@ def test_a_checkpoint_write_on_a_full_disk_leaves_the_old_one_and_no_temp_file(t
         full_disk()
 
     monkeypatch.setattr(np, "savez", half_then_full)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(OSError, match="No space left") as error:
         save_checkpoint(tmp_path, Checkpoint(2, [np.zeros((2, 3), np.float32)], model="logreg"))
+    assert error.value.filename == str(tmp_path / CHECKPOINT)  # named, for the one line that reports it
     assert sorted(p.name for p in tmp_path.iterdir()) == [CHECKPOINT]
     assert (tmp_path / CHECKPOINT).read_bytes() == before and load_checkpoint(tmp_path).round == 1
 

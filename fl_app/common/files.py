@@ -19,7 +19,8 @@ import numpy as np
 def replacing(path: Path, mode: str = "w", newline: str | None = None) -> Iterator[IO]:
     """A temp file beside ``path`` to write into; when the block ends normally it is flushed,
     fsynced and renamed over ``path`` (a reader sees the old file or the whole new one); when the
-    block or the rename fails, the temp file is removed and the error propagates."""
+    block or the rename fails, the temp file is removed and the error propagates (an ``OSError``
+    of a write, which names no file, with ``path`` as its ``filename``)."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
@@ -28,8 +29,10 @@ def replacing(path: Path, mode: str = "w", newline: str | None = None) -> Iterat
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename is None:  # a failed write names no file: name the one meant
+            exc.filename = str(path)
         raise
 
 
