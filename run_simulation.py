@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import signal
 import sys
@@ -77,7 +78,8 @@ if __name__ == "__main__" and missing_data_dir(sys.argv[1:]):
     sys.exit(2)
 
 
-from fl_app.common.run_files import FINGERPRINT_FILE
+from fl_app.common.files import atomic_write_text
+from fl_app.common.run_files import FINGERPRINT_FILE, METRICS_FILE
 from fl_app.config import ConfigError
 from fl_app.registry import DEFAULT_METHOD, method_names, parse_override, resolve, validate_config
 from fl_app.registry import spec as config_keys
@@ -90,16 +92,25 @@ from runner.parallel import Failed, Machine, Pool, check_workers, default_worker
 from runner.plan import (
     check_axes,
     check_command_line_keys,
+    check_distinct,
     grid_points,
     label,
     parse_grid,
     resolve_rows,
     run_name,
 )
-from runner.processes import FolderInUse, MissingTool, lock_folder
-from runner.quiet import for_output, is_noise, plain, quiet_libraries
+from runner.processes import FolderInUse, MissingTool, lock_folder, release_folder
+from runner.quiet import HeldTraceback, for_output, is_noise, plain, quiet_libraries
 from runner.results.fingerprint import split_by_data
-from runner.results.report import compare, plot, plot_curves, plot_drift, read_summary, write_comparison
+from runner.results.report import (
+    compare,
+    missing_metrics,
+    plot,
+    plot_curves,
+    plot_drift,
+    read_summary,
+    write_comparison,
+)
 from runner.snapshot import snapshot_app
 from runner.tuning import (
     SEARCH_FOLDER,
@@ -173,6 +184,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return resolve_experiment(args, p)
 
 
+def refuse(parser: argparse.ArgumentParser, message: str) -> None:
+    """Exit 2 with ``error: <message>`` as the one line on stderr: a value the parser read but
+    this runner refuses (an experiment file, a runner.json, the seeds) is named alone, without
+    argparse's usage block, like every other refusal before launch."""
+    parser.exit(2, f"error: {message}\n")
+
+
 RECORD_TYPES = {"strategy": str, "seeds": list, "clients": int, "overrides": list}  # what a resume needs
 
 
@@ -181,16 +199,16 @@ def read_runner_record(folder: str, parser: argparse.ArgumentParser) -> dict:
     one is a one-line parser error naming the file."""
     saved = Path(folder) / "runner.json"
     if not saved.exists():
-        parser.error(f"--resume {folder}: no runner.json there (not a run_simulation.py output folder)")
+        refuse(parser, f"--resume {folder}: no runner.json there (not a run_simulation.py output folder)")
     try:
         record = json.loads(saved.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        parser.error(f"--resume {folder}: {saved} is not readable JSON ({exc}); it is written by"
-                     " run_simulation.py: start the comparison again with its command and --out")
+        refuse(parser, f"--resume {folder}: {saved} is not readable JSON ({exc}); it is written by"
+                       " run_simulation.py: start the comparison again with its command and --out")
     for key, kind in RECORD_TYPES.items():
         if not isinstance(record, dict) or not isinstance(record.get(key), kind):
-            parser.error(f"--resume {folder}: {saved} has no {kind.__name__} {key!r} (corrupt or not written by"
-                         " run_simulation.py): start the comparison again with its command and --out")
+            refuse(parser, f"--resume {folder}: {saved} has no {kind.__name__} {key!r} (corrupt or not written"
+                           " by run_simulation.py): start the comparison again with its command and --out")
     return record
 
 
@@ -200,20 +218,24 @@ def resolve_experiment(args: argparse.Namespace, parser: argparse.ArgumentParser
     if getattr(args, "config", None):
         path = Path(args.config)
         if not path.is_file():
-            parser.error(f"--config {args.config}: no such file")
+            refuse(parser, f"--config {args.config}: no such file")
         try:
             exp = read_experiment(path)
         except ConfigError as exc:
-            parser.error(f"--config: {exc}")
+            refuse(parser, f"--config: {exc}")
         args.experiment = exp
         args.strategy = args.strategy or ",".join(exp.get("strategies", []))
         args.seeds = args.seeds or exp.get("seeds")
         args.clients = exp.get("clients") if args.clients is None else args.clients
         args.out = args.out or f"results/experiments/{exp.get('name', path.stem)}"
     if args.strategy is not None and not [s for s in args.strategy.split(",") if s.strip()]:
-        parser.error(f"--strategy {args.strategy!r} names no method; give one or a comma list (--list methods)")
+        refuse(parser, f"--strategy {args.strategy!r} names no method; give one or a comma list (--list methods)")
     args.strategy = args.strategy or config_keys()["strategy"].default
     args.seeds = args.seeds or [0]
+    try:
+        check_distinct(args.seeds, f"--seeds {' '.join(map(str, args.seeds))}", "seed")
+    except ConfigError as exc:
+        refuse(parser, str(exc))
     args.clients = 10 if args.clients is None else args.clients  # --clients 0 is refused, not replaced
     return args
 
@@ -339,11 +361,16 @@ def changed_data(run_dir: Path, wanted: dict, clients: int | None) -> str | None
 
 
 def check_resources(args: argparse.Namespace) -> None:
-    """GPUs asked for must exist: on a machine whose torch sees no CUDA GPU, Ray would wait for
-    a GPU that never comes and the run fail after its start-up, in pages of tracebacks. (With
-    --ray-address the GPUs are the cluster's, so they are not checked here.)"""
+    """CPUs per client must be > 0 (0 failed inside Flower after launch, on a division by zero)
+    and GPUs per client >= 0. GPUs asked for must exist: on a machine whose torch sees no CUDA
+    GPU, Ray would wait for a GPU that never comes and the run fail after its start-up, in pages
+    of tracebacks. (With --ray-address the GPUs are the cluster's, so they are not checked here.)"""
+    cpus = getattr(args, "cpus_per_client", 1.0)
+    if not (math.isfinite(cpus) and cpus > 0):  # 0 divided by zero inside Flower after launch
+        raise ConfigError(f"--cpus-per-client = {cpus:g} is invalid: must be > 0 (Ray CPUs per simulated client,"
+                          " e.g. 1, or 0.5 for two clients per core)")
     gpus = args.gpus_per_client
-    if gpus is not None and gpus < 0:
+    if gpus is not None and not (math.isfinite(gpus) and gpus >= 0):
         raise ConfigError(f"--gpus-per-client = {gpus:g} is invalid: must be >= 0")
     if gpus and not getattr(args, "ray_address", None):
         import torch
@@ -386,11 +413,12 @@ def runner_record(args: argparse.Namespace) -> dict:
 @dataclass
 class Outcome:
     """What the launch step hands the report step: the kept runs per row, and the names of
-    the runs that failed (no summary) or stopped before their last round."""
+    the runs that failed (no summary), stopped before their last round, or lost their metrics.csv."""
 
     runs: dict[str, list[Path]] = field(default_factory=dict)
     failed: list[str] = field(default_factory=list)
     stopped: list[str] = field(default_factory=list)
+    incomplete: list[str] = field(default_factory=list)  # kept finished runs whose metrics.csv is gone
 
 
 def validate(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str, int, dict]]:
@@ -446,7 +474,7 @@ def plan(args: argparse.Namespace, out: Path) -> float:
     """Step 3: record the arguments for --resume and the code revision; the GPUs per client
     (default: 0, or a share of the GPU when CUDA is present)."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "runner.json").write_text(json.dumps(runner_record(args), indent=1))
+    atomic_write_text(out / "runner.json", json.dumps(runner_record(args), indent=1))
     from fl_app.server.provenance import code_revision
 
     os.environ.setdefault("FL_DRIFT_REVISION", code_revision())  # the installed app has no .git
@@ -474,16 +502,20 @@ def snapshot(out: Path) -> Path:
 
 def progress_printer(args: argparse.Namespace, tail: list[str], lead: str = "    "):
     """The callback for one run's output lines: keeps the last 40 in ``tail``, prints what
-    --quiet / --verbose ask for, each line after ``lead`` (the run's tag when runs go in parallel)."""
+    --quiet / --verbose ask for, each line after ``lead`` (the run's tag when runs go in parallel);
+    unless --verbose, the traceback of a run that stopped itself is left out (``HeldTraceback``)."""
+    held = HeldTraceback()  # the traceback of a run's own stop is hidden: the runner says why it stopped
+
     def on_line(line: str) -> None:
         tail.append(line)
         del tail[:-40]
-        if args.quiet:
-            show = "test accuracy" in line or "fl-drift:" in line
-        else:
-            show = args.verbose or not is_noise(line)
-        if show:
-            say(lead + for_output(line))
+        for shown in ([line] if args.verbose else held.feed(line)):
+            if args.quiet:
+                show = "test accuracy" in shown or "fl-drift:" in shown
+            else:
+                show = args.verbose or not is_noise(shown)
+            if show:
+                say(lead + for_output(shown))
 
     return on_line
 
@@ -512,6 +544,9 @@ def launch(args: argparse.Namespace, configs: list[tuple[str, int, dict]], runs_
             parts[-1].failed.append(cfg["run-name"])
         elif earlier.get("stopped"):
             parts[-1].stopped.append(cfg["run-name"])
+        if missing_metrics([run_dir]):  # its summary stays a result; the lost per-round record is said
+            parts[-1].incomplete.append(cfg["run-name"])
+            how += f", but its {METRICS_FILE} is missing (deleted after it finished)"
         say(f"[{i}/{len(configs)}] {row} seed {seed}: {how}, kept")
         parts[-1].runs.setdefault(row, []).append(run_dir)
     if jobs:
@@ -522,6 +557,7 @@ def launch(args: argparse.Namespace, configs: list[tuple[str, int, dict]], runs_
             outcome.runs.setdefault(row, []).extend(run_dirs)
         outcome.failed += part.failed
         outcome.stopped += part.stopped
+        outcome.incomplete += part.incomplete
     return outcome
 
 
@@ -554,7 +590,7 @@ def run_all(args: argparse.Namespace, jobs: list[tuple[int, str, int, dict]], to
         if (run_dir / CHECKPOINT).exists():
             cfg = {**cfg, "resume": True}
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "run-config.json").write_text(json.dumps(validate_config(cfg), indent=1))
+        atomic_write_text(run_dir / "run-config.json", json.dumps(validate_config(cfg), indent=1))
         say(f"[{i}/{total}] {row} seed {seed} -> {run_dir}" + (" (resuming)" if cfg.get("resume") else ""))
         tail: list[str] = []
         sim.run(cfg, num_supernodes=args.clients, cpus_per_client=args.cpus_per_client,
@@ -566,8 +602,9 @@ def run_all(args: argparse.Namespace, jobs: list[tuple[int, str, int, dict]], to
     for (i, _, _, cfg), result in zip(jobs, pool.results()):
         if isinstance(result, Failed):  # the runner's own error in one run (the others went on)
             parts[i - 1].failed.append(cfg["run-name"])
-            say(f"  [{i}/{total}] run failed in the runner: "
-                + "".join(traceback.format_exception(result.error)).rstrip(), sys.stderr)
+            error = result.error  # a file it could not write (a full disk) in one line; a bug with its traceback
+            say(f"  [{i}/{total}] run failed in the runner: " + (file_problem(error) if isinstance(
+                error, OSError) else "".join(traceback.format_exception(error)).rstrip()), sys.stderr)
 
 
 def record_run(row: str, name: str, run_dir: Path, tail: list[str], outcome: Outcome, lead: str = "    ") -> None:
@@ -606,9 +643,10 @@ def trained_nothing(summary: dict) -> str:
 
 
 def report(outcome: Outcome, out: Path) -> int:
-    """Step 5: comparison.csv/.md and the plots; the exit code (1 when a run failed). A row whose
-    runs were made on different data (kept runs beside new ones) is split, in the table and the
-    plots alike (``split_by_data``): no mean is taken over two data sets."""
+    """Step 5: comparison.csv/.md and the plots; the exit code (1 when a run failed or a kept
+    run lost its metrics.csv). A row whose runs were made on different data (kept runs beside new
+    ones) is split, in the table and the plots alike (``split_by_data``): no mean is taken over
+    two data sets."""
     write_comparison(compare(outcome.runs), out)
     runs, _ = split_by_data(outcome.runs)
     plot_curves(runs, out / "accuracy.png")
@@ -620,15 +658,18 @@ def report(outcome: Outcome, out: Path) -> int:
         print(f"note: {len(outcome.stopped)} run(s) stopped before their last round (see 'stopped' in their "
               f"summary.json; to redo one, run again with another --out): {', '.join(outcome.stopped)}",
               file=sys.stderr)
+    if outcome.incomplete:
+        print(f"error: {len(outcome.incomplete)} finished run(s) have no {METRICS_FILE} (deleted after they finished;"
+              f" their rows use summary.json, their curves and per-round columns are missing): "
+              f"{', '.join(outcome.incomplete)}; run them again with another --out", file=sys.stderr)
     if outcome.failed:
         print(f"error: {len(outcome.failed)} run(s) failed: {', '.join(outcome.failed)}", file=sys.stderr)
-        return 1
-    return 0
+    return 1 if outcome.failed or outcome.incomplete else 0
 
 
 def main(argv: list[str] | None = None) -> int:
     """parse -> validate -> plan -> launch -> report. Exit codes: 0 done, 1 a run failed,
-    2 refused before anything was launched."""
+    2 refused before anything was launched, 130 interrupted (Ctrl-C: one line, no traceback)."""
     # SIGTERM (a job scheduler, `timeout`) unwinds like Ctrl-C, so the private SuperLink and
     # everything it started are stopped; finished runs and checkpoints stay for --resume.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -640,6 +681,18 @@ def main(argv: list[str] | None = None) -> int:
         print(listing(args.list))
         return 0
     out = Path(args.out or f"results/compare-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    try:
+        return run_comparison(args, out)
+    except KeyboardInterrupt:  # every process of the runs is stopped by then (runner/parallel.py)
+        kept = (f"the runs finished or checkpointed in {out} are kept: run_simulation.py --resume {out} continues"
+                " them" if (out / "runner.json").exists() else "nothing was launched")
+        print(f"\ninterrupted (Ctrl-C): {kept}", file=sys.stderr)
+        return 130
+
+
+def run_comparison(args: argparse.Namespace, out: Path) -> int:
+    """validate -> plan -> launch -> report into ``out``, holding its lock (kept when Ctrl-C
+    unwinds this, released by the kernel at the runner's end; removed on a normal return)."""
     with contextlib.ExitStack() as held:  # the folder's lock, released on return (or by the kernel at death)
         try:
             check_out_folder(out)
@@ -651,29 +704,47 @@ def main(argv: list[str] | None = None) -> int:
                 search.configs = validate(search.args, out / SEARCH_FOLDER / "runs")
             configs = validate(args, out / "runs")
             if args.check:
-                if search:
-                    print(f"tuning search ({search.protocol.describe(search.rounds)}):")
-                    print_check(search.configs, out / SEARCH_FOLDER / "runs", args.clients)
-                    print("the table (its tuned rows run the values the search chooses):")
-                print_check(configs, out / "runs", args.clients)
-                return 0
+                return print_checks(args, search, configs, out)
             lock = lock or take_folder(out, held)
             gpus = plan(args, out)
             app = snapshot(out)
-        except (ConfigError, DataUnavailableError, PartitionError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
+        except (ConfigError, DataUnavailableError, PartitionError, OSError) as exc:
+            print(f"error: {file_problem(exc, out) if isinstance(exc, OSError) else exc}", file=sys.stderr)
             return 2
         try:
             if search:
                 configs = run_search(args, search, out, gpus, lock, app)
-            outcome = launch(args, configs, out / "runs", gpus, lock, app)
+            return report(launch(args, configs, out / "runs", gpus, lock, app), out)
         except MissingTool as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         except (ConfigError, DataUnavailableError, PartitionError) as exc:  # the search chose nothing
             print(f"error: {exc}", file=sys.stderr)
             return 1
-        return report(outcome, out)
+        except OSError as exc:  # the runner's own files: a full disk while writing the comparison, ...
+            print(f"error: {file_problem(exc, out)}", file=sys.stderr)
+            return 1
+
+
+def print_checks(args: argparse.Namespace, search: SearchPlan | None, configs: list, out: Path) -> int:
+    """``--check``'s report of the tuning search (when the file has one) and the table; 0."""
+    if search:
+        print(f"tuning search ({search.protocol.describe(search.rounds)}):")
+        print_check(search.configs, out / SEARCH_FOLDER / "runs", args.clients)
+        print("the table (its tuned rows run the values the search chooses):")
+    print_check(configs, out / "runs", args.clients)
+    return 0
+
+
+def file_problem(exc: OSError, out: Path | None = None) -> str:
+    """One line for an ``OSError`` on the runner's own files (a full disk, a folder made
+    read-only under it): the file and the reason, and with ``out`` that what is finished there
+    stays for --resume. (Every file is written through a temp file and a rename, so none is
+    left half written.)"""
+    where = f" {exc.filename}" if exc.filename else ""
+    line = f"cannot write{where}: {exc.strerror or exc}"
+    return line + (f"; the finished runs and checkpoints in {out} are kept: free space (or fix the folder) and"
+                   f" continue with run_simulation.py --resume {out}" if out else "")
 
 
 def run_search(args: argparse.Namespace, search: SearchPlan, out: Path, gpus: float, lock: int | None,
@@ -704,11 +775,12 @@ def check_out_folder(out: Path) -> None:
 
 
 def take_folder(out: Path, held: contextlib.ExitStack) -> int:
-    """Hold ``out``'s lock (``lock_folder``) until ``held`` closes; a folder in use by another
-    runner or one that cannot be written is a one-line ``ConfigError``."""
+    """Hold ``out``'s lock (``lock_folder``) until ``held`` closes, its file removed when the
+    runner leaves cleanly (``release_folder``: every watchdog has been dismissed by then); a
+    folder in use by another runner or one that cannot be written is a one-line ``ConfigError``."""
     try:
         fd = lock_folder(out)
-        held.callback(os.close, fd)
+        held.push(lambda kind, exc, tb: release_folder(out, fd, remove=kind is None))  # removed on a clean exit
         return fd
     except FolderInUse as exc:
         raise ConfigError(str(exc)) from None

@@ -83,7 +83,10 @@ def read_experiment(path: Path | str) -> dict:
             raise ConfigError(f"experiment file {path}: entry {key!r} = {shown} has the wrong type"
                               f" ({type(value).__name__}); expected {expected}")
     check_per_run_keys(exp, path)
+    from runner.plan import check_distinct
     from runner.tuning import read_protocol
+
+    check_distinct(exp.get("seeds", []), f"experiment file {path}: entry 'seeds' = {exp.get('seeds')!r}", "seed")
 
     read_protocol(exp, list(exp.get("strategies", [])), path)
     rows = set(exp.get("strategies", [])) | {"all"}

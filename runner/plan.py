@@ -36,8 +36,29 @@ def check_command_line_keys(keys, flag: str) -> None:
                               f" {RUNNER_KEYS[key]}")
 
 
+def first_repeated(values: list[Any]) -> Any:
+    """The first value that ``values`` lists twice (compared as parsed: 0.01 and 1e-2 are one
+    value), else None."""
+    seen: list[Any] = []
+    for value in values:
+        if value in seen:
+            return value
+        seen.append(value)
+    return None
+
+
+def check_distinct(values: list[Any], where: str, what: str = "value") -> None:
+    """Refuse a list of seeds or grid values that lists one twice: a seed is one run and a grid
+    value one row, so a repeat would count one run twice (``2 seeds, 0.7000 +- 0.0000``)."""
+    repeated = first_repeated(values)
+    if repeated is not None:
+        raise ConfigError(f"{where} is invalid: it lists {what} {_text(repeated)} twice (a {what} is one"
+                          f" {'run' if what == 'seed' else 'row'}; a repeat would count it twice); give each once")
+
+
 def parse_grid(items: list[str]) -> dict[str, list[Any]]:
-    """``["learning-rate=0.01,0.05"]`` -> ``{"learning-rate": [0.01, 0.05]}`` (typed per key)."""
+    """``["learning-rate=0.01,0.05"]`` -> ``{"learning-rate": [0.01, 0.05]}`` (typed per key); a
+    value given twice is refused (``check_distinct``)."""
     axes: dict[str, list[Any]] = {}
     for text in items:
         if "=" not in text:
@@ -47,14 +68,17 @@ def parse_grid(items: list[str]) -> dict[str, list[Any]]:
         if not parsed:
             raise ConfigError(f"--grid {text!r} lists no values")
         axes[parsed[0][0]] = [v for _, v in parsed]
+        check_distinct(axes[parsed[0][0]], f"--grid {text}")
     check_command_line_keys(axes, "--grid")
     return axes
 
 
 def check_axes(axes: Any, where: str) -> dict[str, list[Any]]:
-    """A grid table from an experiment file: each key maps to a non-empty list."""
+    """A grid table from an experiment file: each key maps to a non-empty list of distinct values."""
     if not isinstance(axes, dict) or not all(isinstance(v, list) and v for v in axes.values()):
         raise ConfigError(f"{where} must map run-config keys to non-empty lists of values, got {axes!r}")
+    for key, values in axes.items():
+        check_distinct(values, f"{where} {key} = {values!r}")
     return axes
 
 

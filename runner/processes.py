@@ -165,26 +165,58 @@ def lock_folder(folder: Path) -> int:
     with this process's PID written in it; returns the open descriptor, which holds the lock
     until it is closed, and the kernel closes it when the process dies by any signal: a stale
     lock of a dead runner is simply taken. A descriptor handed to a child (the watchdog,
-    ``LocalSimulation(hold=...)``) keeps the lock held until that child ends too.
+    ``LocalSimulation(hold=...)``) keeps the lock held until that child ends too. A lock file
+    its holder removed on release (``release_folder``) between our open and our lock is not
+    the folder's lock any more: the lock is taken again on the file now at the path.
 
     ``FolderInUse`` names the holder's PID when another process holds it; ``OSError`` when
     the folder cannot be made or written (a file in its place, no permission)."""
     folder.mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+    path = folder / LOCK_NAME
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise FolderInUse(in_use(folder, holder)) from None
+        if _is_at(fd, path):
+            break
         os.close(fd)
-        gone = holder.isdigit() and not Path(f"/proc/{holder}").exists()
-        state = (" (it has ended: its watchdog is still stopping the processes it started; try again in a few"
-                 " seconds)" if gone else "")
-        raise FolderInUse(f"{folder} is in use by another run_simulation.py, PID {holder}{state}: one runner per"
-                          f" results folder (lock {folder / LOCK_NAME}); wait for it to finish, stop it (kill"
-                          f" {holder}), or use another --out") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+def in_use(folder: Path, holder: str) -> str:
+    """The line refusing ``folder`` held by PID ``holder`` (a runner, or its watchdog after it died)."""
+    gone = holder.isdigit() and not Path(f"/proc/{holder}").exists()
+    state = (" (it has ended: its watchdog is still stopping the processes it started; try again in a few"
+             " seconds)" if gone else "")
+    return (f"{folder} is in use by another run_simulation.py, PID {holder}{state}: one runner per"
+            f" results folder (lock {folder / LOCK_NAME}); wait for it to finish, stop it (kill"
+            f" {holder}), or use another --out")
+
+
+def _is_at(fd: int, path: Path) -> bool:
+    """Whether the open file ``fd`` is the file now at ``path``."""
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except FileNotFoundError:
+        return False
+
+
+def release_folder(folder: Path, fd: int, remove: bool) -> None:
+    """Release the lock ``lock_folder`` returned; with ``remove`` (a clean exit, every
+    watchdog dismissed) first delete ``<folder>/.lock``, while still holding it, so a finished
+    folder holds only results. A runner that opened the file just before is not fooled: it
+    checks, once it holds its lock, that its file is still the one at the path."""
+    try:
+        if remove and _is_at(fd, folder / LOCK_NAME):
+            (folder / LOCK_NAME).unlink()
+    finally:
+        os.close(fd)
 
 
 def stream_flwr_run(

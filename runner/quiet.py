@@ -78,6 +78,42 @@ def is_noise(line: str) -> bool:
     return any(n in text for n in NOISE) or bool(HISTORY.match(message))
 
 
+# How a run that stopped itself ends its output: the ServerApp raises ``RunAborted`` (too few
+# usable updates, e.g. every reply non-finite; fl_app/server/participation.py), Flower prints
+# the exception with its traceback and then its exit-code lines. The runner says why the run
+# stopped in one line from its summary.json ("stopped after 2 rounds: ..."), so these are hidden.
+STOP_EXCEPTION = "fl_app.server.participation.RunAborted:"
+TRACEBACK_OPENERS = ("Simulation raised an exception", "ServerApp thread raised an exception",
+                     "Traceback (most recent call last):")
+AFTER_STOP = ("Exit Code: 700", "An unhandled exception occurred when running the simulation",
+              "ref-exit-codes/700")
+
+
+class HeldTraceback:
+    """The lines of a streamed run output to show, with a traceback held back until its last
+    line names the exception: the traceback of the run's own stop (``STOP_EXCEPTION``) and
+    Flower's exit-code lines after it are dropped (they are in the run's log, and its stop is
+    said in one line); any other traceback is shown whole, as before."""
+
+    def __init__(self) -> None:
+        self.held: list[str] = []
+        self.stopped = False
+
+    def feed(self, line: str) -> list[str]:
+        """The lines to show now, given the next line of the output."""
+        text = plain(line).strip()
+        if self.stopped and any(a in text for a in AFTER_STOP):
+            return []
+        if not self.held and not any(text.endswith(o) or text.startswith(o) for o in TRACEBACK_OPENERS):
+            return [line]
+        self.held.append(line)
+        if plain(line)[:1].isspace() or not text or any(o in text for o in TRACEBACK_OPENERS):
+            return []  # a frame of the traceback, or its opening lines
+        block, self.held = self.held, []
+        self.stopped = text.startswith(STOP_EXCEPTION)
+        return [] if self.stopped else block
+
+
 def quiet_libraries(verbose: bool) -> None:
     """The runner's own process, unless ``verbose``: the deprecation and future warnings of
     ``LIBRARIES`` are ignored (``--check`` partitions the data in this process, and a shard split

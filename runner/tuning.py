@@ -44,7 +44,7 @@ from typing import Any
 
 from fl_app.config import ConfigError
 from fl_app.registry import spec
-from runner.plan import grid_points, label, run_name
+from runner.plan import check_distinct, grid_points, label, run_name
 from runner.results.report import LOST_UPDATES, client_failures, read_summary, tail_accuracy
 
 METRICS = ("best", "final", "last-5-mean")
@@ -135,6 +135,7 @@ def _scalars(tune: dict, where: str) -> tuple[list[int], float, str, float]:
     if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
                                                       for s in seeds)):
         raise ConfigError(f"{where}[tune] seeds = {seeds!r} is invalid: must be a non-empty list of integers >= 0")
+    check_distinct(seeds, f"{where}[tune] seeds = {seeds!r}", "seed")
     budget = tune["budget"]
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget <= 1:
         raise ConfigError(f"{where}[tune] budget = {budget!r} is invalid: must be a number in (0, 1] (the share"
@@ -161,6 +162,7 @@ def _axes(table: Any, where: str) -> dict[str, list]:
                               " run-config keys, e.g. learning-rate")
         if not isinstance(values, list) or not values:
             raise ConfigError(f"{where} {key} = {values!r} is invalid: must be a non-empty list of values")
+        check_distinct(values, f"{where} {key} = {values!r}")
     return dict(table)
 
 

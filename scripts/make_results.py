@@ -8,7 +8,9 @@ The runs behind the tables are kept in the repository, in docs/results/runs/<nam
 (each run's metrics.csv and summary.json, machine paths removed; its per_class_accuracy.csv and
 the clients' training label counts, client_label_counts.csv, when the run wrote per-class
 accuracies), so this script regenerates docs/results.md from a clean checkout, without the data. ``--collect`` first copies the finished runs of the
-runner's folder (<dir>/<name>/runs/...) into that store, replacing runs of the same name.
+runner's folder (<dir>/<name>/runs/...) into that store, replacing runs of the same name: each
+new copy is built and checked beside the old one and then swapped in (runner/results/store.py),
+so a failed collect leaves the store exactly as it was.
 
 One table never mixes two data sets: each run's summary.json records a ``data_fingerprint``
 (its data files' sizes and SHA-256, or the hub id and revision, and the partitioning;
@@ -56,6 +58,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import shutil
 import sys
@@ -103,6 +106,7 @@ from runner.results.stats import (  # noqa: E402
     paired_difference,
     parse_claims,
 )
+from runner.results.store import StoreError, discard, missing_folders, stage_run, swap_in  # noqa: E402
 from runner.tuning import (  # noqa: E402
     TUNING_FILE,
     apply_choice,
@@ -265,7 +269,11 @@ def collect(source: Path, store: Path, experiments: list[tuple[Path, dict]]) -> 
         runs = Path(source) / name / "runs"
         expected = expected_runs(apply_choice(exp, read_tuning(Path(source) / name)))
         for d in sorted(runs.glob("*")) if runs.is_dir() else []:
-            summary = read_summary(d)
+            try:
+                summary = read_summary(d)
+            except ValueError as exc:  # a corrupt summary.json: not a run to keep, said in one line
+                problems.append(f"{path}: run {d.name}: summary.json is not readable JSON ({exc})")
+                continue
             if summary is not None:
                 problems += setting_problems(d, summary, expected, path)
                 found.append((name, d, summary))
@@ -277,30 +285,66 @@ def collect(source: Path, store: Path, experiments: list[tuple[Path, dict]]) -> 
     if mixed:
         raise ConfigError(f"--collect refused: {mixed}; one table never mixes two data sets (re-run them on"
                           " one data set, or leave the others out of --collect's folder)")
-    copied = []
-    for path, exp in experiments:  # the tuning record beside the runs it chose for (runner/tuning.py)
-        name = exp.get("name", path.stem)
-        if (Path(source) / name / TUNING_FILE).is_file():
-            (Path(store) / name).mkdir(parents=True, exist_ok=True)
-            shutil.copy2(Path(source) / name / TUNING_FILE, Path(store) / name / TUNING_FILE)
-    for name, d, summary in found:
-        target = Path(store) / name / d.name
-        if target.exists():
-            shutil.rmtree(target)
-        target.mkdir(parents=True)
-        shutil.copy2(d / "metrics.csv", target / "metrics.csv")
-        if (d / PER_CLASS_FILE).exists():  # the clients' label-mix view (runner/results/clientmix.py)
-            shutil.copy2(d / PER_CLASS_FILE, target / PER_CLASS_FILE)
-            counts = run_label_counts(d, compute=True)
-            if counts is not None:
-                shutil.copy2(d / LABEL_COUNTS_FILE, target / LABEL_COUNTS_FILE)
-        for key in MACHINE_PATHS:
-            if key in summary.get("config", {}):
-                summary["config"][key] = ""
-        summary.pop("data_source", None)
-        (target / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-        copied.append(f"{name}/{d.name}")
-    return copied
+    return put_in_store(source, store, experiments, found)
+
+
+def put_in_store(source: Path, store: Path, experiments: list[tuple[Path, dict]],
+                 found: list[tuple[str, Path, dict]]) -> list[str]:
+    """Every checked run of ``found`` (and each experiment's tuning record) into the store,
+    never losing a kept run (``runner/results/store.py``): all new copies are staged beside the
+    old ones and checked first; a failure there removes them and raises ``StoreError`` (the
+    store byte-identical); then each is swapped in by renames. Returns the runs copied."""
+    staged, made = [], []
+    try:
+        for name, d, summary in found:
+            parent = Path(store) / name
+            made += [p for p in missing_folders(parent) if p not in made]
+            staged.append(stage_run(parent, d.name, lambda folder, d=d, s=summary: store_copy(d, s, folder),
+                                    summary))
+        tunings = [(stage_tuning(Path(source) / name, Path(store) / name, made), Path(store) / name / TUNING_FILE)
+                   for name in {exp.get("name", path.stem) for path, exp in experiments}
+                   if (Path(source) / name / TUNING_FILE).is_file()]
+    except (StoreError, OSError) as exc:
+        discard(staged, made)
+        why = exc if isinstance(exc, StoreError) else f"{exc.strerror or exc}: {exc.filename}"
+        raise ConfigError(f"--collect refused: {why}; nothing in {store} was changed") from None
+    for tmp, target in tunings:  # the tuning record beside the runs it chose for (runner/tuning.py)
+        os.replace(tmp, target)
+    for (name, d, _), new in zip(found, staged):
+        swap_in(new, Path(store) / name / d.name)
+    return [f"{name}/{d.name}" for name, d, _ in found]
+
+
+def store_copy(d: Path, summary: dict, folder: Path) -> None:
+    """The store's copy of finished run ``d`` written into ``folder``: its metrics.csv, the
+    per-class accuracies and the clients' label counts when it has them, and its summary with
+    the machine's paths blanked."""
+    shutil.copy2(d / "metrics.csv", folder / "metrics.csv")
+    if (d / PER_CLASS_FILE).exists():  # the clients' label-mix view (runner/results/clientmix.py)
+        shutil.copy2(d / PER_CLASS_FILE, folder / PER_CLASS_FILE)
+        counts = run_label_counts(d, compute=True)
+        if counts is not None:
+            shutil.copy2(d / LABEL_COUNTS_FILE, folder / LABEL_COUNTS_FILE)
+    kept = json.loads(json.dumps(summary))  # a copy: the source's record is not altered
+    for key in MACHINE_PATHS:
+        if key in kept.get("config", {}):
+            kept["config"][key] = ""
+    kept.pop("data_source", None)
+    (folder / "summary.json").write_text(json.dumps(kept, indent=1) + "\n")
+
+
+def stage_tuning(source: Path, parent: Path, made: list[Path]) -> Path:
+    """A copy of ``source``'s tuning record in a temporary file of ``parent`` (moved into place
+    once every run is staged)."""
+    made += [p for p in missing_folders(parent) if p not in made]
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = parent / f".{TUNING_FILE}.incoming-{os.getpid()}"
+    try:
+        shutil.copy2(source / TUNING_FILE, tmp)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
 
 
 def collect_mixes_data(found: list[tuple[str, Path, dict]], store: Path,

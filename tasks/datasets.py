@@ -85,6 +85,37 @@ def check_columns(fds, info: DatasetInfo, where: str) -> None:
         )
 
 
+def check_labels(name: str, files: dict[str, str]) -> None:
+    """Every label of the local parquet ``files`` must be one of the dataset's classes (an
+    integer in 0 .. classes - 1): a label 42 in MNIST would otherwise fail every client's
+    training after launch (``Target 42 is out of bounds``) or, as a float, be cut to an integer
+    silently. ``DataUnavailableError`` naming the file, the value and the valid range. Only the
+    label column is read (milliseconds); a file or column that cannot be read is left to the
+    readers that report it (``check_columns``)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    import pyarrow.types as pat
+
+    info = DATASETS[name]
+    classes = info.shape.classes
+    valid = f"valid labels: the integers 0 to {classes - 1} ({name} has {classes} classes)"
+    for path in files.values():
+        try:
+            column = pq.read_table(path, columns=[info.label_column]).column(0)
+        except Exception:  # ArrowInvalid, KeyError, OSError, ...: reported by the readers
+            continue
+        if not pat.is_integer(column.type):
+            raise DataUnavailableError(f"{path}: label column {info.label_column!r} holds {column.type} values, not"
+                                       f" integers; {valid}")
+        if column.null_count:
+            raise DataUnavailableError(f"{path}: {column.null_count} row(s) have no label; {valid}")
+        bounds = pc.min_max(column).as_py()
+        low, high = bounds["min"], bounds["max"]
+        if low is not None and (low < 0 or high >= classes):
+            raise DataUnavailableError(f"{path}: label {high if high >= classes else low} is outside {name}'s classes;"
+                                       f" {valid}")
+
+
 def to_tensors(ds, info: DatasetInfo) -> tuple[torch.Tensor, torch.Tensor]:
     """Decode a Hugging Face ``Dataset``'s images once into a normalised float32 NCHW tensor."""
     table = ds.with_format("arrow")[:]  # the selected rows (a partition's index mapping applied)

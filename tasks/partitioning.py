@@ -24,6 +24,7 @@ from tasks.datasets import (
     DataUnavailableError,
     PartitionError,
     check_columns,
+    check_labels,
     local_parquet_files,
     to_tensors,
 )
@@ -288,12 +289,16 @@ def check_partition_count(spec: PartitionSpec) -> None:
 
 
 def check_data(spec: PartitionSpec) -> None:
-    """Fail fast, before any training, on a missing source, wrong columns, or a partitioning
-    that leaves a client without data. Nothing is decoded, but cutting the partitions takes
-    about a second (Dirichlet); a partitioning of local files that passed once is remembered
-    on disk (``checked_partitioning``), so the server does not redo the runner's check."""
+    """Fail fast, before any training, on a missing source, wrong columns, labels outside the
+    dataset's classes (local files, ``check_labels``: checked every time, it reads one column),
+    or a partitioning that leaves a client without data. Nothing is decoded, but cutting the
+    partitions takes about a second (Dirichlet); a partitioning of local files that passed once
+    is remembered on disk (``checked_partitioning``), so the server does not redo the runner's check."""
     if spec.dataset == "synthetic":
         return
+    files = local_parquet_files(spec.dataset, spec.data_dir)
+    if files is not None:
+        check_labels(spec.dataset, files)
     if checked_partitioning(spec) is not None:
         return
     check_partition_count(spec)

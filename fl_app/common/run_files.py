@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 from pathlib import Path
+
+from fl_app.common.files import replacing
 
 METRICS_FILE = "metrics.csv"
 SUMMARY_FILE = "summary.json"
@@ -30,15 +31,12 @@ BASE_COLUMNS = [
 
 
 def write_metrics(run_dir: Path, columns: list[str], rows: list[dict]) -> None:
-    """``rows`` as the whole metrics.csv of ``run_dir`` (temp file, then rename: a reader sees
-    the previous rows or all of them); a cell a row lacks is left empty."""
-    path = Path(run_dir) / METRICS_FILE
-    tmp = path.with_suffix(".csv.tmp")
-    with tmp.open("w", newline="") as f:
+    """``rows`` as the whole metrics.csv of ``run_dir`` (``replacing``: a reader sees the
+    previous rows or all of them, a failed write leaves no temp file); a cell a row lacks is left empty."""
+    with replacing(Path(run_dir) / METRICS_FILE, newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns, restval="")
         writer.writeheader()
         writer.writerows(rows)
-    os.replace(tmp, path)
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

@@ -12,6 +12,7 @@ import contextlib
 import logging
 from pathlib import Path
 
+from fl_app.common.faults import parse_faults
 from fl_app.server.screening import check_replies
 from protocol.keys import ConfigError
 from tasks.server_side import checked_data_dir
@@ -60,6 +61,19 @@ def check_nodes(cfg: dict, num_nodes: int) -> None:
             f" (raise the number of SuperNodes/--clients to {wanted} or lower min-available-clients)"
         )
     check_replies(cfg, num_nodes)
+    check_fault_partitions(cfg, num_nodes)
+
+
+def check_fault_partitions(cfg: dict, num_partitions: int) -> None:
+    """Every partition ``inject-faults`` names must exist: an attack on partition 99 of 4 would
+    be a clean run (no node has that partition), and a study would report a defence that lost
+    nothing. One line naming the item and the valid range."""
+    missing = sorted(k for k in parse_faults(cfg["inject-faults"]) if isinstance(k, int) and k >= num_partitions)
+    if missing:
+        raise ConfigError(
+            f"run-config key 'inject-faults' = {cfg['inject-faults']!r} is invalid: partition {missing[-1]} does not"
+            f" exist; the federation has {num_partitions} partition(s), so a fault or attack names one of 0 to"
+            f" {num_partitions - 1}")
 
 
 @contextlib.contextmanager

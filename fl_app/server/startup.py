@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 from fl_app.common.background import in_background
-from fl_app.server.preflight import loud
+from fl_app.server.preflight import check_fault_partitions, loud
 from fl_app.server.sampling import CohortClientManager, SeededClientManager
 from fl_app.server.screening import check_replies
 from protocol.keys import ConfigError
@@ -129,9 +129,11 @@ class ServerStartup:
         return settled_count(cm, self.cfg["min-available-clients"])
 
     def _check(self) -> PartitionSpec:
-        """Check the partitioning the nodes reported (before round 1)."""
+        """Check the partitioning the nodes reported (before round 1), and that every partition
+        ``inject-faults`` names is one of them."""
         cm = self.client_manager
         spec = PartitionSpec.from_config(self.cfg, cm.num_partitions or cm.num_available())
+        check_fault_partitions(self.cfg, spec.num_partitions)
         check_data(spec)
         return spec
 

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fl_app.common.files import replacing
 from protocol.keys import ConfigError
 
 log = logging.getLogger("flwr.fl_drift")
@@ -98,12 +99,10 @@ def write_per_class(run_dir: Path, server_round: int, accuracies) -> None:
     cells = ["" if not math.isfinite(a) else repr(float(a)) for a in accuracies]
     rows.append([str(server_round), *cells])
     width = max(len(r) for r in rows) - 1
-    tmp = path.with_suffix(".csv.tmp")
-    with tmp.open("w", newline="") as f:
+    with replacing(path, newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["round", *(f"class_{c}" for c in range(width))])
         writer.writerows(rows)
-    os.replace(tmp, path)
 
 
 class TensorBoardTracker:

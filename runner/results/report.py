@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fl_app.common.run_files import read_metrics, read_summary
+from fl_app.common.files import atomic_write_text, replacing
+from fl_app.common.run_files import METRICS_FILE, read_metrics, read_summary
 from runner.results.clientmix import MIX_COLUMNS, client_mix_columns
 from runner.results.fingerprint import split_by_data
 from runner.results.stats import Paired, fmt_paired, paired_difference
@@ -21,6 +22,12 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     if arr.size == 0:
         return float("nan"), float("nan")
     return float(arr.mean()), float(arr.std(ddof=1)) if arr.size > 1 else 0.0
+
+
+def missing_metrics(dirs: list[Path]) -> list[str]:
+    """Finished runs (a summary.json) whose metrics.csv is gone (deleted or moved after they
+    finished): their per-round columns cannot be computed, so they are named, never skipped."""
+    return [Path(d).name for d in dirs if read_summary(d) is not None and not (Path(d) / METRICS_FILE).exists()]
 
 
 def update_gaps(dirs: list[Path]) -> list[str]:
@@ -104,6 +111,7 @@ def compare(runs: dict[str, list[Path]]) -> list[dict]:
             "untrained_runs": len(summaries) - len(trained), "update_gaps": "; ".join(update_gaps(dirs)),
             "client_failures": "; ".join(client_failures(dirs)),
             "data_split": split.get(method, ""),
+            "missing_metrics": "; ".join(missing_metrics(dirs)),
             **client_columns(dirs),
             **client_mix_columns(dirs, compute=True),
         })
@@ -217,12 +225,17 @@ WARNINGS = {
                        " error):",
     "data_split": "**Warning: rows split by data** (a mean is never taken over runs on different data, nor over"
                   " runs without a data fingerprint beside runs with one; `runner/results/fingerprint.py`):",
+    "missing_metrics": "**Warning: finished runs without their metrics.csv** (deleted or moved after the run: the"
+                       " accuracies above come from their summary.json; their curves and per-round columns are"
+                       " missing):",
 }
 
 
 def write_comparison(table: list[dict], out: Path) -> None:
+    """comparison.csv and comparison.md in ``out``, each written whole or not at all
+    (``replacing``: a full disk leaves the previous file, never a 0-byte or half one)."""
     out.mkdir(parents=True, exist_ok=True)
-    with (out / "comparison.csv").open("w", newline="") as f:
+    with replacing(out / "comparison.csv", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(table[0]) if table else ["method"])
         writer.writeheader()
         writer.writerows(table)
@@ -264,7 +277,7 @@ def write_comparison(table: list[dict], out: Path) -> None:
                 flagged.setdefault(r[key], []).append(r["method"])
         if flagged:
             lines += ["", heading] + [f"- {', '.join(rows)}: {text}" for text, rows in flagged.items()]
-    (out / "comparison.md").write_text("\n".join(lines) + "\n")
+    atomic_write_text(out / "comparison.md", "\n".join(lines) + "\n")
 
 
 def tail_header(table: list[dict]) -> str:
@@ -416,9 +429,20 @@ def plot(runs: dict[str, list[Path]], column: str, ylabel: str, path: Path, titl
     setup = setup_title(runs)
     ax.set_title("\n".join(t for t in (title, setup, _spread_note(stats)) if t), fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
+
+
+def save_figure(fig, path: Path) -> None:
+    """Write ``fig`` to ``path`` (its suffix the format) through a temp file and a rename
+    (``replacing``: a full disk leaves the old figure or none, never half of one); closed after."""
+    import matplotlib.pyplot as plt
+
+    try:
+        with replacing(Path(path), "wb") as f:
+            fig.savefig(f, dpi=120, format=Path(path).suffix.lstrip(".") or "png")
+    finally:
+        plt.close(fig)
 
 
 def plot_curves(runs: dict[str, list[Path]], path: Path) -> bool:
@@ -439,8 +463,7 @@ def plot_curves(runs: dict[str, list[Path]], path: Path) -> bool:
         right.set_axis_off()
     fig.suptitle(f"{setup_title(runs)}\n{_spread_note(acc)}", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 
@@ -685,8 +708,7 @@ def plot_drift(runs: dict[str, list[Path]], path: Path, title: str = "") -> bool
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 
