@@ -8,8 +8,8 @@ the arithmetic then counts what a run does:
     steps = local-epochs * ceil((N_train / K) / batch-size)
     eval = N_test * forward-per-example                (the server's test split, every round)
 
-with K clients, C = fraction-fit, N_train / N_test the dataset's split sizes (an even share per
-client: Dirichlet splits vary around it), ``cost`` the method's local step relative to plain SGD
+with K clients, C = fraction-fit, N_train / N_test the dataset's split sizes (``tasks/catalogue.py``;
+an even share per client: Dirichlet splits vary around it), ``cost`` the method's local step relative to plain SGD
 (the method client's ``STEP_COST``, set from the measured run times in docs/results:
 two forward-backward passes for the sharpness-aware methods, ...), ``parallel``
 the clients trained at once (CPU cores, one per client as run_simulation's default), START the
@@ -33,10 +33,10 @@ import os
 import time
 from dataclasses import dataclass
 
+from tasks.catalogue import DATASETS  # plain data: the split sizes
+
 START_SECONDS = 20.0
 ROUND_SECONDS = 0.3
-TRAIN_SIZE = {"mnist": 60000, "fashion_mnist": 60000, "cifar10": 50000, "cifar100": 50000}
-TEST_SIZE = {"mnist": 10000, "fashion_mnist": 10000, "cifar10": 10000, "cifar100": 10000}
 SYNTHETIC_PER_CLIENT = 100  # tasks/synthetic.py: lognormal(4, 2) + 50 examples a device, median about 105
 
 
@@ -51,7 +51,7 @@ class Probe:
 
 def local_steps(cfg: dict, clients: int) -> int:
     """Local steps of one client in one round (an even share of the training split)."""
-    n = SYNTHETIC_PER_CLIENT if cfg["dataset"] == "synthetic" else TRAIN_SIZE[cfg["dataset"]] / clients
+    n = SYNTHETIC_PER_CLIENT if cfg["dataset"] == "synthetic" else DATASETS[cfg["dataset"]].train_size / clients
     return cfg["local-epochs"] * max(1, math.ceil(n / cfg["batch-size"]))
 
 
@@ -60,7 +60,8 @@ def run_seconds(cfg: dict, clients: int, probe: Probe, parallel: int, step_cost:
     ``step_cost``: the method client's ``STEP_COST`` (its local step against one SGD step)."""
     per_round = max(cfg["min-fit-clients"], math.ceil(clients * cfg["fraction-fit"]))
     train = per_round * local_steps(cfg, clients) * probe.step_seconds * step_cost
-    evaluate = TEST_SIZE.get(cfg["dataset"], 1000) * probe.forward_seconds_per_example
+    info = DATASETS.get(cfg["dataset"])  # None for synthetic: about 1,000 test examples
+    evaluate = (info.test_size if info else 1000) * probe.forward_seconds_per_example
     return START_SECONDS + cfg["num-server-rounds"] * (train / max(1, parallel) + evaluate + ROUND_SECONDS)
 
 

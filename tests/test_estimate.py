@@ -41,3 +41,17 @@ def test_flower_costs_every_round_and_every_run_even_without_arithmetic():
     cfg = validate_config({"strategy": "fedavg", "dataset": "mnist", "num-server-rounds": 60})
     free = Probe(step_seconds=0.0, forward_seconds_per_example=0.0)
     assert run_seconds(cfg, 100, free, parallel=2) == pytest.approx(20.0 + 60 * 0.3)
+
+
+def test_a_dataset_added_to_the_catalogue_is_estimated_from_its_sizes(monkeypatch):
+    """A new entry of tasks/catalogue.py (docs/tasks.md, "Add my dataset") is all --check needs:
+    the split sizes come from the entry, not from a second table in the estimate."""
+    from tasks.catalogue import DATASETS, DatasetInfo, InputShape
+
+    info = DatasetInfo("", "image", "label", InputShape(1, 28, 10), (0.5,), (0.5,), train_size=6400, test_size=500)
+    monkeypatch.setitem(DATASETS, "my-digits", info)
+    cfg = {**validate_config({"num-server-rounds": 3, "fraction-fit": 0.5, "batch-size": 32}), "dataset": "my-digits"}
+    assert local_steps(cfg, 10) == 20  # 640 examples a client: 20 batches of 32
+    probe = Probe(step_seconds=0.01, forward_seconds_per_example=1e-3)
+    # per round: 5 clients x 20 steps x 10 ms / 1 = 1 s, plus 500 x 1 ms = 0.5 s eval
+    assert run_seconds(cfg, 10, probe, parallel=1) == pytest.approx(START_SECONDS + 3 * (1.5 + ROUND_SECONDS))
