@@ -8,8 +8,9 @@ the arithmetic then counts what a run does:
     steps = local-epochs * ceil((N_train / K) / batch-size)
     eval = N_test * forward-per-example                (the server's test split, every round)
 
-with K clients, C = fraction-fit, N_train / N_test the dataset's split sizes (``tasks/catalogue.py``;
-an even share per client: Dirichlet splits vary around it), ``cost`` the method's local step relative to plain SGD
+with K clients, C = fraction-fit, N_train / N_test the sizes of the run's splits (``split_sizes``:
+the local parquet files' row counts, else the hub's; an even share per client: Dirichlet splits
+vary around it), ``cost`` the method's local step relative to plain SGD
 (the method client's ``STEP_COST``, set from the measured run times in docs/results:
 two forward-backward passes for the sharpness-aware methods, ...), ``parallel``
 the clients trained at once (CPU cores, one per client as run_simulation's default), START the
@@ -32,12 +33,14 @@ import math
 import os
 import time
 from dataclasses import dataclass
-
-from tasks.catalogue import DATASETS  # plain data: the split sizes
+from pathlib import Path
 
 START_SECONDS = 20.0
 ROUND_SECONDS = 0.3
+HUB_SIZES = {"mnist": (60000, 10000), "fashion_mnist": (60000, 10000), "cifar10": (50000, 10000),
+             "cifar100": (50000, 10000)}  # (train, test) examples of the hub's splits
 SYNTHETIC_PER_CLIENT = 100  # tasks/synthetic.py: lognormal(4, 2) + 50 examples a device, median about 105
+SYNTHETIC_TEST = 1000
 
 
 @dataclass(frozen=True)
@@ -49,9 +52,29 @@ class Probe:
     forward_seconds_per_example: float
 
 
+def split_sizes(cfg: dict) -> tuple[int, int] | None:
+    """(train, test) examples the run reads: the row counts of the data folder's
+    ``<dataset>/{train,test}.parquet`` (their footers, nothing decoded) when the run reads one,
+    else the hub's sizes; None when neither is known (a dataset added to ``tasks/catalogue.py``
+    and read from the hub), so the estimate names the run instead of guessing."""
+    if cfg["dataset"] == "synthetic":
+        return None
+    if cfg.get("data-dir"):
+        from tasks.datasets import parquet_rows
+
+        rows = [parquet_rows(Path(cfg["data-dir"]) / cfg["dataset"] / f"{s}.parquet") for s in ("train", "test")]
+        if all(rows):
+            return rows[0], rows[1]
+    return HUB_SIZES.get(cfg["dataset"])
+
+
+def estimable(cfg: dict) -> bool:
+    return cfg["dataset"] == "synthetic" or split_sizes(cfg) is not None
+
+
 def local_steps(cfg: dict, clients: int) -> int:
     """Local steps of one client in one round (an even share of the training split)."""
-    n = SYNTHETIC_PER_CLIENT if cfg["dataset"] == "synthetic" else DATASETS[cfg["dataset"]].train_size / clients
+    n = SYNTHETIC_PER_CLIENT if cfg["dataset"] == "synthetic" else split_sizes(cfg)[0] / clients
     return cfg["local-epochs"] * max(1, math.ceil(n / cfg["batch-size"]))
 
 
@@ -60,8 +83,8 @@ def run_seconds(cfg: dict, clients: int, probe: Probe, parallel: int, step_cost:
     ``step_cost``: the method client's ``STEP_COST`` (its local step against one SGD step)."""
     per_round = max(cfg["min-fit-clients"], math.ceil(clients * cfg["fraction-fit"]))
     train = per_round * local_steps(cfg, clients) * probe.step_seconds * step_cost
-    info = DATASETS.get(cfg["dataset"])  # None for synthetic: about 1,000 test examples
-    evaluate = (info.test_size if info else 1000) * probe.forward_seconds_per_example
+    test = SYNTHETIC_TEST if cfg["dataset"] == "synthetic" else split_sizes(cfg)[1]
+    evaluate = test * probe.forward_seconds_per_example
     return START_SECONDS + cfg["num-server-rounds"] * (train / max(1, parallel) + evaluate + ROUND_SECONDS)
 
 
@@ -109,14 +132,21 @@ def describe(configs: list[dict], clients: int, parallel: int | None = None, kep
     each config's method client's ``STEP_COST`` (default 1 each); ``paths``: each run's execution
     path (``fl_app/server/cohort.py``). The arithmetic is the per-client path's: a cohort run's
     speed depends on the device (faster on a GPU; 0.45-0.83x the per-client loop on a CPU,
-    ``bench/cohort.py``), so for cohort runs the line says it is the per-client estimate."""
+    ``bench/cohort.py``), so for cohort runs the line says it is the per-client estimate. Runs
+    whose data size is unknown (``split_sizes``) are named, not estimated."""
     parallel = parallel or os.cpu_count() or 1
     kept_text = f" ({kept} finished runs kept)" if kept else ""
     if not configs:
         return f"estimated run time on this machine: nothing left to run{kept_text}"
+    runs = [(c, cost) for c, cost in zip(configs, step_costs or [1.0] * len(configs)) if estimable(c)]
+    unsized = sorted({c["dataset"] for c in configs if not estimable(c)})
+    unsized_text = (f"; {len(configs) - len(runs)} runs on {', '.join(unsized)} not estimated: its size is read"
+                    " from a local data folder (--data-dir), and the hub's is not known here") if unsized else ""
+    if not runs:
+        return f"estimated run time on this machine: unknown{kept_text}{unsized_text}"
     probes: dict[tuple, Probe] = {}
     total = 0.0
-    for cfg, step_cost in zip(configs, step_costs or [1.0] * len(configs)):
+    for cfg, step_cost in runs:
         key = (cfg["dataset"], cfg["model"], cfg["batch-size"])
         if key not in probes:
             probes[key] = measure(cfg)
@@ -126,6 +156,7 @@ def describe(configs: list[dict], clients: int, parallel: int | None = None, kep
     cohort = sum(p == "cohort" for p in paths or [])
     cohort_text = (f"; {cohort} of them on the cohort path, estimated as per-client runs: faster on a GPU, slower on"
                    " a CPU (bench/cohort.py)") if cohort else ""
-    return (f"estimated run time on this machine: {total / 60:.0f} min for {len(configs)} runs{kept_text} "
+    return (f"estimated run time on this machine: {total / 60:.0f} min for {len(runs)} runs{kept_text} "
             f"(an estimate from a probe, {measured}; {parallel} clients in parallel; "
-            f"{START_SECONDS:.0f} s start-up per run, {ROUND_SECONDS:g} s of Flower per round{cohort_text})")
+            f"{START_SECONDS:.0f} s start-up per run, {ROUND_SECONDS:g} s of Flower per round"
+            f"{cohort_text}{unsized_text})")

@@ -1,5 +1,4 @@
-"""The datasets fl-drift knows by name: hub id, column schema, input shape, normalisation and
-split sizes. A new image dataset is one entry of ``DATASETS`` (docs/tasks.md, "Add my dataset").
+"""The datasets fl-drift knows by name: hub id, column schema, input shape and normalisation.
 
 Plain data, no torch: the runner reads it before the heavy imports (to refuse a bad
 ``--data-dir`` at once); ``tasks.datasets`` loads and decodes the data it describes.
@@ -25,22 +24,20 @@ class DatasetInfo:
     shape: InputShape
     mean: tuple[float, ...]
     std: tuple[float, ...]
-    train_size: int  # examples in the train / test split, for the run-time estimate's arithmetic
-    test_size: int  # (runner/estimate.py); a run counts the rows it reads
 
 
 DATASETS: dict[str, DatasetInfo] = {
-    "mnist": DatasetInfo("ylecun/mnist", "image", "label", InputShape(1, 28, 10), (0.1307,), (0.3081,), 60000, 10000),
+    "mnist": DatasetInfo("ylecun/mnist", "image", "label", InputShape(1, 28, 10), (0.1307,), (0.3081,)),
     "fashion_mnist": DatasetInfo(
-        "zalando-datasets/fashion_mnist", "image", "label", InputShape(1, 28, 10), (0.2860,), (0.3530,), 60000, 10000
+        "zalando-datasets/fashion_mnist", "image", "label", InputShape(1, 28, 10), (0.2860,), (0.3530,)
     ),
     "cifar10": DatasetInfo(
         "uoft-cs/cifar10", "img", "label", InputShape(3, 32, 10),
-        (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), 50000, 10000,
+        (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616),
     ),
     "cifar100": DatasetInfo(
         "uoft-cs/cifar100", "img", "fine_label", InputShape(3, 32, 100),
-        (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), 50000, 10000,
+        (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762),
     ),
 }
 

@@ -1,5 +1,7 @@
 """runner/estimate.py: the run-time arithmetic, by hand (the probe is machine-dependent)."""
 
+import math
+
 import pytest
 
 from fl_app.registry import get_method, validate_config
@@ -43,15 +45,29 @@ def test_flower_costs_every_round_and_every_run_even_without_arithmetic():
     assert run_seconds(cfg, 100, free, parallel=2) == pytest.approx(20.0 + 60 * 0.3)
 
 
-def test_a_dataset_added_to_the_catalogue_is_estimated_from_its_sizes(monkeypatch):
-    """A new entry of tasks/catalogue.py (docs/tasks.md, "Add my dataset") is all --check needs:
-    the split sizes come from the entry, not from a second table in the estimate."""
-    from tasks.catalogue import DATASETS, DatasetInfo, InputShape
 
-    info = DatasetInfo("", "image", "label", InputShape(1, 28, 10), (0.5,), (0.5,), train_size=6400, test_size=500)
-    monkeypatch.setitem(DATASETS, "my-digits", info)
-    cfg = {**validate_config({"num-server-rounds": 3, "fraction-fit": 0.5, "batch-size": 32}), "dataset": "my-digits"}
+def test_a_dataset_in_a_data_folder_is_estimated_from_its_files(tmp_path):
+    """A dataset added to tasks/catalogue.py (docs/tasks.md, "Add my dataset") needs no size
+    table: the estimate reads the row counts of the folder's parquet files (it raised KeyError)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "my-digits").mkdir()
+    for split, rows in (("train", 6400), ("test", 500)):
+        pq.write_table(pa.table({"label": list(range(rows))}), tmp_path / "my-digits" / f"{split}.parquet")
+    cfg = {**validate_config({"num-server-rounds": 3, "fraction-fit": 0.5, "batch-size": 32}),
+           "dataset": "my-digits", "data-dir": str(tmp_path)}
     assert local_steps(cfg, 10) == 20  # 640 examples a client: 20 batches of 32
     probe = Probe(step_seconds=0.01, forward_seconds_per_example=1e-3)
     # per round: 5 clients x 20 steps x 10 ms / 1 = 1 s, plus 500 x 1 ms = 0.5 s eval
     assert run_seconds(cfg, 10, probe, parallel=1) == pytest.approx(START_SECONDS + 3 * (1.5 + ROUND_SECONDS))
+    mnist = {**cfg, "dataset": "mnist"}  # no mnist/ in the folder: the hub's 60,000 / 10,000
+    assert local_steps(mnist, 10) == math.ceil(6000 / 32)
+
+
+def test_a_dataset_of_unknown_size_is_named_not_guessed():
+    cfg = {**validate_config({"model": "logreg", "dataset": "synthetic", "num-server-rounds": 1})}
+    hub_only = {**cfg, "dataset": "my-digits", "data-dir": ""}
+    text = describe([cfg, hub_only], clients=4, parallel=2)
+    assert "for 1 runs" in text and "1 runs on my-digits not estimated" in text
+    assert describe([hub_only], clients=4).startswith("estimated run time on this machine: unknown;")
