@@ -23,12 +23,20 @@ class Key:
     """One run-config key: its default, its type and a check with a human description."""
 
     default: Any
+    """The value when a run does not set the key; its type is the key's type (``type``)."""
     check: Callable[[Any], bool] | None = None
+    """True for an allowed value (``positive``, ``unit_interval``, ``at_least(n)``, ...); None: any
+    value of the type."""
     allowed: str = ""
+    """What ``check`` allows, in words: the refusal's one line and the key reference print it."""
     choices: tuple[str, ...] | None = None
+    """The only values allowed, for a key that names one of a few things (a misspelling is answered
+    with the closest)."""
 
     @property
     def type(self) -> type:
+        """The type of ``default``: a value of another type is converted where nothing is lost
+        (the integer 2 for a float key, the text "true" for a bool key), else refused."""
         return type(self.default)
 
 

@@ -158,6 +158,9 @@ def config_reference() -> str:
     def cell(text: str) -> str:
         return text.replace("|", "\\|")
 
+    def prose(text: str) -> str:  # '[:<factor>][@<round>]' is text, not a Markdown reference link
+        return cell(text).replace("][", "]\\[")
+
     readers: dict[str, list[str]] = {}
     for method_name, method in METHODS.items():
         for key_name in config_keys(method):
@@ -166,7 +169,7 @@ def config_reference() -> str:
     own = ["## Method keys", "", "Each read only by the methods named (their sections in [methods.md](methods.md)).",
            "", "| key | default | allowed | methods |", "|---|---|---|---|"]
     for name, key in spec().items():
-        row = f"| `{name}` | `{cell(toml_value(key.default))}` | {cell(allowed(name, key))} |"
+        row = f"| `{name}` | `{cell(toml_value(key.default))}` | {prose(allowed(name, key))} |"
         if name in general_keys():
             general.append(row)
         else:

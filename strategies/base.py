@@ -59,29 +59,34 @@ def build_strategy(strategy_cls: type, cfg: dict, initial_parameters: Parameters
     return strategy_cls.from_config(cfg, **shared)
 
 
-# Update screening modes (fl_app/server/screening.py) a strategy supports besides "none".
-# Clipping and rejection act on the replies before any aggregation, so every method can have
-# them; "median" and "trimmed-mean" replace a mean of the client weights, so only a server whose
-# aggregation is such a mean (possibly followed by a step from w_t) supports them.
 REPLIES_ONLY = ("clip", "reject")
+"""``SCREENING`` of a server whose aggregation is not a mean of the client weights: the update
+screening modes (``fl_app/server/screening.py``) that act on the replies before any aggregation,
+so every method can have them."""
 MEAN_OF_WEIGHTS = ("clip", "reject", "median", "trimmed-mean")
+"""``SCREENING`` of a server whose new model depends on the replies only through their mean (the
+mean itself, or a step from w_t towards it): ``median`` and ``trimmed-mean`` replace that mean."""
 
 
 class FromConfig:
     """Mixin: the run-config keys a method adds, and how to build it from a run config."""
 
     CONFIG_KEYS: dict[str, Key] = {}
-    # Every registered strategy class declares SCREENING in its own body, REPLIES_ONLY or
-    # MEAN_OF_WEIGHTS (or none, ()), so that support for median is a decision, not an inherited
-    # default (tests/test_screening.py); SCREENING_WHY says why a mode is refused.
+    """The run-config keys the server reads (name -> ``protocol.keys.Key``); a key only the client
+    reads goes in the client class's ``CONFIG_KEYS``. ``fl_app.registry.spec`` merges them all."""
     SCREENING: tuple[str, ...] = REPLIES_ONLY
+    """The update screening modes the server supports besides ``none``: ``REPLIES_ONLY`` or
+    ``MEAN_OF_WEIGHTS`` (or none, ``()``). Every registered strategy class declares it in its own
+    body, so that support for ``median`` is a decision, not an inherited default
+    (``tests/test_screening.py``)."""
     SCREENING_WHY: str = "its aggregation is not a mean of the client weights"
-    # Positions of state arrays the server does not aggregate (client-local): not screened.
+    """Why a screening mode outside ``SCREENING`` is refused (the refusal's one line names it)."""
     screen_skip: tuple[int, ...] = ()
-    # How the server weights client k when it averages the replies: False, p_k = n_k / sum n
-    # (Flower's FedAvg); True, p_k = 1/K (the plain mean: FedDyn's Algorithm 1, DP-FedAvg's
-    # noise calibration). The app's drift columns (fl_app/server/drift.py) weight clients the same way.
+    """Positions of state arrays the server does not aggregate (client-local): not screened."""
     UNIFORM_MEAN: bool = False
+    """How the server weights client k when it averages the replies: False, p_k = n_k / sum n
+    (Flower's FedAvg); True, p_k = 1/K (the plain mean: FedDyn's Algorithm 1, DP-FedAvg's noise
+    calibration). The app's drift columns (``fl_app/server/drift.py``) weight clients the same way."""
 
     @classmethod
     def local_entries(cls, model) -> tuple[int, ...]:
@@ -97,6 +102,9 @@ class FromConfig:
 
     @classmethod
     def from_config(cls, cfg: dict, **kwargs):
+        """The strategy for the validated run config ``cfg``; ``kwargs``: Flower's FedAvg
+        arguments every method shares (``fedavg_kwargs``). A method with keys of its own
+        overrides it to read them from ``cfg``."""
         return cls(**kwargs)
 
 
@@ -108,6 +116,7 @@ class DriftFedAvg(FromConfig, FedAvg):
     """
 
     global_weights: list[np.ndarray] | None = None
+    """w_t: the weights this round's fit instructions carry (set by ``configure_fit``)."""
     SCREENING = MEAN_OF_WEIGHTS  # FedAvg's weighted mean of weights
 
     def configure_fit(self, server_round, parameters, client_manager):

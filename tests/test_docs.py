@@ -8,6 +8,7 @@ documentation site (mkdocs.yml) lists every page and builds with ``mkdocs build 
 from __future__ import annotations
 
 import ast
+import html
 import os
 import re
 import subprocess
@@ -318,6 +319,7 @@ def test_the_site_builds_strictly(tmp_path):
     """``mkdocs build --strict`` (as CI runs it): a broken link or anchor, a page missing from
     the nav or a README link the site cannot follow fails."""
     pytest.importorskip("mkdocs", reason="the docs extra is not installed (pip install -e '.[docs]')")
+    pytest.importorskip("mkdocstrings", reason="the docs extra is not installed (pip install -e '.[docs]')")
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
                           cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
@@ -326,4 +328,20 @@ def test_the_site_builds_strictly(tmp_path):
     assert "fedgam-mnist-dir03-accuracy.png" in (site / "index.html").read_text()
     assert (site / "results" / "fedgam-mnist-dir03-accuracy.png").exists()
     assert not (site / "results" / "runs").exists()  # the kept runs are data, not pages
+    reference = (site / "reference" / "index.html").read_text()  # generated from the docstrings
+    for name in REFERENCED:
+        assert f'id="{name}"' in reference, f"docs/reference.md shows no {name}"
+    text = " ".join(html.unescape(re.sub(r"<[^>]+>", " ", reference)).split())
+    from strategies.base import DriftFedAvg
+    from tasks.functional.methods import LocalUpdate
+
+    for obj in (LocalUpdate, DriftFedAvg):  # their docstrings' first words, as the page shows them
+        assert " ".join(obj.__doc__.split()[:5]) in text, obj
+
+
+# The extension points docs/reference.md documents (mkdocstrings renders each under its path).
+REFERENCED = ("tasks.functional.methods.LocalUpdate", "tasks.functional.core.Hyper", "clients.base.DriftClient",
+              "strategies.base.FromConfig", "strategies.base.DriftFedAvg", "strategies.base.MEAN_OF_WEIGHTS",
+              "tasks.partitioning", "tasks.partition_spec.PartitionSpec", "tasks.catalogue.DatasetInfo",
+              "protocol.keys.Key", "fl_app.registry.spec", "fl_app.registry.validate_config")
 
