@@ -220,6 +220,25 @@ def test_every_run_config_key_the_docs_name_exists():
     assert not unknown, "the docs name run-config keys that do not exist: " + ", ".join(unknown)
 
 
+# An experiment file holds its settings and the paper's claims; the project's history (issue
+# numbers, commit ids) belongs to git, and a kept run's own summary.json names its code revision.
+HISTORY_REFS = re.compile(r"\b[Ii]ssues? \d+|#\d{2}|\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b")
+EXPERIMENT_FILES = sorted((ROOT / "experiments").rglob("*.toml"))
+
+
+def test_history_refs_pattern_matches_what_it_must():
+    for text in ("Third pass (issue 31)", "issues 42 and 43", "see #42", "code ddee61c, 58 minutes", "fixed in 0701d2d"):
+        assert HISTORY_REFS.search(text), text
+    for text in ("100 clients", "lr 0.001", "seed 1000000", "cafebabe", "fedgam-cv-alpha0", "1e-5"):
+        assert not HISTORY_REFS.search(text), text
+
+
+def test_experiment_files_name_no_issue_or_commit():
+    assert len(EXPERIMENT_FILES) > 12  # the reduced files and experiments/paper/
+    hits = outside_references(EXPERIMENT_FILES, HISTORY_REFS)
+    assert not hits, "experiment files name issues or commits (the history belongs to git):\n" + "\n".join(hits)
+
+
 # An internal tracker's numbers and words mean nothing to a reader of the repository.
 TRACKER = re.compile(r"(?i)\bissue #\d+|\bthe issue's\b|\bmarked blocked\b")
 
