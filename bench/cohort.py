@@ -81,7 +81,8 @@ def generators(k: int) -> list[torch.Generator]:
 
 
 def run_module(model, states, data, args) -> None:
-    """FedAvg as the hook loop ran it: one module, each client's weights copied in, torch.optim."""
+    """FedAvg as the module-based clients ran it before the conversion: one module, each
+    client's weights copied in, torch.optim."""
     params = list(model.parameters())
     for (p0, _), (x, y), gen in zip(states, data, generators(len(data))):
         with torch.no_grad():
