@@ -38,8 +38,9 @@ from clients.fedprox import FedProxClient
 from clients.fedsam import FedSAMClient
 from clients.fedsmoo import FedSMOOClient
 from clients.scaffold import ScaffoldClient
+from fl_app.registry import get_method, validate_config
 from tasks.catalogue import InputShape
-from tasks.functional import FEDAVG, FEDSAM, METHODS, Hyper, cohort_round, local_round, module_state, tree_norm
+from tasks.functional import FEDAVG, FEDSAM, Hyper, cohort_round, local_round, module_state, tree_norm
 from tasks.functional.optim import opt_init, opt_step
 from tasks.functional.rounds import stack_trees, unstack_tree
 from tasks.models import build_model
@@ -51,6 +52,10 @@ from tests.helpers_module import foreach_norm, module_sam_eps, perturbed
 ROOT = Path(__file__).resolve().parent.parent
 SHAPE = InputShape(1, 8, 10)  # MNIST-like, one channel (a channels-last quirk: keep_layout), small for speed
 KEYS = {"proximal-mu": 0.3, "sam-rho": 0.05, "feddyn-alpha": 0.1}
+# The updates this file checks (the module loop below writes out their corrections), looked up
+# through the one registry of methods, each as its client trains it.
+NAMES = ("fedavg", "feddyn", "fedprox", "fedsam", "scaffold")
+UPDATES = {name: get_method(name).client.local_update_for(validate_config({"strategy": name})) for name in NAMES}
 
 
 # ----------------------------------------------------------------------------- optimisers
@@ -124,7 +129,7 @@ def module_round(name, model, x, y, hp, batch_size, epochs, seed, ctx):
 
 
 @pytest.mark.parametrize("model_name", ["cnn-small", "cnn-bn"])
-@pytest.mark.parametrize("name", sorted(METHODS))
+@pytest.mark.parametrize("name", NAMES)
 def test_functional_round_equals_module_loop(name, model_name):
     gen = torch.Generator().manual_seed(2)
     x, y = torch.randn(10, 1, 8, 8, generator=gen), torch.randint(0, 10, (10,), generator=gen)
@@ -140,7 +145,7 @@ def test_functional_round_equals_module_loop(name, model_name):
     if name == "feddyn":
         state, ctx = {"grad": dict(zip(names, extra))}, {"grad": extra}
     hp = Hyper(lr=0.05, momentum=0.9, weight_decay=5e-4, keys=KEYS)
-    result = local_round(METHODS[name], copy.deepcopy(model), params, buffers, state, server, hp,
+    result = local_round(UPDATES[name], copy.deepcopy(model), params, buffers, state, server, hp,
                          x, y, 4, 2, torch.Generator().manual_seed(3))
     loss = module_round(name, model, x, y, hp, 4, 2, 3, ctx)
     assert result.metrics["train_loss"] == loss and result.metrics["num_steps"] == 6
@@ -269,7 +274,7 @@ def _cohort_inputs(model_name, sizes, seed=5, shape=SHAPE):
 def _compare(name, model_name, sizes, batch_size, rel, shape=SHAPE):
     skeleton, params, buffers, data, states, server = _cohort_inputs(model_name, sizes, shape=shape)
     hp = Hyper(lr=0.05, momentum=0.9, weight_decay=5e-4, keys=KEYS)
-    update, k_all = METHODS[name], len(sizes)
+    update, k_all = UPDATES[name], len(sizes)
     together = cohort_round(update, skeleton, params, buffers, states, server, hp, data, batch_size, 2,
                             [torch.Generator().manual_seed(10 + k) for k in range(k_all)])
     for k in range(k_all):
@@ -278,18 +283,18 @@ def _compare(name, model_name, sizes, batch_size, rel, shape=SHAPE):
         assert_cohort_client_equals(together, k, alone, rel)
 
 
-@pytest.mark.parametrize("name", sorted(METHODS))
+@pytest.mark.parametrize("name", NAMES)
 def test_cohort_of_three_equals_three_rounds(name):
     _compare(name, "cnn-small", [12, 12, 12], 4, rel=1e-5)
 
 
-@pytest.mark.parametrize("name", sorted(METHODS))
+@pytest.mark.parametrize("name", NAMES)
 def test_cohort_masks_clients_with_fewer_or_shorter_batches(name):
     # 14 samples: batches 4, 4, 4, 2 per epoch; 6: 4, 2; 12: 4, 4, 4 -> 8, 4 and 6 steps
     _compare(name, "cnn-small", [14, 6, 12], 4, rel=1e-5)
 
 
-@pytest.mark.parametrize("name", sorted(METHODS))
+@pytest.mark.parametrize("name", NAMES)
 def test_cohort_of_one_is_exact(name):
     _compare(name, "cnn-small", [10], 4, rel=0)
 
@@ -304,7 +309,7 @@ def test_cohort_refuses_an_empty_client():
     skeleton, params, buffers, data, states, server = _cohort_inputs("cnn-small", [4, 4])
     data[1] = (data[1][0][:0], data[1][1][:0])
     with pytest.raises(ValueError, match="sizes \\[4, 0\\]"):
-        cohort_round(METHODS["fedavg"], skeleton, params, buffers, states, server, Hyper(lr=0.1), data, 4, 1,
+        cohort_round(UPDATES["fedavg"], skeleton, params, buffers, states, server, Hyper(lr=0.1), data, 4, 1,
                      [torch.Generator() for _ in data])
 
 

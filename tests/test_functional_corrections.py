@@ -28,10 +28,11 @@ from clients.fedbn import FedBNClient
 from clients.fednova import FedNovaClient
 from clients.fedpvr import FedPVRClient
 from clients.ri_fedavg import RIFedAvgClient
+from fl_app.registry import get_method, validate_config
 from protocol.layout import bn_indices, pvr_param_names
 from tasks.catalogue import InputShape
 from tasks.functional import FEDAVG, Hyper, cohort_round, local_round, module_state
-from tasks.functional.corrections import CORRECTIONS, ri_begin
+from tasks.functional.corrections import ri_begin
 from tasks.functional.rounds import stack_trees, unstack_tree
 from tasks.models import build_model
 from tests.conftest import make_client
@@ -42,6 +43,9 @@ FLAT = InputShape(0, 5, 3)  # logistic regression on 5 features, 3 classes: smal
 IMAGES = InputShape(1, 8, 10)
 KEYS = {"ri-lambda": 0.3}
 PLAIN = ("fednova", "fedbn", "dp-fedavg")  # FedAvg's step under the method's own name
+# Each method's update as its client trains it, looked up through the one registry of methods.
+UPDATES = {name: get_method(name).client.local_update_for(validate_config({"strategy": name}))
+           for name in (*PLAIN, "fedpvr", "ri-fedavg")}
 
 
 # ------------------------------------------------------------------- (a) by hand
@@ -60,7 +64,7 @@ def flat_round(name: str, state: dict, server: dict, lr: float = 0.5, epochs: in
     x, y = torch.randn(6, FLAT.size, generator=gen), torch.randint(0, FLAT.classes, (6,), generator=gen)
     model = build_model("logreg", FLAT, seed=1)
     params, buffers = module_state(model)
-    result = local_round(CORRECTIONS[name], model, params, buffers, state, server, Hyper(lr=lr, keys=KEYS),
+    result = local_round(UPDATES[name], model, params, buffers, state, server, Hyper(lr=lr, keys=KEYS),
                          x, y, 64, epochs, torch.Generator().manual_seed(1))
     return params, x.double().numpy(), y.numpy(), result
 
@@ -115,7 +119,7 @@ def test_fedpvr_two_rounds_by_hand():
     ci = {n: np.zeros_like(c64[n]) for n in head}
     state = {}
     for _ in range(2):  # two rounds
-        result = local_round(CORRECTIONS["fedpvr"], model, params, buffers, state, {"c": c}, Hyper(lr=lr),
+        result = local_round(UPDATES["fedpvr"], model, params, buffers, state, {"c": c}, Hyper(lr=lr),
                              x, y, 64, 2, torch.Generator().manual_seed(1))
         w_t = w
         for _ in range(2):
@@ -305,7 +309,7 @@ def _cohort_inputs(name: str, model_name: str, sizes: list[int], seed: int = 5):
 def _compare(name: str, model_name: str, sizes: list[int], rel: float):
     skeleton, params, buffers, data, states, server = _cohort_inputs(name, model_name, sizes)
     hp = Hyper(lr=0.05, momentum=0.9, weight_decay=5e-4, keys=KEYS)
-    update = CORRECTIONS[name]
+    update = UPDATES[name]
     together = cohort_round(update, skeleton, params, buffers, states, server, hp, data, 4, 2,
                             [torch.Generator().manual_seed(10 + k) for k in range(len(sizes))])
     for k in range(len(sizes)):

@@ -73,5 +73,3 @@ def ri_end(w_t, params, steps, ctx, state, hp):
 
 
 RI_FEDAVG = LocalUpdate("ri-fedavg", ri_direction, ri_begin, ri_end, keys=("ri-lambda",))
-
-CORRECTIONS = {u.name: u for u in (FEDNOVA, FEDBN, DP_FEDAVG, FEDPVR, RI_FEDAVG)}

@@ -149,5 +149,3 @@ def feddyn_end(w_t, params, steps, ctx, state, hp):
 
 
 FEDDYN = LocalUpdate("feddyn", feddyn_direction, feddyn_begin, feddyn_end, keys=("feddyn-alpha",))
-
-METHODS = {u.name: u for u in (FEDAVG, FEDPROX, SCAFFOLD, FEDSAM, FEDDYN)}

@@ -358,5 +358,3 @@ def smoo_outputs(buffers: Tree, mode: str) -> tuple[Tree, Tree, dict[str, torch.
 
 
 FEDSMOO = LocalUpdate("fedsmoo", smoo_direction, smoo_begin, smoo_end, keys=SMOO_KEYS)
-
-METHODS = {u.name: u for u in (FEDASAM, FEDGAM, FEDGAM_CV, FEDSOL, FEDSMOO)}
