@@ -1,24 +1,15 @@
-"""``DriftClient``: local SGD on one client's partition, with small hooks for each method.
+"""``DriftClient``: one client's local training, the method's ``LocalUpdate`` run on its partition.
 
-A method overrides the smallest hook that expresses its local update:
-
-- ``loss(x, y)``: the training objective on a batch (FedNTD, MOON, ...);
-- ``train_step(x, y)``: fills ``.grad`` itself (SAM-style, FedGAM, FedSOL, FedPGVC);
-- ``adjust_gradients()``: edits ``.grad`` after backward (FedProx, RI-FedAvg, control
-  variates);
-- ``begin_round`` / ``end_round``: per-round work and extra fit metrics;
-- ``receive`` / ``reply``: extra arrays travelling with the weights (control variates).
-
-A method converted to functions (``tasks.functional``) names its ``LocalUpdate`` in
-``LOCAL_UPDATE`` instead of overriding the step hooks: ``fit`` then runs the round through
-``tasks.functional.local_round`` (same data, batch order, augmentation, learning rate and
-optimiser as the hook loop), and ``functional_inputs`` / ``functional_outputs`` carry its state
-and extra arrays between ``context.state``, ``receive`` and ``reply``. Such a ``fit`` is
-``prepare_functional`` (everything before the loop), ``local_round``, ``finish_functional``
-(everything after it): a cohort node runs the two halves per virtual client around one
-``cohort_round`` for all of them, so everything but the loop is this one code. ``LOCAL_UPDATE`` is read
-from the class's own namespace, never inherited: a subclass that changes a hook (FedASAM's
-perturbation on FedSAM, FedSMOO on FedDyn) keeps the hook loop until it declares its own.
+A method's client names its local update in ``LOCAL_UPDATE`` (a ``tasks.functional``
+``LocalUpdate``: ``begin`` / ``direction`` / ``end``, pure functions of tensors); ``fit`` runs the
+round through ``tasks.functional.local_round`` and nothing else trains a client. A client that
+declares none is refused in one line (``local_update_for``) before it trains. The class adds
+only what the functions cannot see: ``receive`` / ``reply`` (extra arrays travelling with the
+weights, SCAFFOLD's c and delta c) and ``functional_inputs`` / ``functional_outputs`` (its state
+between ``context.state`` and the update). ``fit`` is ``prepare_functional`` (everything before
+the loop), ``local_round``, ``finish_functional`` (everything after it): a cohort node runs the
+two halves per virtual client around one ``cohort_round`` for all of them, so everything but
+the loop is this one code.
 
 Per-client state that must survive rounds lives in ``context.state`` (``load_state`` /
 ``save_state``), which Flower persists per node in simulation and deployment alike.
@@ -36,7 +27,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from flwr.app import ArrayRecord
 from flwr.client import NumPyClient
 from flwr.common import Context
@@ -45,10 +35,9 @@ from tasks.augment import Augment
 from tasks.datasets import input_shape
 from tasks.functional import Hyper, LocalUpdate, RoundResult, local_round, module_state
 from tasks.local_files import load_local_file
-from tasks.models import Classifier, cached_model, default_device, get_weights, set_weights
-from tasks.optim import build_optimizer
+from tasks.models import cached_model, default_device, get_weights, set_weights
 from tasks.partitioning import PartitionSpec, load_client_split, load_partition, split_tensors
-from tasks.train import batches, evaluate, min_train_batch
+from tasks.train import evaluate
 
 
 @functools.lru_cache(maxsize=256)
@@ -98,7 +87,7 @@ class FunctionalRound:
 
 
 class DriftClient(NumPyClient):
-    """Plain local SGD (FedAvg). Subclasses override the hooks listed in the module docstring.
+    """A method's client: ``fit`` trains its ``LOCAL_UPDATE`` (module docstring).
 
     ``self.cfg`` is the validated run config (the same for every round and node);
     ``self.fit_config`` is the config the server sent with this round's fit instruction
@@ -108,7 +97,7 @@ class DriftClient(NumPyClient):
     # A local step's cost relative to one SGD step, one forward-backward pass a step, plain SGD; read by the
     # run-time estimate of `run_simulation.py --check` (runner/estimate.py).
     STEP_COST = 1.0
-    # The method's local update as functions (module docstring); None: the hook loop.
+    # The method's local update as functions (module docstring); every method's client names one.
     LOCAL_UPDATE: LocalUpdate | None = None
 
     @classmethod
@@ -165,18 +154,6 @@ class DriftClient(NumPyClient):
     def save_state(self, name: str, arrays: list[np.ndarray]) -> None:
         self.context.state[name] = ArrayRecord(numpy_ndarrays=[np.asarray(a) for a in arrays])
 
-    def params(self) -> list[torch.nn.Parameter]:
-        return list(self.model.parameters())
-
-    def frozen_copy(self) -> Classifier:
-        """An eval-mode copy of the model as received (the global model w_t)."""
-        frozen = cached_model(self.cfg["model"], input_shape(self.cfg["dataset"]), self.device, slot="global")
-        frozen.load_state_dict(self.model.state_dict())
-        frozen.eval()
-        for p in frozen.parameters():
-            p.requires_grad_(False)
-        return frozen
-
     # --------------------------------------------------------------- NumPyClient API
     def get_properties(self, config: dict) -> dict:
         """Lets the server map node ids to partitions, for reproducible client sampling."""
@@ -188,22 +165,19 @@ class DriftClient(NumPyClient):
         return get_weights(self.model)
 
     def fit(self, parameters: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
-        """One round of the method's local training from the received global model w_t."""
-        if self.local_update() is not None:
-            return self.fit_functional(parameters, config)
-        server_round = self._begin_fit(parameters, config)
-        x, y = self.data
-        metrics = self.fit_hooks(server_round, x, y, self.round_generator(server_round),
-                                 Augment.for_round(self.cfg, self.device, self.partition_id, server_round))
-        return self.reply(), len(x), metrics
+        """One round of the method's local training from the received global model w_t: the
+        round as ``tasks.functional.local_round`` (``prepare_functional``, the loop,
+        ``finish_functional``). A cohort node (``fl_app.node.cohort_client``) runs the same two
+        halves around one ``cohort_round`` for many clients instead of the loop."""
+        job = self.prepare_functional(parameters, config)
+        return self.finish_functional(job, local_round(*job.local_round_args()))
 
     def _begin_fit(self, parameters: list[np.ndarray], config: dict) -> int:
-        """What both paths do first: keep the fit config, load w_t (``receive``), note w_t as
-        ``round_start`` and the round's learning rate. Returns the server round."""
+        """Keep the fit config, load w_t (``receive``), note the round's learning rate. Returns
+        the server round."""
         server_round = int(config.get("server-round", 1))
         self.fit_config = config
         set_weights(self.model, self.receive(parameters))
-        self.round_start = [p.detach().clone() for p in self.params()]  # w_t
         self.lr = self.cfg["learning-rate"] * self.cfg["lr-decay"] ** (server_round - 1)
         return server_round
 
@@ -212,31 +186,27 @@ class DriftClient(NumPyClient):
         return torch.Generator().manual_seed(hash((self.cfg["seed"], self.partition_id, server_round)) & 0x7FFFFFFF)
 
     @classmethod
-    def local_update_for(cls, cfg: dict) -> LocalUpdate | None:
-        """The ``LocalUpdate`` a run of this class with run config ``cfg`` trains through, None
-        for the hook loop: the class's own ``LOCAL_UPDATE`` (not an inherited one: module
-        docstring). A method whose update depends on the run config overrides this. The one
-        answer the per-client fit, the cohort node and the server's choice of path all read."""
-        return cls.__dict__.get("LOCAL_UPDATE")
+    def local_update_for(cls, cfg: dict) -> LocalUpdate:
+        """The ``LocalUpdate`` a run of this class with run config ``cfg`` trains through: its
+        ``LOCAL_UPDATE`` (a subclass inherits its parent's unless it names its own). A method
+        whose update depends on the run config overrides this (FedPGVC). The one answer the
+        per-client fit, the cohort node and the server's checks read; a class that names none
+        is refused here, in one line, before it trains."""
+        update = cls.LOCAL_UPDATE
+        if not isinstance(update, LocalUpdate):
+            raise TypeError(f"client class {cls.__name__} names no LOCAL_UPDATE (got {update!r}): every method's client"
+                            " trains through a tasks.functional LocalUpdate (docs/contributing.md)")
+        return update
 
-    def local_update(self) -> LocalUpdate | None:
+    def local_update(self) -> LocalUpdate:
         """This client's update (``local_update_for`` its run config)."""
         return self.local_update_for(self.cfg)
-
-    def fit_functional(self, parameters: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
-        """The round as ``tasks.functional.local_round``: ``prepare_functional``, the loop,
-        ``finish_functional``. A cohort node (``fl_app.node.cohort_client``) runs the same two
-        halves around one ``cohort_round`` for many clients instead of the loop."""
-        job = self.prepare_functional(parameters, config)
-        return self.finish_functional(job, local_round(*job.local_round_args()))
 
     def prepare_functional(self, parameters: list[np.ndarray], config: dict) -> FunctionalRound:
         """Everything before the training loop of a ``LOCAL_UPDATE`` round: w_t loaded (through
         ``receive``), the round's learning rate, the client's data, batch-order generator and
         augmentation, and the method's inputs (``functional_inputs``) as ``local_round`` takes them."""
         update = self.local_update()
-        if update is None:
-            raise ValueError(f"{type(self).__name__} has no LOCAL_UPDATE of its own; it trains through the hooks")
         server_round = self._begin_fit(parameters, config)
         x, y = self.data
         generator = self.round_generator(server_round)
@@ -260,26 +230,6 @@ class DriftClient(NumPyClient):
         metrics.update(self.functional_outputs(result) or {})
         return self.reply(), len(job.x), metrics
 
-    def fit_hooks(self, server_round: int, x: torch.Tensor, y: torch.Tensor,
-                  generator: torch.Generator, augment: Augment) -> dict[str, Any]:
-        """The round as the hook loop: ``train_step``, ``adjust_gradients``, the optimiser."""
-        self.optimizer = build_optimizer(self.params(), self.cfg, self.lr)  # fresh state each round
-        extra_metrics = self.begin_round(server_round) or {}
-        self.model.train()
-        loss_sum, steps = torch.zeros((), device=self.device), 0
-        min_size = min_train_batch(self.model)
-        for _ in range(self.cfg["local-epochs"]):
-            for xb, yb in batches(x, y, self.cfg["batch-size"], generator, min_size):
-                self.optimizer.zero_grad(set_to_none=True)
-                loss_sum += self.train_step(augment(xb), yb)
-                self.adjust_gradients()
-                self.optimizer.step()
-                steps += 1
-        metrics = {"train_loss": loss_sum.item() / max(steps, 1), "num_steps": steps}
-        metrics.update(extra_metrics)
-        metrics.update(self.end_round(steps) or {})
-        return metrics
-
     def evaluate(self, parameters: list[np.ndarray], config: dict) -> tuple[float, int, dict]:
         """Loss and accuracy of the received model on this client's local test split (its
         training data when ``client-test-fraction`` is 0)."""
@@ -288,7 +238,7 @@ class DriftClient(NumPyClient):
         loss, acc = evaluate(self.model, x, y)
         return loss, len(x), {"accuracy": acc}
 
-    # ------------------------------------------------------------------------ hooks
+    # ------------------------------------------------- what the functions cannot see
     def receive(self, parameters: list[np.ndarray]) -> list[np.ndarray]:
         """Split what the server sent into model weights (returned) and method extras."""
         return parameters
@@ -306,33 +256,3 @@ class DriftClient(NumPyClient):
         """Keep ``result.state`` in ``context.state`` and ``result.reply`` for ``reply``; may
         return extra fit metrics (default: nothing to keep)."""
         return None
-
-    def begin_round(self, server_round: int) -> dict[str, Any] | None:
-        """Work before the first local step; may return fit metrics."""
-        return None
-
-    def end_round(self, steps: int) -> dict[str, Any] | None:
-        """Work after the last local step (``steps`` = K, the total local steps)."""
-        return None
-
-    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(self.model(x), y)
-
-    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Fill ``.grad`` of every parameter; return the batch loss at the current weights."""
-        loss = self.loss(x, y)
-        loss.backward()
-        return loss.detach()
-
-    def adjust_gradients(self) -> None:
-        """Edit ``.grad`` after ``train_step`` (default: nothing)."""
-
-    # ---------------------------------------------------------------------- helpers
-    @torch.no_grad()
-    def add_proximal_gradient(self, coefficient: float) -> None:
-        """grad += coefficient * (w - w_t): the gradient of (coefficient/2) * ||w - w_t||^2."""
-        if coefficient == 0:
-            return
-        for p, p0 in zip(self.params(), self.round_start):
-            if p.grad is not None:
-                p.grad.add_(p.detach() - p0, alpha=coefficient)

@@ -4,8 +4,8 @@ Protocol (``strategies/control_variates.py`` is the server side):
 
 - the server sends the model state (state_dict order) followed by c, one array per
   parameter that carries a control variate, in state_dict order;
-- every local step uses g - c_i + c (``adjust_gradients``), on top of whatever gradient the
-  method's ``train_step`` produced (plain CE for SCAFFOLD, the GAM gradient for FedGAM-CV);
+- every local step uses g - c_i + c, on top of whatever direction the method's local update
+  takes (plain CE for SCAFFOLD, the GAM gradient for FedGAM-CV);
 - after the K local steps of the round (K = total local steps over all epochs, not batches
   per epoch) the client sets c_i+ = c_i - c + (w_t - w) / (eta * K_eff) (SCAFFOLD option II,
   FedGAM Eq. 21) with eta the round's learning rate, keeps c_i+ in ``context.state``, and
@@ -20,9 +20,10 @@ Protocol (``strategies/control_variates.py`` is the server side):
   (``ControlVariateStrategy.resolve_config``).
 
 The rule for c_i+ is ``tasks.functional.methods.control_variate_update``; SCAFFOLD runs the
-whole round as ``tasks.functional.SCAFFOLD`` (``functional_inputs`` / ``functional_outputs``
-below), FedPVR as ``tasks.functional.corrections.FEDPVR`` (the same functions on its layers)
-and FedGAM-CV as ``tasks.functional.sharpness.FEDGAM_CV``; the hooks are the loop they ran before.
+whole round as ``tasks.functional.SCAFFOLD``, FedPVR as ``tasks.functional.corrections.FEDPVR``
+(the same functions on its layers) and FedGAM-CV as ``tasks.functional.sharpness.FEDGAM_CV``;
+this class carries c, c_i and delta c_i between the wire, ``context.state`` and the update
+(``receive``, ``functional_inputs`` / ``functional_outputs``, ``reply``).
 
 c and c_i start at zero and cover trainable parameters only; ``cv_param_names`` selects
 which ones (all of them by default; FedPVR: the last Linear layers). The client reports
@@ -31,17 +32,13 @@ which ones (all of them by default; FedPVR: the last Linear layers). The client 
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 from torch import nn
 
 from clients.base import DriftClient
-from clients.perturbation import global_norm
 from protocol.layout import cv_names_in_state_order, trainable_param_names
 from tasks.functional import RoundResult
-from tasks.functional.methods import control_variate_update
 
 CI_STATE = "cv-ci"
 
@@ -67,7 +64,7 @@ def arrays_to_tensors(arrays: list[np.ndarray], names: list[str], params: list[t
 
 class ControlVariateClient(DriftClient):
     """Mixin/base: put it before the method's client in the bases (``class X(ControlVariateClient,
-    FedGAMClient)``) so its hooks wrap the method's and call ``super()``."""
+    FedGAMClient)``) so its ``receive`` / ``reply`` wrap the method's and call ``super()``."""
 
     # Which parameters carry control variates; the strategy uses the same function.
     cv_param_names = staticmethod(trainable_param_names)
@@ -83,51 +80,27 @@ class ControlVariateClient(DriftClient):
     def _tensors(self, arrays: list[np.ndarray], what: str) -> list[torch.Tensor]:
         return arrays_to_tensors(arrays, self.cv_names, self.cv_params, what)
 
-    # ------------------------------------------------------------------ hooks
+    # ------------------------------------------------------------- c and c_i on the wire
     def receive(self, parameters: list[np.ndarray]) -> list[np.ndarray]:
         weights, extra = split_received(self.model, super().receive(parameters))
         self._cv_setup()
         self.c = self._tensors(extra, "c") if extra else self._zeros()
         stored = self.load_state(CI_STATE)
         self.ci = self._tensors(stored, "stored c_i") if stored is not None else self._zeros()
-        self.cv_correction = [c - ci for c, ci in zip(self.c, self.ci)]  # constant over the round
         self.delta_c: list[torch.Tensor] | None = None
         return weights
 
-    @torch.no_grad()
-    def adjust_gradients(self) -> None:
-        super().adjust_gradients()
-        for p, corr in zip(self.cv_params, self.cv_correction):
-            if p.grad is None:
-                p.grad = corr.clone()
-            else:
-                p.grad.add_(corr)
-
-    @torch.no_grad()
-    def end_round(self, steps: int) -> dict[str, Any] | None:
-        metrics = dict(super().end_round(steps) or {})
-        names = [n for n, _ in self.model.named_parameters()]
-        w_t = dict(zip(names, self.round_start))
-        w = {n: p.detach() for n, p in zip(self.cv_names, self.cv_params)}
-        ci_new = control_variate_update(w_t, w, dict(zip(self.cv_names, self.c)), dict(zip(self.cv_names, self.ci)),
-                                        steps, self.lr, self.cfg["momentum"])
-        metrics["ci_norm"] = float(global_norm(self._keep([ci_new[n] for n in self.cv_names])))
-        return metrics
-
-    def _keep(self, ci_new: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Store c_i+ in ``context.state`` and delta c_i = c_i+ - c_i for ``reply``."""
-        self.delta_c = [new - old for new, old in zip(ci_new, self.ci)]
-        self.save_state(CI_STATE, [t.cpu().numpy() for t in ci_new])
-        return ci_new
-
-    # ------------------------------------------------- the functional path (SCAFFOLD)
+    # ------------------------------------------------------------- the local update
     def functional_inputs(self) -> tuple[dict, dict]:
         return {"ci": dict(zip(self.cv_names, self.ci))}, {"c": dict(zip(self.cv_names, self.c))}
 
     def functional_outputs(self, result: RoundResult) -> None:
-        self._keep([result.state["ci"][n] for n in self.cv_names])
+        """Store c_i+ in ``context.state`` and delta c_i = c_i+ - c_i for ``reply``."""
+        ci_new = [result.state["ci"][n] for n in self.cv_names]
+        self.delta_c = [new - old for new, old in zip(ci_new, self.ci)]
+        self.save_state(CI_STATE, [t.cpu().numpy() for t in ci_new])
 
     def reply(self) -> list[np.ndarray]:
         if self.delta_c is None:
-            raise RuntimeError("reply() before end_round(): delta c_i is not computed")
+            raise RuntimeError("reply() before the round: delta c_i is not computed")
         return super().reply() + [d.cpu().numpy() for d in self.delta_c]

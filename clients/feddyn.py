@@ -32,85 +32,31 @@ server state h | traffic -
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from clients.base import DriftClient
-from tasks.functional import FEDDYN, Hyper, RoundResult
-from tasks.functional.methods import feddyn_begin, feddyn_end
+from tasks.functional import FEDDYN, RoundResult
 
 STATE = "feddyn-grad"
 
 
 class FedDynClient(DriftClient):
-    """FedDyn runs ``tasks.functional.FEDDYN`` (``LOCAL_UPDATE``); the hooks below, whose
-    begin and end are the same functions, serve FedSMOO, which changes the step (``LOCAL_UPDATE``
-    is not inherited)."""
+    """FedDyn runs ``tasks.functional.FEDDYN`` (``LOCAL_UPDATE``); this class keeps g_k in
+    ``context.state`` between rounds (FedSMOO, a subclass, keeps its h_i there the same way)."""
 
     LOCAL_UPDATE = FEDDYN
-    ALPHA_KEY = "feddyn-alpha"  # FedSMOO reuses this client's dual with its own key
-
-    def _named(self, tensors) -> dict[str, torch.Tensor]:
-        return {n: t for (n, _), t in zip(self.model.named_parameters(), tensors)}
-
-    def _hyper(self) -> Hyper:
-        return Hyper(lr=self.lr, keys={"feddyn-alpha": self.cfg[self.ALPHA_KEY]})
 
     def _stored(self) -> dict:
         """{"grad": g_k by parameter name} from ``context.state``, or {} (g_k = 0) at first."""
         saved = self.load_state(STATE)
         if saved is None:
             return {}
-        return {"grad": self._named(torch.as_tensor(a, device=self.device) for a in saved)}
+        names = [n for n, _ in self.model.named_parameters()]
+        return {"grad": {n: torch.as_tensor(a, device=self.device) for n, a in zip(names, saved)}}
 
-    def begin_round(self, server_round: int):
-        self.alpha = self.cfg[self.ALPHA_KEY]
-        ctx = feddyn_begin(self._named(self.round_start), self._stored(), {}, self._hyper())
-        self.prev_grad = list(ctx["grad"].values())
-        # g_k + alpha w_t, fixed for the round (see adjust_gradients)
-        self.offset = list(ctx["offset"].values())
-        return None
-
-    def adjust_gradients(self) -> None:
-        """grad - (g_k + alpha w_t) + alpha w: the offset is fixed for the round, so a step
-        costs two in-place passes over the weights, not a temporary (w - w_t) as well."""
-        self.subtract_dual()
-        self.add_alpha_weights()
-
-    @torch.no_grad()
-    def subtract_dual(self) -> None:
-        """grad -= g_k + alpha w_t, i.e. grad + alpha (h_i - w_t) with h_i = -g_k/alpha the sum
-        of the client's past updates (FedSMOO's form). Nothing to do at alpha = 0 (g_k = 0)."""
-        if self.alpha == 0:
-            return
-        for p, c in zip(self.params(), self.offset):
-            if p.grad is not None:
-                p.grad.sub_(c)
-
-    @torch.no_grad()
-    def add_alpha_weights(self) -> None:
-        """grad += alpha w."""
-        if self.alpha == 0:
-            return
-        for p in self.params():
-            if p.grad is not None:
-                p.grad.add_(p.detach(), alpha=self.alpha)
-
-    @torch.no_grad()
-    def end_round(self, steps: int):
-        state, _, metrics = feddyn_end(self._named(self.round_start), self._named(p.detach() for p in self.params()),
-                                       steps, {"grad": self._named(self.prev_grad)}, {}, self._hyper())
-        return self._keep(state, metrics)
-
-    def _keep(self, state: dict, metrics: dict) -> dict[str, Any]:
-        """Store the new g_k in ``context.state`` (parameter order); the metrics as floats."""
-        self.save_state(STATE, [g.cpu().numpy() for g in state["grad"].values()])
-        return {k: float(v) for k, v in metrics.items()}
-
-    # -------------------------------------------------- the functional path (FedDyn)
     def functional_inputs(self) -> tuple[dict, dict]:
         return self._stored(), {}
 
     def functional_outputs(self, result: RoundResult) -> None:
-        self._keep(result.state, {})
+        """Store the new g_k in ``context.state`` (parameter order)."""
+        self.save_state(STATE, [g.cpu().numpy() for g in result.state["grad"].values()])

@@ -27,7 +27,7 @@ __all__ = ["FedNTDClient", "not_true", "ntd_loss"]
 
 class FedNTDClient(DriftClient):
     """The round is ``tasks.functional.distillation.FEDNTD``; the global model's logits come from
-    w_t and the buffers it was sent, in eval mode (the frozen copy the hook path used)."""
+    w_t and the buffers it was sent, in eval mode (a frozen copy of w_t)."""
 
     LOCAL_UPDATE = FEDNTD
     # A local step's cost relative to one SGD step, a forward pass of the global model beside the local one; read by the

@@ -13,19 +13,14 @@ Summary: client SAM gradient | server - | client state - | server state - | traf
 
 from __future__ import annotations
 
-import torch
-
 from clients.base import DriftClient
-from clients.perturbation import perturbed, sam_eps
 from protocol.keys import Key, positive
 from tasks.functional import FEDSAM
 
 
 class FedSAMClient(DriftClient):
-    """FedSAM runs ``tasks.functional.FEDSAM`` (``LOCAL_UPDATE``: w + eps is a copy of the
-    weights there, w itself is never moved, the same values as ``perturbed``'s exact restore).
-    The hooks below are the SAM step of the subclasses that change it (FedASAM's perturbation,
-    FedSMOO's), which keep the hook loop: ``LOCAL_UPDATE`` is not inherited."""
+    """FedSAM runs ``tasks.functional.FEDSAM`` (``LOCAL_UPDATE``): w + eps is a copy of the
+    weights there, so w itself never moves and nothing has to be restored."""
 
     # A local step's cost relative to one SGD step, two passes: ascent, then descent; read by the
     # run-time estimate of `run_simulation.py --check` (runner/estimate.py).
@@ -33,20 +28,3 @@ class FedSAMClient(DriftClient):
     LOCAL_UPDATE = FEDSAM
     # rho 0.05-0.5 in the literature; 0.05 is SAM's usual CIFAR value (FedSOL's table used 0.1)
     CONFIG_KEYS = {"sam-rho": Key(0.05, positive, "> 0 (SAM radius)")}
-
-    def sam_rho(self) -> float:
-        return self.cfg["sam-rho"]
-
-    def perturbation(self, params: list, grads: list) -> list:
-        return sam_eps(grads, self.sam_rho())
-
-    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        params = self.params()
-        loss = self.loss(x, y)
-        loss.backward()
-        eps = self.perturbation(params, [p.grad for p in params])  # eps is a new tensor: no copy of g
-        with perturbed(params, eps, self.model):
-            for p in params:
-                p.grad = None
-            self.loss(x, y).backward()
-        return loss.detach()

@@ -88,23 +88,22 @@ class FedSMOOClient(FedDynClient, FedSAMClient):
     # smoo-rho, smoo-alpha and smoo-s, read by the server too, sit on FedSMOOStrategy; this dict
     # hides FedSAM's sam-rho, which FEDSMOO does not read (it reads smoo-rho)
     CONFIG_KEYS = {"smoo-clip-norm": Key(0.0, non_negative, ">= 0 (local gradient clipping norm; 0 = off)")}
-    ALPHA_KEY = "smoo-alpha"
 
     def _setup(self) -> None:
         """The trainable parameters in state_dict order: the order s and the reply travel in,
-        which must also be the order of ``params()`` (true for every module without shared
+        which must also be the order of ``model.parameters()`` (true for every module without shared
         or frozen parameters)."""
         self.mode = self.cfg["smoo-s"]
         self.s_names = cv_names_in_state_order(self.model, trainable_param_names(self.model, self.cfg))
         named = dict(self.model.named_parameters())
         self.s_params = [named[n] for n in self.s_names]
-        if [id(p) for p in self.s_params] != [id(p) for p in self.params()]:
+        if [id(p) for p in self.s_params] != [id(p) for p in self.model.parameters()]:
             raise ValueError("FedSMOO needs every model parameter trainable and in state_dict order")
 
     def _zeros(self) -> list[torch.Tensor]:
         return [torch.zeros_like(p, memory_format=torch.contiguous_format).detach() for p in self.s_params]
 
-    # ------------------------------------------------------------------ hooks
+    # ------------------------------------------------------- s, mu_i and the reply
     def receive(self, parameters: list[np.ndarray]) -> list[np.ndarray]:
         weights, extra = split_received(self.model, super().receive(parameters))
         self._setup()

@@ -131,8 +131,8 @@ def own_class(method: Method) -> type:
 def config_keys(method: Method) -> dict:
     """One method's own run-config keys: ``CONFIG_KEYS`` of its strategy class and of its
     client class, each declared beside the code that reads it (a key both sides read sits on
-    the strategy). A subclass's dict hides its parent's, so it lists the keys its inherited
-    hooks read (``FedGAMCVClient``)."""
+    the strategy). A subclass's dict hides its parent's, so it lists every key its local
+    update reads, inherited ones included (``FedGAMCVClient``)."""
     return {**getattr(method.strategy, "CONFIG_KEYS", {}), **getattr(method.client, "CONFIG_KEYS", {})}
 
 
@@ -193,9 +193,11 @@ def resolve(run_config: Mapping[str, Any]) -> tuple[dict, Method]:
 
 
 def method_config(cfg: dict, method: Method) -> dict:
-    """``cfg`` (validated) checked and adjusted for its method (``resolve``): the screening
+    """``cfg`` (validated) checked and adjusted for its method (``resolve``): its client's local
+    update (a client that names no ``LOCAL_UPDATE`` is refused in one line), the screening
     modes its strategy allows, a cohort it cannot run (``execution``), then its strategy
     class's own ``resolve_config``."""
+    method.client.local_update_for(cfg)
     check_screening(cfg, method.strategy)
     check_execution(cfg, method)
     return method.strategy.resolve_config(cfg)

@@ -34,7 +34,7 @@ from flwr.common import (
 )
 from flwr.server.client_proxy import ClientProxy
 
-from clients.fedavg import FedAvgClient
+from clients.base import DriftClient
 from fl_app.config import ConfigError
 from fl_app.node.cohort_wire import bundle_replies, split_instructions
 from fl_app.registry import METHODS, Method, get_method, method_config, validate_config
@@ -50,6 +50,7 @@ from fl_app.server.cohort import (
     server_execution,
 )
 from fl_app.server.sampling import CohortClientManager, SeededClientManager
+from tasks.functional import LocalUpdate
 from tests.test_simulation import NEEDS as SIMULATION_NEEDS
 
 
@@ -57,41 +58,32 @@ def config(**keys) -> dict:
     return validate_config({"dataset": "synthetic", "model": "logreg", **keys})
 
 
-def cohort_methods(cfg: dict) -> list[str]:
-    """The registered methods whose client has a functional local update with ``cfg``."""
-    return [name for name, m in METHODS.items() if cohort_update(m, cfg) is not None]
-
-
 # ------------------------------------------------------------------ which path, and refusals
-def test_cohort_methods_are_those_with_their_own_local_update():
-    names = cohort_methods(config())
-    assert "fedavg" in names and "scaffold" in names and "fedpgvc" in names  # FedPGVC's text reading
+def test_every_registered_method_trains_through_its_local_update():
+    """Every method's client names a ``LocalUpdate``, the one way a client trains (per client
+    and as a cohort); FedPGVC's depends on the run config, both readings functional."""
     for name, method in METHODS.items():
-        own = "LOCAL_UPDATE" in method.client.__dict__ and method.client.LOCAL_UPDATE is not None
-        assert (name in names) == (own or name == "fedpgvc")
-    # FedPGVC's update depends on the run config; both readings train through functions, so no
-    # registered method trains through the hooks
-    assert "fedpgvc" in cohort_methods(config(**{"pgvc-variant": "authors"}))
-    assert sorted(cohort_methods(config())) == sorted(METHODS)
+        assert isinstance(cohort_update(method, config(strategy=name)), LocalUpdate), name
+    authors = config(strategy="fedpgvc", **{"pgvc-variant": "authors"})
+    assert cohort_update(get_method("fedpgvc"), authors).name == "fedpgvc-authors"
 
 
-class HookOnlyClient(FedAvgClient):
-    """A method client that trains through the hook loop: no LOCAL_UPDATE of its own (an
-    inherited one does not count). Every registered method has one, so the refusals are
-    tested with this one."""
+class NoUpdateClient(DriftClient):
+    """A method client that names no LOCAL_UPDATE (no registered method's is one)."""
 
 
-HOOK_ONLY = Method(get_method("fedavg").strategy, HookOnlyClient)
+NO_UPDATE = Method(get_method("fedavg").strategy, NoUpdateClient)
 
 
-def test_cohort_refused_for_a_method_without_its_own_local_update():
-    cfg = config(execution="cohort")
-    with pytest.raises(ConfigError) as err:
-        method_config(cfg, HOOK_ONLY)  # the registry's checks of a method, as resolve applies them
+@pytest.mark.parametrize("execution", ["per-client", "cohort", "auto"])
+def test_a_method_without_a_local_update_is_refused_in_one_line(execution):
+    """The registry's checks of a method (``resolve`` applies them before any training) refuse
+    a client that names no LOCAL_UPDATE, whatever the path, in one line naming the class."""
+    with pytest.raises(TypeError) as err:
+        method_config(config(execution=execution), NO_UPDATE)
     text = str(err.value)
-    assert "'execution' = 'cohort'" in text and "'fedavg'" in text and "LOCAL_UPDATE" in text
-    assert "valid choices: auto, per-client" in text and "\n" not in text
-    check_execution(cfg, get_method("fedavg"))  # the registered FedAvg runs as a cohort
+    assert "NoUpdateClient names no LOCAL_UPDATE" in text and "\n" not in text
+    check_execution(config(execution="cohort"), get_method("fedavg"))  # the registered FedAvg runs as a cohort
 
 
 def test_cohort_refused_for_client_mods_dp_fedavg():
@@ -133,8 +125,6 @@ def test_auto_chooses_cohort_only_on_cuda_in_a_runner_launch_for_a_supported_met
     assert "Ray cluster" in launch_execution(cfg, fedavg, 10, cuda=True, gpus=1, cluster=True).reason
     explicit = launch_execution(config(execution="cohort"), fedavg, 10, cuda=False)
     assert (explicit.path, explicit.nodes) == (COHORT, 1)
-    chosen = launch_execution(cfg, HOOK_ONLY, 10, cuda=True, gpus=1)
-    assert chosen.path == PER_CLIENT and "LOCAL_UPDATE" in chosen.reason
     # the server follows what it was launched for, and says why
     flwr_run = server_execution(cfg, fedavg, cuda=True)
     assert flwr_run.path == PER_CLIENT and "not launched by run_simulation.py" in flwr_run.reason
@@ -359,7 +349,7 @@ def cohort_run(method: str, tmp_path, nodes: int = 1, name: str = "cohort", **ke
 
 def runnable_as_cohort() -> list:
     """Every method that runs as a cohort with ``NEEDS``' settings, the slow ones marked."""
-    names = [m for m in cohort_methods(config())
+    names = [m for m in METHODS
              if not cohort_problem(config(**{**NEEDS.get(m, {}), "strategy": m}), get_method(m))]
     return [m if m in DEFAULT_RUN else pytest.param(m, marks=pytest.mark.slow) for m in names]
 

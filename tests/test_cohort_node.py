@@ -132,15 +132,13 @@ def test_cohort_of_one_is_exact(method):
 
 
 def cohort_capable() -> list[str]:
-    return sorted(name for name, m in METHODS.items()
-                  if m.client.local_update_for(config_of(strategy=name)) is not None
-                  and not m.client.mods(config_of(strategy=name)))
+    return sorted(name for name, m in METHODS.items() if not m.client.mods(config_of(strategy=name)))
 
 
 @pytest.mark.parametrize("method", cohort_capable())
 def test_every_cohort_method_equals_per_client(method):
-    """Every method with its own LOCAL_UPDATE, one round, weights-only instructions: the
-    virtual clients share the process's cached model, so a method whose prepare kept a
+    """Every method without client mods (each trains through its LOCAL_UPDATE), one round,
+    weights-only instructions: the virtual clients share the process's cached model, so a method whose prepare kept a
     reference to it (not its own tensors) would show here."""
     cfg = config_of(strategy=method, **({"model": "mlp"} if method == "fedpgvc" else {}))  # 2 Linear layers
     arrays = METHODS[method].client(cfg, fake_context(), 0, N).get_parameters({})
@@ -181,18 +179,16 @@ def test_failed_virtual_client_does_not_fail_the_others(monkeypatch):
     assert all(all(np.array_equal(u, v) for u, v in zip(after[k], before[k])) for k in after)
 
 
-class HookOnlyClient(clients.base.DriftClient):
-    """A client that trains through the hook loop (no LOCAL_UPDATE of its own; every registered
-    method has one, tests/test_cohort.py)."""
+class NoUpdateClient(clients.base.DriftClient):
+    """A client that names no LOCAL_UPDATE (every registered method's does, tests/test_cohort.py)."""
 
 
-def test_node_refuses_a_method_without_its_own_local_update():
+def test_node_refuses_a_method_without_a_local_update():
     cfg = config_of(strategy="fedavg")
-    assert HookOnlyClient.local_update_for(cfg) is None
     context = fake_context()
     context.node_config = {"partition-id": 0, "num-partitions": 1}
-    with pytest.raises(ValueError, match="method 'fedavg' cannot run on a cohort node: .*HookOnlyClient.*LOCAL_UPDATE"):
-        CohortClient(cfg, context, HookOnlyClient, 0, 1)
+    with pytest.raises(TypeError, match="client class NoUpdateClient names no LOCAL_UPDATE"):
+        CohortClient(cfg, context, NoUpdateClient, 0, 1)
 
 
 def test_bad_bundle_config_is_refused():

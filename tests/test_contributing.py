@@ -1,9 +1,11 @@
-"""docs/contributing.md stays true: its worked example (``fedmom-example``) is at most four
-files, and exactly the code blocks it shows, registered in place of the real registry line
-(monkeypatched, so the example never becomes a method of the product), build a method that
-validates, lists with a complete description, gets its README row, docs/methods.md section and
-pyproject keys from the one generate command, declares its screening decision, and runs its own
-two-round test in process."""
+"""docs/contributing.md stays true: it teaches the one way a client trains (a ``LocalUpdate``,
+no other), and its worked example (``fedmom-example``) is at most four files, and exactly the
+code blocks it shows, registered in place of the real registry line (monkeypatched, so the
+example never becomes a method of the product), build a method that validates, lists with a
+complete description, gets its README row, docs/methods.md section and pyproject keys from the
+one generate command, declares its screening decision, and passes its own tests in process:
+its local step by hand, two rounds of its server rule, and its per-client and cohort paths
+finding the same replies."""
 
 from __future__ import annotations
 
@@ -57,14 +59,31 @@ def test_the_example_is_not_a_real_method():
     assert not (DOC.parent.parent / "clients" / "fedmom_example.py").exists()
 
 
-def test_the_example_registers_lists_and_runs_two_rounds(monkeypatch, tmp_path):
+def test_the_page_teaches_the_local_update_and_no_other_way():
+    text = DOC.read_text(encoding="utf-8")
+    assert "`LocalUpdate`" in text and "LOCAL_UPDATE" in text
+    assert "hook" not in text.lower()
+    for gone in ("train_step", "adjust_gradients", "begin_round", "end_round", "fit_hooks"):
+        assert gone not in text
+
+
+def test_the_example_trains_through_its_own_local_update(monkeypatch):
+    register_example(monkeypatch)
+    method = registry.get_method(NAME)
+    update = method.client.local_update_for(registry.validate_config({"strategy": NAME}))
+    assert update.name == NAME and update is sys.modules["clients.fedmom_example"].FEDMOM_EXAMPLE
+
+
+def test_the_example_registers_lists_and_passes_its_tests_on_both_paths(monkeypatch, tmp_path):
     example_tests = register_example(monkeypatch)
     method = registry.get_method(NAME)
-    assert set(registry.config_keys(method)) == {"fedmom-beta", "fedmom-server-lr"}
+    assert set(registry.config_keys(method)) == {"fedmom-mu", "fedmom-beta", "fedmom-server-lr"}
     description = registry.description(method)
     assert description.startswith("FedMom-example: ") and description.endswith(".")
     assert any(line.split()[:1] == [NAME] and description in line for line in listing("methods").splitlines())
+    example_tests.test_local_step_by_hand()
     example_tests.test_two_rounds_follow_the_momentum_rule(tmp_path)
+    example_tests.test_per_client_and_cohort_paths_agree()
 
 
 def test_the_page_names_the_one_generate_command():
@@ -82,12 +101,12 @@ def test_the_generated_files_take_the_example_from_its_four_files(monkeypatch, t
     register_example(monkeypatch)
     method = registry.get_method(NAME)
     doc = methods_doc()
-    assert f"| [`{NAME}`](#{NAME}) | - | heavy-ball step on the mean update |" in doc
+    assert f"| [`{NAME}`](#{NAME}) | proximal term μ (w − w_t) | heavy-ball step on the mean update |" in doc
     section = doc.split(f"### {NAME}\n\n", 1)[1].split("\n### ", 1)[0]
     assert " ".join(section.split("\n\n")[0].split()) == registry.description(method)
-    assert "`fedmom-beta`" in section and "`fedmom-server-lr`" in section and "Summary:" not in section
+    assert all(f"`fedmom-{key}`" in section for key in ("mu", "beta", "server-lr")) and "Summary:" not in section
     assert f"[`{NAME}`](docs/methods.md#{NAME})" in readme_methods_table()
-    assert {"fedmom-beta = 0.9", "fedmom-server-lr = 1.0"} <= set(toml_table().splitlines())
+    assert {"fedmom-mu = 0.01", "fedmom-beta = 0.9", "fedmom-server-lr = 1.0"} <= set(toml_table().splitlines())
     assert "| `fedmom-beta` | `0.9` | " in config_reference() and f"[`{NAME}`](methods.md#{NAME})" in config_reference()
 
 

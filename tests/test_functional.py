@@ -1,14 +1,14 @@
 """The functional local updates (``tasks.functional``) against independent references.
 
-(a) One round of each converted method equals the module-based training it replaces: a loop
-    written here as ``DriftClient``'s hook loop was (``torch.optim`` on a module, the method's
+(a) One round of each update equals the module-based training the clients ran before they
+    became functions: a loop written here (``torch.optim`` on a module, the method's
     correction added to ``.grad``), on a channels-last CNN and on a BatchNorm CNN. Exactly, bit
     for bit: on CPU ``torch.func.grad`` runs the same autograd kernels as ``backward()`` and
     ``tasks.functional.optim`` the same tensor ops, in the same order, as ``torch.optim``'s
-    single-tensor path. And each converted NumPyClient equals its hook-path twin through
-    ``fit`` over two rounds (state in ``context.state`` and replies included). The hand
-    computations of tests/test_fedprox.py, test_control_variates.py, test_fedsam.py and
-    test_feddyn.py check the maths itself.
+    single-tensor path. And each client, through ``fit`` over two rounds (state in
+    ``context.state`` and replies included), equals its round written out in float64 on
+    logistic regression. The hand computations of tests/test_fedprox.py,
+    test_control_variates.py, test_fedsam.py and test_feddyn.py check the maths further.
 (b) A cohort of K = 3 (one ``vmap``) equals three separate ``local_round`` calls within 1e-5
     relative (float32: the batched convolutions and matmuls of vmap sum in another order, a
     few ulp per step), and a cohort of one equals ``local_round`` exactly.
@@ -37,19 +37,25 @@ from clients.feddyn import FedDynClient
 from clients.fedprox import FedProxClient
 from clients.fedsam import FedSAMClient
 from clients.fedsmoo import FedSMOOClient
-from clients.perturbation import global_norm, perturbed, sam_eps
 from clients.scaffold import ScaffoldClient
+from fl_app.registry import get_method, validate_config
 from tasks.catalogue import InputShape
-from tasks.functional import METHODS, Hyper, cohort_round, local_round, module_state, tree_norm
+from tasks.functional import FEDAVG, FEDSAM, Hyper, cohort_round, local_round, module_state, tree_norm
 from tasks.functional.optim import opt_init, opt_step
 from tasks.functional.rounds import stack_trees, unstack_tree
 from tasks.models import build_model
 from tests.conftest import fake_context, make_client
+from tests.helpers_baselines import client_batches, sgd_round64, softmax_regression_grad, softmax_regression_loss
 from tests.helpers_cohort import assert_cohort_client_equals
+from tests.helpers_module import foreach_norm, module_sam_eps, perturbed
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPE = InputShape(1, 8, 10)  # MNIST-like, one channel (a channels-last quirk: keep_layout), small for speed
 KEYS = {"proximal-mu": 0.3, "sam-rho": 0.05, "feddyn-alpha": 0.1}
+# The updates this file checks (the module loop below writes out their corrections), looked up
+# through the one registry of methods, each as its client trains it.
+NAMES = ("fedavg", "feddyn", "fedprox", "fedsam", "scaffold")
+UPDATES = {name: get_method(name).client.local_update_for(validate_config({"strategy": name})) for name in NAMES}
 
 
 # ----------------------------------------------------------------------------- optimisers
@@ -74,15 +80,20 @@ def test_optimiser_step_equals_torch_optim(optimizer, momentum, wd):
             assert torch.equal(p.detach(), q)
 
 
-def test_tree_norm_equals_global_norm():
+def test_tree_norm_is_the_norm_of_the_concatenation():
+    """By hand (3, 0, 4: 5), and bit for bit the norm of ``torch._foreach_norm``'s per-tensor
+    norms (the kernel a module's clients used)."""
+    assert float(tree_norm([torch.tensor([[3.0, 0.0]]), torch.tensor([4.0])])) == 5.0
     gen = torch.Generator().manual_seed(1)
     ts = [torch.randn(7, 3, generator=gen), torch.randn(11, generator=gen)]
-    assert torch.equal(tree_norm(ts), global_norm(ts))
+    assert torch.equal(tree_norm(ts), foreach_norm(ts))
+    assert torch.allclose(tree_norm(ts), torch.linalg.vector_norm(torch.cat([t.flatten() for t in ts])))
 
 
 # --------------------------------------------------- (a) against the module-based loop
 def module_round(name, model, x, y, hp, batch_size, epochs, seed, ctx):
-    """The hook loop as DriftClient ran it, with each method's correction on ``.grad``."""
+    """The module-based loop the clients ran before they became functions, each method's
+    correction on ``.grad``."""
     params = list(model.parameters())
     w_t = [p.detach().clone() for p in params]
     opt = torch.optim.SGD(params, lr=hp.lr, momentum=hp.momentum, weight_decay=hp.weight_decay)
@@ -97,7 +108,7 @@ def module_round(name, model, x, y, hp, batch_size, epochs, seed, ctx):
             loss = F.cross_entropy(model(xb), yb)
             loss.backward()
             if name == "fedsam":
-                eps = sam_eps([p.grad for p in params], hp.keys["sam-rho"])
+                eps = module_sam_eps([p.grad for p in params], hp.keys["sam-rho"])
                 with perturbed(params, eps, model):
                     for p in params:
                         p.grad = None
@@ -118,7 +129,7 @@ def module_round(name, model, x, y, hp, batch_size, epochs, seed, ctx):
 
 
 @pytest.mark.parametrize("model_name", ["cnn-small", "cnn-bn"])
-@pytest.mark.parametrize("name", sorted(METHODS))
+@pytest.mark.parametrize("name", NAMES)
 def test_functional_round_equals_module_loop(name, model_name):
     gen = torch.Generator().manual_seed(2)
     x, y = torch.randn(10, 1, 8, 8, generator=gen), torch.randint(0, 10, (10,), generator=gen)
@@ -134,7 +145,7 @@ def test_functional_round_equals_module_loop(name, model_name):
     if name == "feddyn":
         state, ctx = {"grad": dict(zip(names, extra))}, {"grad": extra}
     hp = Hyper(lr=0.05, momentum=0.9, weight_decay=5e-4, keys=KEYS)
-    result = local_round(METHODS[name], copy.deepcopy(model), params, buffers, state, server, hp,
+    result = local_round(UPDATES[name], copy.deepcopy(model), params, buffers, state, server, hp,
                          x, y, 4, 2, torch.Generator().manual_seed(3))
     loss = module_round(name, model, x, y, hp, 4, 2, 3, ctx)
     assert result.metrics["train_loss"] == loss and result.metrics["num_steps"] == 6
@@ -144,68 +155,103 @@ def test_functional_round_equals_module_loop(name, model_name):
         assert torch.equal(result.buffers[n], b), n
 
 
-# ------------------------------------- (a) the converted clients against their hook twins
-class HookFedProx(DriftClient):
-    """FedProx as it was before the conversion: the proximal gradient added in the hook."""
-
-    def adjust_gradients(self) -> None:
-        self.add_proximal_gradient(self.cfg["proximal-mu"])
-
-
-class HookFedAvg(FedAvgClient):
-    """Inherits no LOCAL_UPDATE: the hook loop."""
-
-
-class HookScaffold(ScaffoldClient):
-    """ControlVariateClient's hooks."""
-
-
-class HookFedSAM(FedSAMClient):
-    """FedSAMClient's train_step with clients.perturbation."""
-
-
-class HookFedDyn(FedDynClient):
-    """FedDynClient's hooks (those FedSMOO uses)."""
-
-
-TWINS = {"fedavg": (FedAvgClient, HookFedAvg), "fedprox": (FedProxClient, HookFedProx),
-         "scaffold": (ScaffoldClient, HookScaffold), "fedsam": (FedSAMClient, HookFedSAM),
-         "feddyn": (FedDynClient, HookFedDyn)}
-
-
-def test_lookup_is_not_inherited():
-    assert FedSAMClient(*_client_args()).local_update() is not None
-    assert FedASAMClient(*_client_args()).local_update().name == "fedasam"  # its own, not FedSAM's
-    assert FedSMOOClient(*_client_args()).local_update().name == "fedsmoo"  # its own, not FedDyn's or FedSAM's
-    for cls in (HookFedAvg, HookScaffold, HookFedSAM, HookFedDyn, DriftClient):
-        assert cls.__dict__.get("LOCAL_UPDATE") is None and cls(*_client_args()).local_update() is None
-
-
-def _client_args():
+# ------------------------- (a) each client through fit against its float64 round by hand
+def _lookup_args(model="logreg"):
     from fl_app.registry import validate_config
-    return validate_config({"dataset": "synthetic", "model": "logreg"}), fake_context(), 0, 1
+    return validate_config({"dataset": "synthetic", "model": model}), fake_context(), 0, 1
 
 
-@pytest.mark.parametrize("name", sorted(TWINS))
-def test_client_equals_its_hook_twin(name):
+def test_each_client_names_its_update_and_one_without_is_refused():
+    """A client trains the ``LOCAL_UPDATE`` it names (a subclass its parent's unless it names its
+    own); a client class that names none is refused in one line before it trains."""
+    assert FedSAMClient(*_lookup_args()).local_update() is FEDSAM
+    assert FedASAMClient(*_lookup_args()).local_update().name == "fedasam"  # its own, not FedSAM's
+    assert FedSMOOClient(*_lookup_args()).local_update().name == "fedsmoo"  # its own, not FedDyn's or FedSAM's
+
+    class Renamed(FedAvgClient):
+        """Inherits FedAvg's update."""
+
+    assert Renamed.local_update_for({}) is FEDAVG
+    client = DriftClient(*_lookup_args())
+    with pytest.raises(TypeError, match="client class DriftClient names no LOCAL_UPDATE") as err:
+        client.fit(client.get_parameters({}), {"server-round": 1})
+    assert "\n" not in str(err.value)
+
+
+KEYS_64 = {"proximal-mu": 0.3, "feddyn-alpha": 0.1, "sam-rho": 0.05}
+CLIENTS = {"fedavg": FedAvgClient, "fedprox": FedProxClient, "scaffold": ScaffoldClient, "fedsam": FedSAMClient,
+           "feddyn": FedDynClient}
+
+
+def _direction64(name, x, y, w_t, ctx):
+    """The method's direction on logreg in float64, and the loss at w: g = the closed-form
+    cross-entropy gradient, corrected as the method says (``ctx``: c and c_i, g_k)."""
+    def direction(w, idx):
+        xb, yb = x[idx], y[idx]
+        g = list(softmax_regression_grad(xb, yb, *w))
+        if name == "fedprox":
+            g = [gi + KEYS_64["proximal-mu"] * (wi - w0) for gi, wi, w0 in zip(g, w, w_t)]
+        if name == "scaffold":
+            g = [gi + c - ci for gi, c, ci in zip(g, ctx["c"], ctx["ci"])]
+        if name == "fedsam":
+            scale = KEYS_64["sam-rho"] / (np.sqrt(sum((gi**2).sum() for gi in g)) + 1e-12)
+            g = list(softmax_regression_grad(xb, yb, *[wi + scale * gi for wi, gi in zip(w, g)]))
+        if name == "feddyn":
+            alpha = KEYS_64["feddyn-alpha"]
+            g = [gi - (gk + alpha * w0) + alpha * wi for gi, gk, w0, wi in zip(g, ctx["gk"], w_t, w)]
+        return g, softmax_regression_loss(xb, yb, *w)
+    return direction
+
+
+@pytest.mark.parametrize("name", sorted(CLIENTS))
+def test_client_two_rounds_equal_the_float64_round_by_hand(name):
+    """Two rounds through ``fit`` (SGD with momentum and weight decay, 6 steps of batches 4, 4, 2),
+    the client's state in ``context.state`` carried from round 1 to round 2, against the round
+    written out in float64 on logreg: its weights, its reply (SCAFFOLD: weights, then delta c_i
+    = c_i+ - c_i with c_i+ = c_i - c + (w_t - w) / (lr K_eff), K_eff = sum_s (1 - m^s)/(1 - m)),
+    its stored state (c_i+; FedDyn's g_k <- g_k - alpha (w - w_t)) and its fit metrics."""
     gen = torch.Generator().manual_seed(4)
     x, y = torch.randn(10, 60, generator=gen), torch.randint(0, 10, (10,), generator=gen)
-    cfg = {"learning-rate": 0.1, "batch-size": 4, "local-epochs": 2, "momentum": 0.9, "weight-decay": 1e-3,
-           "proximal-mu": 0.3, "feddyn-alpha": 0.1, "sam-rho": 0.05}
-    new_cls, hook_cls = TWINS[name]
-    new_client, hook_client = (make_client(cls, cfg, x, y) for cls in (new_cls, hook_cls))
-    assert new_client.local_update() is METHODS[name] and hook_client.local_update() is None
-    weights = new_client.get_parameters({})
-    c = [np.full_like(w, 0.01) for w in weights] if name == "scaffold" else []
-    for server_round in (1, 2):  # round 2 starts from the state round 1 left
-        a, n_a, m_a = new_client.fit([w.copy() for w in weights + c], {"server-round": server_round})
-        b, n_b, m_b = hook_client.fit([w.copy() for w in weights + c], {"server-round": server_round})
-        assert n_a == n_b and m_a == m_b and list(m_a) == list(m_b)
-        assert len(a) == len(b) and all(np.array_equal(u, v) for u, v in zip(a, b))
-    for key in (CI_STATE, FEDDYN_STATE):
-        if key in hook_client.context.state:
-            stored = zip(new_client.load_state(key), hook_client.load_state(key))
-            assert all(np.array_equal(u, v) for u, v in stored)
+    lr, m, wd = 0.1, 0.9, 1e-3
+    cfg = {"learning-rate": lr, "batch-size": 4, "local-epochs": 2, "momentum": m, "weight-decay": wd, **KEYS_64}
+    client = make_client(CLIENTS[name], cfg, x, y)
+    sent = client.get_parameters({})
+    c = [np.full_like(a, 0.01) for a in sent]
+    ctx = {"c": [a.astype(np.float64) for a in c], "ci": [np.zeros(a.shape) for a in sent],
+           "gk": [np.zeros(a.shape) for a in sent]}
+    x64, y_np = x.double().numpy(), y.numpy()
+    for server_round in (1, 2):
+        order = client_batches(client, server_round)
+        reply, n, metrics = client.fit([a.copy() for a in sent] + (c if name == "scaffold" else []),
+                                       {"server-round": server_round})
+        w_t = [a.astype(np.float64) for a in sent]
+        w, loss, steps = sgd_round64(w_t, order, _direction64(name, x64, y_np, w_t, ctx), lr, m, wd)
+        assert n == 10 and steps == metrics["num_steps"] == 6
+        assert metrics["train_loss"] == pytest.approx(loss, rel=1e-5)
+        for got, want in zip(reply[:2], w):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        if name == "scaffold":
+            k_eff = sum((1 - m**s) / (1 - m) for s in range(1, steps + 1))
+            ci_new = [ci - cc + (a - b) / (lr * k_eff) for ci, cc, a, b in zip(ctx["ci"], ctx["c"], w_t, w)]
+            assert len(reply) == 4
+            for got, want, old in zip(reply[2:], ci_new, ctx["ci"]):
+                np.testing.assert_allclose(got, want - old, rtol=1e-4, atol=1e-5)
+            for got, want in zip(client.load_state(CI_STATE), ci_new):
+                np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+            assert metrics["ci_norm"] == pytest.approx(np.sqrt(sum((a**2).sum() for a in ci_new)), rel=1e-4)
+            ctx["ci"] = ci_new
+        else:
+            assert len(reply) == 2
+        if name == "feddyn":
+            gk = [g - KEYS_64["feddyn-alpha"] * (a - b) for g, a, b in zip(ctx["gk"], w, w_t)]
+            for got, want in zip(client.load_state(FEDDYN_STATE), gk):
+                np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+            assert metrics["feddyn_grad_norm"] == pytest.approx(np.sqrt(sum((a**2).sum() for a in gk)), rel=1e-4)
+            ctx["gk"] = gk
+        # round 2 from another global model, as a server's mean would be
+        sent = [(a + 0.01).astype(np.float32) for a in reply[:2]]
+    if name in ("scaffold", "feddyn"):  # round 2 really started from a non-zero state
+        assert max(np.abs(a).max() for a in ctx["ci" if name == "scaffold" else "gk"]) > 1e-3
 
 
 # ------------------------------------------------------------------------ (b), (c) cohorts
@@ -228,7 +274,7 @@ def _cohort_inputs(model_name, sizes, seed=5, shape=SHAPE):
 def _compare(name, model_name, sizes, batch_size, rel, shape=SHAPE):
     skeleton, params, buffers, data, states, server = _cohort_inputs(model_name, sizes, shape=shape)
     hp = Hyper(lr=0.05, momentum=0.9, weight_decay=5e-4, keys=KEYS)
-    update, k_all = METHODS[name], len(sizes)
+    update, k_all = UPDATES[name], len(sizes)
     together = cohort_round(update, skeleton, params, buffers, states, server, hp, data, batch_size, 2,
                             [torch.Generator().manual_seed(10 + k) for k in range(k_all)])
     for k in range(k_all):
@@ -237,18 +283,18 @@ def _compare(name, model_name, sizes, batch_size, rel, shape=SHAPE):
         assert_cohort_client_equals(together, k, alone, rel)
 
 
-@pytest.mark.parametrize("name", sorted(METHODS))
+@pytest.mark.parametrize("name", NAMES)
 def test_cohort_of_three_equals_three_rounds(name):
     _compare(name, "cnn-small", [12, 12, 12], 4, rel=1e-5)
 
 
-@pytest.mark.parametrize("name", sorted(METHODS))
+@pytest.mark.parametrize("name", NAMES)
 def test_cohort_masks_clients_with_fewer_or_shorter_batches(name):
     # 14 samples: batches 4, 4, 4, 2 per epoch; 6: 4, 2; 12: 4, 4, 4 -> 8, 4 and 6 steps
     _compare(name, "cnn-small", [14, 6, 12], 4, rel=1e-5)
 
 
-@pytest.mark.parametrize("name", sorted(METHODS))
+@pytest.mark.parametrize("name", NAMES)
 def test_cohort_of_one_is_exact(name):
     _compare(name, "cnn-small", [10], 4, rel=0)
 
@@ -263,7 +309,7 @@ def test_cohort_refuses_an_empty_client():
     skeleton, params, buffers, data, states, server = _cohort_inputs("cnn-small", [4, 4])
     data[1] = (data[1][0][:0], data[1][1][:0])
     with pytest.raises(ValueError, match="sizes \\[4, 0\\]"):
-        cohort_round(METHODS["fedavg"], skeleton, params, buffers, states, server, Hyper(lr=0.1), data, 4, 1,
+        cohort_round(UPDATES["fedavg"], skeleton, params, buffers, states, server, Hyper(lr=0.1), data, 4, 1,
                      [torch.Generator() for _ in data])
 
 

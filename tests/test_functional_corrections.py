@@ -3,8 +3,9 @@ FedPVR, RI-FedAvg).
 
 (a) One round of each update against the formula written out here in float64 (the
     cross-entropy gradient of logistic regression by hand, the method's correction, SGD), and
-    each converted NumPyClient against its hook-path twin through ``fit`` over two rounds, bit
-    for bit (the per-client path gives the numbers it gave before the conversion).
+    each client through ``fit`` over two rounds: FedPVR's and RI-FedAvg's against their rounds
+    in float64 (SGD with momentum and weight decay), FedNova's, DP-FedAvg's and FedBN's against
+    FedAvg's client bit for bit (their local step is FedAvg's).
 (b) A cohort of K = 3 clients of different sizes (one ``vmap``) equals three ``local_round``
     calls within 1e-5 relative (float32: vmap's batched kernels sum in another order), and a
     cohort of one equals ``local_round`` exactly.
@@ -19,25 +20,32 @@ import numpy as np
 import pytest
 import torch
 
+from clients.control_variates import CI_STATE
 from clients.dp_fedavg import DPFedAvgClient
+from clients.fedavg import FedAvgClient
 from clients.fedbn import STATE as FEDBN_STATE
 from clients.fedbn import FedBNClient
 from clients.fednova import FedNovaClient
 from clients.fedpvr import FedPVRClient
 from clients.ri_fedavg import RIFedAvgClient
+from fl_app.registry import get_method, validate_config
 from protocol.layout import bn_indices, pvr_param_names
 from tasks.catalogue import InputShape
-from tasks.functional import Hyper, cohort_round, local_round, module_state
-from tasks.functional.corrections import CORRECTIONS, ri_begin
+from tasks.functional import FEDAVG, Hyper, cohort_round, local_round, module_state
+from tasks.functional.corrections import ri_begin
 from tasks.functional.rounds import stack_trees, unstack_tree
-from tasks.models import build_model, get_weights
+from tasks.models import build_model
 from tests.conftest import make_client
+from tests.helpers_baselines import client_batches, sgd_round64, softmax_regression_grad, softmax_regression_loss
 from tests.helpers_cohort import assert_cohort_client_equals
 
 FLAT = InputShape(0, 5, 3)  # logistic regression on 5 features, 3 classes: small enough to write out
 IMAGES = InputShape(1, 8, 10)
 KEYS = {"ri-lambda": 0.3}
 PLAIN = ("fednova", "fedbn", "dp-fedavg")  # FedAvg's step under the method's own name
+# Each method's update as its client trains it, looked up through the one registry of methods.
+UPDATES = {name: get_method(name).client.local_update_for(validate_config({"strategy": name}))
+           for name in (*PLAIN, "fedpvr", "ri-fedavg")}
 
 
 # ------------------------------------------------------------------- (a) by hand
@@ -56,7 +64,7 @@ def flat_round(name: str, state: dict, server: dict, lr: float = 0.5, epochs: in
     x, y = torch.randn(6, FLAT.size, generator=gen), torch.randint(0, FLAT.classes, (6,), generator=gen)
     model = build_model("logreg", FLAT, seed=1)
     params, buffers = module_state(model)
-    result = local_round(CORRECTIONS[name], model, params, buffers, state, server, Hyper(lr=lr, keys=KEYS),
+    result = local_round(UPDATES[name], model, params, buffers, state, server, Hyper(lr=lr, keys=KEYS),
                          x, y, 64, epochs, torch.Generator().manual_seed(1))
     return params, x.double().numpy(), y.numpy(), result
 
@@ -111,7 +119,7 @@ def test_fedpvr_two_rounds_by_hand():
     ci = {n: np.zeros_like(c64[n]) for n in head}
     state = {}
     for _ in range(2):  # two rounds
-        result = local_round(CORRECTIONS["fedpvr"], model, params, buffers, state, {"c": c}, Hyper(lr=lr),
+        result = local_round(UPDATES["fedpvr"], model, params, buffers, state, {"c": c}, Hyper(lr=lr),
                              x, y, 64, 2, torch.Generator().manual_seed(1))
         w_t = w
         for _ in range(2):
@@ -155,46 +163,7 @@ def test_ri_fedavg_refuses_a_round_without_its_index():
         ri_begin({}, {}, {}, Hyper(lr=0.1, keys=KEYS))
 
 
-# ------------------------------- (a) the converted clients against their hook twins
-class HookFedNova(FedNovaClient):
-    """Inherits no LOCAL_UPDATE: the hook loop FedNova ran before its conversion."""
-
-
-class HookFedBN(FedBNClient):
-    """FedBN's hook loop as it was: the BN entries stored in ``end_round``."""
-
-    def end_round(self, steps: int):
-        weights = get_weights(self.model)
-        self.save_state(FEDBN_STATE, [weights[i] for i in bn_indices(self.model)])
-
-
-class HookDPFedAvg(DPFedAvgClient):
-    """Inherits no LOCAL_UPDATE: the hook loop DP-FedAvg ran before (its mod is not in ``fit``)."""
-
-
-class HookFedPVR(FedPVRClient):
-    """Inherits no LOCAL_UPDATE: ControlVariateClient's hooks, as FedPVR ran before."""
-
-
-class HookRIFedAvg(RIFedAvgClient):
-    """RI-FedAvg's hooks as they were: the index measured in ``begin_round``, the proximal
-    gradient added to ``.grad``."""
-
-    def begin_round(self, server_round: int) -> dict:
-        return {"ri": self.roughness_index(server_round)}
-
-    def adjust_gradients(self) -> None:
-        self.add_proximal_gradient(2 * self.cfg["ri-lambda"] * self.ri)
-
-
-RI_CFG = {"ri-lambda": 5.0, "ri-interval": 2.0, "ri-points": 4, "ri-directions": 3, "ri-samples": 8}
-TWINS = {"fednova": (FedNovaClient, HookFedNova, "logreg", {}),
-         "fedpvr": (FedPVRClient, HookFedPVR, "mlp", {"pvr-layers": 1}),
-         "ri-fedavg": (RIFedAvgClient, HookRIFedAvg, "logreg", RI_CFG),
-         "dp-fedavg": (DPFedAvgClient, HookDPFedAvg, "logreg", {}),
-         "fedbn": (FedBNClient, HookFedBN, "cnn-bn", {})}
-
-
+# ------------------------------------- (a) each client through fit, two rounds
 def _own_model(client):
     """``client`` with a model object of its own: its fits leave the process's shared model
     (``tasks.models.cached_model``) as it was, which other tests build their clients on
@@ -209,33 +178,113 @@ def _twin_inputs(model_name: str):
     return torch.randn(10, *shape, generator=gen), torch.randint(0, 10, (10,), generator=gen)
 
 
-def _server_extras(name: str, client) -> list[np.ndarray]:
-    """What the server sends besides the weights: FedPVR's c on its head (non-zero), else nothing."""
-    if name != "fedpvr":
-        return []
-    named = dict(client.model.named_parameters())
-    return [np.full(tuple(named[n].shape), 0.01, np.float32) for n in pvr_param_names(client.model, client.cfg)]
+TRAIN_CFG = {"learning-rate": 0.1, "batch-size": 4, "local-epochs": 2, "momentum": 0.9, "weight-decay": 1e-3}
+PLAIN_CLIENTS = {"fednova": (FedNovaClient, "logreg"), "dp-fedavg": (DPFedAvgClient, "logreg"),
+                 "fedbn": (FedBNClient, "cnn-bn")}
 
 
-@pytest.mark.parametrize("name", sorted(TWINS))
-def test_client_equals_its_hook_twin(name):
-    new_cls, hook_cls, model_name, extra_cfg = TWINS[name]
+@pytest.mark.parametrize("name", sorted(PLAIN_CLIENTS))
+def test_plain_client_two_rounds_equal_fedavg_s(name):
+    """FedNova, DP-FedAvg and FedBN train as FedAvg's client does (whose round
+    tests/test_functional.py checks by hand in float64): through ``fit`` over two rounds, the
+    same weights, number of steps and metrics, bit for bit. FedBN starts round 2 from its own
+    stored BN entries: FedAvg's client is sent the model FedBN trains from (the received
+    non-BN entries, FedBN's own BN entries), and FedBN stores the BN entries it replies."""
+    cls, model_name = PLAIN_CLIENTS[name]
     x, y = _twin_inputs(model_name)
-    cfg = {"learning-rate": 0.1, "batch-size": 4, "local-epochs": 2, "momentum": 0.9, "weight-decay": 1e-3,
-           "model": model_name, "dataset": "mnist" if model_name.endswith("-bn") else "synthetic", **extra_cfg}
-    new_client, hook_client = (_own_model(make_client(cls, cfg, x, y)) for cls in (new_cls, hook_cls))
-    assert new_client.local_update() is CORRECTIONS[name] and hook_client.local_update() is None
-    weights = new_client.get_parameters({})
-    extras = _server_extras(name, new_client)
-    for server_round in (1, 2):  # round 2 starts from whatever state round 1 left
-        a, n_a, m_a = new_client.fit([w.copy() for w in weights + extras], {"server-round": server_round})
-        b, n_b, m_b = hook_client.fit([w.copy() for w in weights + extras], {"server-round": server_round})
-        assert n_a == n_b and m_a == m_b and list(m_a) == list(m_b)
+    cfg = {**TRAIN_CFG, "model": model_name, "dataset": "mnist" if model_name.endswith("-bn") else "synthetic"}
+    client, fedavg = (_own_model(make_client(c, cfg, x, y)) for c in (cls, FedAvgClient))
+    assert client.local_update().name == name and client.local_update().direction is FEDAVG.direction
+    sent = client.get_parameters({})
+    for server_round in (1, 2):
+        start = list(sent)
+        if name == "fedbn" and server_round == 2:
+            start = [dict(zip(bn_indices(client.model), client.load_state(FEDBN_STATE))).get(i, a)
+                     for i, a in enumerate(sent)]
+        a, n_a, m_a = client.fit([w.copy() for w in sent], {"server-round": server_round})
+        b, n_b, m_b = fedavg.fit([w.copy() for w in start], {"server-round": server_round})
+        assert n_a == n_b and m_a == m_b and m_a["num_steps"] == 6
         assert len(a) == len(b) and all(np.array_equal(u, v) for u, v in zip(a, b))
-    assert set(new_client.context.state) == set(hook_client.context.state)
-    for key in hook_client.context.state:
-        stored = zip(new_client.load_state(key), hook_client.load_state(key))
-        assert all(np.array_equal(u, v) for u, v in stored)
+        if name == "fedbn":
+            stored = zip(client.load_state(FEDBN_STATE), bn_indices(client.model))
+            assert all(np.array_equal(s, a[i]) for s, i in stored)
+        # round 2 from another global model, BN statistics included (a server's mean would be)
+        sent = [(u + 0.01).astype(u.dtype) if u.dtype.kind == "f" else u for u in a]
+
+
+def _mlp_loss(p: list[np.ndarray], x: np.ndarray, y: np.ndarray) -> float:
+    w1, b1, w2, b2 = p
+    return softmax_regression_loss(np.maximum(x @ w1.T + b1, 0), y, w2, b2)
+
+
+def test_fedpvr_client_two_rounds_by_hand():
+    """FedPVR through ``fit`` (mlp, ``pvr-layers`` = 1, SGD with momentum and weight decay, 6
+    steps) against its round in float64: d = g - c_i + c on the head (c sent after the weights,
+    head only), d = g on the body; reply the weights then delta c_i on the head; c_i+ = c_i - c
+    + (w_t - w) / (lr K_eff) stored, and round 2 starts from it."""
+    x, y = _twin_inputs("mlp")
+    lr, m, wd = TRAIN_CFG["learning-rate"], TRAIN_CFG["momentum"], TRAIN_CFG["weight-decay"]
+    client = _own_model(make_client(FedPVRClient, {**TRAIN_CFG, "model": "mlp", "pvr-layers": 1}, x, y))
+    names = [n for n, _ in client.model.named_parameters()]
+    head = pvr_param_names(client.model, client.cfg)
+    assert head == ["head.weight", "head.bias"] and names[2:] == head
+    sent = client.get_parameters({})
+    c = [np.full(a.shape, 0.01, np.float32) for a in sent[2:]]
+    ci = [np.zeros(a.shape) for a in c]
+    x64, y_np = x.double().numpy(), y.numpy()
+    for server_round in (1, 2):
+        order = client_batches(client, server_round)
+        reply, _, metrics = client.fit([a.copy() for a in sent] + c, {"server-round": server_round})
+
+        def direction(w, idx, ci=ci):
+            g = mlp_grad(w, x64[idx], y_np[idx])
+            return g[:2] + [gi + cc - cii for gi, cc, cii in zip(g[2:], c, ci)], _mlp_loss(w, x64[idx], y_np[idx])
+
+        w_t = [a.astype(np.float64) for a in sent]
+        w, loss, steps = sgd_round64(w_t, order, direction, lr, m, wd)
+        assert steps == metrics["num_steps"] == 6 and metrics["train_loss"] == pytest.approx(loss, rel=1e-5)
+        k_eff = sum((1 - m**s) / (1 - m) for s in range(1, steps + 1))
+        ci_new = [old - cc + (a - b) / (lr * k_eff) for old, cc, a, b in zip(ci, c, w_t[2:], w[2:])]
+        assert len(reply) == 6
+        for got, want in zip(reply, w + [new - old for new, old in zip(ci_new, ci)]):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        for got, want in zip(client.load_state(CI_STATE), ci_new):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        assert metrics["ci_norm"] == pytest.approx(np.sqrt(sum((a**2).sum() for a in ci_new)), rel=1e-4)
+        ci, sent = ci_new, [(a + 0.01).astype(np.float32) for a in reply[:4]]
+    assert max(np.abs(a).max() for a in ci) > 1e-3  # round 2 ran with c_i != 0
+
+
+RI_CFG = {"ri-lambda": 5.0, "ri-interval": 2.0, "ri-points": 4, "ri-directions": 3, "ri-samples": 8}
+
+
+def test_ri_fedavg_client_two_rounds_by_hand():
+    """RI-FedAvg through ``fit`` (logreg, SGD with momentum and weight decay) against its round
+    in float64: d = g + 2 lambda I_k (w - w_t), I_k the index the client measured at w_t (its
+    metric ``ri``; tests/test_ri_fedavg.py checks the index itself), nothing carried over."""
+    x, y = _twin_inputs("logreg")
+    lr, m, wd = TRAIN_CFG["learning-rate"], TRAIN_CFG["momentum"], TRAIN_CFG["weight-decay"]
+    client = _own_model(make_client(RIFedAvgClient, {**TRAIN_CFG, **RI_CFG}, x, y))
+    sent = client.get_parameters({})
+    x64, y_np = x.double().numpy(), y.numpy()
+    for server_round in (1, 2):
+        order = client_batches(client, server_round)
+        reply, _, metrics = client.fit([a.copy() for a in sent], {"server-round": server_round})
+        coef = 2 * RI_CFG["ri-lambda"] * metrics["ri"]
+        assert coef > 0.1  # the proximal term acts
+        w_t = [a.astype(np.float64) for a in sent]
+
+        def direction(w, idx, coef=coef, w_t=w_t):
+            g = softmax_regression_grad(x64[idx], y_np[idx], *w)
+            return ([gi + coef * (wi - w0) for gi, wi, w0 in zip(g, w, w_t)],
+                    softmax_regression_loss(x64[idx], y_np[idx], *w))
+
+        w, loss, steps = sgd_round64(w_t, order, direction, lr, m, wd)
+        assert steps == metrics["num_steps"] == 6 and metrics["train_loss"] == pytest.approx(loss, rel=1e-5)
+        assert len(reply) == 2 and dict(client.context.state) == {}
+        for got, want in zip(reply, w):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        sent = [(a + 0.01).astype(np.float32) for a in reply]
 
 
 # ------------------------------------------------------------------------- (b) cohorts
@@ -260,7 +309,7 @@ def _cohort_inputs(name: str, model_name: str, sizes: list[int], seed: int = 5):
 def _compare(name: str, model_name: str, sizes: list[int], rel: float):
     skeleton, params, buffers, data, states, server = _cohort_inputs(name, model_name, sizes)
     hp = Hyper(lr=0.05, momentum=0.9, weight_decay=5e-4, keys=KEYS)
-    update = CORRECTIONS[name]
+    update = UPDATES[name]
     together = cohort_round(update, skeleton, params, buffers, states, server, hp, data, 4, 2,
                             [torch.Generator().manual_seed(10 + k) for k in range(len(sizes))])
     for k in range(len(sizes)):

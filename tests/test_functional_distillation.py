@@ -2,9 +2,9 @@
 
 (a) Hand computations: one round of each on a tiny Linear model against the formula written
     out here in float64 (explicit not-true gather, KL as sum p (log p - log q); MOON's cosine
-    similarities by hand). And each converted client equals its hook-path twin (the code the
-    clients ran before the conversion, kept here as the reference) bit for bit over two rounds,
-    on a BatchNorm CNN: the frozen models' eval mode and buffers are the hook path's.
+    similarities by hand). And each client through ``fit`` equals the module-based training it
+    ran before it became functions (written here as the reference: ``torch.optim`` on a module,
+    frozen eval-mode copies) bit for bit over two rounds, on a BatchNorm CNN.
 (b) A cohort of K = 3 clients of different sizes (one vmap) equals three ``local_round`` calls
     within 1e-5 relative (float32; vmap's batched kernels sum in another order; 1e-4 with
     BatchNorm, whose gradient over small batches is ill-conditioned, as tests/test_functional.py),
@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -23,18 +24,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from clients.base import DriftClient
 from clients.fedntd import FedNTDClient
 from clients.moon import STATE as MOON_STATE
 from clients.moon import MoonClient
 from tasks.catalogue import InputShape
-from tasks.datasets import input_shape
 from tasks.functional import FEDAVG, Hyper, cohort_round, local_round, module_state
 from tasks.functional.distillation import FEDNTD, MOON, not_true, ntd_loss
 from tasks.functional.rounds import stack_trees, unstack_tree
-from tasks.models import Classifier, build_model, cached_model, set_weights
+from tasks.models import Classifier, build_model, set_weights
 from tests.conftest import make_client
+from tests.helpers_baselines import client_batches
 from tests.helpers_cohort import assert_cohort_client_equals
+from tests.helpers_module import frozen, module_fit
 
 SHAPE = InputShape(1, 8, 10)
 KEYS = {"ntd-beta": 1.5, "ntd-tau": 2.0, "moon-mu": 2.0, "moon-temperature": 0.5}
@@ -136,84 +137,75 @@ def test_moon_rounds_by_hand_and_state():
     assert all(torch.equal(r2.state["prev_params"][n], r2.params[n]) for n in params)
 
 
-# --------------------------------------- (a) the converted clients against their hook twins
-class HookFedNTD(DriftClient):
-    """FedNTD as the client ran it before the conversion: a frozen eval-mode copy of w_t, the
-    not-true columns by a boolean mask, the loss in the ``loss`` hook."""
-
-    def begin_round(self, server_round):
-        self.global_model = self.frozen_copy()
-
-    def loss(self, x, y):
-        logits = self.model(x)
+# ------------------- (a) the clients against the module-based training they replace
+def module_fedntd_step(global_model, cfg):
+    """FedNTD's module-based step: the global model a frozen eval-mode copy of w_t, the
+    not-true columns by a boolean mask, CE + beta tau^2 KL backpropagated."""
+    def step(model, x, y):
+        logits = model(x)
         with torch.no_grad():
-            global_logits = self.global_model(x)
+            global_logits = global_model(x)
         keep = torch.ones_like(logits, dtype=torch.bool)
         keep[torch.arange(len(y)), y] = False
         c = logits.shape[1] - 1
-        tau = self.cfg["ntd-tau"]
+        tau = cfg["ntd-tau"]
         log_q_local = F.log_softmax(logits[keep].view(len(y), c) / tau, dim=1)
         q_global = F.softmax(global_logits[keep].view(len(y), c) / tau, dim=1)
         ntd = F.kl_div(log_q_local, q_global, reduction="batchmean") * tau**2
-        return F.cross_entropy(logits, y) + self.cfg["ntd-beta"] * ntd
+        loss = F.cross_entropy(logits, y) + cfg["ntd-beta"] * ntd
+        loss.backward()
+        return loss.detach()
+    return step
 
 
-class HookMoon(DriftClient):
-    """MOON as the client ran it before the conversion: eval-mode frozen copies of w_t and of the
-    previous local model (stored as the model's state arrays), the loss in the ``loss`` hook."""
-
-    def begin_round(self, server_round):
-        self.global_model = self.frozen_copy()
-        saved = self.load_state(MOON_STATE)
-        self.prev_model = None
-        if saved is not None:
-            prev = cached_model(self.cfg["model"], input_shape(self.cfg["dataset"]), self.device, slot="moon-prev")
-            set_weights(prev, saved)
-            prev.eval()
-            self.prev_model = prev
-
-    def loss(self, x, y):
-        z = self.model.body(x)
-        ce = F.cross_entropy(self.model.head(z), y)
-        if self.prev_model is None:
-            return ce
-        with torch.no_grad():
-            z_glob, z_prev = self.global_model.body(x), self.prev_model.body(x)
-        pos = F.cosine_similarity(z, z_glob, dim=1)
-        neg = F.cosine_similarity(z, z_prev, dim=1)
-        logits = torch.stack([pos, neg], dim=1) / self.cfg["moon-temperature"]
-        con = F.cross_entropy(logits, torch.zeros(len(z), dtype=torch.long))
-        return ce + self.cfg["moon-mu"] * con
-
-    def end_round(self, steps):
-        from tasks.models import get_weights
-        self.save_state(MOON_STATE, get_weights(self.model))
+def module_moon_step(global_model, prev_model, cfg):
+    """MOON's module-based step: eval-mode frozen copies of w_t and of the previous local model
+    (none in a client's first round: plain cross-entropy)."""
+    def step(model, x, y):
+        z = model.body(x)
+        loss = F.cross_entropy(model.head(z), y)
+        if prev_model is not None:
+            with torch.no_grad():
+                z_glob, z_prev = global_model.body(x), prev_model.body(x)
+            pos = F.cosine_similarity(z, z_glob, dim=1)
+            neg = F.cosine_similarity(z, z_prev, dim=1)
+            logits = torch.stack([pos, neg], dim=1) / cfg["moon-temperature"]
+            loss = loss + cfg["moon-mu"] * F.cross_entropy(logits, torch.zeros(len(z), dtype=torch.long))
+        loss.backward()
+        return loss.detach()
+    return step
 
 
-@pytest.mark.parametrize("name,new_cls,hook_cls", [("fedntd", FedNTDClient, HookFedNTD),
-                                                   ("moon", MoonClient, HookMoon)])
-def test_client_equals_its_hook_twin(name, new_cls, hook_cls):
-    """Two rounds on ``lenet-bn`` (channels-last convolutions, BatchNorm): round 2 starts from
-    other weights and BN statistics than round 1 ended with, so the global model's buffers
-    (sent) and MOON's previous model's (kept) are both read, in eval mode."""
+@pytest.mark.parametrize("name,cls", [("fedntd", FedNTDClient), ("moon", MoonClient)])
+def test_client_equals_the_module_based_training(name, cls):
+    """Two rounds on ``lenet-bn`` (channels-last convolutions, BatchNorm) through ``fit``, bit for
+    bit against the module-based training written above: round 2 starts from other weights and
+    BN statistics than round 1 ended with, so the global model's buffers (sent) and MOON's
+    previous model's (kept, from round 1's final model) are both read, in eval mode."""
     gen = torch.Generator().manual_seed(4)
     x, y = torch.randn(10, 1, 28, 28, generator=gen), torch.randint(0, 10, (10,), generator=gen)
     cfg = {"dataset": "mnist", "model": "lenet-bn", "learning-rate": 0.05, "batch-size": 4, "local-epochs": 1,
            "momentum": 0.9, "weight-decay": 1e-3, **KEYS}
-    new_client, hook_client = make_client(new_cls, cfg, x, y), make_client(hook_cls, cfg, x, y)
-    assert new_client.local_update() is UPDATES[name] and hook_client.local_update() is None
-    weights = new_client.get_parameters({})
+    client = make_client(cls, cfg, x, y)
+    assert client.local_update() is UPDATES[name]
+    reference = copy.deepcopy(client.model)
+    weights, prev = client.get_parameters({}), None
     for server_round in (1, 2):
-        a, n_a, m_a = new_client.fit([w.copy() for w in weights], {"server-round": server_round})
-        b, n_b, m_b = hook_client.fit([w.copy() for w in weights], {"server-round": server_round})
-        assert n_a == n_b and m_a == m_b
-        assert all(np.array_equal(u, v) for u, v in zip(a, b))
+        order = client_batches(client, server_round)
+        set_weights(reference, weights)
+        global_model = frozen(reference)
+        step = (module_fedntd_step(global_model, client.cfg) if name == "fedntd"
+                else module_moon_step(global_model, prev, client.cfg))
+        want, m_want = module_fit(reference, weights, x, y, order, client.cfg, cfg["learning-rate"], step)
+        got, n, m_got = client.fit([w.copy() for w in weights], {"server-round": server_round})
+        assert n == 10 and m_got == m_want
+        assert all(np.array_equal(u, v) for u, v in zip(got, want))
+        if name == "moon":
+            assert all(np.array_equal(u, v) for u, v in zip(client.load_state(MOON_STATE), want))
+            prev = frozen(reference)
         # the next round's w_t: other weights and BN statistics (a server's mean would be)
         weights = [(u + 0.01 * np.random.default_rng(server_round).standard_normal(u.shape)).astype(u.dtype)
-                   if u.dtype.kind == "f" else u for u in a]
-    if name == "moon":
-        assert all(np.array_equal(u, v) for u, v in zip(new_client.load_state(MOON_STATE),
-                                                        hook_client.load_state(MOON_STATE)))
+                   if u.dtype.kind == "f" else u for u in got]
 
 
 def test_frozen_model_without_its_buffers_is_refused():

@@ -2,19 +2,22 @@
 and the authors' code reading (``FEDPGVC_AUTHORS`` plus ``authors_rescale`` after the round).
 
 (a) One step by hand: r = (1/B) sum_b l_b grad l_b computed one sample at a time in float64,
-    g + r on the masked layers, g elsewhere. And the converted client equals its hook-path twin
-    (the ``train_step`` the client ran before the conversion, kept here as the reference) bit for
+    g + r on the masked layers, g elsewhere. And the client through ``fit`` equals the
+    module-based step it ran before it became functions (written here as the reference) bit for
     bit over two rounds, with SGD and momentum and with Adam (the paper's optimiser).
 (b) A cohort of K = 3 clients of different sizes (one vmap) equals three ``local_round`` calls
     within 1e-5 relative (float32: vmap's batched kernels sum in another order), and a cohort of
     one equals it exactly. The text reading keeps no client state, so there is no (c).
-The authors' reading: its client equals its hook-path twin (the ``end_round``/``code_rhos``
-the client ran before the conversion, kept here) bit for bit over two rounds with Adam, and a
+The authors' reading: its client equals the module-based training and rescale (``code_rhos``
+on the module's weights) it ran before it became functions, written here, bit for bit over two
+rounds with Adam, and a
 cohort node (fl_app.node.cohort_client) of K = 3 equals three per-client nodes within 1e-5
 relative, a cohort of one exactly; tests/test_fedpgvc_authors.py checks its maths by hand.
 """
 
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 import pytest
@@ -23,7 +26,6 @@ import torch.nn.functional as F
 from flwr.app import RecordDict
 from torch import nn
 
-from clients.base import DriftClient
 from clients.fedpgvc import FedPGVCClient
 from fl_app.node.cohort_client import CohortClient
 from fl_app.node.node_client import NodeClient
@@ -34,8 +36,10 @@ from tasks.functional import FEDAVG, Hyper, cohort_round, local_round, module_st
 from tasks.functional.pgvc import FEDPGVC, FEDPGVC_AUTHORS
 from tasks.functional.rounds import stack_trees, unstack_tree
 from tasks.keras_layers import pgvc_code_layers
-from tasks.models import Classifier, build_model, last_layers_param_names
+from tasks.models import Classifier, build_model, get_weights, last_layers_param_names
 from tests.conftest import fake_context, make_client
+from tests.helpers_baselines import client_batches
+from tests.helpers_module import module_fit
 from tests.test_cohort_node import N, assert_same_reply, cohort_fit, config_of
 
 SHAPE = InputShape(1, 8, 10)
@@ -82,40 +86,57 @@ def test_one_step_by_hand():
     assert result.metrics["train_loss"] == pytest.approx(mean.item(), rel=1e-6)
 
 
-class HookFedPGVC(DriftClient):
-    """FedPGVC "text" as the client ran it before the conversion: rho by a partial backward of
+def module_pgvc_step(mask_names):
+    """FedPGVC "text" as the module-based client stepped: rho by a partial backward of
     0.5 mean(l^2) onto the masked parameters, added to ``.grad`` after the full backward."""
-
-    def begin_round(self, server_round):
-        names = set(last_layers_param_names(self.model, self.cfg["pgvc-layers"]))
-        self.mask = [p for n, p in self.model.named_parameters() if n in names]
-
-    def train_step(self, x, y):
-        losses = F.cross_entropy(self.model(x), y, reduction="none")
+    def step(model, x, y):
+        mask = [p for n, p in model.named_parameters() if n in mask_names]
+        losses = F.cross_entropy(model(x), y, reduction="none")
         loss = losses.mean()
-        rho = torch.autograd.grad(0.5 * losses.pow(2).mean(), self.mask, retain_graph=True)
+        rho = torch.autograd.grad(0.5 * losses.pow(2).mean(), mask, retain_graph=True)
         loss.backward()
         with torch.no_grad():
-            for p, r in zip(self.mask, rho):
+            for p, r in zip(mask, rho):
                 p.grad.add_(r)
         return loss.detach()
+    return step
+
+
+def plain_step(model, x, y):
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    return loss.detach()
+
+
+def _module_rounds(cfg, x, y, after=None):
+    """Two rounds of a FedPGVC client through ``fit`` and of the module-based training (its
+    step, then ``after(model, x, y, lr)`` if given), from the same weights: their replies."""
+    client = make_client(FedPGVCClient, cfg, x, y)
+    reference = copy.deepcopy(client.model)
+    variant = client.cfg["pgvc-variant"]
+    step = module_pgvc_step(set(last_layers_param_names(reference, KEYS["pgvc-layers"]))) if variant == "text" \
+        else plain_step
+    weights = client.get_parameters({})
+    for server_round in (1, 2):
+        want, m_want = module_fit(reference, weights, x, y, client_batches(client, server_round), client.cfg,
+                                  cfg["learning-rate"], step)
+        if after is not None:
+            want, m_want = after(reference, x, y, cfg["learning-rate"], m_want)
+        got, n, m_got = client.fit([w.copy() for w in weights], {"server-round": server_round})
+        yield client, got, n, m_got, want, m_want
+        weights = got
 
 
 @pytest.mark.parametrize("optimizer,momentum", [("sgd", 0.9), ("adam", 0.0)])
-def test_client_equals_its_hook_twin(optimizer, momentum):
+def test_client_equals_the_module_based_training(optimizer, momentum):
     gen = torch.Generator().manual_seed(4)
     x, y = torch.randn(10, 1, 28, 28, generator=gen), torch.randint(0, 10, (10,), generator=gen)
     cfg = {"strategy": "fedpgvc", "dataset": "mnist", "model": "lenet", "learning-rate": 0.01, "batch-size": 4,
            "local-epochs": 1, "optimizer": optimizer, "momentum": momentum, "weight-decay": 1e-3, **KEYS}
-    new_client, hook_client = make_client(FedPGVCClient, cfg, x, y), make_client(HookFedPGVC, cfg, x, y)
-    assert new_client.local_update() is FEDPGVC and hook_client.local_update() is None
-    weights = new_client.get_parameters({})
-    for server_round in (1, 2):
-        a, n_a, m_a = new_client.fit([w.copy() for w in weights], {"server-round": server_round})
-        b, n_b, m_b = hook_client.fit([w.copy() for w in weights], {"server-round": server_round})
-        assert n_a == n_b and m_a == m_b
-        assert all(np.array_equal(u, v) for u, v in zip(a, b))
-        weights = a
+    for client, got, n, m_got, want, m_want in _module_rounds(cfg, x, y):
+        assert client.local_update() is FEDPGVC
+        assert n == 10 and m_got == m_want
+        assert all(np.array_equal(u, v) for u, v in zip(got, want))
 
 
 def test_both_readings_train_through_functions_and_run_as_cohorts():
@@ -132,8 +153,8 @@ def test_both_readings_train_through_functions_and_run_as_cohorts():
 
 
 # ------------------------------------------------------------------ the authors' reading
-def hook_code_rhos(model, x, y, indices, chunk):
-    """``code_rhos`` as clients/fedpgvc.py had it before the conversion (on the module's own weights)."""
+def module_code_rhos(model, x, y, indices, chunk):
+    """``code_rhos`` as the module-based client computed it (on the module's own weights)."""
     need = max(indices) + 1
     params = list(model.parameters())
     sums = [torch.zeros_like(p) for p in params]
@@ -148,28 +169,25 @@ def hook_code_rhos(model, x, y, indices, chunk):
     return {j: losses[j] * sums[j].mean().item() for j in indices}
 
 
-class HookFedPGVCAuthors(DriftClient):
-    """FedPGVC "authors" as the client ran it before the conversion: the hook loop's plain
-    training, then ``end_round``'s rescale of the code's masked layers."""
-
-    CODE_CHUNK = 1024
-
-    def end_round(self, steps):
-        layers = pgvc_code_layers(self.model)
-        x, y = self.data
-        self.model.eval()
-        rhos = hook_code_rhos(self.model, x, y, [j for j, _ in layers], self.CODE_CHUNK)
-        self.model.train()
-        named = dict(self.model.named_parameters())
+def module_authors_rescale(chunk):
+    """The authors' rescale as the module-based client ran it after training (``code_rhos`` on
+    the module's own weights, in eval mode), on the reference model: (its weights, metrics)."""
+    def after(model, x, y, lr, metrics):
+        layers = pgvc_code_layers(model)
+        model.eval()
+        rhos = module_code_rhos(model, x, y, [j for j, _ in layers], chunk)
+        model.train()
+        named = dict(model.named_parameters())
         with torch.no_grad():
             for j, names in layers:
                 for name in names:
-                    named[name].sub_(named[name] * (self.lr * rhos[j]))
-        return {"pgvc_rescale": max(abs(self.lr * r) for r in rhos.values())}
+                    named[name].sub_(named[name] * (lr * rhos[j]))
+        return get_weights(model), {**metrics, "pgvc_rescale": max(abs(lr * r) for r in rhos.values())}
+    return after
 
 
 @pytest.mark.parametrize("chunk", [1024, 4])
-def test_authors_client_equals_its_hook_twin(chunk):
+def test_authors_client_equals_the_module_based_training(chunk, monkeypatch):
     """Bit for bit over two rounds with Adam (the paper's optimiser), the rescale pass in one
     slice and in slices of 4 (samples 5-7 in the second)."""
     gen = torch.Generator().manual_seed(6)
@@ -177,16 +195,11 @@ def test_authors_client_equals_its_hook_twin(chunk):
     cfg = {"strategy": "fedpgvc", "pgvc-variant": "authors", "dataset": "mnist", "model": "lenet",
            "learning-rate": 0.01, "batch-size": 4, "local-epochs": 1, "optimizer": "adam", "momentum": 0.0,
            "weight-decay": 1e-3}
-    new_client, hook_client = make_client(FedPGVCClient, cfg, x, y), make_client(HookFedPGVCAuthors, cfg, x, y)
-    new_client.CODE_CHUNK = hook_client.CODE_CHUNK = chunk
-    assert new_client.local_update() is FEDPGVC_AUTHORS and hook_client.local_update() is None
-    weights = new_client.get_parameters({})
-    for server_round in (1, 2):
-        a, n_a, m_a = new_client.fit([w.copy() for w in weights], {"server-round": server_round})
-        b, n_b, m_b = hook_client.fit([w.copy() for w in weights], {"server-round": server_round})
-        assert n_a == n_b and m_a == m_b and m_a["pgvc_rescale"] > 1e-6  # the rescale acts
-        assert all(np.array_equal(u, v) for u, v in zip(a, b))
-        weights = a
+    monkeypatch.setattr(FedPGVCClient, "CODE_CHUNK", chunk)
+    for client, got, n, m_got, want, m_want in _module_rounds(cfg, x, y, module_authors_rescale(chunk)):
+        assert client.local_update() is FEDPGVC_AUTHORS
+        assert n == 10 and m_got == m_want and m_got["pgvc_rescale"] > 1e-6  # the rescale acts
+        assert all(np.array_equal(u, v) for u, v in zip(got, want))
 
 
 class SeededAuthorsClient(FedPGVCClient):

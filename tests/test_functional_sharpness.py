@@ -3,10 +3,11 @@
 (a) Hand computations: one full-batch step of each update on softmax regression (``logreg``),
     recomputed in float64 from the formula with closed-form gradients; the perturbations on
     numbers small enough to do on paper.
-(a') Each update equals the module-based hook loop it replaces, written here as it ran
-    (``torch.optim`` on a module, the perturbation moved into the weights in place and restored
-    by ``clients.perturbation.perturbed``), on a channels-last CNN and on a BatchNorm CNN: bit for
-    bit (on CPU ``grad_and_loss`` runs the same autograd kernels as ``backward()``).
+(a') Each update equals the module-based training the clients ran before they became functions,
+    written here as it ran (``torch.optim`` on a module, the perturbation moved into the weights
+    in place and restored by copy, ``tests.helpers_module.perturbed``), on a channels-last CNN
+    and on a BatchNorm CNN: bit for bit (on CPU ``grad_and_loss`` runs the same autograd kernels
+    as ``backward()``).
 (b) A cohort of K = 3 (one ``vmap``) equals three ``local_round`` calls within 1e-5 relative
     (float32: vmap's batched convolutions and matmuls sum in another order, a few ulp per step),
     and a cohort of one equals ``local_round`` exactly.
@@ -26,7 +27,6 @@ import torch
 import torch.nn.functional as F
 
 from clients.fedsol import FedSOLClient
-from clients.perturbation import perturbed
 from tasks.catalogue import InputShape
 from tasks.datasets import input_shape
 from tasks.functional import Hyper, cohort_round, local_round, module_state
@@ -50,6 +50,7 @@ from tasks.models import build_model
 from tests.conftest import make_client
 from tests.helpers_baselines import softmax_regression_grad
 from tests.helpers_cohort import assert_cohort_client_equals
+from tests.helpers_module import perturbed
 
 SHAPE = InputShape(1, 8, 10)  # one channel (channels-last quirk: keep_layout), small for speed
 GAM = {"gam-rho": 0.3, "gam-alpha": 0.7, "gam-cv-alpha": 0.6, "gam-variant": "paper", "gam-norm-rho": 0.6,
@@ -273,9 +274,9 @@ def test_fedsol_client_starts_the_prox_sum_for_a_masked_cohort():
                      4, 1, [torch.Generator().manual_seed(k) for k in range(2)])
 
 
-# ---------------------------------------------------- (a') against the module-based hook loop
-def _hook_asam_eps(params, grads, rho, eta, scaled):
-    """clients.perturbation.asam_eps as it was: T g in one buffer, then T T g, then the scale."""
+# ------------------------------------------------- (a') against the module-based training
+def _module_asam_eps(params, grads, rho, eta, scaled):
+    """ASAM's eps as the module-based client computed it: T g in one buffer, then T T g, then the scale."""
     eps, ts = [], []
     for p, g, s in zip(params, grads, scaled):
         t = p.detach().abs().add_(eta) if s else None
@@ -289,8 +290,8 @@ def _hook_asam_eps(params, grads, rho, eta, scaled):
     return eps
 
 
-def _hook_sam_step(model, xb, yb, eps_fn):
-    """The SAM-style train_step of the hook clients: .grad = grad f(w + eps) with w + eps in place."""
+def _module_sam_step(model, xb, yb, eps_fn):
+    """The module-based SAM-style step: .grad = grad f(w + eps) with w + eps in place."""
     params = list(model.parameters())
     loss = F.cross_entropy(model(xb), yb)
     loss.backward()
@@ -302,38 +303,38 @@ def _hook_sam_step(model, xb, yb, eps_fn):
     return loss.detach()
 
 
-def hook_fedasam(model, xb, yb, keys, ctx):
+def module_fedasam(model, xb, yb, keys, ctx):
     scaled = [n.rsplit(".", 1)[-1] == "weight" for n, _ in model.named_parameters()]
-    return _hook_sam_step(model, xb, yb, lambda p, g: _hook_asam_eps(p, g, keys["asam-rho"], keys["asam-eta"], scaled))
+    return _module_sam_step(model, xb, yb, lambda p, g: _module_asam_eps(p, g, keys["asam-rho"], keys["asam-eta"], scaled))
 
 
-def _hook_sam_eps(grads, rho):
+def _module_sam_eps(grads, rho):
     norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
     return [g * (rho / (norm + 1e-12)) for g in grads]
 
 
-def _hook_grad(model, xb, yb, params):
+def _module_grad(model, xb, yb, params):
     loss = F.cross_entropy(model(xb), yb)
     return loss.detach(), list(torch.autograd.grad(loss, params))
 
 
-def hook_fedgam(model, xb, yb, keys, ctx, alpha_key="gam-alpha"):
-    """FedGAMClient.train_step as it was (both variants); then ctx's correction c - c_i, if any."""
+def module_fedgam(model, xb, yb, keys, ctx, alpha_key="gam-alpha"):
+    """FedGAM's module-based step (both variants); then ctx's correction c - c_i, if any."""
     params = list(model.parameters())
     r1 = keys["gam-rho"]
-    loss, g0 = _hook_grad(model, xb, yb, params)
-    with perturbed(params, _hook_sam_eps(g0, r1), model):
-        _, g1 = _hook_grad(model, xb, yb, params)
+    loss, g0 = _module_grad(model, xb, yb, params)
+    with perturbed(params, _module_sam_eps(g0, r1), model):
+        _, g1 = _module_grad(model, xb, yb, params)
     if keys["gam-variant"] == "paper":
         grad = [a.add_(c, alpha=keys[alpha_key] * r1) for a, c in zip(g0, g1)]
     else:
         b1, b2, b3, gamma = keys["gam-beta1"], keys["gam-beta2"], keys["gam-beta3"], keys["gam-gamma"]
-        e2 = _hook_sam_eps([a - c for a, c in zip(g1, g0)], keys["gam-norm-rho"])
+        e2 = _module_sam_eps([a - c for a, c in zip(g1, g0)], keys["gam-norm-rho"])
         with perturbed(params, e2, model):
-            _, g2 = _hook_grad(model, xb, yb, params)
-        e3 = [a + c for a, c in zip(e2, _hook_sam_eps(g2, r1))]
+            _, g2 = _module_grad(model, xb, yb, params)
+        e3 = [a + c for a, c in zip(e2, _module_sam_eps(g2, r1))]
         with perturbed(params, e3, model):
-            _, g3 = _hook_grad(model, xb, yb, params)
+            _, g3 = _module_grad(model, xb, yb, params)
         u = [b1 * a + b3 * c for a, c in zip(g1, g3)]
         m = [a + abs(b2) * c for a, c in zip(g0, g2)]
         u_norm, m_norm = (torch.linalg.vector_norm(torch.stack(torch._foreach_norm(t))) for t in (u, m))
@@ -348,12 +349,12 @@ def hook_fedgam(model, xb, yb, keys, ctx, alpha_key="gam-alpha"):
     return loss
 
 
-def hook_fedgam_cv(model, xb, yb, keys, ctx):
-    return hook_fedgam(model, xb, yb, keys, ctx, alpha_key="gam-cv-alpha")
+def module_fedgam_cv(model, xb, yb, keys, ctx):
+    return module_fedgam(model, xb, yb, keys, ctx, alpha_key="gam-cv-alpha")
 
 
-def hook_fedsol(model, xb, yb, keys, ctx):
-    """FedSOLClient.train_step as it was: the global model a frozen eval-mode copy of w_t, the
+def module_fedsol(model, xb, yb, keys, ctx):
+    """FedSOL's module-based step: the global model a frozen eval-mode copy of w_t, the
     head's perturbation on a shared body pass, w + eps in place and restored by copy."""
     params = list(model.parameters())
     names = [n for n, _ in model.named_parameters()]
@@ -391,22 +392,22 @@ def hook_fedsol(model, xb, yb, keys, ctx):
     return ce.detach()
 
 
-def hook_fedsmoo(model, xb, yb, keys, ctx):
-    """FedSMOOClient's hooks as they were: FedSAM's train_step with shat = rho v/||v|| built in
+def module_fedsmoo(model, xb, yb, keys, ctx):
+    """FedSMOO's module-based step: FedSAM's step with shat = rho v/||v|| built in
     the gradient buffers (mu_i updated in place), then FedDyn's dual, the clip, + alpha w."""
     rho, alpha, clip = keys["smoo-rho"], keys["smoo-alpha"], keys["smoo-clip-norm"]
 
     def eps_fn(params, grads):
         if keys["smoo-s"] == "none":
-            return _hook_sam_eps([g.detach() for g in grads], rho)
+            return _module_sam_eps([g.detach() for g in grads], rho)
         v = [g.sub_(m).sub_(s) for g, m, s in zip(grads, ctx["mu"], ctx["s"])]
-        shat = _hook_sam_eps(v, rho)
+        shat = _module_sam_eps(v, rho)
         for m, e, s in zip(ctx["mu"], shat, ctx["s"]):
             m.add_(e)
             m.sub_(s)
         return shat
 
-    loss = _hook_sam_step(model, xb, yb, eps_fn)
+    loss = _module_sam_step(model, xb, yb, eps_fn)
     params = list(model.parameters())
     with torch.no_grad():
         if alpha != 0:
@@ -420,13 +421,13 @@ def hook_fedsmoo(model, xb, yb, keys, ctx):
     return loss
 
 
-HOOKS = {"fedsmoo": hook_fedsmoo, "fedsmoo-code-clip": hook_fedsmoo, "fedsmoo-none": hook_fedsmoo,
-         "fedsol": hook_fedsol, "fedsol-text": hook_fedsol, "fedasam": hook_fedasam, "fedgam": hook_fedgam, "fedgam-reference": hook_fedgam,
-         "fedgam-cv": hook_fedgam_cv, "fedgam-cv-reference": hook_fedgam_cv}
+MODULE_STEPS = {"fedsmoo": module_fedsmoo, "fedsmoo-code-clip": module_fedsmoo, "fedsmoo-none": module_fedsmoo,
+         "fedsol": module_fedsol, "fedsol-text": module_fedsol, "fedasam": module_fedasam, "fedgam": module_fedgam, "fedgam-reference": module_fedgam,
+         "fedgam-cv": module_fedgam_cv, "fedgam-cv-reference": module_fedgam_cv}
 
 
-def module_round(hook, model, x, y, hp, batch_size, epochs, seed, ctx):
-    """DriftClient's hook loop: ``hook`` fills .grad (and may correct it), then torch.optim steps."""
+def module_round(step, model, x, y, hp, batch_size, epochs, seed, ctx):
+    """The module-based loop: ``step`` fills .grad (and may correct it), then torch.optim steps."""
     opt = torch.optim.SGD(model.parameters(), lr=hp.lr, momentum=hp.momentum, weight_decay=hp.weight_decay)
     gen = torch.Generator().manual_seed(seed)
     model.train()
@@ -436,16 +437,16 @@ def module_round(hook, model, x, y, hp, batch_size, epochs, seed, ctx):
         for start in range(0, len(x), batch_size):
             xb, yb = x[order[start:start + batch_size]], y[order[start:start + batch_size]]
             opt.zero_grad(set_to_none=True)
-            loss_sum += hook(model, xb, yb, hp.keys, ctx)
+            loss_sum += step(model, xb, yb, hp.keys, ctx)
             opt.step()
             steps += 1
     return loss_sum.item() / steps
 
 
 def _inputs_for(name, model, gen, keys):
-    """(state, server, starting buffers, the hook's view of them) for method ``name``: c and c_i
+    """(state, server, starting buffers, the module step's view of them) for method ``name``: c and c_i
     for control variates (non-zero, so the correction really acts); FedSOL's global model (its
-    buffers, and for the hook a frozen eval-mode copy); FedSMOO's g_k, s and mu_i (non-zero);
+    buffers, and for the module step a frozen eval-mode copy); FedSMOO's g_k, s and mu_i (non-zero);
     nothing for stateless methods."""
     params, buffers = module_state(model)
     if name.startswith("fedsol"):
@@ -471,7 +472,7 @@ TWIN_CASES += [(name, "cnn-bn") for name in ("fedasam", "fedgam-cv", "fedsol", "
 
 
 @pytest.mark.parametrize("name,model_name", TWIN_CASES)
-def test_update_equals_the_hook_loop(name, model_name):
+def test_update_equals_the_module_loop(name, model_name):
     gen = torch.Generator().manual_seed(2)
     x, y = torch.randn(10, 1, 8, 8, generator=gen), torch.randint(0, 10, (10,), generator=gen)
     model = build_model(model_name, SHAPE, seed=0)
@@ -481,7 +482,7 @@ def test_update_equals_the_hook_loop(name, model_name):
     state, server, buffers, ctx = _inputs_for(name, model, gen, hp.keys)
     result = local_round(update, copy.deepcopy(model), params, buffers, state, server, hp,
                          x, y, 4, 2, torch.Generator().manual_seed(3))
-    loss = module_round(HOOKS[name], model, x, y, hp, 4, 2, 3, ctx)
+    loss = module_round(MODULE_STEPS[name], model, x, y, hp, 4, 2, 3, ctx)
     assert result.metrics["train_loss"] == loss and result.metrics["num_steps"] == 6
     for n, p in model.named_parameters():
         assert torch.equal(result.params[n], p.detach()), n

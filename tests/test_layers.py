@@ -182,7 +182,7 @@ def test_method_modules_do_not_borrow_from_sibling_methods():
     """A method module may import its package's shared modules, not another method's."""
     shared = {
         "strategies": {"strategies.base", "strategies.control_variates", "strategies.arrays", "strategies.server_opt"},
-        "clients": {"clients.base", "clients.control_variates", "clients.perturbation", "tasks.optim"},
+        "clients": {"clients.base", "clients.control_variates", "tasks.optim"},
     }
     graph = import_graph()
     bad = []

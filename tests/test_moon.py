@@ -6,7 +6,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from clients.base import DriftClient
+from clients.fedavg import FedAvgClient
 from clients.moon import STATE, MoonClient, moon_contrastive
 from tests.conftest import make_client
 
@@ -37,7 +37,7 @@ def test_moon_client_round_two_uses_previous_model():
     out1, _, _ = client.fit([a.copy() for a in w1], {"server-round": 1})
     np.testing.assert_allclose(client.load_state(STATE)[0], out1[0])  # previous model saved
     # round 1 has no previous model: plain CE step
-    ref = make_client(DriftClient, {"model": "mlp", "learning-rate": lr, "batch-size": 8}, x, y)
+    ref = make_client(FedAvgClient, {"model": "mlp", "learning-rate": lr, "batch-size": 8}, x, y)
     ce_only, _, _ = ref.fit([a.copy() for a in w1], {"server-round": 1})
     for a, b in zip(out1, ce_only):
         np.testing.assert_allclose(a, b, atol=1e-6)

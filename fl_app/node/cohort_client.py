@@ -144,9 +144,7 @@ class CohortClient(NumPyClient):
     def __init__(self, cfg: dict, context: Context, client_cls: type[DriftClient], partition_id: int,
                  num_partitions: int):
         method = cfg.get("strategy", client_cls.__name__)
-        if client_cls.local_update_for(cfg) is None:
-            raise ValueError(f"method {method!r} cannot run on a cohort node: its client {client_cls.__name__} has no "
-                             "functional local update of its own (LOCAL_UPDATE); use execution = 'per-client'")
+        client_cls.local_update_for(cfg)  # refuses, in one line, a client that names no LOCAL_UPDATE
         if client_cls.mods(cfg):
             raise ValueError(f"method {method!r} cannot run on a cohort node: it wraps every message in client mods, "
                              "which act on one client's message; use execution = 'per-client'")

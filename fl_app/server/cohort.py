@@ -79,20 +79,17 @@ class Execution:
 # ------------------------------------------------------------------------------ which path
 def cohort_update(method: Method, cfg: dict):
     """The functional local update the method's client trains through with ``cfg``
-    (``DriftClient.local_update_for``: its own ``LOCAL_UPDATE``, never an inherited one), or
-    None: the one test of whether a method can run as a cohort."""
+    (``DriftClient.local_update_for``, which refuses a client that names none): the update a
+    cohort node runs vmapped, as the per-client path runs it for one client."""
     return method.client.local_update_for(cfg)
 
 
 def cohort_problem(cfg: dict, method: Method) -> str:
-    """Why ``cfg`` cannot run as a cohort ('' when it can): the method has no functional local
-    update of its own, wraps its messages in client mods (a DP clipping mod acts on one
-    client's message), or ``inject-faults`` asks a node to fault or attack (per partition, on
-    the node's own message)."""
+    """Why ``cfg`` cannot run as a cohort ('' when it can): the method wraps its messages in
+    client mods (a DP clipping mod acts on one client's message), or ``inject-faults`` asks a
+    node to fault or attack (per partition, on the node's own message). Every method has a
+    functional local update (``cohort_update``)."""
     name = cfg["strategy"]
-    if cohort_update(method, cfg) is None:
-        return (f"method {name!r} has no functional local update of its own with this run config (LOCAL_UPDATE,"
-                " tasks/functional)")
     mods = method.client.mods(cfg)
     if mods:
         return (f"method {name!r} wraps every message in client mods ({', '.join(m.__name__ for m in mods)}),"

@@ -26,7 +26,7 @@ Adam/AdamW, step by step as ``torch.optim`` does them, state in a dict), so one 
 
 Drivers (``tasks.functional.rounds``): ``local_round`` runs E epochs of one client's batches
 in the per-client batch order (``tasks.train.batches`` with the client's generator), the path
-each converted method's NumPyClient takes; ``cohort_round`` runs the same step for K clients
+every method's NumPyClient takes; ``cohort_round`` runs the same step for K clients
 at once in one ``torch.func.vmap`` over their stacked weights, each client with its own data,
 batch order and state, a client whose local steps are over left unchanged (masked).
 
@@ -35,10 +35,10 @@ This package imports torch and ``tasks`` only, never Flower: the cohort bench
 """
 
 from tasks.functional.core import Hyper, grad_and_loss, module_state, tree_norm
-from tasks.functional.methods import FEDAVG, FEDDYN, FEDPROX, FEDSAM, METHODS, SCAFFOLD, LocalUpdate
+from tasks.functional.methods import FEDAVG, FEDDYN, FEDPROX, FEDSAM, SCAFFOLD, LocalUpdate
 from tasks.functional.rounds import CohortResult, RoundResult, cohort_round, local_round
 
 __all__ = [
-    "FEDAVG", "FEDDYN", "FEDPROX", "FEDSAM", "METHODS", "SCAFFOLD", "CohortResult", "Hyper", "LocalUpdate",
+    "FEDAVG", "FEDDYN", "FEDPROX", "FEDSAM", "SCAFFOLD", "CohortResult", "Hyper", "LocalUpdate",
     "RoundResult", "cohort_round", "grad_and_loss", "local_round", "module_state", "tree_norm",
 ]

@@ -13,8 +13,8 @@ from torch.func import functional_call, grad_and_value
 
 Tree = dict[str, torch.Tensor]
 
-# Added to every norm in a denominator (FedSOL's 1e-12; GAM's perturb_eps): the one value, which
-# clients.perturbation (the hook-based methods) imports from here.
+# Added to every norm in a denominator (FedSOL's 1e-12; GAM's perturb_eps): the one value, for
+# every local update of tasks.functional.
 NORM_EPS = 1e-12
 
 
@@ -96,9 +96,8 @@ def keep_layout(new: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 def sam_eps(grads: Iterable[torch.Tensor | None], rho: float) -> list[torch.Tensor | None]:
     """SAM's ascent step, the one definition of it: eps = rho g / (||g|| + NORM_EPS), the norm over
-    all of ``grads`` (None entries skipped, and None in the result). Every SAM-style method uses
-    it: FedSAM's functional step here, and FedGAM, FedSMOO (and FedSAM's hook twin in the tests)
-    through ``clients.perturbation.sam_eps``. Plain tensor ops, so vmap batches it."""
+    all of ``grads`` (None entries skipped, and None in the result). Every SAM-style update uses
+    it (FedSAM, FedGAM, FedSMOO). Plain tensor ops, so vmap batches it."""
     grads = list(grads)
     present = [g for g in grads if g is not None]
     if not present:
@@ -109,6 +108,6 @@ def sam_eps(grads: Iterable[torch.Tensor | None], rho: float) -> list[torch.Tens
 
 def tree_norm(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
     """Euclidean norm of the concatenation of ``tensors``, as the norm of the per-tensor norms
-    (the value ``clients.perturbation.global_norm`` computes with ``torch._foreach_norm``,
-    which on CPU runs this same per-tensor kernel; written with plain ops so vmap batches it)."""
+    (the value ``torch.linalg.vector_norm`` of ``torch._foreach_norm``'s norms gives, which on
+    CPU runs this same per-tensor kernel; written with plain ops so vmap batches it)."""
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in tensors]))

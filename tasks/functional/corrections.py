@@ -52,8 +52,8 @@ def ri_begin(w_t: Tree, state: dict, server: dict, hp: Hyper) -> dict:
 def ri_direction(model, params, buffers, x, y, w_t, ctx, hp):
     """d = g + 2 lambda I_k (w - w_t) on every parameter, the coefficient fixed for the round.
 
-    One client: the coefficient as a Python float through ``add``'s ``alpha`` (the kernel the
-    hook-based client ran: bit-identical), skipped when 0. Inside a cohort's vmap it is a
+    One client: the coefficient as a Python float through ``add``'s ``alpha`` (the kernel a module's
+    in-place ``.grad`` update runs: bit-identical), skipped when 0. Inside a cohort's vmap it is a
     per-client tensor, so ``g + c (w - w_t)``: the same value up to the rounding of the fused
     multiply-add (tests: 1e-5 relative)."""
     grads, new_buffers, loss = plain_direction(model, params, buffers, x, y, w_t, ctx, hp)
@@ -73,5 +73,3 @@ def ri_end(w_t, params, steps, ctx, state, hp):
 
 
 RI_FEDAVG = LocalUpdate("ri-fedavg", ri_direction, ri_begin, ri_end, keys=("ri-lambda",))
-
-CORRECTIONS = {u.name: u for u in (FEDNOVA, FEDBN, DP_FEDAVG, FEDPVR, RI_FEDAVG)}

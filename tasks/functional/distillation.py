@@ -3,11 +3,11 @@ frozen model (the global model w_t; for MOON also the client's previous local mo
 outputs come from ``torch.func.functional_call`` on the model skeleton, so vmap batches them.
 The methods' readings of their papers are in clients/fedntd.py and clients/moon.py.
 
-Every loss is written with the same tensor operations, in the same order, as the clients'
-module-based hooks were, so on CPU the converted clients give the hook loop's numbers bit for
-bit (tests/test_functional_distillation.py; scripts/same_metrics.py).
+Every loss is written with the same tensor operations, in the same order, as the module-based
+training the clients ran before their conversion, so on CPU they give its numbers bit for bit
+(tests/test_functional_distillation.py keeps that training as its reference; scripts/same_metrics.py).
 
-Frozen models run in eval mode (``eval_forward``), as the hook path's frozen copies did: for a
+Frozen models run in eval mode (``eval_forward``), as eval-mode frozen copies of a module do: for a
 model with BatchNorm the global model uses the buffers it was sent (``server["buffers"]``, the
 global model's running statistics) and MOON's previous model its own final buffers of the
 client's last round (``state["prev_buffers"]``). Both are required when the model has buffers:
@@ -38,7 +38,7 @@ def value_grads(objective: Callable[[Tree], tuple[tuple[torch.Tensor, ...], Tree
     the masked layers beside the mean loss on all): inside a cohort's vmap (``hp.vmapped``)
     through ``torch.func.vjp``, one backward per value with that value's cotangent 1 and the
     others' 0; otherwise through ``torch.autograd.grad`` on fresh leaf copies of ``params``, the
-    kernels ``backward()`` runs (bit-identical to the hook loop on CPU). ``params`` is not
+    kernels ``backward()`` runs (bit-identical to a module's ``backward()`` on CPU). ``params`` is not
     written; unused parameters get zero gradients.
     """
     if hp.vmapped:
@@ -78,8 +78,8 @@ def call_part(model: nn.Module, part: str, params: Tree, buffers: Tree, x: torch
 
 def eval_forward(model: nn.Module, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
     """``fn()`` (a ``functional_call`` on ``model``) with the skeleton in eval mode and no
-    gradient, the mode restored after: a frozen model's output, as the hook path's eval-mode
-    frozen copies gave it (BatchNorm on its running statistics, which it does not update)."""
+    gradient, the mode restored after: a frozen model's output, as an eval-mode frozen copy of
+    the module gives it (BatchNorm on its running statistics, which it does not update)."""
     was_training = model.training
     model.eval()
     try:

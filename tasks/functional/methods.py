@@ -3,8 +3,9 @@ contract is in ``tasks.functional``'s docstring; each method's reading of its pa
 client module's docstring, clients/<method>.py).
 
 Every formula is written with the same tensor operations, in the same order, as the
-module-based hooks of ``clients.base.DriftClient`` did, so the converted clients give the same
-numbers as before (bit for bit on CPU; scripts/same_metrics.py). Directions cover every
+module-based training the clients ran before their conversion, so they give the same numbers as
+before (bit for bit on CPU; scripts/same_metrics.py; tests/test_functional.py keeps that training
+as its reference). Directions cover every
 parameter: ``grad_and_loss`` returns a gradient (zeros where unused) for every parameter, and
 every model of ``tasks.models`` uses all of its parameters in the forward pass.
 """
@@ -91,7 +92,7 @@ def control_variate_update(w_t: Tree, params: Tree, c: Tree, ci: Tree, steps: in
                            momentum: float) -> Tree:
     """SCAFFOLD option II: c_i+ = c_i - c + (w_t - w) / (lr K_eff), K_eff the momentum-corrected
     count of the round's ``steps`` (``tasks.optim.effective_steps``); c_i unchanged after no step.
-    The one place of this rule: ``clients.control_variates`` calls it for FedPVR and FedGAM-CV."""
+    The one place of this rule: SCAFFOLD, FedPVR and FedGAM-CV end their rounds with it."""
     if steps == 0:  # no local step: nothing was learned about this client's direction
         return {n: v.clone() for n, v in ci.items()}
     scale = 1.0 / (lr * effective_steps(steps, momentum))
@@ -111,8 +112,8 @@ SCAFFOLD = LocalUpdate("scaffold", control_variate_direction, control_variate_be
 # ------------------------------------------------------------------------------- FedSAM
 def sam_direction(model, params, buffers, x, y, w_t, ctx, hp):
     """g = grad f(w); eps = rho g / (||g|| + NORM_EPS); d = grad f(w + eps), applied at w.
-    The buffers are those of the first (unperturbed) pass: the second pass's are dropped, as
-    ``clients.perturbation.perturbed`` restores them."""
+    The buffers are those of the first (unperturbed) pass: the second pass's are dropped, so
+    BatchNorm statistics count each batch once; w + eps is a copy, w never moves."""
     grads, loss, new_buffers = grad_and_loss(model, params, buffers, x, y, hp)
     eps = dict(zip(grads, sam_eps(grads.values(), hp.keys["sam-rho"])))
     perturbed = {n: keep_layout(p + eps[n], p) for n, p in params.items()}
@@ -148,5 +149,3 @@ def feddyn_end(w_t, params, steps, ctx, state, hp):
 
 
 FEDDYN = LocalUpdate("feddyn", feddyn_direction, feddyn_begin, feddyn_end, keys=("feddyn-alpha",))
-
-METHODS = {u.name: u for u in (FEDAVG, FEDPROX, SCAFFOLD, FEDSAM, FEDDYN)}

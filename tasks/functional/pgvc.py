@@ -6,8 +6,8 @@ g = grad mean_b l_b; the parameters of the last ``pgvc-layers`` Linear layers (t
 g + r, r = (1/B) sum_b l_b grad l_b = grad (1/2) mean_b l_b^2. The loss is mean_b l_b. The
 mask is found on the model skeleton (``tasks.models.last_layers_param_names``: its structure,
 not its weights), so every client of a cohort has the same one. The same tensor operations in
-the same order as the hook the client ran before (bit for bit on CPU,
-tests/test_functional_pgvc.py; scripts/same_metrics.py).
+the same order as the module-based step the client ran before its conversion (bit for bit on
+CPU, tests/test_functional_pgvc.py; scripts/same_metrics.py).
 
 The authors' reading (``pgvc-variant = "authors"``, clients/fedpgvc.py) is two functions:
 its local training is the plain cross-entropy step (``FEDPGVC_AUTHORS``: FedAvg's direction
@@ -91,7 +91,7 @@ def authors_rescale(model, params, buffers, x, y, lr: float, chunk: int) -> tupl
     others the same tensors; the largest |lr rho_j|, the fit metric ``pgvc_rescale``).
 
     Pure: ``model`` is a skeleton (its mode is restored, its weights never read or written).
-    The operations are those the client's hook ran before the conversion, in the same order
+    The operations are those the client ran on its module before the conversion, in the same order
     (w - w * (lr rho_j), not a rounded w * (1 - lr rho_j)), so the numbers are bit-identical
     (tests/test_functional_pgvc.py)."""
     layers = pgvc_code_layers(model)

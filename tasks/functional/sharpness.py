@@ -4,11 +4,12 @@ FedSMOO, the methods that take their gradient at perturbed weights (FedSAM's is 
 method's reading of its paper is in its client module's docstring (clients/<method>.py).
 
 Every perturbed point w + eps is a copy of the weights (``perturbed_copy``): w itself never
-moves, so nothing has to be restored (the hook path's ``clients.perturbation.perturbed`` went
-back by copy for the same reason), and the buffers a direction returns are those of its first,
+moves, so nothing has to be restored (moving w in place and subtracting eps again would not
+give w back in floating point), and the buffers a direction returns are those of its first,
 unperturbed pass (BatchNorm statistics count that pass only). Each formula uses the same tensor
-operations, in the same order, as the hook code it replaces, so the converted clients give the
-same numbers as before (bit for bit on CPU; scripts/same_metrics.py, tests/test_functional_sharpness.py).
+operations, in the same order, as the module-based training the clients ran before their
+conversion, so they give the same numbers as before (bit for bit on CPU; scripts/same_metrics.py;
+tests/test_functional_sharpness.py keeps that training as its reference).
 
 Per-step quantities that outlive a step (FedSOL's proximal-loss sum, FedSMOO's dual mu_i and
 last perturbation) ride in the buffers under names no model's buffer has (``PROX_SUM``,
@@ -251,7 +252,7 @@ def fedsol_direction(model, params, buffers, x, y, w_t, ctx, hp):
     applied at w; the loss returned is the CE at w, L_p is added to ``PROX_SUM``.
 
     With the head perturbed, the body's forward pass is shared by both passes (the body does not
-    depend on the head): its gradient comes back through the features, as in the hook loop.
+    depend on the head): its gradient comes back through the features, as in a module's ``backward()``.
     Gradients through ``torch.func.vjp`` / ``grad``, so vmap batches them; the global logits come
     from ``model`` in eval mode at (w_t, the global buffers)."""
     keys = hp.keys
@@ -357,5 +358,3 @@ def smoo_outputs(buffers: Tree, mode: str) -> tuple[Tree, Tree, dict[str, torch.
 
 
 FEDSMOO = LocalUpdate("fedsmoo", smoo_direction, smoo_begin, smoo_end, keys=SMOO_KEYS)
-
-METHODS = {u.name: u for u in (FEDASAM, FEDGAM, FEDGAM_CV, FEDSOL, FEDSMOO)}
