@@ -123,7 +123,9 @@ from runner.tuning import (
 )
 from strategies.base import build_strategy
 from tasks.datasets import DataUnavailableError, PartitionError, resolve_data_dir
+from tasks.partition_figure import write_check_splits
 from tasks.partitioning import PartitionSpec, check_data
+from tasks.train import min_batch_of
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -427,8 +429,9 @@ def validate(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str, int, d
     check_resources(args)
     check_workers(getattr(args, "parallel", None))
     configs = build_configs(args, runs_dir)
-    for spec in {PartitionSpec.from_config(validate_config(c), args.clients) for _, _, c in configs}:
-        check_data(spec)
+    for spec, model in {(PartitionSpec.from_config(cfg, args.clients), cfg["model"])
+                        for cfg in (validate_config(c) for _, _, c in configs)}:
+        check_data(spec, min_batch_of(model, spec.dataset))  # each client at least one batch the model trains on
     check_checkpoints(configs, runs_dir)
     changed = changed_runs(configs, runs_dir, args.env_data_dir, args.clients)
     if changed:
@@ -733,6 +736,7 @@ def print_checks(args: argparse.Namespace, search: SearchPlan | None, configs: l
         print_check(search.configs, out / SEARCH_FOLDER / "runs", args.clients)
         print("the table (its tuned rows run the values the search chooses):")
     print_check(configs, out / "runs", args.clients)
+    print("\n".join(write_check_splits([validate_config(c) for _, _, c in configs], out, args.clients)))
     return 0
 
 

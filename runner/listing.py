@@ -58,9 +58,18 @@ def datasets() -> list[str]:
         else:
             s = info.shape
             text = (f"{s.channels}x{s.size}x{s.size} images, {s.classes} classes; local parquet"
-                    f" <data-dir>/{name}/{{train,test}}.parquet, else hub {info.hub_id}")
+                    f" <data-dir>/{name}/{split_files(info.splits())}.parquet, else hub {info.hub_id}")
+            if info.held_out_test:
+                text += f" ({info.held_out_test:.0%} of train held out as test)"
+            if info.natural_id_column:
+                text += f"; natural ids: {info.natural_id_column}"
         lines.append(f"  {name:<{width}}  {text}")
     return lines
+
+
+def split_files(splits: tuple[str, ...]) -> str:
+    """'train' or '{train,test}': the parquet files of a dataset's local folder, as a pattern."""
+    return splits[0] if len(splits) == 1 else "{" + ",".join(splits) + "}"
 
 
 def allowed(name: str, key) -> str:
