@@ -88,6 +88,7 @@ from fl_app.server.preflight import check_data_dir, check_nodes
 from fl_app.server.provenance import with_app_digest
 from runner.experiment import read_experiment
 from runner.launch import APP_DIR, LocalSimulation, execution_for
+from runner.listing import WHAT as LISTINGS
 from runner.parallel import Failed, Machine, Pool, check_workers, default_workers, say, split
 from runner.plan import (
     check_axes,
@@ -168,8 +169,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--verbose", action="store_true",
                    help="also print Flower's, Ray's and MLflow's own log lines and the libraries' deprecation warnings")
     p.add_argument("--resume", metavar="DIR", help="continue the interrupted comparison in DIR")
-    p.add_argument("--list", nargs="?", const="all", choices=("all", "methods", "models", "datasets", "keys"),
-                   help="print methods (one line each), models, datasets, run-config keys (default, range); exit")
+    p.add_argument("--list", nargs="?", const="all", choices=("all", *LISTINGS),
+                   help="print methods (one line each), models, datasets, partitioners, run-config keys (default,"
+                        " range); exit")
     p.add_argument("--check", action="store_true", help="validate every run (config, data, nodes) and exit")
     args = p.parse_args(argv)
     if args.list:

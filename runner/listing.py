@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
-WHAT = ("methods", "models", "datasets", "keys")
+WHAT = ("methods", "models", "datasets", "partitioners", "keys")
 
 def methods() -> list[str]:
     """One line per registered method: its description (``fl_app.registry.description``, the
@@ -65,6 +65,15 @@ def datasets() -> list[str]:
                 text += f"; natural ids: {info.natural_id_column}"
         lines.append(f"  {name:<{width}}  {text}")
     return lines
+
+
+def partitioners() -> list[str]:
+    """One line per value of the run-config key ``partitioner``: what it cuts, and the NIID-Bench
+    setting it stands for (``tasks.catalogue.PARTITIONERS``; docs/configuration.md)."""
+    from tasks.catalogue import PARTITIONERS
+
+    width = max(map(len, PARTITIONERS))
+    return [f"  {name:<{width}}  {text}" for name, text in PARTITIONERS.items()]
 
 
 def split_files(splits: tuple[str, ...]) -> str:

@@ -112,3 +112,18 @@ def test_femnist_fingerprint_names_the_held_out_test_split(femnist_dir):
     found = data_fingerprint(cfg, len(WRITER_ROWS))
     assert found["test"] == {"source": "held out of train", "share": 0.1}
     assert found["train"]["source"] == "local parquet"
+
+
+@pytest.mark.slow
+def test_natural_femnist_trains_two_rounds_through_flower(simulated, femnist_dir):
+    """2 rounds of FedAvg through ``flwr run``'s simulation, one client per writer of the generated
+    FEMNIST; the server's picture shows the writers' splits."""
+    from runner.results.report import read_metrics
+
+    cfg = {"strategy": "fedavg", "dataset": "femnist", "partitioner": "natural", "model": "cnn-small",
+           "num-server-rounds": 2, "fraction-fit": 0.4, "min-fit-clients": 2, "data-dir": str(femnist_dir)}
+    run = simulated("partitions-natural-femnist", cfg, len(WRITER_ROWS))
+    assert run.rc == 0, "\n".join(run.lines[-30:])
+    rows = read_metrics(run.run_dir)
+    assert len(rows) == 2 and all(r["num_clients"] == 2 and r["num_failures"] == 0 for r in rows)
+    assert (run.run_dir / "partitions.png").is_file()

@@ -220,3 +220,80 @@ def test_cohort_and_per_client_see_the_same_noisy_inputs(small_mnist):
         assert torch.equal(virtual.data[0], alone.data[0]) and torch.equal(virtual.data[1], alone.data[1])
         clean = load_partition(PartitionSpec.from_config({**cfg, "noise-sigma": 0.0}, 4), pid)[0]
         assert not torch.equal(alone.data[0].cpu(), clean)
+
+
+# ------------------------------------------------------------------ the picture of a split
+def test_split_files_draw_and_count_every_client(small_mnist, tmp_path):
+    """partitions.png is a picture; client_label_counts.csv has its header, then client k's
+    counts per class, the split's own; a file without the header (written before it) reads alike."""
+    from PIL import Image
+
+    from tasks.partition_figure import read_label_counts, write_split_files
+
+    spec = spec_of(small_mnist, "pathological", n=5, classes_per_client=2)
+    counts = write_split_files(tmp_path, spec)
+    assert counts.tolist() == partition_label_counts(spec).tolist()
+    with Image.open(tmp_path / "partitions.png") as image:
+        assert image.format == "PNG" and image.size[0] > 300
+    lines = (tmp_path / "client_label_counts.csv").read_text().splitlines()
+    assert lines[0] == "client," + ",".join(f"class_{c}" for c in range(CLASSES))
+    assert lines[3].split(",")[0] == "2" and read_label_counts(tmp_path / "client_label_counts.csv").tolist() == \
+        counts.tolist()
+    np.savetxt(tmp_path / "old.csv", counts, fmt="%d", delimiter=",")
+    assert read_label_counts(tmp_path / "old.csv").tolist() == counts.tolist()
+
+
+def test_check_draws_the_split_without_training(small_mnist, tmp_path, capsys):
+    """--check writes partitions.png (one per distinct split) and trains nothing."""
+    import run_simulation
+
+    out = tmp_path / "out"
+    args = ["--check", "--strategy", "fedavg", "--dataset", "mnist", "--data-dir", str(small_mnist), "--clients", "4",
+            "--rounds", "2", "--set", "model=cnn-small", "--set", "partitioner=pathological", "--out", str(out)]
+    assert run_simulation.main(args) == 0
+    assert (out / "partitions.png").is_file() and (out / "client_label_counts.csv").is_file()
+    assert f"split: {out / 'partitions.png'} (mnist, seed 0, pathological partitions (classes-per-client=2)" in \
+        capsys.readouterr().out
+    assert not (out / "runs").exists()
+    assert run_simulation.main([*args, "--seeds", "0", "1"]) == 0  # two seeds: two splits
+    assert (out / "partitions-1.png").is_file() and (out / "partitions-2.png").is_file()
+
+
+def test_list_keys_and_partitioners_show_the_new_partitioners(capsys):
+    import run_simulation
+
+    assert run_simulation.main(["--list", "keys"]) == 0
+    line = next(row for row in capsys.readouterr().out.splitlines() if row.strip().startswith("partitioner "))
+    for name in ("pathological", "quantity", "inner-dirichlet", "natural"):
+        assert name in line
+    assert run_simulation.main(["--list", "partitioners"]) == 0
+    listed = capsys.readouterr().out
+    assert "NIID-Bench: quantity-based label imbalance #C = k" in listed and "quantity skew" in listed
+
+
+# ------------------------------------------------------------------ 2 rounds through Flower's simulation
+RUNS = {
+    "pathological": {"partitioner": "pathological", "classes-per-client": 2},
+    "quantity": {"partitioner": "quantity", "alpha": 1.0},
+    "inner-dirichlet": {"partitioner": "inner-dirichlet", "alpha": 0.5},
+    "noise": {"partitioner": "iid", "noise-sigma": 0.3},
+}
+
+
+@pytest.mark.parametrize("name", [n if n == "pathological" else pytest.param(n, marks=pytest.mark.slow) for n in RUNS])
+def test_each_partitioner_trains_two_rounds_through_flower(simulated, small_mnist, name):
+    """2 rounds of FedAvg on 4 clients through ``flwr run``'s simulation; the server wrote the
+    split's picture and its counts, which are the split's own."""
+    from runner.results.report import read_metrics
+    from tasks.partition_figure import read_label_counts
+
+    cfg = {"strategy": "fedavg", "dataset": "mnist", "model": "cnn-small", "num-server-rounds": 2,
+           "fraction-fit": 0.5, "data-dir": str(small_mnist), **RUNS[name]}
+    run = simulated(f"partitions-{name}", cfg, 4)
+    assert run.rc == 0, "\n".join(run.lines[-30:])
+    rows = read_metrics(run.run_dir)
+    assert len(rows) == 2 and all(r["num_clients"] == 2 and r["num_failures"] == 0 for r in rows)
+    assert (run.run_dir / "partitions.png").is_file()
+    spec = PartitionSpec.from_config(validate_config(cfg), 4)
+    assert read_label_counts(run.run_dir / "client_label_counts.csv").tolist() == \
+        partition_label_counts(spec).tolist()
