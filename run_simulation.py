@@ -88,6 +88,7 @@ from fl_app.server.preflight import check_data_dir, check_nodes
 from fl_app.server.provenance import with_app_digest
 from runner.experiment import read_experiment
 from runner.launch import APP_DIR, LocalSimulation, execution_for
+from runner.listing import WHAT as LISTINGS
 from runner.parallel import Failed, Machine, Pool, check_workers, default_workers, say, split
 from runner.plan import (
     check_axes,
@@ -123,7 +124,9 @@ from runner.tuning import (
 )
 from strategies.base import build_strategy
 from tasks.datasets import DataUnavailableError, PartitionError, resolve_data_dir
+from tasks.partition_figure import write_check_splits
 from tasks.partitioning import PartitionSpec, check_data
+from tasks.train import min_batch_of
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -166,8 +169,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--verbose", action="store_true",
                    help="also print Flower's, Ray's and MLflow's own log lines and the libraries' deprecation warnings")
     p.add_argument("--resume", metavar="DIR", help="continue the interrupted comparison in DIR")
-    p.add_argument("--list", nargs="?", const="all", choices=("all", "methods", "models", "datasets", "keys"),
-                   help="print methods (one line each), models, datasets, run-config keys (default, range); exit")
+    p.add_argument("--list", nargs="?", const="all", choices=("all", *LISTINGS),
+                   help="print methods (one line each), models, datasets, partitioners, run-config keys (default,"
+                        " range); exit")
     p.add_argument("--check", action="store_true", help="validate every run (config, data, nodes) and exit")
     args = p.parse_args(argv)
     if args.list:
@@ -427,8 +431,9 @@ def validate(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str, int, d
     check_resources(args)
     check_workers(getattr(args, "parallel", None))
     configs = build_configs(args, runs_dir)
-    for spec in {PartitionSpec.from_config(validate_config(c), args.clients) for _, _, c in configs}:
-        check_data(spec)
+    for spec, model in {(PartitionSpec.from_config(cfg, args.clients), cfg["model"])
+                        for cfg in (validate_config(c) for _, _, c in configs)}:
+        check_data(spec, min_batch_of(model, spec.dataset))  # each client at least one batch the model trains on
     check_checkpoints(configs, runs_dir)
     changed = changed_runs(configs, runs_dir, args.env_data_dir, args.clients)
     if changed:
@@ -733,6 +738,7 @@ def print_checks(args: argparse.Namespace, search: SearchPlan | None, configs: l
         print_check(search.configs, out / SEARCH_FOLDER / "runs", args.clients)
         print("the table (its tuned rows run the values the search chooses):")
     print_check(configs, out / "runs", args.clients)
+    print("\n".join(write_check_splits([validate_config(c) for _, _, c in configs], out, args.clients)))
     return 0
 
 

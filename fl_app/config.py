@@ -20,6 +20,8 @@ from typing import Any
 from fl_app.common.faults import FAULT_FORMS, parse_faults
 from protocol.keys import ConfigError, Key, at_least, non_negative, positive, unit_interval
 from tasks.catalogue import DATASET_NAMES as DATASETS
+from tasks.catalogue import DATASETS as IMAGE_DATASETS
+from tasks.catalogue import PARTITIONERS as PARTITIONER_SETTINGS
 from tasks.models import FLAT_MODELS, IMAGE_MODELS, MODELS
 from tasks.optim import OPTIMIZERS, optimizer_problem
 
@@ -30,7 +32,7 @@ def did_you_mean(value: object, choices) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-PARTITIONERS = ("dirichlet", "shard", "iid")
+PARTITIONERS = tuple(PARTITIONER_SETTINGS)
 SCREENING_MODES = ("none", "clip", "reject", "median", "trimmed-mean", "krum", "multi-krum", "bulyan")
 EXECUTIONS = ("auto", "per-client", "cohort")
 
@@ -53,9 +55,17 @@ GENERAL_KEYS: dict[str, Key] = {
     "dataset": Key("mnist", choices=DATASETS),
     "data-dir": Key(""),
     "partitioner": Key("dirichlet", choices=PARTITIONERS),
-    "alpha": Key(0.3, positive, "> 0 (Dirichlet concentration)"),
+    "alpha": Key(0.3, positive, "> 0 (Dirichlet concentration: of the label mix for dirichlet and inner-dirichlet,"
+                                " of the client sizes for quantity; NIID-Bench's beta)"),
     "shards-per-client": Key(2, at_least(1), ">= 1"),
-    "min-partition-size": Key(10, non_negative, ">= 0"),
+    "min-partition-size": Key(10, non_negative, ">= 0 (dirichlet and quantity redraw until every client has"
+                                                " this many)"),
+    "classes-per-client": Key(2, at_least(1), ">= 1 (pathological: distinct labels per client, NIID-Bench's #C = k)"),
+    "size-sigma": Key(0.0, non_negative, ">= 0 (inner-dirichlet: client sizes lognormal with this sigma, FedDyn's"
+                                         " unbalanced_sgm; 0 = equal sizes)"),
+    "noise-sigma": Key(0.0, non_negative, ">= 0 (feature noise: client i of N gets Gaussian noise of variance"
+                                          " noise-sigma * i / N on its inputs, NIID-Bench's noise-based feature"
+                                          " imbalance; 0 = off)"),
     "seed": Key(0, non_negative, ">= 0"),
     "results-dir": Key("results"),
     "run-name": Key(""),
@@ -246,6 +256,7 @@ def _check_combinations(cfg: dict) -> None:
             f"run-config key 'validation-fraction' = {cfg['validation-fraction']} needs an image dataset (the"
             " synthetic data is generated per device, with no shared training split to hold out); use 0"
         )
+    _check_partitioning(cfg)
     if cfg["resume"] and not cfg["run-name"]:
         raise ConfigError(
             "run-config key 'resume' = true needs 'run-name' set: the run to resume is "
@@ -256,6 +267,24 @@ def _check_combinations(cfg: dict) -> None:
             f"run-config key 'min-fit-clients' = {cfg['min-fit-clients']} is invalid: must be"
             f" <= min-available-clients ({cfg['min-available-clients']})"
         )
+
+
+def _check_partitioning(cfg: dict) -> None:
+    """The partitioner keys that depend on the dataset."""
+    info = IMAGE_DATASETS.get(cfg["dataset"])
+    if cfg["partitioner"] == "natural" and (info is None or info.natural_id_column is None):
+        natural = [name for name, d in IMAGE_DATASETS.items() if d.natural_id_column]
+        raise ConfigError(
+            f"run-config key 'partitioner' = 'natural' does not fit dataset {cfg['dataset']!r}, which names no"
+            f" natural owner of its examples; valid datasets: {', '.join(natural)}")
+    if cfg["partitioner"] == "pathological" and info is not None and cfg["classes-per-client"] > info.shape.classes:
+        raise ConfigError(
+            f"run-config key 'classes-per-client' = {cfg['classes-per-client']} is invalid: {cfg['dataset']!r} has"
+            f" {info.shape.classes} classes; valid: 1 to {info.shape.classes}")
+    if cfg["dataset"] == "synthetic" and cfg["noise-sigma"] > 0:
+        raise ConfigError(
+            f"run-config key 'noise-sigma' = {cfg['noise-sigma']} needs an image dataset (the synthetic data is"
+            " generated per device, with its own feature skew, synthetic-beta); use 0 with dataset 'synthetic'")
 
 
 def parse_key_value(text: str, keys: Mapping[str, Key]) -> tuple[str, Any]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
-WHAT = ("methods", "models", "datasets", "keys")
+WHAT = ("methods", "models", "datasets", "partitioners", "keys")
 
 def methods() -> list[str]:
     """One line per registered method: its description (``fl_app.registry.description``, the
@@ -58,9 +58,27 @@ def datasets() -> list[str]:
         else:
             s = info.shape
             text = (f"{s.channels}x{s.size}x{s.size} images, {s.classes} classes; local parquet"
-                    f" <data-dir>/{name}/{{train,test}}.parquet, else hub {info.hub_id}")
+                    f" <data-dir>/{name}/{split_files(info.splits())}.parquet, else hub {info.hub_id}")
+            if info.held_out_test:
+                text += f" ({info.held_out_test:.0%} of train held out as test)"
+            if info.natural_id_column:
+                text += f"; natural ids: {info.natural_id_column}"
         lines.append(f"  {name:<{width}}  {text}")
     return lines
+
+
+def partitioners() -> list[str]:
+    """One line per value of the run-config key ``partitioner``: what it cuts, and the NIID-Bench
+    setting it stands for (``tasks.catalogue.PARTITIONERS``; docs/configuration.md)."""
+    from tasks.catalogue import PARTITIONERS
+
+    width = max(map(len, PARTITIONERS))
+    return [f"  {name:<{width}}  {text}" for name, text in PARTITIONERS.items()]
+
+
+def split_files(splits: tuple[str, ...]) -> str:
+    """'train' or '{train,test}': the parquet files of a dataset's local folder, as a pattern."""
+    return splits[0] if len(splits) == 1 else "{" + ",".join(splits) + "}"
 
 
 def allowed(name: str, key) -> str:

@@ -43,19 +43,24 @@ def input_shape(dataset: str) -> InputShape:
 
 
 def local_parquet_files(name: str, data_dir: str) -> dict[str, str] | None:
-    """``{"train": path, "test": path}`` of dataset ``name`` in ``data_dir``; None when no data
-    folder is set (then the hub is the source). A folder that is set is used whole or refused:
-    a missing split raises ``DataUnavailableError`` naming the file, never a silent fall back to
-    the hub (which would train or test on other data than the user's)."""
+    """``{split: path}`` of dataset ``name`` in ``data_dir``, for every split the folder holds
+    (``DatasetInfo.splits``: train and test, or train alone for a dataset whose test split is
+    held out of it); None when no data folder is set (then the hub is the source). A folder
+    that is set is used whole or refused: a missing split raises ``DataUnavailableError`` naming
+    the file, never a silent fall back to the hub (which would train or test on other data than
+    the user's)."""
     if not data_dir:
         return None
-    files = {split: Path(data_dir) / name / f"{split}.parquet" for split in ("train", "test")}
+    info = DATASETS.get(name)
+    splits = info.splits() if info is not None else ("train", "test")
+    files = {split: Path(data_dir) / name / f"{split}.parquet" for split in splits}
     missing = [str(p) for p in files.values() if not p.is_file()]
     if missing:
+        wanted = " and ".join(f"{name}/{split}.parquet" for split in splits)
         raise DataUnavailableError(
-            f"data folder {data_dir!r} has no {' and no '.join(missing)}; it must hold {name}/train.parquet"
-            f" and {name}/test.parquet (or set neither data-dir nor $FL_DATA_DIR to load the Hugging Face hub"
-            f" id {DATASETS[name].hub_id if name in DATASETS else name!r})")
+            f"data folder {data_dir!r} has no {' and no '.join(missing)}; it must hold {wanted}"
+            f" (or set neither data-dir nor $FL_DATA_DIR to load the Hugging Face hub"
+            f" id {info.hub_id if info is not None else name!r})")
     for split, path in files.items():
         if parquet_rows(path) == 0:
             raise DataUnavailableError(
@@ -76,12 +81,14 @@ def parquet_rows(path: Path) -> int | None:
 
 
 def check_columns(fds, info: DatasetInfo, where: str) -> None:
+    """The image and label columns, and the natural-id column where the dataset names one."""
     cols = set(fds.load_split("test").column_names)
-    missing = {info.image_column, info.label_column} - cols
+    wanted = [c for c in (info.image_column, info.label_column, info.natural_id_column) if c]
+    missing = set(wanted) - cols
     if missing:
         raise DataUnavailableError(
             f"{where}: missing column(s) {sorted(missing)} (found {sorted(cols)}); the "
-            f"{info.hub_id} schema has {info.image_column!r} and {info.label_column!r}"
+            f"{info.hub_id} schema has {', '.join(map(repr, wanted))}"
         )
 
 

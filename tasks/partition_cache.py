@@ -1,6 +1,7 @@
 """What fl-drift remembers on disk about a partitioning of local files, so later processes
-skip work: the partition sizes of a partitioning ``check_data`` passed, and a Dirichlet
-partitioner's index assignment (each client process would otherwise redo the cut).
+skip work: the partition sizes of a partitioning ``check_data`` passed, and a partitioner's
+index assignment (each client process would otherwise redo the cut, which reads the label
+column and, for Dirichlet-style partitioners, draws example by example).
 
 Best effort: any read or write problem only costs the next process the recomputation.
 """
@@ -53,8 +54,8 @@ def checked_partitioning(spec: PartitionSpec) -> list[int] | None:
 
 
 def remember_partitioning(spec: PartitionSpec, sizes: list[int], partitioner) -> None:
-    """Best effort (a read-only home only costs the next check its second). A Dirichlet
-    partitioner's index assignment is kept too (``remembered_indices``)."""
+    """Best effort (a read-only home only costs the next check its second). The partitioner's
+    index assignment is kept too (``remembered_indices``)."""
     try:
         key = _partitioning_key(spec)
         if key is None:
@@ -70,20 +71,16 @@ def remember_partitioning(spec: PartitionSpec, sizes: list[int], partitioner) ->
 
 
 def remember_indices(spec: PartitionSpec, partitioner) -> None:
-    """Keep a Dirichlet partitioner's index assignment once it is cut (best effort)."""
+    """Keep a partitioner's index assignment once it is cut (best effort)."""
     try:
         key = _partitioning_key(spec)
-        if key is None or spec.partitioner != "dirichlet":
+        if key is None:
             return
         folder = cache_dir() / "partitions"
         folder.mkdir(parents=True, exist_ok=True)
         if (folder / f"{key}.npz").exists():
             return
-        # flwr-datasets (0.6) has no public accessor for DirichletPartitioner's assignment
-        # (only the continuous and id-to-size partitioners expose ``partition_id_to_indices``),
-        # so it is read from the private attribute, here only; if a later version renames it,
-        # only the index cache is skipped.
-        assignment = getattr(partitioner, "_partition_id_to_indices", None)
+        assignment = _assignment(partitioner)
         if not isinstance(assignment, dict) or sorted(assignment) != list(range(spec.num_partitions)):
             return
         parts = [np.asarray(assignment[i], dtype=np.int64) for i in range(spec.num_partitions)]
@@ -94,10 +91,22 @@ def remember_indices(spec: PartitionSpec, partitioner) -> None:
         pass
 
 
+def _assignment(partitioner) -> dict | None:
+    """partition id -> row indices of a partitioner that has cut its split, else None.
+
+    flwr-datasets (0.6) exposes it publicly only for the size partitioners
+    (``partition_id_to_indices``); the Dirichlet, pathological, inner-Dirichlet and natural-id
+    partitioners keep it in ``_partition_id_to_indices``, read here only: if a later version
+    renames it, only the index cache is skipped. Called once the partitioner has cut."""
+    if isinstance(getattr(type(partitioner), "partition_id_to_indices", None), property):
+        return partitioner.partition_id_to_indices
+    return getattr(partitioner, "_partition_id_to_indices", None)
+
+
 def remembered_indices(spec: PartitionSpec) -> list[np.ndarray] | None:
-    """The Dirichlet index assignment a passed ``check_data`` kept, else None. Each client
-    process would otherwise redo the cut (about a second for MNIST and 100 clients; in a
-    deployment that is every message, as each runs in a fresh process)."""
+    """The index assignment a passed ``check_data`` (or a client's first cut) kept, else None.
+    Each client process would otherwise redo the cut (seconds for MNIST; in a deployment that
+    is every message, as each runs in a fresh process)."""
     try:
         key = _partitioning_key(spec)
         if key is None:
@@ -113,7 +122,7 @@ def remembered_indices(spec: PartitionSpec) -> list[np.ndarray] | None:
 
 def precomputed_partitioner(indices: list[np.ndarray]):
     """A flwr-datasets ``Partitioner`` serving a remembered assignment: partition i is
-    ``dataset.select(indices[i])``, as DirichletPartitioner serves it once computed."""
+    ``dataset.select(indices[i])``, as flwr-datasets' partitioners serve it once computed."""
     from flwr_datasets.partitioner import Partitioner
 
     class PrecomputedPartitioner(Partitioner):

@@ -23,6 +23,9 @@ class PartitionSpec:
     synthetic_alpha: float = 1.0
     synthetic_beta: float = 1.0
     validation_fraction: float = 0.0  # held out of the training split before it is partitioned
+    classes_per_client: int = 2  # pathological: the k of NIID-Bench's #C = k
+    size_sigma: float = 0.0  # inner-dirichlet: lognormal spread of the client sizes (0 = equal)
+    noise_sigma: float = 0.0  # feature noise: client i of N gets variance noise_sigma * (i + 1) / N
 
     @classmethod
     def from_config(cls, cfg: dict, num_partitions: int) -> PartitionSpec:
@@ -38,6 +41,10 @@ class PartitionSpec:
             synthetic_alpha=cfg["synthetic-alpha"],
             synthetic_beta=cfg["synthetic-beta"],
             validation_fraction=cfg["validation-fraction"],
+            # keys added later: a config recorded before them (an old summary.json) reads as their default
+            classes_per_client=cfg.get("classes-per-client", cls.classes_per_client),
+            size_sigma=cfg.get("size-sigma", cls.size_sigma),
+            noise_sigma=cfg.get("noise-sigma", cls.noise_sigma),
         )
 
     def identity(self) -> dict:
@@ -53,8 +60,14 @@ class PartitionSpec:
         out["partitioner"] = self.partitioner
         if self.validation_fraction:  # left out at 0, so runs made before the key keep their identity
             out["validation-fraction"] = float(self.validation_fraction)
-        if self.partitioner == "dirichlet":
+        if self.noise_sigma:  # left out at 0, as validation-fraction
+            out["noise-sigma"] = float(self.noise_sigma)
+        if self.partitioner in ("dirichlet", "quantity"):
             out.update({"alpha": float(self.alpha), "min-partition-size": self.min_partition_size})
         elif self.partitioner == "shard":
             out["shards-per-client"] = self.shards_per_client
+        elif self.partitioner == "pathological":
+            out["classes-per-client"] = self.classes_per_client
+        elif self.partitioner == "inner-dirichlet":
+            out.update({"alpha": float(self.alpha), "size-sigma": float(self.size_sigma)})
         return out

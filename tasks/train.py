@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator
 
@@ -93,3 +94,13 @@ def accuracy_spread(accuracies) -> tuple[float, float, float, int]:
         return math.nan, math.nan, math.nan, 0
     worst = values[: max(1, math.ceil(values.size / 10))]
     return float(values.mean()), float(values.std()), float(worst.mean()), int(values.size)
+
+
+@functools.lru_cache(maxsize=16)
+def min_batch_of(model_name: str, dataset: str) -> int:
+    """``min_train_batch`` of model ``model_name`` built for ``dataset``: the fewest examples a
+    client of a run with that model must have (``tasks.partitioning.check_data``)."""
+    from tasks.datasets import input_shape
+    from tasks.models import build_model
+
+    return min_train_batch(build_model(model_name, input_shape(dataset)))

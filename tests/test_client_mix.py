@@ -124,7 +124,10 @@ def test_collect_keeps_per_class_and_counts_and_the_table_shows_the_mix(tmp_path
     cfg = summary["config"]
     spec = PartitionSpec.from_config({**cfg, "data-dir": str(shared_data)}, 10)
     counts = partition_label_counts(spec)
-    assert np.loadtxt(kept / LABEL_COUNTS_FILE, delimiter=",", dtype=int).tolist() == counts.tolist()
+    lines = (kept / LABEL_COUNTS_FILE).read_text().splitlines()  # the documented header, then a row per client
+    assert lines[0] == "client," + ",".join(f"class_{c}" for c in range(counts.shape[1]))
+    assert [[int(v) for v in line.split(",")] for line in lines[1:]] == [[k, *row] for k, row in
+                                                                         enumerate(counts.tolist())]
     by_hand = [sum(n * a for n, a in zip(client, per_class)) / sum(client) for client in counts.tolist()]
     mean, std, worst, _ = accuracy_spread(by_hand)
     monkeypatch.setenv("FL_DATA_DIR", str(tmp_path / "no-data"))  # the store alone is enough now

@@ -200,8 +200,10 @@ def data_fingerprint(cfg: dict, num_partitions: int | None, node_local: int = 0)
         test = {"source": "synthetic", "split": "20% of every device's samples"}
     else:
         files = local_parquet_files(dataset, spec.data_dir)
-        if files is not None:
-            train, test = ({"source": "local parquet", **file_identity(files[s])} for s in ("train", "test"))
+        if files is not None:  # a dataset without a test split holds one out of train (tasks.catalogue)
+            held = {"source": "held out of train", "share": DATASETS[dataset].held_out_test}
+            train, test = ({"source": "local parquet", **file_identity(files[s])} if s in files else held
+                           for s in ("train", "test"))
         else:
             train, test = hub_identity(DATASETS[dataset].hub_id)
     if node_local:

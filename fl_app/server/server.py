@@ -61,10 +61,12 @@ from fl_app.server.recording import (
     evaluated_round,
     in_node_order,
     message_nbytes,
+    num_clients,
     summarise_client_metrics,
 )
 from fl_app.server.screening import Screening
 from fl_app.server.tracking import RunTracker
+from tasks.partition_figure import write_run_split
 
 log = logging.getLogger("flwr.fl_drift")
 
@@ -162,6 +164,8 @@ class DriftServer(Server):
         elif self.resume_from is None:
             self.evaluate_initial()
         self.record.data_fingerprint(self._client_manager)  # the nodes have reported their partitions
+        write_run_split(self.run_dir, self.cfg, None if getattr(self._client_manager, "data_path_of", None)
+                        else num_clients(self._client_manager))  # partitions.png, client_label_counts.csv
         return True
 
     def evaluate_initial(self) -> tuple | None:

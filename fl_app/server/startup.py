@@ -53,6 +53,7 @@ from tasks.partitioning import (
     load_test_split,
     load_validation_split,
 )
+from tasks.train import min_batch_of
 
 log = logging.getLogger("flwr.fl_drift")
 
@@ -134,7 +135,7 @@ class ServerStartup:
         cm = self.client_manager
         spec = PartitionSpec.from_config(self.cfg, cm.num_partitions or cm.num_available())
         check_fault_partitions(self.cfg, spec.num_partitions)
-        check_data(spec)
+        check_data(spec, min_batch_of(self.cfg["model"], self.cfg["dataset"]))
         return spec
 
 

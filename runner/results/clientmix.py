@@ -30,10 +30,10 @@ from pathlib import Path
 import numpy as np
 
 from tasks.datasets import DataUnavailableError
+from tasks.partition_figure import LABEL_COUNTS_FILE, read_label_counts, write_label_counts
 from tasks.partition_spec import PartitionSpec
 from tasks.train import accuracy_spread
 
-LABEL_COUNTS_FILE = "client_label_counts.csv"
 PER_CLASS_FILE = "per_class_accuracy.csv"
 MIX_COLUMNS = ("client_mix_mean", "client_mix_std", "client_mix_worst10")
 
@@ -76,7 +76,7 @@ def run_label_counts(run_dir: Path, compute: bool = False) -> np.ndarray | None:
     there, so later readers need no data. None when neither is possible."""
     path = Path(run_dir) / LABEL_COUNTS_FILE
     if path.exists():
-        return np.loadtxt(path, delimiter=",", dtype=np.int64, ndmin=2)
+        return read_label_counts(path)
     if not compute:
         return None
     try:
@@ -85,7 +85,7 @@ def run_label_counts(run_dir: Path, compute: bool = False) -> np.ndarray | None:
         counts = _counts_for(spec)
     except (OSError, KeyError, TypeError, ValueError, DataUnavailableError):
         return None  # no summary or client count, no data here, a synthetic run: the column stays empty
-    np.savetxt(path, counts, fmt="%d", delimiter=",")
+    write_label_counts(path, counts)
     return counts
 
 

@@ -1,0 +1,97 @@
+"""The flwr-datasets partitioner of each run-config ``partitioner`` (``tasks.catalogue.PARTITIONERS``
+says which NIID-Bench setting each is), and the client sizes two of them are given.
+
+Every partitioner is flwr-datasets' own; fl-drift adds only what flwr-datasets leaves to its
+caller, the sizes:
+
+- ``quantity``: ``SizePartitioner`` cuts the shuffled training split into blocks of the sizes
+  ``quantity_sizes`` draws from Dir(alpha), so each client's labels are an IID sample and only
+  the sizes differ (NIID-Bench's quantity skew: ``np.random.dirichlet(np.repeat(beta, N))``,
+  redrawn until the smallest client has ``min-partition-size`` examples, NIID-Bench's 10);
+- ``inner-dirichlet``: ``InnerDirichletPartitioner`` fills clients of the sizes
+  ``inner_dirichlet_sizes`` gives (equal, or lognormal with ``size-sigma`` as the FedDyn paper's
+  unbalanced setting) with labels drawn from each client's Dir(alpha) prior.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tasks.catalogue import DatasetInfo
+from tasks.datasets import PartitionError
+from tasks.partition_spec import PartitionSpec
+
+SIZE_DRAWS = 1000  # Dirichlet size draws tried before a quantity split is refused
+
+
+def make_partitioner(spec: PartitionSpec, info: DatasetInfo, rows: int):
+    """The flwr-datasets partitioner that cuts the ``rows``-row training split as ``spec`` asks
+    (labels read from ``info.label_column``; natural ids from ``info.natural_id_column``)."""
+    from flwr_datasets.partitioner import (
+        DirichletPartitioner,
+        IidPartitioner,
+        InnerDirichletPartitioner,
+        NaturalIdPartitioner,
+        PathologicalPartitioner,
+        ShardPartitioner,
+        SizePartitioner,
+    )
+
+    n, label, seed = spec.num_partitions, info.label_column, spec.seed
+    if spec.partitioner == "dirichlet":
+        return DirichletPartitioner(num_partitions=n, partition_by=label, alpha=spec.alpha,
+                                    min_partition_size=spec.min_partition_size, self_balancing=False, seed=seed)
+    if spec.partitioner == "shard":
+        return ShardPartitioner(num_partitions=n, partition_by=label,
+                                num_shards_per_partition=spec.shards_per_client, seed=seed)
+    if spec.partitioner == "iid":
+        return IidPartitioner(num_partitions=n)
+    if spec.partitioner == "pathological":
+        # "first-deterministic": client i gets class i mod C, then k - 1 more at random: NIID-Bench's #C = k
+        return PathologicalPartitioner(num_partitions=n, partition_by=label,
+                                       num_classes_per_partition=spec.classes_per_client,
+                                       class_assignment_mode="first-deterministic", seed=seed)
+    if spec.partitioner == "quantity":
+        return SizePartitioner(quantity_sizes(spec, rows))
+    if spec.partitioner == "inner-dirichlet":
+        return InnerDirichletPartitioner(partition_sizes=inner_dirichlet_sizes(spec, rows), partition_by=label,
+                                         alpha=float(spec.alpha), seed=seed)
+    if spec.partitioner == "natural":
+        if info.natural_id_column is None:
+            raise PartitionError(f"partitioner 'natural' needs a dataset with natural ids; {spec.dataset!r} has none")
+        return NaturalIdPartitioner(partition_by=info.natural_id_column)
+    raise PartitionError(f"unknown partitioner {spec.partitioner!r}")
+
+
+def quantity_sizes(spec: PartitionSpec, rows: int) -> list[int]:
+    """Client sizes of NIID-Bench's quantity skew: shares q ~ Dir(alpha, ..., alpha) of the
+    ``rows`` rows (the last client takes the rounding remainder, so the sizes add up to
+    ``rows``), redrawn until every client has at least ``min-partition-size`` examples (and one);
+    seeded by the run's seed. ``PartitionError`` when ``SIZE_DRAWS`` draws all fall short."""
+    rng = np.random.default_rng(spec.seed)
+    least = max(1, spec.min_partition_size)
+    for _ in range(SIZE_DRAWS):
+        cuts = (np.cumsum(rng.dirichlet(np.full(spec.num_partitions, float(spec.alpha)))) * rows).astype(int)[:-1]
+        sizes = np.diff(np.concatenate([[0], cuts, [rows]]))
+        if sizes.min() >= least:
+            return [int(s) for s in sizes]
+    raise PartitionError(
+        f"quantity: {SIZE_DRAWS} draws of {spec.num_partitions} client sizes from Dir(alpha = {spec.alpha}) over"
+        f" {rows} examples all left a client below min-partition-size = {least}; raise alpha, lower"
+        " min-partition-size or use fewer clients")
+
+
+def inner_dirichlet_sizes(spec: PartitionSpec, rows: int) -> list[int]:
+    """Client sizes of the FedDyn paper's split: ``rows`` // N each when ``size-sigma`` is 0
+    (balanced), else lognormal(log(rows / N), size-sigma) shares of the ``rows`` rows (its
+    ``unbalanced_sgm``), seeded by the run's seed; every client keeps at least one example and
+    the sizes add up to at most ``rows``."""
+    n = spec.num_partitions
+    if rows < n:
+        raise PartitionError(f"inner-dirichlet: {rows} examples cannot fill {n} clients")
+    if not spec.size_sigma:
+        return [rows // n] * n
+    rng = np.random.default_rng(spec.seed)
+    shares = rng.lognormal(mean=np.log(rows / n), sigma=spec.size_sigma, size=n)
+    sizes = np.maximum(1, (shares / shares.sum() * (rows - n)).astype(int))
+    return [int(s) for s in sizes]
