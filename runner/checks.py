@@ -53,15 +53,7 @@ def build_configs(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str, i
     experiment = getattr(args, "experiment", {}) or {}
     base: dict = dict(experiment.get("run-config", {}))
     per_method: dict = experiment.get("methods", {})
-    command_line: dict = {}
-    for flag, key in (("dataset", "dataset"), ("rounds", "num-server-rounds"),
-                      ("fraction", "fraction-fit"), ("alpha", "alpha"), ("data_dir", "data-dir")):
-        if getattr(args, flag) is not None:
-            command_line[key] = getattr(args, flag)
-    for text in args.overrides:
-        key, value = parse_override(text)
-        command_line[key] = value
-    check_command_line_keys(command_line, "--set")
+    command_line = command_line_keys(args)
     cli_grid = parse_grid(getattr(args, "grid", []) or [])
     both = sorted(set(cli_grid) & set(command_line))
     if both:
@@ -92,6 +84,23 @@ def build_configs(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str, i
                 check_nodes(cfg, args.clients)
                 configs.append((row, seed, raw))
     return configs
+
+
+def command_line_keys(args: argparse.Namespace) -> dict:
+    """The run-config keys the command line gives: its flags (``--dataset``, ``--rounds``,
+    ``--fraction``, ``--alpha``, ``--data-dir``), then ``--set KEY=VALUE`` (the later wins);
+    an unknown key, or one the runner sets for each run itself (``runner.plan.RUNNER_KEYS``),
+    is a ConfigError."""
+    command_line: dict = {}
+    for flag, key in (("dataset", "dataset"), ("rounds", "num-server-rounds"),
+                      ("fraction", "fraction-fit"), ("alpha", "alpha"), ("data_dir", "data-dir")):
+        if getattr(args, flag) is not None:
+            command_line[key] = getattr(args, flag)
+    for text in args.overrides:
+        key, value = parse_override(text)
+        command_line[key] = value
+    check_command_line_keys(command_line, "--set")
+    return command_line
 
 
 # by design: continuation flag; the folder may move; the target only reads the accuracies afterwards

@@ -49,7 +49,9 @@ from runner.plan import check_distinct
 from tasks.datasets import resolve_data_dir
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """The runner's arguments; ``--help`` shows this module's docstring, every default, and the
+    methods, models and datasets to choose from."""
     from fl_app.config import DATASETS, GENERAL_KEYS, MODELS
 
     d = {k: GENERAL_KEYS[k].default for k in GENERAL_KEYS}
@@ -92,6 +94,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--list", nargs="?", const="all", choices=("all", "methods", "models", "datasets", "keys"),
                    help="print methods (one line each), models, datasets, run-config keys (default, range); exit")
     p.add_argument("--check", action="store_true", help="validate every run (config, data, nodes) and exit")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments of ``argv`` (``--list``: as given). With ``--resume DIR``, those saved in
+    DIR/runner.json, with ``--quiet``, ``--check`` and ``--parallel`` as given now; else with
+    the ``$FL_DATA_DIR`` and working directory of this shell recorded. Then filled in from the
+    experiment file and the defaults (``resolve_experiment``); a refused value exits 2."""
+    p = build_parser()
     args = p.parse_args(argv)
     if args.list:
         return args
