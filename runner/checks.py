@@ -13,7 +13,7 @@ from pathlib import Path
 
 from fl_app.common.run_files import FINGERPRINT_FILE
 from fl_app.config import ConfigError
-from fl_app.registry import method_names, parse_override, resolve, validate_config
+from fl_app.registry import check_method, method_names, parse_override, resolve, validate_config
 from fl_app.registry import spec as config_keys
 from fl_app.server.checkpoint import CHECKPOINT, load_checkpoint
 from fl_app.server.preflight import check_data_dir, check_nodes
@@ -30,19 +30,8 @@ from runner.plan import (
 )
 from runner.results.report import read_summary
 from runner.tuning import SEARCH_FOLDER, SearchPlan
-from strategies.base import build_strategy
 from tasks.datasets import resolve_data_dir
 from tasks.partitioning import PartitionSpec, check_data
-
-
-def check_method(raw: dict) -> dict:
-    """The ServerApp's own checks of the method (``fl_app.registry.resolve``) and its
-    strategy built once, as the ServerApp will: method-specific refusals (a BN model for FedBN,
-    enough Linear layers for FedPGVC, an optimiser SCAFFOLD cannot use, a screening mode the
-    method does not allow, ...) then fail here, before any launch. The validated config."""
-    cfg, method = resolve(raw)
-    build_strategy(method.strategy, cfg)
-    return cfg
 
 
 def build_configs(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str, int, dict]]:
