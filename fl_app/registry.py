@@ -41,7 +41,7 @@ from fl_app.config import GENERAL_KEYS, parse_key_value, toml_value, validate_ke
 from fl_app.server.cohort import check_execution
 from fl_app.server.screening import check_screening
 from protocol.keys import Key
-from strategies.base import DriftFedAvg
+from strategies.base import DriftFedAvg, build_strategy
 from strategies.dp_fedavg import DPFedAvgStrategy
 from strategies.fedadagrad import FedAdagradStrategy
 from strategies.fedadam import FedAdamStrategy
@@ -201,3 +201,13 @@ def method_config(cfg: dict, method: Method) -> dict:
     check_screening(cfg, method.strategy)
     check_execution(cfg, method)
     return method.strategy.resolve_config(cfg)
+
+
+def check_method(raw: Mapping[str, Any]) -> dict:
+    """The ServerApp's own checks of the method (``resolve``) and its strategy built once, as
+    the ServerApp will: method-specific refusals (a BN model for FedBN, enough Linear layers for
+    FedPGVC, an optimiser SCAFFOLD cannot use, a screening mode the method does not allow, ...)
+    then fail before any launch (the runner's checks, ``runner.checks``). The validated config."""
+    cfg, method = resolve(raw)
+    build_strategy(method.strategy, cfg)
+    return cfg

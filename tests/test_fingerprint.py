@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import run_simulation
 from fl_app.common.run_files import read_metrics
 from fl_app.config import ConfigError
 from fl_app.registry import validate_config
 from fl_app.server import provenance
 from fl_app.server.provenance import data_fingerprint
+from runner import checks, cli, sweep
 from tasks.partition_spec import PartitionSpec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -184,7 +184,7 @@ def test_the_checkpoint_carries_the_fingerprint_so_a_deleted_file_does_not_let_o
     assert "its checkpoint" in line
     assert len(read_metrics(run)) == 1 and not (run / "summary.json").exists()  # nothing trained on it
     assert load_checkpoint(run).data_fingerprint == before  # inside the checkpoint, under its SHA-256
-    refusal = run_simulation.changed_data(run, validate_config(cfg), 2)
+    refusal = checks.changed_data(run, validate_config(cfg), 2)
     assert f"was run on data {before['digest']} (" in refusal and f"but the data asked for now is {now} (" in refusal
 
 
@@ -207,10 +207,10 @@ def test_a_checkpoint_without_a_fingerprint_resumes_only_when_the_file_agrees(mn
     line = str(refused.value)
     assert "\n" not in line and "its checkpoint carries no data fingerprint" in line
     assert "data-fingerprint.json is missing" in line and len(read_metrics(run)) == 1
-    assert "carries no data fingerprint" in run_simulation.changed_data(run, validate_config(cfg), 2)
+    assert "carries no data fingerprint" in checks.changed_data(run, validate_config(cfg), 2)
 
     (run / "data-fingerprint.json").write_text(kept)  # the file agrees with the data: resumed
-    assert run_simulation.changed_data(run, validate_config(cfg), 2) is None
+    assert checks.changed_data(run, validate_config(cfg), 2) is None
     with pytest.raises(RuntimeError, match="injected crash after round 2"):
         serve_in_process({**cfg, "resume": True, "inject-faults": "crash-after:2"}, 2)
     assert load_checkpoint(run).data_fingerprint == json.loads(kept)  # carried from now on
@@ -249,7 +249,7 @@ def test_a_simulated_run_records_the_fingerprint_the_runner_expects(simulated, r
     recorded = json.loads((run.run_dir / "summary.json").read_text())["data_fingerprint"]
     assert recorded == data_fingerprint(validate_config(cfg), SUPERNODES)
     assert recorded["partition"]["num-partitions"] == SUPERNODES
-    assert run_simulation.changed_data(run.run_dir, validate_config(cfg), SUPERNODES) is None
+    assert checks.changed_data(run.run_dir, validate_config(cfg), SUPERNODES) is None
 
 
 # ---- --collect and the report -------------------------------------------------------------------------
@@ -358,7 +358,7 @@ def test_a_run_without_a_fingerprint_beside_one_with_is_refused_in_one_line(subs
 
 
 def test_the_runners_comparison_splits_a_row_whose_runs_differ_in_data(tmp_path, capsys):
-    """The runner's comparison.md/csv (``run_simulation.report``): a row whose kept runs were made
+    """The runner's comparison.md/csv (``runner.sweep.report``): a row whose kept runs were made
     on other data, or on unknown data beside known, is split into one row per data set, never
     averaged, with one line naming the runs."""
     from runner.results.report import compare
@@ -368,8 +368,8 @@ def test_the_runners_comparison_splits_a_row_whose_runs_differ_in_data(tmp_path,
     runs = tmp_path / "runs"
     known, unknown = finished_run(runs, 0, 0.851, big), finished_run(runs, 1, 0.477, None)
     other = finished_run(runs, 2, 0.3, small)
-    outcome = run_simulation.Outcome(runs={"fedavg": [known, unknown], "scaffold": [known, other]})
-    assert run_simulation.report(outcome, tmp_path / "out") == 0
+    outcome = sweep.Outcome(runs={"fedavg": [known, unknown], "scaffold": [known, other]})
+    assert sweep.report(outcome, tmp_path / "out") == 0
     digest, small_digest = (data_fingerprint(mnist_cfg(d), 10)["digest"] for d in (big, small))
     table = {r["method"]: r for r in compare(outcome.runs)}
     assert list(table) == [f"fedavg [data {digest}]", "fedavg [data unknown]", f"scaffold [data {digest}]",
@@ -414,11 +414,11 @@ def test_resume_refuses_runs_made_on_other_data_in_the_same_folder(mnist_sample,
     path cannot tell. Refused, naming the run and both fingerprints."""
     data = Path(shutil.copytree(mnist_sample(300, 100), tmp_path / "data"))
     out = tmp_path / "out"
-    args = run_simulation.parse_args(["--dataset", "mnist", "--set", "model=cnn-small", "--clients", "2",
+    args = cli.parse_args(["--dataset", "mnist", "--set", "model=cnn-small", "--clients", "2",
                                       "--rounds", "1", "--seeds", "0", "1", "--data-dir", str(data), "--out", str(out)])
-    configs = run_simulation.validate(args, out / "runs")
+    configs = checks.validate(args, out / "runs")
     out.mkdir()
-    (out / "runner.json").write_text(json.dumps(run_simulation.runner_record(args)))
+    (out / "runner.json").write_text(json.dumps(cli.runner_record(args)))
     finished = out / "runs" / "fedavg-seed0"
     finished.mkdir(parents=True)
     cfg = validate_config(configs[0][2])
@@ -428,13 +428,13 @@ def test_resume_refuses_runs_made_on_other_data_in_the_same_folder(mnist_sample,
     cfg1 = validate_config(configs[1][2])
     (started / "run-config.json").write_text(json.dumps(cfg1))
     provenance.record_fingerprint(started, cfg1, 2)
-    resumed = run_simulation.parse_args(["--resume", str(out)])
-    run_simulation.validate(resumed, out / "runs")  # same data: accepted
+    resumed = cli.parse_args(["--resume", str(out)])
+    checks.validate(resumed, out / "runs")  # same data: accepted
     before = data_fingerprint(cfg, 2)["digest"]
 
     shutil.copy(mnist_sample(200, 100) / "mnist" / "train.parquet", data / "mnist" / "train.parquet")
     with pytest.raises(ConfigError) as refused:
-        run_simulation.validate(resumed, out / "runs")
+        checks.validate(resumed, out / "runs")
     lines = str(refused.value).splitlines()
     now = data_fingerprint(cfg, 2)["digest"]
     for run in (finished, started):

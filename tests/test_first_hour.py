@@ -18,6 +18,7 @@ import run_simulation
 from fl_app.config import ConfigError
 from fl_app.registry import method_names, parse_override, validate_config
 from fl_app.server.sampling import NotEnoughNodes, SeededClientManager
+from runner import checks, cli
 from runner.listing import listing
 from runner.plan import label, parse_grid, run_name
 from runner.quiet import is_noise
@@ -28,11 +29,11 @@ SYNTH = ["--dataset", "synthetic", "--set", "model=logreg"]
 
 
 def args_for(argv: list[str]) -> argparse.Namespace:
-    return run_simulation.parse_args(argv)
+    return cli.parse_args(argv)
 
 
 def configs(argv: list[str], tmp_path: Path) -> list[tuple[str, int, dict]]:
-    return run_simulation.build_configs(args_for(argv), tmp_path / "runs")
+    return checks.build_configs(args_for(argv), tmp_path / "runs")
 
 
 # ---- did you mean -------------------------------------------------------------------------
@@ -76,7 +77,7 @@ def test_list_prints_methods_models_datasets_and_every_key(capsys):
 def test_help_shows_defaults_and_choices(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "400")  # no line wrapping inside "(default: ...)"
     with pytest.raises(SystemExit):
-        run_simulation.parse_args(["--help"])
+        cli.parse_args(["--help"])
     out = capsys.readouterr().out
     assert "(default: fedavg)" in out and "(default: 10)" in out and "(default: mnist)" in out
     assert "methods: fedavg, fedprox" in out and "--list" in out and "--grid" in out
@@ -277,10 +278,10 @@ def test_runner_json_keeps_the_resolved_data_source(tmp_path, monkeypatch):
         (data / "mnist" / f"{split}.parquet").touch()
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("FL_DATA_DIR", raising=False)
-    saved = run_simulation.runner_record(args_for(["--strategy", "fedavg", "--data-dir", "data", "--out", "o"]))
+    saved = cli.runner_record(args_for(["--strategy", "fedavg", "--data-dir", "data", "--out", "o"]))
     assert saved["data_dir"] == str(data.resolve())
     monkeypatch.setenv("FL_DATA_DIR", "data")  # a new shell may lack it, or have another one
-    saved = run_simulation.runner_record(args_for(["--strategy", "fedavg", "--out", "o"]))
+    saved = cli.runner_record(args_for(["--strategy", "fedavg", "--out", "o"]))
     assert saved["data_dir"] is None and saved["env_data_dir"] == str(data.resolve())
     out = tmp_path / "o"
     out.mkdir()
@@ -289,7 +290,7 @@ def test_runner_json_keeps_the_resolved_data_source(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     resumed = args_for(["--resume", str(out)])
     assert resumed.env_data_dir == str(data.resolve())
-    assert run_simulation.build_configs(resumed, out / "runs")[0][2]["data-dir"] == str(data.resolve())
+    assert checks.build_configs(resumed, out / "runs")[0][2]["data-dir"] == str(data.resolve())
 
 
 def test_fedbn_with_cnn_is_refused_naming_cnn_bn(tmp_path):

@@ -117,12 +117,12 @@ def test_the_readme_venv_is_git_ignored():
 
 # ------------------------------------------------------------------ run_simulation.py --help
 def test_help_shows_the_example_as_it_is_typed():
-    """The module docstring is argparse's description: a backslash-newline in it joined the two
-    lines of the example ('fedavg,fedprox         --dataset'); the help shows both lines, the
-    first ending in the shell's line continuation."""
+    """The runner's usage (runner/cli.py's docstring) is argparse's description: a backslash-newline
+    in it joined the two lines of the example ('fedavg,fedprox         --dataset'); the help shows
+    both lines, the first ending in the shell's line continuation."""
     import ast
 
-    doc = ast.get_docstring(ast.parse((ROOT / "run_simulation.py").read_text()), clean=False)
+    doc = ast.get_docstring(ast.parse((ROOT / "runner" / "cli.py").read_text()), clean=False)
     example = doc.split("Example:\n", 1)[1].split("\n\n", 1)[0].splitlines()
     assert example[0].endswith("--strategy fedavg,fedprox \\"), example
     assert example[1].strip().startswith("--dataset mnist"), example

@@ -285,13 +285,13 @@ def test_not_run_yet_and_figures(report, tmp_path):
 
 def test_real_experiment_files_are_valid(tmp_path):
     """Every experiments/*.toml builds its full list of run configs (no unknown keys or values)."""
-    import run_simulation
+    from runner import checks, cli
 
     files = sorted((ROOT / "experiments").glob("*.toml"))
     assert files
     for f in files:
-        args = run_simulation.parse_args(["--config", str(f)])
-        configs = run_simulation.build_configs(args, tmp_path)
+        args = cli.parse_args(["--config", str(f)])
+        configs = checks.build_configs(args, tmp_path)
         exp = args.experiment
         rows = mr.experiment_rows(exp)
         assert len(configs) == len(rows) * len(exp["seeds"])
@@ -313,22 +313,22 @@ def test_rerun_refuses_runs_made_with_another_config(tmp_path):
     the one asked now is named with the differing key, so a sweep never mixes two experiments."""
     import json
 
-    import run_simulation
     from fl_app.registry import validate_config
+    from runner import checks, cli
 
-    args = run_simulation.parse_args(["--strategy", "fedavg,fedprox", "--dataset", "synthetic", "--rounds", "3", "--set", "model=logreg"])
-    configs = run_simulation.build_configs(args, tmp_path)
-    assert run_simulation.changed_runs(configs, tmp_path) == []  # nothing there yet
+    args = cli.parse_args(["--strategy", "fedavg,fedprox", "--dataset", "synthetic", "--rounds", "3", "--set", "model=logreg"])
+    configs = checks.build_configs(args, tmp_path)
+    assert checks.changed_runs(configs, tmp_path) == []  # nothing there yet
 
     same = validate_config({**configs[0][2], "resume": True})  # resumed runs record resume = true
     (tmp_path / "fedavg-seed0").mkdir()
     (tmp_path / "fedavg-seed0" / "summary.json").write_text(json.dumps({"config": same}))
-    assert run_simulation.changed_runs(configs, tmp_path) == []
+    assert checks.changed_runs(configs, tmp_path) == []
 
     other = validate_config({**configs[1][2], "num-server-rounds": 2})
     (tmp_path / "fedprox-seed0").mkdir()
     (tmp_path / "fedprox-seed0" / "run-config.json").write_text(json.dumps(other))
-    problems = run_simulation.changed_runs(configs, tmp_path)
+    problems = checks.changed_runs(configs, tmp_path)
     assert len(problems) == 1 and "fedprox-seed0" in problems[0] and "num-server-rounds 2 -> 3" in problems[0]
 
 
@@ -337,18 +337,18 @@ def test_rerun_refuses_an_old_run_for_a_key_added_after_it_unless_asked_at_its_d
     Asking for another value now is a change (it was kept silently before), the default is not."""
     import json
 
-    import run_simulation
     from fl_app.registry import validate_config
+    from runner import checks, cli
 
     base = ["--strategy", "dp-fedavg", "--dataset", "synthetic", "--rounds", "3", "--set", "model=logreg"]
-    configs = run_simulation.build_configs(run_simulation.parse_args(base), tmp_path)
+    configs = checks.build_configs(cli.parse_args(base), tmp_path)
     old = validate_config(configs[0][2])
     del old["dp-noise-seeded"]  # as recorded by the code before the key was added
     (tmp_path / "dp-fedavg-seed0").mkdir()
     (tmp_path / "dp-fedavg-seed0" / "summary.json").write_text(json.dumps({"config": old}))
-    assert run_simulation.changed_runs(configs, tmp_path) == []
-    seeded = run_simulation.build_configs(run_simulation.parse_args([*base, "--set", "dp-noise-seeded=true"]), tmp_path)
-    problems = run_simulation.changed_runs(seeded, tmp_path)
+    assert checks.changed_runs(configs, tmp_path) == []
+    seeded = checks.build_configs(cli.parse_args([*base, "--set", "dp-noise-seeded=true"]), tmp_path)
+    problems = checks.changed_runs(seeded, tmp_path)
     assert len(problems) == 1 and "dp-noise-seeded False -> True" in problems[0]
 
 
@@ -455,15 +455,15 @@ def test_budget_fraction_by_hand(tmp_path):
 def test_paper_settings_exist_and_build(tmp_path):
     """Every reproduced table has its paper's exact setting in experiments/paper/, and each
     builds its full list of run configs, as `run_simulation.py --check --config FILE` does."""
-    import run_simulation
+    from runner import checks, cli
 
     tables = [f for f in (ROOT / "experiments").glob("*.toml") if "claims" in tomllib.loads(f.read_text())]
     assert tables
     for f in tables:
         paper = ROOT / "experiments" / "paper" / f.name
         assert paper.is_file(), f"no paper setting for {f.name}"
-        args = run_simulation.parse_args(["--config", str(paper)])
-        configs = run_simulation.build_configs(args, tmp_path)
+        args = cli.parse_args(["--config", str(paper)])
+        configs = checks.build_configs(args, tmp_path)
         assert len(configs) == len(mr.experiment_rows(args.experiment)) * len(args.experiment["seeds"])
         assert args.experiment["name"] == f"paper-{f.stem}"
 
@@ -518,19 +518,19 @@ def test_experiment_target_reaches_every_run_and_never_makes_a_kept_run_stale(tm
     reads the accuracies afterwards."""
     import json
 
-    import run_simulation
     from fl_app.registry import validate_config
+    from runner import checks, cli
 
     f = ROOT / "experiments" / "fedgam-mnist-dir03.toml"
-    args = run_simulation.parse_args(["--config", str(f)])
-    configs = run_simulation.build_configs(args, tmp_path)
+    args = cli.parse_args(["--config", str(f)])
+    configs = checks.build_configs(args, tmp_path)
     target = args.experiment["target-accuracy"]
     assert {raw["target-accuracy"] for _, _, raw in configs} == {target}
     row, seed, raw = configs[0]
     other = validate_config({**raw, "target-accuracy": 0.5 if target != 0.5 else 0.6})
     (tmp_path / raw["run-name"]).mkdir()
     (tmp_path / raw["run-name"] / "run-config.json").write_text(json.dumps(other))
-    assert run_simulation.changed_runs(configs[:1], tmp_path) == []
+    assert checks.changed_runs(configs[:1], tmp_path) == []
 
 
 # ---- docs/results.md itself: each row's protocol named, claims counted only between rows tuned alike ----

@@ -25,6 +25,7 @@ import pytest
 
 import run_simulation
 from fl_app.config import ConfigError
+from runner import sweep as runner_sweep
 from runner.parallel import (
     MEMORY_PER_RUN,
     Failed,
@@ -228,7 +229,7 @@ def test_ctrl_c_stops_every_worker_and_starts_no_further_job(python_sigint):
 # ---- the runner's launch step, with stand-in simulations -------------------------------------------------
 
 class FakeSimulation:
-    """Stands in for LocalSimulation in ``run_simulation.launch``: a run writes the summary
+    """Stands in for LocalSimulation in ``runner.sweep.launch``: a run writes the summary
     the ServerApp would (fedprox's seed-1 run writes none: a failed run), and runs on the
     first worker take longer, so runs finish out of the sweep's order."""
 
@@ -256,14 +257,14 @@ class FakeSimulation:
 
 
 def test_launch_files_the_runs_in_the_sweep_s_order_with_a_failed_one_listed(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(run_simulation, "LocalSimulation", FakeSimulation)
+    monkeypatch.setattr(runner_sweep, "LocalSimulation", FakeSimulation)
     FakeSimulation.started = []
     runs = tmp_path / "runs"
     configs = [(row, seed, {"strategy": row, "dataset": "synthetic", "model": "logreg", "seed": seed,
                             "results-dir": str(runs), "run-name": run_name(row, seed)})
                for row in ("fedavg", "fedprox") for seed in (0, 1)]
     args = argparse.Namespace(parallel=2, clients=4, cpus_per_client=1.0, quiet=True, verbose=False, ray_address=None)
-    outcome = run_simulation.launch(args, configs, runs, 0.0)
+    outcome = runner_sweep.launch(args, configs, runs, 0.0)
     assert list(outcome.runs) == ["fedavg", "fedprox"]
     assert outcome.runs["fedavg"] == [runs / "fedavg-seed0", runs / "fedavg-seed1"]
     assert outcome.runs["fedprox"] == [runs / "fedprox-seed0"]
@@ -277,7 +278,7 @@ def test_launch_files_the_runs_in_the_sweep_s_order_with_a_failed_one_listed(tmp
 
     # run again in the same folder: finished runs are kept, only the failed one runs again
     FakeSimulation.started = []
-    again = run_simulation.launch(args, configs, runs, 0.0)
+    again = runner_sweep.launch(args, configs, runs, 0.0)
     assert again.runs == outcome.runs and again.failed == ["fedprox-seed1"]
     assert len(FakeSimulation.started) == 1  # one run left: one worker
     assert "[1/4] fedavg seed 0: finished earlier, kept" in capsys.readouterr().out

@@ -12,6 +12,7 @@ from pathlib import Path
 from flwr.cli.build import build_fab_from_disk
 
 import run_simulation
+from runner import sweep
 from runner.launch import APP_DIR
 from runner.snapshot import DIGEST_FILE, snapshot_app
 
@@ -104,8 +105,8 @@ class RecordingSimulation:
 
 def test_every_run_of_a_sweep_ships_the_app_as_it_was_when_the_sweep_started(tmp_path, monkeypatch, capsys):
     source = tiny_app(tmp_path / "checkout")
-    monkeypatch.setattr(run_simulation, "APP_DIR", source)
-    monkeypatch.setattr(run_simulation, "LocalSimulation", RecordingSimulation)
+    monkeypatch.setattr(sweep, "APP_DIR", source)
+    monkeypatch.setattr(sweep, "LocalSimulation", RecordingSimulation)
     RecordingSimulation.seen, RecordingSimulation.source = [], source
     out = tmp_path / "out"
     rc = run_simulation.main(["--strategy", "fedavg", "--dataset", "synthetic", "--set", "model=logreg",
@@ -160,18 +161,18 @@ def test_a_dirty_revision_names_the_package_the_sweep_ships(tmp_path, monkeypatc
     from fl_app.server.provenance import with_app_digest
 
     source = tiny_app(tmp_path / "checkout")
-    monkeypatch.setattr(run_simulation, "APP_DIR", source)
+    monkeypatch.setattr(sweep, "APP_DIR", source)
     recorded = []
     for version in (1, 2):
         (source / "pkg" / "app.py").write_text(f"VERSION = {version}\n")
         monkeypatch.setenv("FL_DRIFT_REVISION", "c" * 40 + "+dirty")
-        app = run_simulation.snapshot(tmp_path / f"out{version}")
+        app = sweep.snapshot(tmp_path / f"out{version}")
         digest = (app / "fab.sha256").read_text().strip()
         assert os.environ["FL_DRIFT_REVISION"] == "c" * 40 + "+dirty." + digest[:12]
         recorded.append(os.environ["FL_DRIFT_REVISION"])
     assert recorded[0] != recorded[1]
     monkeypatch.setenv("FL_DRIFT_REVISION", "c" * 40)
-    run_simulation.snapshot(tmp_path / "out3")
+    sweep.snapshot(tmp_path / "out3")
     assert os.environ["FL_DRIFT_REVISION"] == "c" * 40
     assert with_app_digest("unknown", "f" * 64) == "unknown"
     assert with_app_digest(recorded[0], "f" * 64) == recorded[0]  # already exact: kept

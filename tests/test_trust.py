@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import run_simulation
+from runner import checks, cli
 from tests.conftest import ROOT
 
 
@@ -53,21 +54,21 @@ def test_resume_of_an_experiment_with_data_dir_and_fl_data_dir_keeps_its_runs(tm
     monkeypatch.setenv("FL_DATA_DIR", str(env))
     exp = write_experiment(tmp_path / "exp.toml", SYNTH_EXPERIMENT.format(data=mine))
     out = tmp_path / "out"
-    args = run_simulation.parse_args(["--config", str(exp), "--out", str(out)])
-    configs = run_simulation.build_configs(args, out / "runs")
+    args = cli.parse_args(["--config", str(exp), "--out", str(out)])
+    configs = checks.build_configs(args, out / "runs")
     assert configs[0][2]["data-dir"] == str(mine)
     out.mkdir()
-    (out / "runner.json").write_text(json.dumps(run_simulation.runner_record(args)))
+    (out / "runner.json").write_text(json.dumps(cli.runner_record(args)))
     started = out / "runs" / configs[0][2]["run-name"]
     started.mkdir(parents=True)
     from fl_app.registry import validate_config
 
     (started / "run-config.json").write_text(json.dumps(validate_config(configs[0][2])))
     monkeypatch.delenv("FL_DATA_DIR")  # a new shell
-    resumed = run_simulation.parse_args(["--resume", str(out)])
-    again = run_simulation.build_configs(resumed, out / "runs")
+    resumed = cli.parse_args(["--resume", str(out)])
+    again = checks.build_configs(resumed, out / "runs")
     assert [c[2] for c in again] == [c[2] for c in configs]
-    assert run_simulation.changed_runs(again, out / "runs", resumed.env_data_dir) == []
+    assert checks.changed_runs(again, out / "runs", resumed.env_data_dir) == []
 
 
 def test_resume_from_another_folder_keeps_a_relative_data_dir(tmp_path, monkeypatch):
@@ -77,21 +78,22 @@ def test_resume_from_another_folder_keeps_a_relative_data_dir(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     exp = write_experiment(tmp_path / "exp.toml", SYNTH_EXPERIMENT.format(data="mine"))
     out = tmp_path / "out"
-    args = run_simulation.parse_args(["--config", str(exp), "--out", str(out)])
-    configs = run_simulation.build_configs(args, out / "runs")
+    args = cli.parse_args(["--config", str(exp), "--out", str(out)])
+    configs = checks.build_configs(args, out / "runs")
     assert configs[0][2]["data-dir"] == str(tmp_path / "mine")
     out.mkdir()
-    (out / "runner.json").write_text(json.dumps(run_simulation.runner_record(args)))
+    (out / "runner.json").write_text(json.dumps(cli.runner_record(args)))
     monkeypatch.chdir(ROOT)
-    resumed = run_simulation.parse_args(["--resume", str(out)])
-    assert run_simulation.build_configs(resumed, out / "runs")[0][2]["data-dir"] == str(tmp_path / "mine")
+    resumed = cli.parse_args(["--resume", str(out)])
+    assert checks.build_configs(resumed, out / "runs")[0][2]["data-dir"] == str(tmp_path / "mine")
 
 
 def test_no_message_advises_deleting_run_folders():
     """No string the product can print (any string literal, f-strings included) says "delete"."""
     import ast
 
-    for path in [Path(run_simulation.__file__), *Path(run_simulation.__file__).parent.glob("fl_app/**/*.py")]:
+    root = Path(run_simulation.__file__).parent
+    for path in [root / "run_simulation.py", *root.glob("runner/**/*.py"), *root.glob("fl_app/**/*.py")]:
         tree = ast.parse(path.read_text())
         docstrings = {id(n.body[0].value) for n in ast.walk(tree)
                       if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef)) and n.body
@@ -191,7 +193,7 @@ def test_check_says_which_runs_are_kept_or_continued_and_estimates_only_what_is_
     assert run_simulation.main([*exp, "--check"]) == 0
     assert "for 2 runs (" in capsys.readouterr().out
     runs = tmp_path / "o" / "runs"
-    configs = {raw["run-name"]: raw for _, _, raw in run_simulation.build_configs(run_simulation.parse_args(exp), runs)}
+    configs = {raw["run-name"]: raw for _, _, raw in checks.build_configs(cli.parse_args(exp), runs)}
     (runs / "fedavg-seed0").mkdir(parents=True)
     (runs / "fedavg-seed0" / "summary.json").write_text(json.dumps({"config": configs["fedavg-seed0"]}))
     small_checkpoint(runs / "fedprox-seed0")  # written after round 2 of 5
@@ -262,7 +264,7 @@ def test_rounds_without_any_update_are_flagged_and_untrained_runs_are_no_result(
 def test_experiment_file_type_errors_name_key_file_and_type(tmp_path, capsys, line, key, expected):
     exp = write_experiment(tmp_path / "exp.toml", f'name = "t"\n{line}\n')
     with pytest.raises(SystemExit) as info:
-        run_simulation.parse_args(["--config", str(exp)])
+        cli.parse_args(["--config", str(exp)])
     assert info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert str(exp) in err and f"entry {key!r}" in err and expected in err and "Traceback" not in err
@@ -271,16 +273,16 @@ def test_experiment_file_type_errors_name_key_file_and_type(tmp_path, capsys, li
 def test_malformed_experiment_file_and_corrupt_runner_json_are_one_line(tmp_path, capsys):
     exp = write_experiment(tmp_path / "exp.toml", 'name = "t\nclients = 4\n')
     with pytest.raises(SystemExit):
-        run_simulation.parse_args(["--config", str(exp)])
+        cli.parse_args(["--config", str(exp)])
     assert f"{exp} is not valid TOML" in capsys.readouterr().err
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "runner.json").write_text('{"strategy": "fedavg", "seeds": [0')
     with pytest.raises(SystemExit):
-        run_simulation.parse_args(["--resume", str(tmp_path / "out")])
+        cli.parse_args(["--resume", str(tmp_path / "out")])
     assert "runner.json is not readable JSON" in capsys.readouterr().err
     (tmp_path / "out" / "runner.json").write_text('{"strategy": "fedavg", "seeds": 0}')
     with pytest.raises(SystemExit):
-        run_simulation.parse_args(["--resume", str(tmp_path / "out")])
+        cli.parse_args(["--resume", str(tmp_path / "out")])
     assert "has no list 'seeds'" in capsys.readouterr().err
 
 

@@ -12,6 +12,7 @@ import pytest
 import run_simulation
 from fl_app.config import ConfigError
 from fl_app.registry import validate_config
+from runner import checks, cli, sweep
 from tasks.datasets import DataUnavailableError, PartitionError
 
 SYNTH = ["--dataset", "synthetic", "--set", "model=logreg"]
@@ -46,7 +47,7 @@ def test_a_per_run_key_in_run_config_is_refused(tmp_path, line, key):
     with pytest.raises(ConfigError, match=rf"\[run-config\] sets '{key}' = .* a key the runner sets for each run"):
         read_experiment(exp)
     with pytest.raises(SystemExit) as exit_:  # the runner refuses the file (argparse's exit code 2)
-        run_simulation.parse_args(["--config", str(exp), "--check"])
+        cli.parse_args(["--config", str(exp), "--check"])
     assert exit_.value.code == 2
 
 
@@ -64,8 +65,8 @@ def test_a_variant_still_names_its_method_but_not_its_seed(tmp_path):
 def test_the_runner_now_runs_the_three_methods_of_the_file(tmp_path):
     exp = tmp_path / "exp.toml"
     exp.write_text(THREE_METHODS.format(line=""))
-    args = run_simulation.parse_args(["--config", str(exp), "--out", str(tmp_path / "o")])
-    configs = run_simulation.build_configs(args, tmp_path / "o" / "runs")
+    args = cli.parse_args(["--config", str(exp), "--out", str(tmp_path / "o")])
+    configs = checks.build_configs(args, tmp_path / "o" / "runs")
     assert [raw["strategy"] for _, _, raw in configs] == ["fedavg", "fedprox", "scaffold"]
 
 
@@ -82,8 +83,8 @@ def test_a_per_run_key_on_the_command_line_is_refused(tmp_path, capsys, argv, ex
 
 
 def test_set_strategy_is_still_the_method_list(tmp_path):
-    args = run_simulation.parse_args([*SYNTH, "--set", "strategy=fedavg,fedprox"])
-    configs = run_simulation.build_configs(args, tmp_path / "runs")
+    args = cli.parse_args([*SYNTH, "--set", "strategy=fedavg,fedprox"])
+    configs = checks.build_configs(args, tmp_path / "runs")
     assert [raw["strategy"] for _, _, raw in configs] == ["fedavg", "fedprox"]
 
 
@@ -93,13 +94,13 @@ def test_clients_zero_is_refused_not_replaced_by_ten(tmp_path, capsys):
     assert run_simulation.main([*SYNTH, "--clients", "0", "--check", "--out", str(tmp_path / "o")]) == 2
     err = one_line_error(capsys)
     assert "--clients = 0 is invalid" in err and ">= 1" in err
-    assert run_simulation.parse_args([*SYNTH, "--clients", "0"]).clients == 0
+    assert cli.parse_args([*SYNTH, "--clients", "0"]).clients == 0
 
 
 @pytest.mark.parametrize("listed", ["", ",", " , "])
 def test_empty_strategy_list_is_refused_not_replaced_by_fedavg(listed, capsys):
     with pytest.raises(SystemExit) as exc:
-        run_simulation.parse_args([*SYNTH, "--strategy", listed])
+        cli.parse_args([*SYNTH, "--strategy", listed])
     assert exc.value.code == 2
     assert "names no method" in capsys.readouterr().err
 
@@ -241,14 +242,14 @@ def test_an_empty_split_is_named_as_empty(tmp_path, capsys):
 
 def test_resume_with_check_only_checks(tmp_path, capsys, monkeypatch):
     out = tmp_path / "o"
-    args = run_simulation.parse_args([*SYNTH, "--strategy", "fedavg,fedprox", "--out", str(out)])
+    args = cli.parse_args([*SYNTH, "--strategy", "fedavg,fedprox", "--out", str(out)])
     out.mkdir()
-    (out / "runner.json").write_text(json.dumps(run_simulation.runner_record(args)))
+    (out / "runner.json").write_text(json.dumps(cli.runner_record(args)))
 
     def launched(*a, **k):
         raise AssertionError("--resume --check launched the runs")
 
-    monkeypatch.setattr(run_simulation, "launch", launched)
+    monkeypatch.setattr(sweep, "launch", launched)
     assert run_simulation.main(["--resume", str(out), "--check"]) == 0
     printed = capsys.readouterr().out
     assert "ok: fedavg seed 0" in printed and "ok: fedprox seed 0" in printed
@@ -268,18 +269,18 @@ def test_a_run_whose_clients_all_failed_exits_non_zero(tmp_path, capsys):
            "results-dir": str(tmp_path / "runs"), "run-name": "fedavg-seed0"}
     with pytest.raises(RunAborted):
         serve_in_process(cfg, 3)
-    outcome = run_simulation.Outcome()
-    run_simulation.record_run("fedavg", "fedavg-seed0", tmp_path / "runs" / "fedavg-seed0", [], outcome)
+    outcome = sweep.Outcome()
+    sweep.record_run("fedavg", "fedavg-seed0", tmp_path / "runs" / "fedavg-seed0", [], outcome)
     assert outcome.failed == ["fedavg-seed0"] and outcome.stopped == []
-    assert run_simulation.report(outcome, tmp_path / "out") == 1
+    assert sweep.report(outcome, tmp_path / "out") == 1
     err = capsys.readouterr().err
     assert "run failed: no round completed (round 1: only 0 of 3 sampled clients returned a usable update" in err
     assert "error: 1 run(s) failed: fedavg-seed0" in err
 
 
 def test_an_untrained_run_is_a_failure_and_a_trained_one_is_not():
-    assert "never trained" in run_simulation.trained_nothing({"rounds": 2, "untrained": True})
-    assert run_simulation.trained_nothing({"rounds": 2, "untrained": False, "stopped": "diverged"}) == ""
+    assert "never trained" in sweep.trained_nothing({"rounds": 2, "untrained": True})
+    assert sweep.trained_nothing({"rounds": 2, "untrained": False, "stopped": "diverged"}) == ""
 
 
 def test_nested_loud_logs_once(caplog):

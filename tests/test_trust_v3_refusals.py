@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import run_simulation
+from runner import checks, cli, sweep
 from tests.conftest import ROOT
 
 SYNTH = ["--dataset", "synthetic", "--set", "model=logreg"]
@@ -371,18 +372,18 @@ def launched(monkeypatch):
     from runner.launch import APP_DIR
 
     def use(launch):
-        monkeypatch.setattr(run_simulation, "snapshot", lambda out: APP_DIR)
-        monkeypatch.setattr(run_simulation, "launch", lambda args, configs, runs_dir, *rest: launch(runs_dir))
+        monkeypatch.setattr(sweep, "snapshot", lambda out: APP_DIR)
+        monkeypatch.setattr(sweep, "launch", lambda args, configs, runs_dir, *rest: launch(runs_dir))
 
     return use
 
 
 def test_a_full_disk_while_reporting_is_one_line(tmp_path, capsys, launched, monkeypatch):
-    launched(lambda runs_dir: run_simulation.Outcome())
+    launched(lambda runs_dir: sweep.Outcome())
     def no_space(table, out):
         raise OSError(28, "No space left on device", str(out / "comparison.csv"))
 
-    monkeypatch.setattr(run_simulation, "write_comparison", no_space)
+    monkeypatch.setattr(sweep, "write_comparison", no_space)
     assert run_simulation.main([*SYNTH, "--out", str(tmp_path / "o")]) == 1
     err = one_line_error(capsys)
     assert f"cannot write {tmp_path / 'o' / 'comparison.csv'}: No space left on device" in err
@@ -404,7 +405,7 @@ def test_ctrl_c_is_one_line_without_a_traceback(tmp_path, capsys, launched):
 def test_the_lock_file_is_removed_after_a_clean_exit_and_kept_while_held(tmp_path, launched):
     """`<out>/.lock` stayed in the results folder after every run."""
     seen = []
-    launched(lambda runs_dir: seen.append((runs_dir.parent / ".lock").exists()) or run_simulation.Outcome())
+    launched(lambda runs_dir: seen.append((runs_dir.parent / ".lock").exists()) or sweep.Outcome())
     assert run_simulation.main([*SYNTH, "--out", str(tmp_path / "o")]) == 0
     assert seen == [True] and not (tmp_path / "o" / ".lock").exists()
     assert (tmp_path / "o" / "runner.json").exists()
@@ -435,10 +436,10 @@ def test_a_finished_run_whose_metrics_were_deleted_is_named(tmp_path, capsys, mo
     from fl_app.registry import validate_config
     from runner.launch import APP_DIR
 
-    monkeypatch.setattr(run_simulation, "snapshot", lambda out: APP_DIR)
+    monkeypatch.setattr(sweep, "snapshot", lambda out: APP_DIR)
     out = tmp_path / "o"
     argv = [*SYNTH, "--rounds", "2", "--clients", "4", "--out", str(out)]
-    (_, _, raw), = run_simulation.build_configs(run_simulation.parse_args(argv), out / "runs")
+    (_, _, raw), = checks.build_configs(cli.parse_args(argv), out / "runs")
     run_dir = out / "runs" / raw["run-name"]
     run_dir.mkdir(parents=True)
     (run_dir / "summary.json").write_text(json.dumps({
@@ -480,7 +481,7 @@ def test_a_run_that_stopped_itself_shows_no_traceback(capsys, exception, hidden)
 
     lines = STOPPED_OUTPUT.replace("{exception}", exception).splitlines()
     tail: list[str] = []
-    on_line = run_simulation.progress_printer(argparse.Namespace(quiet=False, verbose=False), tail, lead="")
+    on_line = sweep.progress_printer(argparse.Namespace(quiet=False, verbose=False), tail, lead="")
     for line in lines:
         on_line(line)
     shown = capsys.readouterr().out.splitlines()

@@ -24,6 +24,7 @@ import run_simulation
 from fl_app.config import ConfigError
 from fl_app.registry import validate_config
 from fl_app.server.startup import ServerStartup
+from runner import checks
 from runner.experiment import read_experiment
 from runner.plan import label, run_name
 from runner.tuning import (
@@ -258,7 +259,7 @@ def test_the_chosen_values_flow_into_the_tables_runs(tmp_path, tiny_mnist):
     exp = read_experiment(tmp_path / "tiny.toml")
     args = runner_args(exp, tiny_mnist)
     search = plan_search(args)
-    configs = run_simulation.build_configs(search.args, tmp_path / "tuning" / "runs")
+    configs = checks.build_configs(search.args, tmp_path / "tuning" / "runs")
     rows = sorted({row for row, _, _ in configs})
     assert rows == ["fedavg[learning-rate=0.001]", "fedavg[learning-rate=0.01]",
                     "fedprox[learning-rate=0.03,proximal-mu=0.01]", "fedprox[learning-rate=0.03,proximal-mu=0.1]",
@@ -271,7 +272,7 @@ def test_the_chosen_values_flow_into_the_tables_runs(tmp_path, tiny_mnist):
     record = tuning_record(search.protocol, search.rounds, tmp_path / "tuning" / "runs")
     write_tuning(tmp_path, record)
     args.experiment = apply_choice(args.experiment, record)
-    table = {row: raw for row, _, raw in run_simulation.build_configs(args, tmp_path / "runs")}
+    table = {row: raw for row, _, raw in checks.build_configs(args, tmp_path / "runs")}
     assert table["fedavg"]["learning-rate"] == 0.01
     assert (table["fedprox"]["learning-rate"], table["fedprox"]["proximal-mu"]) == (0.1, 0.01)
     assert table["fedavg"]["tuning-protocol"] == table["fedprox"]["tuning-protocol"] == record["protocol"]
