@@ -12,7 +12,8 @@
 (b) A cohort of K = 3 (one ``vmap``) equals three separate ``local_round`` calls within 1e-5
     relative (float32: the batched convolutions and matmuls of vmap sum in another order, a
     few ulp per step), and a cohort of one equals ``local_round`` exactly.
-(c) Clients with fewer or shorter batches are masked: each still equals its own round.
+(c) Clients with fewer or shorter batches are masked: each still equals its own round; a
+    client with no local step (SCAFFOLD on a 1-sample lenet-bn client) keeps its c_i.
 """
 
 from __future__ import annotations
@@ -330,3 +331,29 @@ def test_cohort_skips_a_batchnorm1d_client_s_last_batch_of_one_as_its_own_round_
     has a last batch of one, skipped on both paths (tasks.train.min_train_batch): the cohort
     still equals each client's own round."""
     _compare("fedavg", "lenet-bn", [17, 16, 24], 8, rel=1e-4, shape=InputShape(1, 28, 10))
+
+
+def test_scaffold_round_without_a_local_step_keeps_c_i():
+    """A 1-sample client on lenet-bn takes no local step (its one batch of one is skipped:
+    BatchNorm1d cannot train on it, tasks.train.min_train_batch). SCAFFOLD's option II divides
+    by lr K_eff, which is 0 after no step: instead c_i+ = c_i, delta c_i = 0 and the weights stay
+    w_t, on its own round and in a cohort beside a client that trains (momentum 0.9, so K_eff's
+    momentum-corrected form is the one that would be 0)."""
+    skeleton, params, buffers, data, states, server = _cohort_inputs("lenet-bn", [1, 9], shape=InputShape(1, 28, 10))
+    hp = Hyper(lr=0.05, momentum=0.9, weight_decay=5e-4, keys=KEYS)
+    update = UPDATES["scaffold"]
+    together = cohort_round(update, skeleton, params, buffers, states, server, hp, data, 8, 2,
+                            [torch.Generator().manual_seed(10 + k) for k in range(2)])
+    alone = local_round(update, skeleton, unstack_tree(params, 0), unstack_tree(buffers, 0), states[0], server, hp,
+                        *data[0], 8, 2, torch.Generator().manual_seed(10))
+    ci = states[0]["ci"]
+    for result in (alone, together.client(0)):
+        assert result.metrics["num_steps"] == 0
+        assert all(torch.equal(result.params[n], p[0]) for n, p in params.items())
+        assert all(torch.equal(result.state["ci"][n], v) for n, v in ci.items())
+        assert all(torch.equal(d, torch.zeros_like(d)) for d in result.reply["delta_c"].values())
+        assert result.metrics["ci_norm"] == pytest.approx(float(tree_norm(ci.values())), rel=1e-6)
+    trained = together.client(1)  # its 8-sample batches train (the batch of one is skipped): c_i moves
+    assert trained.metrics["num_steps"] == 2
+    assert all(torch.isfinite(v).all() for v in trained.state["ci"].values())
+    assert not torch.equal(trained.state["ci"]["head.weight"], states[1]["ci"]["head.weight"])

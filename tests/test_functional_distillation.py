@@ -217,14 +217,35 @@ def test_frozen_model_without_its_buffers_is_refused():
         local_round(FEDNTD, model, params, buffers, {}, {}, Hyper(lr=0.1, keys=KEYS), x, y, 4, 1, torch.Generator())
 
 
+def _ntd_by_hand(local: np.ndarray, glob: np.ndarray, y: np.ndarray, tau: float) -> tuple[float, np.ndarray]:
+    """FedNTD's distillation term in float64 from its formula (METHODS.md, clients/fedntd.py),
+    tau^2 KL(q_g || q_l) averaged over the batch, q = softmax(z_nt / tau) over the not-true
+    logits (each sample's true-class column deleted), and its gradient with respect to the local
+    logits: tau (q_l - q_g) / B on the not-true columns, 0 on the true one."""
+    loss, grad = 0.0, np.zeros_like(local)
+    for i, t in enumerate(y):
+        others = [c for c in range(local.shape[1]) if c != t]
+        q_l, q_g = (np.exp(z[i, others] / tau) / np.exp(z[i, others] / tau).sum() for z in (local, glob))
+        loss += tau**2 * (q_g * (np.log(q_g) - np.log(q_l))).sum() / len(y)
+        grad[i, others] = tau * (q_l - q_g) / len(y)
+    return loss, grad
+
+
 def test_ntd_loss_vmaps():
-    """``not_true`` is a gather, so the loss batches over clients (the old boolean mask could not)."""
+    """``ntd_loss`` under vmap over K = 3 clients (``not_true`` is a gather, so it batches; the
+    old boolean mask could not), value and gradient, equals FedNTD's loss computed by hand per
+    client in float64 (``_ntd_by_hand``)."""
     gen = torch.Generator().manual_seed(6)
-    local, glob = torch.randn(3, 5, 4, generator=gen), torch.randn(3, 5, 4, generator=gen)
+    local, glob = (torch.randn(3, 5, 4, generator=gen, dtype=torch.float64) * 2 for _ in range(2))
     y = torch.randint(0, 4, (3, 5), generator=gen)
-    batched = torch.vmap(lambda a, b, t: ntd_loss(a, b, t, 2.0))(local, glob, y)
+    tau = 2.0
+    batched = torch.vmap(lambda a, b, t: ntd_loss(a, b, t, tau))(local, glob, y)
+    grads = torch.vmap(torch.func.grad(lambda a, b, t: ntd_loss(a, b, t, tau)))(local, glob, y)
     for k in range(3):
-        assert math.isclose(batched[k].item(), ntd_loss(local[k], glob[k], y[k], 2.0).item(), rel_tol=1e-6)
+        want, want_grad = _ntd_by_hand(local[k].numpy(), glob[k].numpy(), y[k].numpy(), tau)
+        assert want > 0.05  # the distributions differ: a real KL, not a rounding-level one
+        assert math.isclose(batched[k].item(), want, rel_tol=1e-12)
+        np.testing.assert_allclose(grads[k].numpy(), want_grad, rtol=1e-10, atol=1e-14)
 
 
 # ------------------------------------------------------------------------ (b), (c) cohorts

@@ -274,6 +274,44 @@ def test_fedsol_client_starts_the_prox_sum_for_a_masked_cohort():
                      4, 1, [torch.Generator().manual_seed(k) for k in range(2)])
 
 
+
+@pytest.mark.parametrize("clip", [0.05, 1e3])
+def test_fedsmoo_clip_scales_the_step_down_never_up(clip):
+    """One full-batch FedSMOO step on logreg in float64 against the formula by hand (the paper's
+    s, alpha > 0, g_k, mu_i and s non-zero): g = grad f(w), v = g - mu_i - s, shat = rho v/||v||,
+    gtil = grad f(w + shat), d = gtil - (g_k + alpha w_t), d *= min(1, clip/(||d|| + 1e-6))
+    (``clip_grad_norm_``'s rule), w' = w - lr (d + alpha w). A clip below ||d|| shrinks the
+    step; a clip far above ||d|| (1e3) leaves it as it is: the clip caps the step's norm, it
+    never stretches d up to the clip norm (which would grow this step about 1e3/||d|| times)."""
+    rho, alpha, lr = 0.3, 0.2, 0.4
+    keys = {**SMOO, "smoo-rho": rho, "smoo-alpha": alpha, "smoo-s": "paper", "smoo-clip-norm": clip}
+    gen = torch.Generator().manual_seed(8)
+    x, y = torch.randn(7, 60, generator=gen, dtype=torch.float64), torch.randint(0, 10, (7,), generator=gen)
+    model = build_model("logreg", input_shape("synthetic"), seed=0).double()
+    w_t, buffers = module_state(model)
+    g_k, s, mu = ({n: 0.05 * torch.randn(p.shape, generator=gen, dtype=torch.float64) for n, p in w_t.items()}
+                  for _ in range(3))
+    result = local_round(FEDSMOO, model, w_t, smoo_buffers(buffers, mu), {"grad": g_k}, {"s": s},
+                         Hyper(lr=lr, keys=keys), x, y, 64, 1, torch.Generator().manual_seed(1))
+    assert result.metrics["num_steps"] == 1
+
+    xn, yn = x.numpy(), y.numpy()
+    W, b = (w_t[n].numpy() for n in LOGREG)
+    g_kn, sn, mun = ([t[n].numpy() for n in LOGREG] for t in (g_k, s, mu))
+    v = [a - m - c for a, m, c in zip(softmax_regression_grad(xn, yn, W, b), mun, sn)]
+    shat = [rho * a / (_norm(v) + 1e-12) for a in v]
+    gtil = softmax_regression_grad(xn, yn, W + shat[0], b + shat[1])
+    d = [a - (gk + alpha * w) for a, gk, w in zip(gtil, g_kn, (W, b))]
+    if clip < _norm(d):
+        assert clip == 0.05 and _norm(d) > 10 * clip  # the clip acts, and strongly
+        d = [a * clip / (_norm(d) + 1e-6) for a in d]
+    else:
+        assert clip == 1e3 and _norm(d) < 1e-2 * clip  # far above ||d||: d stays as it is
+    for n, w, dd, m, e, c in zip(LOGREG, (W, b), d, mun, shat, sn):
+        np.testing.assert_allclose(result.params[n].numpy(), w - lr * (dd + alpha * w), rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(result.buffers[SMOO_MU + n].numpy(), m + e - c, rtol=1e-10, atol=1e-12)
+
+
 # ------------------------------------------------- (a') against the module-based training
 def _module_asam_eps(params, grads, rho, eta, scaled):
     """ASAM's eps as the module-based client computed it: T g in one buffer, then T T g, then the scale."""
