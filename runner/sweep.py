@@ -129,7 +129,7 @@ def launch(args: argparse.Namespace, configs: list[tuple[str, int, dict]], runs_
             parts[-1].stopped.append(cfg["run-name"])
         if missing_metrics([run_dir]):  # its summary stays a result; the lost per-round record is said
             parts[-1].incomplete.append(cfg["run-name"])
-            how += f", but its {METRICS_FILE} is missing (deleted after it finished)"
+            how += f", but its {METRICS_FILE} is missing (removed after it finished)"
         say(f"[{i}/{len(configs)}] {row} seed {seed}: {how}, kept")
         parts[-1].runs.setdefault(row, []).append(run_dir)
     if jobs:
@@ -242,7 +242,7 @@ def report(outcome: Outcome, out: Path) -> int:
               f"summary.json; to redo one, run again with another --out): {', '.join(outcome.stopped)}",
               file=sys.stderr)
     if outcome.incomplete:
-        print(f"error: {len(outcome.incomplete)} finished run(s) have no {METRICS_FILE} (deleted after they finished;"
+        print(f"error: {len(outcome.incomplete)} finished run(s) have no {METRICS_FILE} (removed after they finished;"
               f" their rows use summary.json, their curves and per-round columns are missing): "
               f"{', '.join(outcome.incomplete)}; run them again with another --out", file=sys.stderr)
     if outcome.failed:

@@ -447,7 +447,7 @@ def test_a_finished_run_whose_metrics_were_deleted_is_named(tmp_path, capsys, mo
         "total_seconds": 3.0, "stopped": None, "num_clients": 4}))  # and no metrics.csv
     assert run_simulation.main(argv) == 1
     captured = capsys.readouterr()
-    assert "fedavg seed 0: finished earlier, but its metrics.csv is missing (deleted after it finished), kept" in (
+    assert "fedavg seed 0: finished earlier, but its metrics.csv is missing (removed after it finished), kept" in (
         captured.out)
     assert captured.err.strip().splitlines()[-1].startswith("error: 1 finished run(s) have no metrics.csv")
     assert "fedavg-seed0; run them again with another --out" in captured.err

@@ -225,7 +225,7 @@ WARNINGS = {
                        " error):",
     "data_split": "**Warning: rows split by data** (a mean is never taken over runs on different data, nor over"
                   " runs without a data fingerprint beside runs with one; `runner/results/fingerprint.py`):",
-    "missing_metrics": "**Warning: finished runs without their metrics.csv** (deleted or moved after the run: the"
+    "missing_metrics": "**Warning: finished runs without their metrics.csv** (removed or moved after the run: the"
                        " accuracies above come from their summary.json; their curves and per-round columns are"
                        " missing):",
 }
