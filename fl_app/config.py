@@ -97,7 +97,7 @@ GENERAL_KEYS: dict[str, Key] = {
                                 "in [0, 1) (share of each client's partition held out as its local test split,"
                                 " scored with the global model; 0 = off)"),
     "client-state": Key("memory", choices=("memory", "disk")),
-    # Execution (fl_app/server/cohort.py): one node per client, or cohort nodes that each train
+    # Execution (fl_app/common/execution_path.py): one node per client, or cohort nodes that each train
     # the round's clients they host in one torch.func.vmap; auto = cohort where it can run (a
     # simulation launched by run_simulation.py, CUDA, a method with its own functional local update).
     "execution": Key("auto", choices=EXECUTIONS),

@@ -20,8 +20,8 @@ a cycle cannot hide behind a lazy import. Allowed edges, with no exception:
   no method) -> ``fl_app.server`` (the server's round loop and its parts) -> ``fl_app.node``
   (what a node does around a method's client) -> ``fl_app.common`` (the ``Method`` pair type,
   shared I/O and background helpers, the run folder's files and their schema, the parsing of
-  ``inject-faults``). A room imports its own modules and the rooms below it, never one above
-  or beside it;
+  ``inject-faults``, the checks of ``execution`` and the decision of a run's path). A room
+  imports its own modules and the rooms below it, never one above or beside it;
 - ``runner`` (outside a Flower run: launches runs and deployments, writes reports) imports
   anything; ``runner.results`` (reading finished runs) imports no other part of the runner.
 

@@ -13,9 +13,9 @@ functions. The method's own ``Strategy`` is called for what a Flower strategy do
 runs under Flower's own ``Server``. Sending and collecting use Flower's public
 ``flwr.server.server.fit_clients`` / ``evaluate_clients``, the functions its own ``Server``
 uses (a thread per client, each reply or failure as it comes back); on the cohort path
-(``execution``, ``fl_app/server/cohort.py``) one bundle goes to each cohort node instead and its
-reply is split back into one reply or failure per virtual client, so every later step sees
-what a per-client run would.
+(``execution``, ``fl_app/common/execution_path.py``) one bundle goes to each cohort node
+instead (``fl_app/server/cohort_routing.py``) and its reply is split back into one reply or
+failure per virtual client, so every later step sees what a per-client run would.
 
 The rules the steps apply, whatever the method:
 - a reply whose arrays contain NaN/Inf, or whose count or shapes differ from what was sent,
@@ -46,8 +46,10 @@ from flwr.server.history import History
 from flwr.server.server import evaluate_clients, fit_clients
 from flwr.server.strategy import Strategy
 
+from fl_app.common.execution_checks import PER_CLIENT
+from fl_app.common.execution_path import Execution
 from fl_app.server.checkpoint import Checkpoint, checkpoint_due, save_checkpoint
-from fl_app.server.cohort import PER_CLIENT, Execution, fit_cohort
+from fl_app.server.cohort_routing import fit_cohort
 from fl_app.server.crash import crash_if_injected
 from fl_app.server.drift import round_drift
 from fl_app.server.participation import Participation, RunAborted
@@ -81,7 +83,7 @@ class DriftServer(Server):
     server's start-up once the nodes are known: it loads the test split into the strategy's
     evaluation and checks the data and the partitioning. ``resume_from`` is the checkpoint a
     resumed run continues (its rows: ``previous_rows``); the strategy's own state is restored
-    from it when the strategy is set. ``execution`` is the path (``fl_app.server.cohort.Execution``:
+    from it when the strategy is set. ``execution`` is the path (``fl_app.common.execution_path.Execution``:
     per-client or cohort, and why), logged once and recorded in summary.json; by default
     per-client."""
 
@@ -180,7 +182,7 @@ class DriftServer(Server):
     def send(self, instructions: list[tuple], timeout: float | None, server_round: int) -> tuple[list, list]:
         """Send the instructions, then collect the replies and failures: one message per client
         (Flower's ``fit_clients``), or on the cohort path one bundle per cohort node, split back
-        into one reply or failure per virtual client (``fl_app.server.cohort.fit_cohort``)."""
+        into one reply or failure per virtual client (``fl_app.server.cohort_routing.fit_cohort``)."""
         send = fit_cohort if self.execution.cohort else fit_clients
         return send(instructions, max_workers=self.max_workers, timeout=timeout, group_id=server_round)
 
