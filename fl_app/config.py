@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fl_app.common.faults import FAULT_FORMS, parse_faults
+from fl_app.common.trackers import parse_tracking
 from protocol.keys import ConfigError, Key, at_least, non_negative, positive, unit_interval
 from tasks.catalogue import DATASET_NAMES as DATASETS
 from tasks.models import FLAT_MODELS, IMAGE_MODELS, MODELS
@@ -135,8 +136,6 @@ def _valid_faults(text: str) -> bool:
 
 
 def _valid_tracking(text: str) -> bool:
-    from fl_app.server.tracking import parse_tracking
-
     try:
         parse_tracking(text)
         return True

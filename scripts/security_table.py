@@ -51,9 +51,10 @@ from flwr.common import (  # noqa: E402
 )
 from flwr.server.client_manager import SimpleClientManager  # noqa: E402
 
+from fl_app.common.screening_modes import allowed_modes  # noqa: E402
 from fl_app.node.node_client import NodeClient  # noqa: E402
 from fl_app.registry import METHODS, validate_config  # noqa: E402
-from fl_app.server.screening import allowed_modes, min_replies  # noqa: E402
+from fl_app.server.screening import min_replies  # noqa: E402
 from runner.inprocess import (
     InProcessProxy,  # noqa: E402
     RoundByRound,  # noqa: E402

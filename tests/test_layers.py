@@ -20,8 +20,9 @@ a cycle cannot hide behind a lazy import. Allowed edges, with no exception:
   no method) -> ``fl_app.server`` (the server's round loop and its parts) -> ``fl_app.node``
   (what a node does around a method's client) -> ``fl_app.common`` (the ``Method`` pair type,
   shared I/O and background helpers, the run folder's files and their schema, the parsing of
-  ``inject-faults``, the checks of ``execution`` and the decision of a run's path). A room
-  imports its own modules and the rooms below it, never one above or beside it;
+  ``inject-faults`` and ``tracking``, the checks of ``execution`` and ``screening`` against a
+  method, and the decision of a run's path: what the ClientApp needs, so it loads no server
+  module). A room imports its own modules and the rooms below it, never one above or beside it;
 - ``runner`` (outside a Flower run: launches runs and deployments, writes reports) imports
   anything; ``runner.results`` (reading finished runs) imports no other part of the runner.
 
@@ -32,6 +33,9 @@ sibling method module except through the package's shared modules.
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -146,6 +150,31 @@ def test_every_fl_app_module_has_a_room():
     """A new module or folder under fl_app/ is placed in the room order on purpose."""
     mods = [m for m in import_graph() if m.startswith("fl_app")]
     assert mods and all(room_of(m, FL_APP_LAYERS) for m in mods)
+
+
+CLIENT_SIDE = """
+import json, sys
+from flwr.common import Context, RecordDict
+from fl_app.client_app import client_fn
+loaded = {"import": sorted(m for m in sys.modules if m.startswith("fl_app.server"))}
+for path, extra in (("per-client", {}), ("cohort", {"execution": "cohort", "num-virtual-clients": 4})):
+    config = {"dataset": "synthetic", "model": "logreg", "strategy": "scaffold", **extra}
+    node = {"partition-id": 0, "num-partitions": 2}
+    client_fn(Context(run_id=0, node_id=0, node_config=node, state=RecordDict(), run_config=config))
+    loaded[path] = sorted(m for m in sys.modules if m.startswith("fl_app.server"))
+print(json.dumps(loaded))
+"""
+
+
+def test_the_client_app_loads_no_server_module():
+    """A node runs the ClientApp only: importing it, and building a client through its
+    ``client_fn`` (one client, and a cohort node's), loads no module of ``fl_app.server``. Run in
+    a fresh interpreter, since this one has imported the server already."""
+    done = subprocess.run([sys.executable, "-c", CLIENT_SIDE], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert loaded == {"import": [], "per-client": [], "cohort": []}
 
 
 def test_key_declarations_are_a_leaf():

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 
+from fl_app.common.screening_modes import allowed_modes
 from fl_app.config import ConfigError
 from fl_app.registry import METHODS, resolve, validate_config
 from fl_app.server.screening import (
-    allowed_modes,
     clip_factor,
     decide,
     robust_weights,
