@@ -56,8 +56,8 @@ from fl_app.server.participation import Participation, RunAborted
 from fl_app.server.placement import record_ray_nodes
 from fl_app.server.recording import (
     RunRecord,
-    _finite,
-    _views,
+    all_finite,
+    array_views,
     check_reply,
     client_accuracy_stats,
     evaluated_round,
@@ -191,7 +191,7 @@ class DriftServer(Server):
         instruction carries where the run keeps its files and its last checkpoint."""
         self.round_started = time.monotonic()
         row = self.record.begin_round(server_round)
-        self.sent_weights = _views(self.parameters)
+        self.sent_weights = array_views(self.parameters)
         instructions = self.strategy.configure_fit(server_round, self.parameters, self._client_manager)
         self.screening.begin_round(self.parameters)  # w_t: the global model the clients receive
         instructions, row["num_dropped"] = self.participation.select(server_round, instructions)
@@ -234,10 +234,10 @@ class DriftServer(Server):
         The new parameters and the method's metrics, or (None, {}) when the model stays."""
         if not accepted:
             return None, {}
-        replies = [(r.num_examples, _views(r.parameters)) for _, r in accepted]
+        replies = [(r.num_examples, array_views(r.parameters)) for _, r in accepted]
         self.record.row.update(round_drift(self.cfg, self.method_class, self.sent_weights, replies))
         parameters, metrics = self.strategy.aggregate_fit(server_round, accepted, failures)
-        if parameters is not None and not _finite(parameters_to_ndarrays(parameters)):
+        if parameters is not None and not all_finite(parameters_to_ndarrays(parameters)):
             log.error("round %d: the aggregate is not finite; keeping the previous global model", server_round)
             return None, {}
         self.record.row.update({k: v for k, v in (metrics or {}).items() if isinstance(v, (int, float))})
