@@ -177,6 +177,56 @@ def test_the_client_app_loads_no_server_module():
     assert loaded == {"import": [], "per-client": [], "cohort": []}
 
 
+def private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def third_party_names(tree: ast.AST) -> set[str]:
+    """The names a module binds by importing a package that is not ours (``torch``, ``nn``)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names if a.name.split(".")[0] not in PACKAGES}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.split(".")[0] not in PACKAGES:
+                names |= {a.asname or a.name for a in node.names}
+    return names
+
+
+def test_no_module_imports_a_private_name():
+    """A module imports another's public names only (``from m import _x`` is a reach into its
+    inside): the product packages, the scripts and the benchmarks."""
+    files = [p for pkg in (*PACKAGES, "scripts", "bench") for p in sorted((ROOT / pkg).rglob("*.py"))]
+    bad = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PACKAGES:
+                bad += [f"{path.relative_to(ROOT)}:{node.lineno} {node.module}.{a.name}"
+                        for a in node.names if private(a.name)]
+    assert not bad, "private names imported:\n" + "\n".join(bad)
+
+
+def test_no_product_code_reaches_into_another_objects_private_attributes():
+    """``x._name`` only on ``self`` or ``cls`` (a class's own state, ``DriftServer``'s client
+    manager included: it asks Flower's public ``client_manager()``), or on a library module
+    (``torch._foreach_norm``); never on another object of ours."""
+    bad = []
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            tree = ast.parse(path.read_text(), filename=str(path))
+            libraries = third_party_names(tree)
+            for node in ast.walk(tree):
+                if not (isinstance(node, ast.Attribute) and private(node.attr)):
+                    continue
+                root = node.value
+                while isinstance(root, ast.Attribute):
+                    root = root.value
+                own = isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+                if not own and not (isinstance(root, ast.Name) and root.id in libraries):
+                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node)}")
+    assert not bad, "private attributes reached from outside:\n" + "\n".join(bad)
+
+
 def test_key_declarations_are_a_leaf():
     """protocol.keys sits below every module that declares or validates a key."""
     assert import_graph()[KEYS] == set()

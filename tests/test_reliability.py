@@ -203,7 +203,7 @@ def test_non_finite_aggregate_is_discarded(tmp_path):
     from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
     from flwr.server.strategy import FedAvg
 
-    from runner.inprocess import RoundByRound
+    from tests.helpers_inprocess import RoundByRound
 
     class Proxy:
         def __init__(self, cid):

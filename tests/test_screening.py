@@ -18,11 +18,11 @@ from fl_app.server.screening import (
     scale_update,
     update_norm,
 )
-from runner.inprocess import RoundByRound
 from runner.results.report import read_metrics
 from strategies.base import DriftFedAvg, fedavg_kwargs
 from tests.conftest import FakeManager
 from tests.helpers_baselines import fit_res
+from tests.helpers_inprocess import RoundByRound
 
 # w_t: a float matrix, a float vector, an integer buffer (BN's num_batches_tracked)
 W_T = [np.array([[1.0, 1.0], [1.0, 1.0]], np.float32), np.array([0.0, 0.0], np.float32), np.array(5, np.int64)]

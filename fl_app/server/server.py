@@ -158,12 +158,12 @@ class DriftServer(Server):
         if self.done >= self.num_rounds:
             self.finish()
             return False
-        self.parameters = self.strategy.initialize_parameters(client_manager=self._client_manager)
+        self.parameters = self.strategy.initialize_parameters(client_manager=self.client_manager())
         if self.complete_start_up is not None:
             self.complete_start_up(self.evaluate_initial if self.resume_from is None else None)
         elif self.resume_from is None:
             self.evaluate_initial()
-        self.record.data_fingerprint(self._client_manager)  # the nodes have reported their partitions
+        self.record.data_fingerprint(self.client_manager())  # the nodes have reported their partitions
         return True
 
     def evaluate_initial(self) -> tuple | None:
@@ -192,7 +192,7 @@ class DriftServer(Server):
         self.round_started = time.monotonic()
         row = self.record.begin_round(server_round)
         self.sent_weights = array_views(self.parameters)
-        instructions = self.strategy.configure_fit(server_round, self.parameters, self._client_manager)
+        instructions = self.strategy.configure_fit(server_round, self.parameters, self.client_manager())
         self.screening.begin_round(self.parameters)  # w_t: the global model the clients receive
         instructions, row["num_dropped"] = self.participation.select(server_round, instructions)
         row["bytes_down_per_client"] = message_nbytes([ins.parameters for _, ins in instructions])
@@ -210,7 +210,7 @@ class DriftServer(Server):
         row["fit_phase_seconds"] = time.monotonic() - self.round_started  # sampling to the last reply
         row["bytes_up_per_client"] = message_nbytes([res.parameters for _, res in results])
         accepted = []
-        for client, res in in_node_order(results, self._client_manager):
+        for client, res in in_node_order(results, self.client_manager()):
             problem = check_reply(res, self.sent_shapes)
             if problem:
                 log.warning("round %d: rejected the update of node %s: %s", server_round, client.cid, problem)
@@ -224,7 +224,7 @@ class DriftServer(Server):
         row.update(record_ray_nodes(self.run_dir, server_round, accepted))
         reason = self.participation.shortfall(server_round, len(accepted), len(results), len(failures))
         if reason:  # the rounds so far are a result: the summary says why and where the run stopped
-            self.record.write_summary(self._client_manager, stopped=reason)
+            self.record.write_summary(self.client_manager(), stopped=reason)
             raise RunAborted(f"{reason}. Stopping the run; the summary and the last checkpoint are kept.")
         return accepted
 
@@ -268,7 +268,7 @@ class DriftServer(Server):
 
     def evaluate_on_clients(self, server_round: int, timeout: float | None) -> None:
         """The clients' accuracies of the global model on their local test splits, into the row."""
-        instructions = self.strategy.configure_evaluate(server_round, self.parameters, self._client_manager)
+        instructions = self.strategy.configure_evaluate(server_round, self.parameters, self.client_manager())
         if not instructions:
             return
         results, failures = evaluate_clients(instructions, max_workers=self.max_workers, timeout=timeout,
@@ -300,14 +300,14 @@ class DriftServer(Server):
         if not checkpoint_due(self.cfg["checkpoint-every"], server_round, self.num_rounds):
             return
         state = self.strategy.get_state() if hasattr(self.strategy, "get_state") else {}
-        draws = getattr(self._client_manager, "draws", 0)
+        manager = self.client_manager()
         save_checkpoint(self.run_dir, Checkpoint(server_round, parameters_to_ndarrays(self.parameters), state,
-                                                 draws, self.record.elapsed(), self.cfg["model"],
-                                                 self.record.data_fingerprint(self._client_manager)))
+                                                 getattr(manager, "draws", 0), self.record.elapsed(),
+                                                 self.cfg["model"], self.record.data_fingerprint(manager)))
         self.last_checkpoint = server_round
 
     def finish(self) -> None:
         """Summary file; client-state mirrors are only needed to resume, so remove them."""
-        self.record.write_summary(self._client_manager)
+        self.record.write_summary(self.client_manager())
         self.tracker.close()
         shutil.rmtree(self.run_dir / "client-state", ignore_errors=True)
