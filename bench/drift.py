@@ -29,7 +29,7 @@ import torch
 from flwr.common import ndarrays_to_parameters
 
 from fl_app.server.drift import round_drift
-from fl_app.server.recording import _views
+from fl_app.server.recording import array_views
 from runner.results.report import read_metrics
 from strategies.base import DriftFedAvg
 from tasks.datasets import input_shape, resolve_data_dir
@@ -45,11 +45,11 @@ def time_drift(model: str, dataset: str, clients: int, reps: int) -> float:
                for _ in range(clients)]
     sent_params = ndarrays_to_parameters(sent)
     cfg = {"model": model, "dataset": dataset}
-    round_drift(cfg, DriftFedAvg, _views(sent_params), [(100, _views(p)) for p in replies])  # warm: model layout cached
+    round_drift(cfg, DriftFedAvg, array_views(sent_params), [(100, array_views(p)) for p in replies])  # warm: model layout cached
     times = []
     for _ in range(reps):
         start = time.perf_counter()
-        round_drift(cfg, DriftFedAvg, _views(sent_params), [(100 + i, _views(p)) for i, p in enumerate(replies)])
+        round_drift(cfg, DriftFedAvg, array_views(sent_params), [(100 + i, array_views(p)) for i, p in enumerate(replies)])
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 

@@ -167,14 +167,14 @@ def training_passes(model, x, y) -> dict:
 def ri_pass(model, x_ri, y_ri, direction, batch: int):
     """One of RI-FedAvg's evaluations: ``functional_call`` at a perturbed point, ``batch``
     examples at a time, as the client does on CPU."""
-    from tasks.roughness import _point, model_loss_fn
+    from tasks.roughness import model_loss_fn, point_along
 
     center = {n: p.detach() for n, p in model.named_parameters()}
 
     def ri_point():
         model.eval()
         with torch.no_grad():
-            model_loss_fn(model, x_ri, y_ri, batch_size=batch)(_point(center, direction, 0, torch.tensor(1e-3)))
+            model_loss_fn(model, x_ri, y_ri, batch_size=batch)(point_along(center, direction, 0, torch.tensor(1e-3)))
 
     return ri_point
 

@@ -6,7 +6,7 @@ fl-drift simulation (``LocalSimulation`` -> ``flwr run`` on Ray). Not a test; ru
     FL_DATA_DIR=/path/to/data python bench/overhead.py --mode sim --clients 200 --rounds 3
     FL_DATA_DIR=/path/to/data python bench/overhead.py --mode sim --execution per-client,cohort
 
-``--execution per-client,cohort`` runs (b) once per path (``fl_app/server/cohort.py``: one node
+``--execution per-client,cohort`` runs (b) once per path (``fl_app/common/execution_path.py``: one node
 per client, or cohort nodes that train the round's clients in one vmap) and prints the training
 samples per second over the rounds side by side (samples: the sampled partitions' sizes times
 the local epochs, the same clients on both paths), with both final accuracies.

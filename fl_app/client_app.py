@@ -38,7 +38,7 @@ def client_fn(context: Context):
     partition_id, num_partitions = node_partition(context.node_config)
     match_threads_to_cpu_share()  # before the method client builds its model
     set_cuda_precision(cfg["cuda-tf32"])
-    if cfg.get("num-virtual-clients"):  # a cohort run (fl_app.server.cohort): this node hosts virtual clients
+    if cfg.get("num-virtual-clients"):  # a cohort run (fl_app.common.execution_path): this node hosts virtual clients
         return CohortClient(cfg, context, method.client, partition_id, num_partitions).to_client()
     return NodeClient(method.client(cfg, context, partition_id, num_partitions)).to_client()
 

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fl_app.common.faults import FAULT_FORMS, parse_faults
+from fl_app.common.trackers import parse_tracking
 from protocol.keys import ConfigError, Key, at_least, non_negative, positive, unit_interval
 from tasks.catalogue import DATASET_NAMES as DATASETS
 from tasks.catalogue import DATASETS as IMAGE_DATASETS
@@ -107,7 +108,7 @@ GENERAL_KEYS: dict[str, Key] = {
                                 "in [0, 1) (share of each client's partition held out as its local test split,"
                                 " scored with the global model; 0 = off)"),
     "client-state": Key("memory", choices=("memory", "disk")),
-    # Execution (fl_app/server/cohort.py): one node per client, or cohort nodes that each train
+    # Execution (fl_app/common/execution_path.py): one node per client, or cohort nodes that each train
     # the round's clients they host in one torch.func.vmap; auto = cohort where it can run (a
     # simulation launched by run_simulation.py, CUDA, a method with its own functional local update).
     "execution": Key("auto", choices=EXECUTIONS),
@@ -145,8 +146,6 @@ def _valid_faults(text: str) -> bool:
 
 
 def _valid_tracking(text: str) -> bool:
-    from fl_app.server.tracking import parse_tracking
-
     try:
         parse_tracking(text)
         return True

@@ -36,10 +36,10 @@ from clients.fedsol import FedSOLClient
 from clients.moon import MoonClient
 from clients.ri_fedavg import RIFedAvgClient
 from clients.scaffold import ScaffoldClient
+from fl_app.common.execution_checks import check_execution
 from fl_app.common.method import Method
+from fl_app.common.screening_modes import check_screening
 from fl_app.config import GENERAL_KEYS, parse_key_value, toml_value, validate_keys
-from fl_app.server.cohort import check_execution
-from fl_app.server.screening import check_screening
 from protocol.keys import Key
 from strategies.base import DriftFedAvg, build_strategy
 from strategies.dp_fedavg import DPFedAvgStrategy

@@ -13,11 +13,11 @@ import torch
 from flwr.common import Context, ndarrays_to_parameters
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 
+from fl_app.common.execution_path import server_execution
 from fl_app.common.run_files import read_metrics
 from fl_app.config import ConfigError
 from fl_app.registry import resolve
 from fl_app.server.checkpoint import Checkpoint, load_checkpoint
-from fl_app.server.cohort import server_execution
 from fl_app.server.preflight import check_data_folder, loud
 from fl_app.server.sampling import CohortClientManager, SeededClientManager
 from fl_app.server.server import DriftServer
@@ -114,7 +114,7 @@ def _server_components(context: Context) -> ServerAppComponents:
     evaluation = CentralEvaluation(side.evaluation_model)
     execution = server_execution(cfg, method, torch.cuda.is_available())
     strategy = build_strategy(method.strategy, cfg, ndarrays_to_parameters(weights), evaluation)
-    if execution.cohort:  # the nodes host num-virtual-clients virtual clients (fl_app/server/cohort.py)
+    if execution.cohort:  # the nodes host num-virtual-clients virtual clients (fl_app/server/cohort_routing.py)
         client_manager = CohortClientManager(cfg["seed"], cfg["num-virtual-clients"],
                                              wait_seconds=cfg["wait-for-nodes"])
     else:

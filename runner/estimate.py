@@ -130,7 +130,7 @@ def describe(configs: list[dict], clients: int, parallel: int | None = None, kep
     """The estimate for a list of validated run configs, one probe per (dataset, model, batch);
     ``kept``: runs that already finished and cost nothing (named, not counted); ``step_costs``:
     each config's method client's ``STEP_COST`` (default 1 each); ``paths``: each run's execution
-    path (``fl_app/server/cohort.py``). The arithmetic is the per-client path's: a cohort run's
+    path (``fl_app/common/execution_path.py``). The arithmetic is the per-client path's: a cohort run's
     speed depends on the device (faster on a GPU; 0.45-0.83x the per-client loop on a CPU,
     ``bench/cohort.py``), so for cohort runs the line says it is the per-client estimate. Runs
     whose data size is unknown (``split_sizes``) are named, not estimated."""

@@ -34,7 +34,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from fl_app.server.cohort import Execution, cohort_node_count, launch_execution
+from fl_app.common.execution_path import Execution, cohort_node_count, launch_execution
 from runner.processes import (
     Managed,
     exe,
@@ -171,7 +171,7 @@ class LocalSimulation:
         """Submit one run with ``flwr run --stream`` and wait for it; returns its exit code.
 
         ``num_supernodes`` is the run's clients N. A cohort run (``num-virtual-clients`` > 0 in
-        ``run_config``, ``fl_app/server/cohort.py``) starts M cohort nodes instead, each with its
+        ``run_config``, ``fl_app/common/execution_path.py``) starts M cohort nodes instead, each with its
         share of the cores and GPUs (``cohort_resources``; ``cohort_nodes`` sets M)."""
         if int(run_config.get("num-virtual-clients", 0) or 0):
             num_supernodes, cpus_per_client, gpus_per_client = self.cohort_resources(num_supernodes, cohort_nodes)
@@ -261,7 +261,7 @@ def visible_gpus(cuda_visible_devices: str | None) -> int:
 
 def execution_for(raw: dict, clients: int, cluster: bool = False) -> tuple[dict, Execution]:
     """The runner's choice of path for the run config ``raw`` of ``clients`` partitions
-    (``fl_app.server.cohort.launch_execution``: ``auto`` takes the cohort path on CUDA for a
+    (``fl_app.common.execution_path.launch_execution``: ``auto`` takes the cohort path on CUDA for a
     method and settings that support it), and ``raw`` as it is launched: with
     ``num-virtual-clients`` = ``clients`` on the cohort path (the server and ClientApp then
     take it, ``LocalSimulation.run`` starts cohort nodes). A refused cohort raises ConfigError."""

@@ -11,7 +11,7 @@ Usage (the data folder holds mnist/{train,test}.parquet; without it the Hugging 
 Each run is one seeded run (the seed sets the IID split, the test images drawn, the model's
 initial weights and the clients' batch order), driven in this process (no Ray, no SuperLink) with the project's
 own pieces: every client is the method's real client behind ``NodeClient`` (which applies
-``inject-faults``), the server is the method's strategy inside ``DriftServer``'s steps (``RoundByRound``) (which
+``inject-faults``), the server is the method's strategy inside ``DriftServer`` (its ``fit``, which
 applies ``screening``), and the test accuracy is the server's evaluation. All 10 clients are
 sampled every round; the attackers are partitions 0 .. f-1. Attacks: ``scale-x10``
 (``scale:k:10``), ``sign-flip`` (``flip:k``), ``adaptive`` (``adaptive:k``: a sign flip sized to
@@ -51,13 +51,12 @@ from flwr.common import (  # noqa: E402
 )
 from flwr.server.client_manager import SimpleClientManager  # noqa: E402
 
+from fl_app.common.screening_modes import allowed_modes  # noqa: E402
 from fl_app.node.node_client import NodeClient  # noqa: E402
 from fl_app.registry import METHODS, validate_config  # noqa: E402
-from fl_app.server.screening import allowed_modes, min_replies  # noqa: E402
-from runner.inprocess import (
-    InProcessProxy,  # noqa: E402
-    RoundByRound,  # noqa: E402
-)
+from fl_app.server.screening import min_replies  # noqa: E402
+from fl_app.server.server import DriftServer  # noqa: E402
+from runner.inprocess import InProcessProxy  # noqa: E402
 from runner.results.stats import Paired, paired_difference  # noqa: E402
 from strategies.base import fedavg_kwargs  # noqa: E402
 from tasks.datasets import input_shape  # noqa: E402
@@ -140,22 +139,17 @@ def one_run(cfg: dict, parts, test) -> dict:
         return loss, {"accuracy": accuracy}
 
     inner = method.strategy.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w0), evaluate_fn))
-    strategy = RoundByRound(inner, cfg, Path(tempfile.mkdtemp(prefix="fl-drift-security-")),
-                            num_rounds=cfg["num-server-rounds"], method_class=method.strategy)
     manager = Everyone()
     for k in range(CLIENTS):
         context = Context(run_id=0, node_id=k, node_config={}, state=RecordDict(), run_config={})
         client = method.client(cfg, context, partition_id=k, num_partitions=CLIENTS)
         client._data = parts[k]
         manager.register(InProcessProxy(str(k), NodeClient(client)))
-    parameters = ndarrays_to_parameters(w0)
-    for t in range(1, cfg["num-server-rounds"] + 1):
-        instructions = strategy.configure_fit(t, parameters, manager)
-        results = [(p, p.fit(ins, None, None)) for p, ins in instructions]
-        new, _ = strategy.aggregate_fit(t, results, [])
-        parameters = new if new is not None else parameters
-        strategy.evaluate(t, parameters)
-    rows = strategy.rows
+    server = DriftServer(client_manager=manager, strategy=inner, cfg=cfg, method_class=method.strategy,
+                         run_dir=Path(tempfile.mkdtemp(prefix="fl-drift-security-")))
+    server.set_max_workers(1)  # the clients one after the other, in partition order, as before
+    server.fit(cfg["num-server-rounds"], timeout=None)
+    rows = server.record.rows
     return {"accuracy": [r["test_accuracy"] for r in rows],
             "num_rejected": [r["num_rejected"] for r in rows],
             "seconds": round(time.monotonic() - started, 1)}

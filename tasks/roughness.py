@@ -57,7 +57,7 @@ def random_directions(params: Params, num: int, generator: torch.Generator) -> d
     return out
 
 
-def _point(center: Params, directions: Params, i: int, s: torch.Tensor) -> dict[str, torch.Tensor]:
+def point_along(center: Params, directions: Params, i: int, s: torch.Tensor) -> dict[str, torch.Tensor]:
     """center + s d_i, each tensor laid out like its center tensor: a channels-last conv
     weight must stay channels-last (with one input channel ``c + s*d`` comes out with
     contiguous strides, and the convolutions then take the slow NCHW path: 1.6x per call)."""
@@ -75,7 +75,7 @@ def profile_losses_loop(loss_fn: LossFn, center: Params, directions: Params, s: 
     rows = []
     with torch.no_grad():
         for i in range(num):
-            rows.append(torch.stack([loss_fn(_point(center, directions, i, sj)) for sj in s]))
+            rows.append(torch.stack([loss_fn(point_along(center, directions, i, sj)) for sj in s]))
     return torch.stack(rows)
 
 

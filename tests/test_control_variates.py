@@ -14,7 +14,6 @@ from clients.fedgam_cv import FedGAMCVClient
 from clients.fedpvr import FedPVRClient
 from clients.scaffold import ScaffoldClient
 from fl_app.registry import validate_config
-from runner.inprocess import RoundByRound
 from strategies.base import fedavg_kwargs
 from strategies.fedgam_cv import FedGAMCVStrategy
 from strategies.fedpvr import FedPVRStrategy
@@ -23,6 +22,7 @@ from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights
 from tests.conftest import Proxy, fake_context, make_client
 from tests.helpers_baselines import softmax_regression_grad
+from tests.helpers_inprocess import RoundByRound
 
 LR, DECAY, EPOCHS = 0.4, 0.8, 2
 SIZES = [5, 8, 6, 9]

@@ -18,10 +18,10 @@ from fl_app.server.drift import (
     layout,
     round_drift,
 )
-from runner.inprocess import RoundByRound
 from strategies.base import DriftFedAvg, fedavg_kwargs
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights
+from tests.helpers_inprocess import RoundByRound
 
 # Three made-up client updates in 2 coordinates (first: a head entry, second: a body entry)
 # with n = 20, 10, 10, so p = (1/2, 1/4, 1/4).

@@ -21,12 +21,12 @@ from flwr.server.client_manager import SimpleClientManager
 from fl_app.node.node_client import NodeClient
 from fl_app.registry import METHODS, method_names, validate_config
 from fl_app.server_app import evaluate_global
-from runner.inprocess import RoundByRound
 from strategies.base import fedavg_kwargs
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights
 from tasks.partitioning import PartitionSpec, load_test
 from tests.conftest import Proxy
+from tests.helpers_inprocess import RoundByRound
 from tests.test_simulation import NEEDS, SIMULATED
 
 NODES = 4

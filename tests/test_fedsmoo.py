@@ -16,7 +16,6 @@ from fl_app.config import ConfigError
 from fl_app.node.node_client import NodeClient
 from fl_app.registry import validate_config
 from fl_app.server.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from runner.inprocess import RoundByRound
 from strategies.base import fedavg_kwargs
 from strategies.feddyn import FedDynStrategy
 from strategies.fedsmoo import FedSMOOStrategy
@@ -24,6 +23,7 @@ from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights
 from tests.conftest import fake_context, make_client
 from tests.helpers_baselines import fit_res, softmax_regression_grad
+from tests.helpers_inprocess import RoundByRound
 from tests.test_control_variates import Proxy
 
 

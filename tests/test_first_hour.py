@@ -302,8 +302,8 @@ def test_fedbn_with_cnn_is_refused_naming_cnn_bn(tmp_path):
 
 def test_summary_records_clients_data_source_versions_and_revision(tmp_path, monkeypatch):
     from fl_app.registry import get_method
-    from runner.inprocess import RoundByRound
     from strategies.base import fedavg_kwargs
+    from tests.helpers_inprocess import RoundByRound
 
     monkeypatch.delenv("FL_DRIFT_REVISION", raising=False)
     cfg = validate_config({"dataset": "synthetic", "model": "logreg"})

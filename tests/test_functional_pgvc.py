@@ -29,10 +29,10 @@ from flwr.app import RecordDict
 from torch import nn
 
 from clients.fedpgvc import FedPGVCClient
+from fl_app.common.execution_checks import cohort_problem
 from fl_app.node.cohort_client import CohortClient
 from fl_app.node.node_client import NodeClient
 from fl_app.registry import METHODS
-from fl_app.server.cohort import cohort_problem
 from tasks.catalogue import InputShape
 from tasks.datasets import input_shape
 from tasks.functional import FEDAVG, Hyper, cohort_round, local_round, module_state

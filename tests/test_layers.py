@@ -20,8 +20,9 @@ a cycle cannot hide behind a lazy import. Allowed edges, with no exception:
   no method) -> ``fl_app.server`` (the server's round loop and its parts) -> ``fl_app.node``
   (what a node does around a method's client) -> ``fl_app.common`` (the ``Method`` pair type,
   shared I/O and background helpers, the run folder's files and their schema, the parsing of
-  ``inject-faults``). A room imports its own modules and the rooms below it, never one above
-  or beside it;
+  ``inject-faults`` and ``tracking``, the checks of ``execution`` and ``screening`` against a
+  method, and the decision of a run's path: what the ClientApp needs, so it loads no server
+  module). A room imports its own modules and the rooms below it, never one above or beside it;
 - ``runner`` (outside a Flower run: launches runs and deployments, writes reports) imports
   anything; ``runner.results`` (reading finished runs) imports no other part of the runner.
 
@@ -32,6 +33,9 @@ sibling method module except through the package's shared modules.
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -146,6 +150,81 @@ def test_every_fl_app_module_has_a_room():
     """A new module or folder under fl_app/ is placed in the room order on purpose."""
     mods = [m for m in import_graph() if m.startswith("fl_app")]
     assert mods and all(room_of(m, FL_APP_LAYERS) for m in mods)
+
+
+CLIENT_SIDE = """
+import json, sys
+from flwr.common import Context, RecordDict
+from fl_app.client_app import client_fn
+loaded = {"import": sorted(m for m in sys.modules if m.startswith("fl_app.server"))}
+for path, extra in (("per-client", {}), ("cohort", {"execution": "cohort", "num-virtual-clients": 4})):
+    config = {"dataset": "synthetic", "model": "logreg", "strategy": "scaffold", **extra}
+    node = {"partition-id": 0, "num-partitions": 2}
+    client_fn(Context(run_id=0, node_id=0, node_config=node, state=RecordDict(), run_config=config))
+    loaded[path] = sorted(m for m in sys.modules if m.startswith("fl_app.server"))
+print(json.dumps(loaded))
+"""
+
+
+def test_the_client_app_loads_no_server_module():
+    """A node runs the ClientApp only: importing it, and building a client through its
+    ``client_fn`` (one client, and a cohort node's), loads no module of ``fl_app.server``. Run in
+    a fresh interpreter, since this one has imported the server already."""
+    done = subprocess.run([sys.executable, "-c", CLIENT_SIDE], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert loaded == {"import": [], "per-client": [], "cohort": []}
+
+
+def private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def third_party_names(tree: ast.AST) -> set[str]:
+    """The names a module binds by importing a package that is not ours (``torch``, ``nn``)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names if a.name.split(".")[0] not in PACKAGES}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.split(".")[0] not in PACKAGES:
+                names |= {a.asname or a.name for a in node.names}
+    return names
+
+
+def test_no_module_imports_a_private_name():
+    """A module imports another's public names only (``from m import _x`` is a reach into its
+    inside): the product packages, the scripts and the benchmarks."""
+    files = [p for pkg in (*PACKAGES, "scripts", "bench") for p in sorted((ROOT / pkg).rglob("*.py"))]
+    bad = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PACKAGES:
+                bad += [f"{path.relative_to(ROOT)}:{node.lineno} {node.module}.{a.name}"
+                        for a in node.names if private(a.name)]
+    assert not bad, "private names imported:\n" + "\n".join(bad)
+
+
+def test_no_product_code_reaches_into_another_objects_private_attributes():
+    """``x._name`` only on ``self`` or ``cls`` (a class's own state, ``DriftServer``'s client
+    manager included: it asks Flower's public ``client_manager()``), or on a library module
+    (``torch._foreach_norm``); never on another object of ours."""
+    bad = []
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            tree = ast.parse(path.read_text(), filename=str(path))
+            libraries = third_party_names(tree)
+            for node in ast.walk(tree):
+                if not (isinstance(node, ast.Attribute) and private(node.attr)):
+                    continue
+                root = node.value
+                while isinstance(root, ast.Attribute):
+                    root = root.value
+                own = isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+                if not own and not (isinstance(root, ast.Name) and root.id in libraries):
+                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node)}")
+    assert not bad, "private attributes reached from outside:\n" + "\n".join(bad)
 
 
 def test_key_declarations_are_a_leaf():

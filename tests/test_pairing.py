@@ -13,12 +13,12 @@ from flwr.common import Code, GetPropertiesRes, Status, ndarrays_to_parameters
 
 from fl_app.registry import get_method, method_names, validate_config
 from fl_app.server.sampling import SeededClientManager
-from runner.inprocess import RoundByRound
 from runner.plan import resolve_rows
 from strategies.base import fedavg_kwargs
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights
 from tasks.partition_spec import PartitionSpec
+from tests.helpers_inprocess import RoundByRound
 
 ROOT = Path(__file__).resolve().parent.parent
 CLIENTS = 10

@@ -182,14 +182,14 @@ def test_reply_views_equal_flowers_decoding():
     arrays Flower's own decoding gives (dtypes, shapes, Fortran order, 0-d)."""
     from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 
-    from fl_app.server.recording import _views
+    from fl_app.server.recording import array_views
 
     rng = np.random.default_rng(0)
     arrays = [rng.standard_normal((4, 3, 5, 5)).astype(np.float32), np.arange(7, dtype=np.int64),
               np.array(2.5, dtype=np.float64), np.asfortranarray(rng.standard_normal((5, 3))),
               np.array([np.nan, 1.0], dtype=np.float16)]
     parameters = ndarrays_to_parameters(arrays)
-    views = _views(parameters)
+    views = array_views(parameters)
     for view, want in zip(views, parameters_to_ndarrays(parameters), strict=True):
         assert view.dtype == want.dtype and view.shape == want.shape
         np.testing.assert_array_equal(view, want)
@@ -203,7 +203,7 @@ def test_non_finite_aggregate_is_discarded(tmp_path):
     from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
     from flwr.server.strategy import FedAvg
 
-    from runner.inprocess import RoundByRound
+    from tests.helpers_inprocess import RoundByRound
 
     class Proxy:
         def __init__(self, cid):

@@ -8,10 +8,10 @@ from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters
 
 from fl_app.registry import validate_config
 from fl_app.server.recording import summarise_client_metrics
-from runner.inprocess import RoundByRound
 from runner.results.report import compare, read_metrics, read_summary, write_comparison
 from strategies.base import DriftFedAvg, fedavg_kwargs
 from tests.conftest import FakeManager, FakeProxy
+from tests.helpers_inprocess import RoundByRound
 
 
 def fit_res(arrays, n, metrics):

@@ -246,13 +246,13 @@ def test_evaluation_in_batches_is_the_same_mean_loss():
 def test_perturbed_points_keep_the_weights_layout():
     """A channels-last conv weight stays channels-last at every grid point (else the
     convolutions fall back to the slow layout); the values are center + s d_i."""
-    from tasks.roughness import _point
+    from tasks.roughness import point_along
 
     model = build_model("cnn", input_shape("mnist"), seed=0)
     center = {n: p.detach() for n, p in model.named_parameters()}
     dirs = random_directions(center, 2, torch.Generator().manual_seed(0))
     s = torch.tensor(0.25)
-    point = _point(center, dirs, 1, s)
+    point = point_along(center, dirs, 1, s)
     for name, c in center.items():
         assert point[name].stride() == c.stride(), name
         torch.testing.assert_close(point[name], c + 0.25 * dirs[name][1])

@@ -8,21 +8,21 @@ import numpy as np
 import pytest
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 
+from fl_app.common.screening_modes import allowed_modes
 from fl_app.config import ConfigError
 from fl_app.registry import METHODS, resolve, validate_config
 from fl_app.server.screening import (
-    allowed_modes,
     clip_factor,
     decide,
     robust_weights,
     scale_update,
     update_norm,
 )
-from runner.inprocess import RoundByRound
 from runner.results.report import read_metrics
 from strategies.base import DriftFedAvg, fedavg_kwargs
 from tests.conftest import FakeManager
 from tests.helpers_baselines import fit_res
+from tests.helpers_inprocess import RoundByRound
 
 # w_t: a float matrix, a float vector, an integer buffer (BN's num_batches_tracked)
 W_T = [np.array([[1.0, 1.0], [1.0, 1.0]], np.float32), np.array([0.0, 0.0], np.float32), np.array(5, np.int64)]

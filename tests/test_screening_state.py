@@ -13,13 +13,13 @@ from clients.feddyn import FedDynClient
 from clients.scaffold import ScaffoldClient
 from fl_app.node.node_client import NodeClient
 from fl_app.registry import validate_config
-from runner.inprocess import RoundByRound
 from strategies.base import fedavg_kwargs
 from strategies.feddyn import FedDynStrategy
 from strategies.scaffold import ScaffoldStrategy
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights
 from tests.conftest import fake_context, make_client
+from tests.helpers_inprocess import RoundByRound
 from tests.test_control_variates import Proxy
 
 K = 4

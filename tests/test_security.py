@@ -20,13 +20,13 @@ from flwr.server.client_manager import SimpleClientManager
 from clients.fedavg import FedAvgClient
 from fl_app.node.node_client import NodeClient
 from fl_app.registry import validate_config
-from runner.inprocess import RoundByRound
 from strategies.base import DriftFedAvg, fedavg_kwargs
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights, set_weights
 from tasks.partitioning import PartitionSpec, load_partition, load_test_split
 from tasks.train import evaluate
 from tests.conftest import Proxy, fake_context
+from tests.helpers_inprocess import RoundByRound
 
 K, PER_CLIENT, ROUNDS, TEST = 10, 400, 5, 2000
 

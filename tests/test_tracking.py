@@ -172,8 +172,8 @@ def _record_one_round(run_dir: Path, **keys) -> dict:
     from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 
     from fl_app.registry import validate_config
-    from runner.inprocess import RoundByRound
     from strategies.base import DriftFedAvg, fedavg_kwargs
+    from tests.helpers_inprocess import RoundByRound
 
     cfg = validate_config({"fraction-fit": 1.0, "num-server-rounds": 1, "model": "logreg",
                            "dataset": "synthetic", **keys})

@@ -217,7 +217,7 @@ def recorded_run(run_dir: Path, rounds_ok: list[bool]) -> Path:
     from flwr.server.strategy import FedAvg
 
     from fl_app.registry import validate_config
-    from runner.inprocess import RoundByRound
+    from tests.helpers_inprocess import RoundByRound
 
     class Proxy:
         cid = "0"

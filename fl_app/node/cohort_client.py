@@ -2,7 +2,7 @@
 clients it hosts together, in one ``tasks.functional.cohort_round`` (one ``torch.func.vmap``).
 
 The ClientApp builds it instead of a method's client when the run is a cohort run
-(``num-virtual-clients`` > 0, ``fl_app.server.cohort``). The server sends a round's instructions
+(``num-virtual-clients`` > 0, ``fl_app.common.execution_path``). The server sends a round's instructions
 for the node's virtual clients as one bundle (``fl_app.node.cohort_wire``); ``fit``:
 
 1. splits the bundle into per-client (partition p, arrays, config), the config carrying N as

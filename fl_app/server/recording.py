@@ -47,11 +47,12 @@ log = logging.getLogger("flwr.fl_drift")
 _SKIP_CLIENT_METRICS = {"train_loss", "num_steps"}
 
 
-def _finite(arrays: list[np.ndarray]) -> bool:
+def all_finite(arrays: list[np.ndarray]) -> bool:
+    """No NaN or Inf in any numeric array (a reply or an aggregate that has one is refused)."""
     return all(np.isfinite(a).all() for a in arrays if np.issubdtype(a.dtype, np.number))
 
 
-def _views(parameters: Parameters) -> list[np.ndarray]:
+def array_views(parameters: Parameters) -> list[np.ndarray]:
     """A reply's arrays as read-only views of its bytes, for checking them: Flower's
     ``parameters_to_ndarrays`` (``np.load``) copies (3-17 ms per 6.6 MB model), and the strategy
     decodes each reply again to aggregate it. Anything but plain npy falls back to Flower's."""
@@ -80,7 +81,7 @@ def message_nbytes(messages: list[Parameters]) -> float | None:
     clients counts once per client: it travels once to each."""
     if not messages:
         return None
-    return sum(sum(int(a.nbytes) for a in _views(m)) for m in messages) / len(messages)
+    return sum(sum(int(a.nbytes) for a in array_views(m)) for m in messages) / len(messages)
 
 
 def summarise_client_metrics(results: list[tuple[int, dict]]) -> dict[str, float]:
@@ -116,14 +117,14 @@ def evaluated_round(server_round: int, every: int, last_round: int) -> bool:
 def check_reply(res: FitRes, sent_shapes: list[tuple] | None) -> str:
     """Why a reply cannot be used ('' when it can): another count or shapes of arrays than
     were sent, or non-finite values."""
-    arrays = _views(res.parameters)
+    arrays = array_views(res.parameters)
     if sent_shapes is not None and len(arrays) != len(sent_shapes):
         return f"{len(arrays)} arrays, expected {len(sent_shapes)}"
     if sent_shapes is not None:
         for i, (a, shape) in enumerate(zip(arrays, sent_shapes)):
             if a.shape != shape:
                 return f"array {i} has shape {a.shape}, expected {shape}"
-    if not _finite(arrays):
+    if not all_finite(arrays):
         return "non-finite values (NaN or Inf)"
     return ""
 

@@ -27,6 +27,7 @@ from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.criterion import Criterion
 
+from fl_app.server.cohort_routing import VirtualClientProxy
 from protocol.keys import ConfigError
 
 log = logging.getLogger("flwr.fl_drift")
@@ -142,7 +143,7 @@ class SeededClientManager(SimpleClientManager):
 
 
 class CohortClientManager(SeededClientManager):
-    """The cohort path's client manager (``fl_app/server/cohort.py``): Flower registers the M
+    """The cohort path's client manager (``fl_app/server/cohort_routing.py``): Flower registers the M
     cohort nodes (real SuperNodes) in ``clients``; the method's strategy sees N
     ``VirtualClientProxy`` (``num_available``, ``all``, ``sample``), partition p hosted by the
     p mod M-th node in the order of the nodes' own partition ids (their node config; node id
@@ -186,8 +187,6 @@ class CohortClientManager(SeededClientManager):
     def host(self, num_nodes: int) -> None:
         """Fix the layout once: ask the ``num_nodes`` registered nodes for their partition id,
         order them by it, and host partition p on node p mod M."""
-        from fl_app.server.cohort import VirtualClientProxy
-
         if self.hosts:
             return
         self.wait_for_nodes(num_nodes)

@@ -13,9 +13,9 @@ functions. The method's own ``Strategy`` is called for what a Flower strategy do
 runs under Flower's own ``Server``. Sending and collecting use Flower's public
 ``flwr.server.server.fit_clients`` / ``evaluate_clients``, the functions its own ``Server``
 uses (a thread per client, each reply or failure as it comes back); on the cohort path
-(``execution``, ``fl_app/server/cohort.py``) one bundle goes to each cohort node instead and its
-reply is split back into one reply or failure per virtual client, so every later step sees
-what a per-client run would.
+(``execution``, ``fl_app/common/execution_path.py``) one bundle goes to each cohort node
+instead (``fl_app/server/cohort_routing.py``) and its reply is split back into one reply or
+failure per virtual client, so every later step sees what a per-client run would.
 
 The rules the steps apply, whatever the method:
 - a reply whose arrays contain NaN/Inf, or whose count or shapes differ from what was sent,
@@ -46,16 +46,18 @@ from flwr.server.history import History
 from flwr.server.server import evaluate_clients, fit_clients
 from flwr.server.strategy import Strategy
 
+from fl_app.common.execution_checks import PER_CLIENT
+from fl_app.common.execution_path import Execution
 from fl_app.server.checkpoint import Checkpoint, checkpoint_due, save_checkpoint
-from fl_app.server.cohort import PER_CLIENT, Execution, fit_cohort
+from fl_app.server.cohort_routing import fit_cohort
 from fl_app.server.crash import crash_if_injected
 from fl_app.server.drift import round_drift
 from fl_app.server.participation import Participation, RunAborted
 from fl_app.server.placement import record_ray_nodes
 from fl_app.server.recording import (
     RunRecord,
-    _finite,
-    _views,
+    all_finite,
+    array_views,
     check_reply,
     client_accuracy_stats,
     evaluated_round,
@@ -83,7 +85,7 @@ class DriftServer(Server):
     server's start-up once the nodes are known: it loads the test split into the strategy's
     evaluation and checks the data and the partitioning. ``resume_from`` is the checkpoint a
     resumed run continues (its rows: ``previous_rows``); the strategy's own state is restored
-    from it when the strategy is set. ``execution`` is the path (``fl_app.server.cohort.Execution``:
+    from it when the strategy is set. ``execution`` is the path (``fl_app.common.execution_path.Execution``:
     per-client or cohort, and why), logged once and recorded in summary.json; by default
     per-client."""
 
@@ -158,14 +160,15 @@ class DriftServer(Server):
         if self.done >= self.num_rounds:
             self.finish()
             return False
-        self.parameters = self.strategy.initialize_parameters(client_manager=self._client_manager)
+        self.parameters = self.strategy.initialize_parameters(client_manager=self.client_manager())
         if self.complete_start_up is not None:
             self.complete_start_up(self.evaluate_initial if self.resume_from is None else None)
         elif self.resume_from is None:
             self.evaluate_initial()
-        self.record.data_fingerprint(self._client_manager)  # the nodes have reported their partitions
-        write_run_split(self.run_dir, self.cfg, None if getattr(self._client_manager, "data_path_of", None)
-                        else num_clients(self._client_manager))  # partitions.png, client_label_counts.csv
+        manager = self.client_manager()
+        self.record.data_fingerprint(manager)  # the nodes have reported their partitions
+        write_run_split(self.run_dir, self.cfg, None if getattr(manager, "data_path_of", None)
+                        else num_clients(manager))  # partitions.png, client_label_counts.csv
         return True
 
     def evaluate_initial(self) -> tuple | None:
@@ -184,7 +187,7 @@ class DriftServer(Server):
     def send(self, instructions: list[tuple], timeout: float | None, server_round: int) -> tuple[list, list]:
         """Send the instructions, then collect the replies and failures: one message per client
         (Flower's ``fit_clients``), or on the cohort path one bundle per cohort node, split back
-        into one reply or failure per virtual client (``fl_app.server.cohort.fit_cohort``)."""
+        into one reply or failure per virtual client (``fl_app.server.cohort_routing.fit_cohort``)."""
         send = fit_cohort if self.execution.cohort else fit_clients
         return send(instructions, max_workers=self.max_workers, timeout=timeout, group_id=server_round)
 
@@ -193,8 +196,8 @@ class DriftServer(Server):
         instruction carries where the run keeps its files and its last checkpoint."""
         self.round_started = time.monotonic()
         row = self.record.begin_round(server_round)
-        self.sent_weights = _views(self.parameters)
-        instructions = self.strategy.configure_fit(server_round, self.parameters, self._client_manager)
+        self.sent_weights = array_views(self.parameters)
+        instructions = self.strategy.configure_fit(server_round, self.parameters, self.client_manager())
         self.screening.begin_round(self.parameters)  # w_t: the global model the clients receive
         instructions, row["num_dropped"] = self.participation.select(server_round, instructions)
         row["bytes_down_per_client"] = message_nbytes([ins.parameters for _, ins in instructions])
@@ -212,7 +215,7 @@ class DriftServer(Server):
         row["fit_phase_seconds"] = time.monotonic() - self.round_started  # sampling to the last reply
         row["bytes_up_per_client"] = message_nbytes([res.parameters for _, res in results])
         accepted = []
-        for client, res in in_node_order(results, self._client_manager):
+        for client, res in in_node_order(results, self.client_manager()):
             problem = check_reply(res, self.sent_shapes)
             if problem:
                 log.warning("round %d: rejected the update of node %s: %s", server_round, client.cid, problem)
@@ -226,7 +229,7 @@ class DriftServer(Server):
         row.update(record_ray_nodes(self.run_dir, server_round, accepted))
         reason = self.participation.shortfall(server_round, len(accepted), len(results), len(failures))
         if reason:  # the rounds so far are a result: the summary says why and where the run stopped
-            self.record.write_summary(self._client_manager, stopped=reason)
+            self.record.write_summary(self.client_manager(), stopped=reason)
             raise RunAborted(f"{reason}. Stopping the run; the summary and the last checkpoint are kept.")
         return accepted
 
@@ -236,10 +239,10 @@ class DriftServer(Server):
         The new parameters and the method's metrics, or (None, {}) when the model stays."""
         if not accepted:
             return None, {}
-        replies = [(r.num_examples, _views(r.parameters)) for _, r in accepted]
+        replies = [(r.num_examples, array_views(r.parameters)) for _, r in accepted]
         self.record.row.update(round_drift(self.cfg, self.method_class, self.sent_weights, replies))
         parameters, metrics = self.strategy.aggregate_fit(server_round, accepted, failures)
-        if parameters is not None and not _finite(parameters_to_ndarrays(parameters)):
+        if parameters is not None and not all_finite(parameters_to_ndarrays(parameters)):
             log.error("round %d: the aggregate is not finite; keeping the previous global model", server_round)
             return None, {}
         self.record.row.update({k: v for k, v in (metrics or {}).items() if isinstance(v, (int, float))})
@@ -270,7 +273,7 @@ class DriftServer(Server):
 
     def evaluate_on_clients(self, server_round: int, timeout: float | None) -> None:
         """The clients' accuracies of the global model on their local test splits, into the row."""
-        instructions = self.strategy.configure_evaluate(server_round, self.parameters, self._client_manager)
+        instructions = self.strategy.configure_evaluate(server_round, self.parameters, self.client_manager())
         if not instructions:
             return
         results, failures = evaluate_clients(instructions, max_workers=self.max_workers, timeout=timeout,
@@ -302,14 +305,14 @@ class DriftServer(Server):
         if not checkpoint_due(self.cfg["checkpoint-every"], server_round, self.num_rounds):
             return
         state = self.strategy.get_state() if hasattr(self.strategy, "get_state") else {}
-        draws = getattr(self._client_manager, "draws", 0)
+        manager = self.client_manager()
         save_checkpoint(self.run_dir, Checkpoint(server_round, parameters_to_ndarrays(self.parameters), state,
-                                                 draws, self.record.elapsed(), self.cfg["model"],
-                                                 self.record.data_fingerprint(self._client_manager)))
+                                                 getattr(manager, "draws", 0), self.record.elapsed(),
+                                                 self.cfg["model"], self.record.data_fingerprint(manager)))
         self.last_checkpoint = server_round
 
     def finish(self) -> None:
         """Summary file; client-state mirrors are only needed to resume, so remove them."""
-        self.record.write_summary(self._client_manager)
+        self.record.write_summary(self.client_manager())
         self.tracker.close()
         shutil.rmtree(self.run_dir / "client-state", ignore_errors=True)

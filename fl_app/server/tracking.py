@@ -38,26 +38,14 @@ from pathlib import Path
 import numpy as np
 
 from fl_app.common.files import replacing
+from fl_app.common.trackers import parse_tracking
 from protocol.keys import ConfigError
 
 log = logging.getLogger("flwr.fl_drift")
 
 PER_CLASS_FILE = "per_class_accuracy.csv"
 TENSORBOARD_DIR = "tensorboard"
-TRACKERS = ("tensorboard", "mlflow", "wandb")
 EXPERIMENT = "fl-drift"  # MLflow experiment and W&B project
-
-
-def parse_tracking(text: str) -> tuple[str, ...]:
-    """'mlflow, wandb' -> ('mlflow', 'wandb'); 'none' or '' -> (). A name that is not a
-    tracker raises ValueError naming it and the valid choices."""
-    names = tuple(dict.fromkeys(t.strip() for t in str(text).split(",") if t.strip()))
-    if names == ("none",):
-        return ()
-    bad = [n for n in names if n not in TRACKERS]
-    if bad:
-        raise ValueError(f"{bad[0]!r} is not a tracker; valid: 'none' or a comma list of {', '.join(TRACKERS)}")
-    return names
 
 
 def trackers(cfg: dict) -> tuple[str, ...]:

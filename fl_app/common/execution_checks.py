@@ -1,0 +1,69 @@
+"""Can a run config run as a cohort? The checks of the run-config keys ``execution`` and
+``num-virtual-clients`` against the method, applied to every run config once
+(``fl_app.registry.method_config``, for the ServerApp, the ClientApp and the runner alike).
+
+The paths (``execution``):
+
+- ``per-client``: every node is one client (Flower's simulation with N SuperNodes, deployment).
+- ``cohort``: M nodes (real SuperNodes) host N virtual clients (``num-virtual-clients`` = N, set by
+  the launcher); each node trains the round's clients it hosts in one ``torch.func.vmap``
+  (``fl_app.node.cohort_client``).
+- ``auto``: ``cohort`` where it can run, else ``per-client`` (decided in
+  ``fl_app.common.execution_path``).
+
+A method and settings can run as a cohort (every method has a functional local update) when it
+wraps its messages in no client mods, and ``inject-faults`` asks no node to fault or attack
+(``cohort_problem``). ``execution = "cohort"`` (or a cohort launch) for a method or setting that
+cannot is refused here, before any training, never run another way (``check_execution``).
+"""
+
+from __future__ import annotations
+
+from fl_app.common.faults import parse_faults
+from fl_app.common.method import Method
+from protocol.keys import ConfigError
+
+PER_CLIENT, COHORT, AUTO = "per-client", "cohort", "auto"
+CHOICES = (AUTO, PER_CLIENT, COHORT)
+
+
+def cohort_update(method: Method, cfg: dict):
+    """The functional local update the method's client trains through with ``cfg``
+    (``DriftClient.local_update_for``, which refuses a client that names none): the update a
+    cohort node runs vmapped, as the per-client path runs it for one client."""
+    return method.client.local_update_for(cfg)
+
+
+def cohort_problem(cfg: dict, method: Method) -> str:
+    """Why ``cfg`` cannot run as a cohort ('' when it can): the method wraps its messages in
+    client mods (a DP clipping mod acts on one client's message), or ``inject-faults`` asks a
+    node to fault or attack (per partition, on the node's own message). Every method has a
+    functional local update (``cohort_update``)."""
+    name = cfg["strategy"]
+    mods = method.client.mods(cfg)
+    if mods:
+        return (f"method {name!r} wraps every message in client mods ({', '.join(m.__name__ for m in mods)}),"
+                " which act on one client's message, not on a cohort's")
+    node_faults = sorted(str(k) for k in parse_faults(cfg["inject-faults"]) if isinstance(k, int))
+    if node_faults:
+        return (f"inject-faults = {cfg['inject-faults']!r} makes partition(s) {', '.join(node_faults)} fault or"
+                " attack on their own node, which a cohort node does not do")
+    return ""
+
+
+def check_execution(cfg: dict, method: Method) -> None:
+    """Refuse, before any training, ``execution = "cohort"`` (or a cohort launch,
+    ``num-virtual-clients`` > 0) that cannot run as a cohort, and ``num-virtual-clients`` with
+    ``execution = "per-client"``: one line naming the value, the reason and the valid choices."""
+    execution, virtual = cfg["execution"], cfg["num-virtual-clients"]
+    if execution == PER_CLIENT and virtual:
+        raise ConfigError(f"run-config key 'num-virtual-clients' = {virtual} is invalid with execution = 'per-client'"
+                          " (each node is one client there); use execution = 'cohort' or 'auto', or 0")
+    if execution == COHORT or virtual:
+        problem = cohort_problem(cfg, method)
+        if problem:
+            raise ConfigError(f"run-config key 'execution' = {execution!r} cannot run as a cohort: {problem};"
+                              f" valid choices: {', '.join(c for c in CHOICES if c != COHORT)}")
+    if virtual and cfg["min-available-clients"] > virtual:
+        raise ConfigError(f"run-config key 'min-available-clients' = {cfg['min-available-clients']} is invalid:"
+                          f" must be <= num-virtual-clients ({virtual}), the clients of a cohort run")

@@ -1,0 +1,114 @@
+"""The cohort path on the server: the routing between the method's N virtual clients and the M
+cohort nodes that host them (which path a run takes is decided in
+``fl_app.common.execution_path``).
+
+The routing keeps the method's ``Strategy`` unchanged: it samples from N clients and aggregates K
+``FitRes``. fl-drift's client manager (``fl_app.server.sampling.CohortClientManager``) presents N
+``VirtualClientProxy`` (partition p hosted by node p mod M, fixed for the run, so a client's state
+stays on one node), and ``fit_cohort`` sends a round's instructions as one bundle per node
+(``fl_app.node.cohort_wire``) and splits the replies back into one ``FitRes`` per virtual client.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Sequence
+
+from flwr.common import (
+    Code,
+    DisconnectRes,
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    GetParametersIns,
+    GetParametersRes,
+    GetPropertiesIns,
+    GetPropertiesRes,
+    ReconnectIns,
+    Status,
+)
+from flwr.server.client_proxy import ClientProxy
+
+from fl_app.node.cohort_wire import NUM_PARTITIONS, PARTITIONS, bundle_instructions, split_replies
+
+
+class VirtualClientProxy(ClientProxy):
+    """Virtual client ``partition`` of ``num_partitions``, hosted by the cohort node ``host`` (a
+    real node's proxy). Its fit and evaluate travel as a one-client bundle through ``host``; its
+    properties are answered here (the partition is known without asking the node)."""
+
+    def __init__(self, partition: int, num_partitions: int, host: ClientProxy):
+        super().__init__(f"partition-{partition}")
+        self.partition = partition
+        self.num_partitions = num_partitions
+        self.host = host
+        self.node_id = getattr(host, "node_id", 0)
+
+    def instruction(self, ins: FitIns) -> FitIns:
+        """``ins`` as this virtual client receives it: with ``num-partitions`` = N."""
+        return FitIns(ins.parameters, {**ins.config, NUM_PARTITIONS: self.num_partitions})
+
+    def get_properties(self, ins: GetPropertiesIns, timeout, group_id) -> GetPropertiesRes:
+        return GetPropertiesRes(status=Status(Code.OK, "Success"),
+                                properties={"partition-id": self.partition, NUM_PARTITIONS: self.num_partitions})
+
+    def get_parameters(self, ins: GetParametersIns, timeout, group_id) -> GetParametersRes:
+        return self.host.get_parameters(ins, timeout, group_id)
+
+    def fit(self, ins: FitIns, timeout, group_id) -> FitRes:
+        """One client's round as a bundle of one; a failed client raises, naming its reason."""
+        results, failures = fit_cohort([(self, ins)], max_workers=1, timeout=timeout, group_id=group_id)
+        if failures:
+            raise failures[0]
+        return results[0][1]
+
+    def evaluate(self, ins: EvaluateIns, timeout, group_id) -> EvaluateRes:
+        config = {**ins.config, PARTITIONS: str(self.partition), NUM_PARTITIONS: self.num_partitions}
+        return self.host.evaluate(EvaluateIns(ins.parameters, config), timeout, group_id)
+
+    def reconnect(self, ins: ReconnectIns, timeout, group_id) -> DisconnectRes:
+        return DisconnectRes(reason="")
+
+
+class CohortFailure(RuntimeError):
+    """A virtual client's fit failed on its cohort node (the node failed, or the client did)."""
+
+
+def fit_cohort(instructions: Sequence[tuple[VirtualClientProxy, FitIns]], max_workers: int | None,
+               timeout: float | None, group_id: int) -> tuple[list, list]:
+    """``flwr.server.server.fit_clients`` for virtual clients: the instructions grouped by host
+    node, one bundle and one ``fit`` per node (a thread each), the replies split back into
+    (virtual proxy, ``FitRes``) results and failures. A node that fails (raises, times out, a
+    status not OK) is a failure for each of its clients; a client the node names as failed, or
+    does not name, is one failure."""
+    by_host: dict[str, list[tuple[VirtualClientProxy, FitIns]]] = {}
+    for proxy, ins in instructions:
+        by_host.setdefault(proxy.host.cid, []).append((proxy, ins))
+
+    def send(items: list[tuple[VirtualClientProxy, FitIns]]) -> list:
+        host = items[0][0].host
+        bundle = bundle_instructions([(proxy.partition, proxy.instruction(ins)) for proxy, ins in items])
+        return split_replies(host.fit(bundle, timeout=timeout, group_id=group_id))
+
+    results: list[tuple[ClientProxy, FitRes]] = []
+    failures: list[BaseException] = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max_workers) as pool:
+        futures = {pool.submit(send, items): items for items in by_host.values()}
+        for future in concurrent.futures.as_completed(futures):
+            items = futures[future]
+            host = items[0][0].host.cid
+            try:
+                replies = dict(future.result())
+            except Exception as exc:  # the node (or its message) failed: each of its clients did
+                failures += [CohortFailure(f"cohort node {host} failed for {p.cid}: {exc!r}") for p, _ in items]
+                continue
+            for proxy, _ in items:
+                reply = replies.get(proxy.partition, "the cohort node's reply does not name it")
+                if isinstance(reply, str):
+                    failures.append(CohortFailure(f"{proxy.cid} failed on cohort node {host}: {reply}"))
+                elif reply.status.code != Code.OK:
+                    failures.append((proxy, reply))
+                else:
+                    results.append((proxy, reply))
+    return results, failures
