@@ -472,8 +472,9 @@ def test_check_states_each_runs_path_and_refuses_a_cohort_that_cannot_run(tmp_pa
                                 "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "(to run; cohort: execution = 'cohort')" in printed and "1 of them on the cohort path" in printed
+    refused = tmp_path / "refused"  # a fresh folder: --check writes the split's picture into --out
     assert run_simulation.main(["--check", "--strategy", "dp-fedavg", *SYNTH, "--set", "execution=cohort",
-                                "--out", str(out)]) == 2
+                                "--out", str(refused)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "'execution' = 'cohort' cannot run as a cohort: method 'dp-fedavg'" in err[0]
-    assert "valid choices: auto, per-client" in err[0] and not out.exists()
+    assert "valid choices: auto, per-client" in err[0] and not refused.exists()
