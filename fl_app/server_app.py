@@ -14,10 +14,12 @@ from flwr.common import Context, ndarrays_to_parameters
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 
 from fl_app.common.run_files import read_metrics
+from fl_app.common.verbosity import quiet_by_default
 from fl_app.config import ConfigError
 from fl_app.registry import resolve
 from fl_app.server.checkpoint import Checkpoint, load_checkpoint
 from fl_app.server.cohort import server_execution
+from fl_app.server.data_source import this_superlink
 from fl_app.server.preflight import check_data_folder, loud
 from fl_app.server.sampling import CohortClientManager, SeededClientManager
 from fl_app.server.server import DriftServer
@@ -86,7 +88,11 @@ def evaluate_global(model, test_data: list, arrays: list) -> tuple[float, dict]:
 
 
 def server_fn(context: Context) -> ServerAppComponents:
-    """Config errors are logged as one ``fl-drift:`` ERROR line before anything is written."""
+    """Config errors are logged as one ``fl-drift:`` ERROR line before anything is written;
+    Flower's traceback of a reported error and the hub's retries are printed only at Flower's
+    debug level (``fl_app/common/verbosity.py``)."""
+    quiet_by_default()
+    this_superlink()  # noted now, so that the next run knows this SuperLink served an earlier one
     with loud(ConfigError, DataUnavailableError, PartitionError, KeyError):
         return _server_components(context)
 

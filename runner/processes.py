@@ -29,7 +29,7 @@ from pathlib import Path
 
 import tomli_w
 
-from runner.procfs import alive, descendants, processes_with_env
+from fl_app.common.procfs import alive, descendants, processes_with_env
 
 BIN_DIR = Path(sys.executable).parent
 

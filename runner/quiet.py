@@ -12,6 +12,7 @@ own process (``quiet_libraries``) the same warnings and Hugging Face's progress 
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
@@ -83,7 +84,14 @@ def quiet_libraries(verbose: bool) -> None:
     ``LIBRARIES`` are ignored (``--check`` partitions the data in this process, and a shard split
     meets pyarrow's ``FutureWarning``), and ``HF_DATASETS_DISABLE_PROGRESS_BARS`` is set unless the
     user set it (the "Generating train split" bars, here and in the processes the runner starts,
-    which inherit the environment). fl-drift's own warnings are never hidden."""
+    which inherit the environment). ``HF_HUB_VERBOSITY`` likewise, unless the user set it: "error"
+    hides the hub's retry lines (12 per loader while it is unreachable), "warning" under
+    ``verbose`` shows them here and in the runs (whose apps hide them when it is unset:
+    ``fl_app/common/verbosity.py``). fl-drift's own warnings are never hidden."""
+    os.environ.setdefault("HF_HUB_VERBOSITY", "warning" if verbose else "error")
+    level = logging.getLevelName(os.environ["HF_HUB_VERBOSITY"].upper())
+    if isinstance(level, int):  # a hub already imported; one imported later reads the variable
+        logging.getLogger("huggingface_hub").setLevel(level)
     if verbose:
         return
     for library in LIBRARIES:

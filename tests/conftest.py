@@ -18,9 +18,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from fl_app.client_app import client_fn  # noqa: E402
+from fl_app.common.procfs import processes_with_env  # noqa: E402
 from fl_app.registry import validate_config  # noqa: E402
 from runner.inprocess import InProcessProxy  # noqa: E402
-from runner.procfs import processes_with_env  # noqa: E402
 
 SHARED_DATA = ROOT.parent / "shared" / "data"
 
