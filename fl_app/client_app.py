@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import functools
 
-from flwr.client import ClientApp
+from flwr.app import Context
 from flwr.client.mod import make_ffn
-from flwr.common import Context
+from flwr.clientapp import ClientApp
 
 from fl_app.common.verbosity import quiet_by_default
 from fl_app.node.cohort_client import CohortClient

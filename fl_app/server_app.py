@@ -10,8 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from flwr.common import Context, ndarrays_to_parameters
-from flwr.server import ServerApp, ServerAppComponents, ServerConfig
+from flwr.app import Context
+from flwr.common import ndarrays_to_parameters  # the legacy Strategy's Parameters: no newer home
+from flwr.server import ServerAppComponents, ServerConfig  # the legacy server_fn's parts: likewise
+from flwr.serverapp import ServerApp
 
 from fl_app.common.run_files import read_metrics
 from fl_app.common.verbosity import quiet_by_default

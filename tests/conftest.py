@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from flwr.app import RecordDict
-from flwr.common import Context
+from flwr.app import Context, RecordDict
 from flwr.server.client_proxy import ClientProxy
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -298,7 +298,7 @@ def serve_cohort(run_config: dict, nodes: int) -> None:
     cohort nodes (node config partition-id m of ``nodes``, as Flower's simulation gives its
     SuperNodes) served by the ClientApp's ``client_fn`` (``tests.conftest.AppProxy``), one message
     at a time (``serve_in_process``'s reason: in one process the nodes share the cached model)."""
-    from flwr.common import Context, RecordDict
+    from flwr.app import Context, RecordDict
 
     from fl_app.server_app import server_fn
     from tests.conftest import AppProxy
