@@ -96,8 +96,16 @@ from runner.plan import (
     run_name,
 )
 from runner.processes import FolderInUse, MissingTool, lock_folder
-from runner.quiet import for_output, is_noise, plain, quiet_libraries
-from runner.results.report import compare, plot, plot_curves, plot_drift, read_summary, write_comparison
+from runner.quiet import for_output, is_noise, is_progress, plain, quiet_libraries
+from runner.results.report import (
+    compare,
+    plot,
+    plot_curves,
+    plot_drift,
+    read_summary,
+    terminal_summary,
+    write_comparison,
+)
 from runner.snapshot import snapshot_app
 from runner.tuning import (
     SEARCH_FOLDER,
@@ -144,8 +152,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cpus-per-client", type=float, default=1.0, help="Ray CPUs per simulated client (default: 1)")
     p.add_argument("--gpus-per-client", type=float, default=None,
                    help="Ray GPUs per client (default: 0, or 1/clients-in-parallel when CUDA is present)")
-    p.add_argument("--ray-address", help="run on this running Ray cluster (head host:port, see README) instead of "
-                   "a private Ray on this machine")
+    p.add_argument("--ray-address", help="run on this running Ray cluster (head host:port; README: 'On a Ray"
+                   " cluster') instead of a private Ray on this machine")
     p.add_argument("--parallel", type=int, metavar="N",
                    help="runs at a time, each on its own private SuperLink and Ray with 1/N of the machine (default:"
                         " as many as the cores, GPUs and memory hold, 1 on a machine under 8 cores; docs/running.md)")
@@ -413,11 +421,12 @@ def rounds_left(cfg: dict, run_dir: Path) -> int:
 
 def print_check(configs: list[tuple[str, int, dict]], runs_dir: Path, clients: int) -> None:
     """`--check`'s report: one line per run saying whether a launch would run it, continue it
-    or keep it, and the estimated time of what is left (finished runs cost nothing; a
-    continued run costs its start and its remaining rounds)."""
+    or keep it, and on which execution path; each path's reason once; the estimated time of
+    what is left (finished runs cost nothing; a continued run costs its start and its
+    remaining rounds)."""
     from runner.estimate import describe
 
-    left, step_costs, paths = [], [], []
+    left, step_costs, paths, reasons = [], [], [], {}
     for row, seed, raw in configs:
         (cfg, method), run_dir = resolve(raw), runs_dir / raw["run-name"]
         asked = {k: v for k, v in raw.items() if k != "num-virtual-clients"}  # that key is the runner's own
@@ -426,11 +435,14 @@ def print_check(configs: list[tuple[str, int, dict]], runs_dir: Path, clients: i
         status = ("finished, kept" if rounds == 0 else
                   f"continues after round {cfg['num-server-rounds'] - rounds}" if rounds < cfg["num-server-rounds"]
                   else "to run")
-        print(f"ok: {row} seed {seed} -> {run_dir} ({status}; {execution.path}: {execution.reason})")
+        print(f"ok: {row} seed {seed} -> {run_dir} ({status}; {execution.path})")
+        reasons[execution.path, execution.reason] = reasons.get((execution.path, execution.reason), 0) + 1
         if rounds:
             left.append({**cfg, "num-server-rounds": rounds})
             step_costs.append(method.client.STEP_COST)
             paths.append(execution.path)
+    for (path, reason), runs in reasons.items():  # each reason once, however many runs it explains
+        print(f"{path} ({runs} of {len(configs)} runs): {reason}")
     print(describe(left, clients, kept=len(configs) - len(left), step_costs=step_costs, paths=paths))
 
 
@@ -471,7 +483,7 @@ def progress_printer(args: argparse.Namespace, tail: list[str], lead: str = "   
         tail.append(line)
         del tail[:-40]
         if args.quiet:
-            show = "test accuracy" in line or "fl-drift:" in line
+            show = is_progress(line)
         else:
             show = args.verbose or not is_noise(line)
         if show:
@@ -599,11 +611,12 @@ def trained_nothing(summary: dict) -> str:
 
 def report(outcome: Outcome, out: Path) -> int:
     """Step 5: comparison.csv/.md and the plots; the exit code (1 when a run failed)."""
-    write_comparison(compare(outcome.runs), out)
+    table = compare(outcome.runs)
+    write_comparison(table, out)
     plot_curves(outcome.runs, out / "accuracy.png")
     plot(outcome.runs, "ri_mean", "roughness index (mean over clients)", out / "roughness.png")
     plot_drift(outcome.runs, out / "drift.png")
-    print((out / "comparison.md").read_text())
+    print(terminal_summary(table, out))
     print(f"results in {out}")
     if outcome.stopped:  # a result (e.g. a method diverging), kept and reported, but worth a look
         print(f"note: {len(outcome.stopped)} run(s) stopped before their last round (see 'stopped' in their "

@@ -79,6 +79,17 @@ def is_noise(line: str) -> bool:
     return any(n in text for n in NOISE) or bool(HISTORY.match(message))
 
 
+# fl-drift's per-round line: "round 3/10: test accuracy 0.81, test loss 0.6, clients 5, failures 0, 2.1s"
+PROGRESS = re.compile(r"\bround \d+/\d+: ")
+
+
+def is_progress(line: str) -> bool:
+    """What ``--quiet`` prints of a run's output: the per-round lines and fl-drift's errors
+    (not its start-up lines: the execution path, the initial model's accuracy)."""
+    text = plain(line)
+    return bool(PROGRESS.search(text)) or ("fl-drift:" in text and "ERROR" in text)
+
+
 def quiet_libraries(verbose: bool) -> None:
     """The runner's own process, unless ``verbose``: the deprecation and future warnings of
     ``LIBRARIES`` are ignored (``--check`` partitions the data in this process, and a shard split

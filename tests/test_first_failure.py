@@ -213,4 +213,5 @@ def test_the_readme_block_twice_without_then_with_data(tmp_path):
     assert "Traceback" not in out and "Retrying in" not in out, out[-6000:]
     assert [part.count('"status": "finished:failed"') for part in (first, second)] == [1, 2], out[-6000:]  # flwr ls
     assert not left, f"processes left running (stopped now): {left}"
+    assert not list((checkout / "results").glob("*")), "a failed run left a folder in results/"
     print(f"two runs in {time.monotonic() - started:.0f} s; {len(out.splitlines())} lines")

@@ -143,7 +143,9 @@ def in_node_order(results: list[tuple[ClientProxy, FitRes]], client_manager) -> 
 class RunRecord:
     """metrics.csv and summary.json of one run. ``row`` is the round in progress: the server's
     steps fill it and ``write_row`` appends it; a resumed run starts from the rows of the
-    rounds its checkpoint covers (``resume``)."""
+    rounds its checkpoint covers (``resume``). The run folder is made by the first file written
+    into it (``folder``), not before: a run that fails before it has anything to record leaves
+    no empty folder in the results."""
 
     def __init__(self, cfg: dict, run_dir: Path):
         self.cfg = cfg
@@ -157,7 +159,6 @@ class RunRecord:
         self.fingerprint: dict | None = None  # the data's fingerprint (``record_fingerprint``)
         self.facts: dict = {}  # what the server adds to summary.json (the execution path and why)
         self.resumed = False  # continues a checkpoint (``resume``), else starts its files anew
-        self.run_dir.mkdir(parents=True, exist_ok=True)
 
     def resume(self, checkpoint: Checkpoint, previous_rows: list[dict]) -> None:
         """Continue the run of ``checkpoint``: its elapsed time and the rows it covers."""
@@ -166,6 +167,11 @@ class RunRecord:
         for row in previous_rows:
             if row["round"] <= checkpoint.round:
                 self.write_row(dict(row))
+
+    def folder(self) -> Path:
+        """The run folder, made now if it is not there yet."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        return self.run_dir
 
     def begin_round(self, server_round: int) -> dict:
         self.row = {"round": server_round, "num_clients": 0, "num_failures": 0, "num_rejected": 0, "num_dropped": 0}
@@ -181,7 +187,7 @@ class RunRecord:
         self.rows.append(row)
         new_columns = [k for k in row if k not in self.columns]
         self.columns += new_columns
-        write_metrics(self.run_dir, self.columns, self.rows)
+        write_metrics(self.folder(), self.columns, self.rows)
 
     def data_fingerprint(self, client_manager) -> dict | None:
         """The data fingerprint (``fl_app/server/provenance.py``), computed once per process at the
@@ -190,7 +196,7 @@ class RunRecord:
         if self.fingerprint is None:
             node_local = len(getattr(client_manager, "data_path_of", None) or {})
             try:
-                self.fingerprint = record_fingerprint(self.run_dir, self.cfg, num_clients(client_manager), node_local,
+                self.fingerprint = record_fingerprint(self.folder(), self.cfg, num_clients(client_manager), node_local,
                                                       resumed=self.resumed)
             except DataChanged as exc:
                 log.error("fl-drift: %s", exc)
@@ -227,7 +233,7 @@ class RunRecord:
             FINGERPRINT_KEY: self.data_fingerprint(client_manager),
             **self.facts,
         }
-        atomic_write_text(self.run_dir / SUMMARY_FILE, json.dumps(summary, indent=2))
+        atomic_write_text(self.folder() / SUMMARY_FILE, json.dumps(summary, indent=2))
 
 
 def num_clients(client_manager) -> int | None:
