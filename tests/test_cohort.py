@@ -459,11 +459,12 @@ def test_check_states_each_runs_path_and_refuses_a_cohort_that_cannot_run(tmp_pa
     out = tmp_path / "out"
     assert run_simulation.main(["--check", "--strategy", "fedavg", *SYNTH, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "(to run; per-client: auto: per-client, no CUDA GPU" in printed
+    assert "(to run; per-client)" in printed and "per-client (1 of 1 runs): auto: per-client, no CUDA GPU" in printed
     assert run_simulation.main(["--check", "--strategy", "fedavg", *SYNTH, "--set", "execution=cohort",
                                 "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "(to run; cohort: execution = 'cohort')" in printed and "1 of them on the cohort path" in printed
+    assert "(to run; cohort)" in printed and "cohort (1 of 1 runs): execution = 'cohort'" in printed
+    assert "1 of them on the cohort path" in printed
     assert run_simulation.main(["--check", "--strategy", "dp-fedavg", *SYNTH, "--set", "execution=cohort",
                                 "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
