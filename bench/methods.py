@@ -39,8 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from flwr.app import RecordDict  # noqa: E402
-from flwr.common import Context  # noqa: E402
+from flwr.app import Context, RecordDict  # noqa: E402
 from torch import nn  # noqa: E402
 
 from fl_app.registry import METHODS, resolve, validate_config  # noqa: E402

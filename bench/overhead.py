@@ -44,7 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from runner.procfs import descendants, memory_kib  # noqa: E402
+from fl_app.common.procfs import descendants, memory_kib  # noqa: E402
 
 
 # ------------------------------------------------------------------ process-tree memory

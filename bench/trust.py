@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def kill9(repo: Path, wait: float) -> None:
-    from runner.procfs import descendants, environ_of, proc_table, processes_with_env
+    from fl_app.common.procfs import descendants, environ_of, proc_table, processes_with_env
 
     out = Path(f"/tmp/fl-drift-bench-kill9-{os.getpid()}")
     argv = ["--strategy", "fedavg", "--dataset", "mnist", "--set", "model=cnn-small", "--set", "tracking=none",

@@ -27,9 +27,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord
+from flwr.app import ArrayRecord, Context
 from flwr.client import NumPyClient
-from flwr.common import Context
 
 from tasks.augment import Augment
 from tasks.datasets import input_shape

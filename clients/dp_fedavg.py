@@ -35,7 +35,7 @@ Summary: client update clipped (client mode) | server clipping, noise, uniform m
 state - | server state accountant | traffic -
 """
 
-from flwr.client.mod import fixedclipping_mod
+from flwr.clientapp.mod import fixedclipping_mod
 
 from clients.base import DriftClient
 from tasks.functional.corrections import DP_FEDAVG

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import functools
 
-from flwr.client import ClientApp
+from flwr.app import Context
 from flwr.client.mod import make_ffn
-from flwr.common import Context
+from flwr.clientapp import ClientApp
 
+from fl_app.common.verbosity import quiet_by_default
 from fl_app.node.cohort_client import CohortClient
 from fl_app.node.node_client import NodeClient, match_threads_to_cpu_share
 from fl_app.registry import resolve
@@ -34,6 +35,7 @@ def node_partition(node_config: dict) -> tuple[int, int]:
 
 
 def client_fn(context: Context):
+    quiet_by_default()  # the hub's retries at Flower's debug level only (fl_app/common/verbosity.py)
     cfg, method = resolve(context.run_config)
     partition_id, num_partitions = node_partition(context.node_config)
     match_threads_to_cpu_share()  # before the method client builds its model

@@ -79,6 +79,8 @@ GENERAL_KEYS: dict[str, Key] = {
     "drop-rate": Key(0.0, lambda v: 0 <= v < 1, "in [0, 1) (probability a sampled client drops)"),
     "round-timeout": Key(0.0, non_negative, ">= 0 (seconds; 0 = no timeout)"),
     "checkpoint-every": Key(1, non_negative, ">= 0 (rounds; 0 = no checkpoints)"),
+    "keep-checkpoint": Key(True, None, "true or false (false: the checkpoint is removed when the run finishes;"
+                                       " it can then not be extended by resume)"),
     "wait-for-nodes": Key(60.0, positive, "> 0 (seconds the server waits for min-available-clients nodes)"),
     "resume": Key(False),
     # Fault injection for studying (and testing) failures: "raise:0,nan:3" makes the client of

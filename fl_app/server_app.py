@@ -10,14 +10,18 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from flwr.common import Context, ndarrays_to_parameters
-from flwr.server import ServerApp, ServerAppComponents, ServerConfig
+from flwr.app import Context
+from flwr.common import ndarrays_to_parameters  # the legacy Strategy's Parameters: no newer home
+from flwr.server import ServerAppComponents, ServerConfig  # the legacy server_fn's parts: likewise
+from flwr.serverapp import ServerApp
 
 from fl_app.common.execution_path import server_execution
-from fl_app.common.run_files import read_metrics
+from fl_app.common.run_files import SUMMARY_FILE, read_metrics
+from fl_app.common.verbosity import quiet_by_default
 from fl_app.config import ConfigError
 from fl_app.registry import resolve
-from fl_app.server.checkpoint import Checkpoint, load_checkpoint
+from fl_app.server.checkpoint import CHECKPOINT, Checkpoint, load_checkpoint
+from fl_app.server.data_source import this_superlink
 from fl_app.server.preflight import check_data_folder, loud
 from fl_app.server.sampling import CohortClientManager, SeededClientManager
 from fl_app.server.server import DriftServer
@@ -86,7 +90,11 @@ def evaluate_global(model, test_data: list, arrays: list) -> tuple[float, dict]:
 
 
 def server_fn(context: Context) -> ServerAppComponents:
-    """Config errors are logged as one ``fl-drift:`` ERROR line before anything is written."""
+    """Config errors are logged as one ``fl-drift:`` ERROR line before anything is written;
+    Flower's traceback of a reported error and the hub's retries are printed only at Flower's
+    debug level (``fl_app/common/verbosity.py``)."""
+    quiet_by_default()
+    this_superlink()  # noted now, so that the next run knows this SuperLink served an earlier one
     with loud(ConfigError, DataUnavailableError, PartitionError, KeyError):
         return _server_components(context)
 
@@ -142,11 +150,16 @@ def _server_components(context: Context) -> ServerAppComponents:
 def starting_point(cfg: dict, run_dir: Path, initial: list) -> tuple[Checkpoint | None, list]:
     """The run's checkpoint and weights when it resumes one (``resume``; the checkpoint must
     match the shapes of the ``initial`` weights), else no checkpoint and the ``initial``
-    weights (the seeded initial model's)."""
+    weights (the seeded initial model's). A resume of a finished run that kept no checkpoint is
+    refused (``ConfigError``): starting it over would overwrite its results."""
     checkpoint = load_checkpoint(run_dir, cfg["model"], [w.shape for w in initial]) if cfg["resume"] else None
     if checkpoint is not None:
         log.info("resuming %s from its checkpoint after round %d", run_dir, checkpoint.round)
         return checkpoint, checkpoint.weights
+    if cfg["resume"] and (run_dir / SUMMARY_FILE).exists():  # starting over would overwrite a kept result
+        raise ConfigError(f"run-config key 'resume' = true is invalid: {run_dir} holds a finished run ({SUMMARY_FILE})"
+                          f" and no {CHECKPOINT} (keep-checkpoint = false or checkpoint-every = 0): it cannot be"
+                          " continued or extended; give this run another run-name")
     return None, initial
 
 

@@ -218,11 +218,12 @@ def rounds_left(cfg: dict, run_dir: Path) -> int:
 
 def print_check(configs: list[tuple[str, int, dict]], runs_dir: Path, clients: int) -> None:
     """`--check`'s report: one line per run saying whether a launch would run it, continue it
-    or keep it, and the estimated time of what is left (finished runs cost nothing; a
-    continued run costs its start and its remaining rounds)."""
+    or keep it, and on which execution path; each path's reason once; the estimated time of
+    what is left (finished runs cost nothing; a continued run costs its start and its
+    remaining rounds)."""
     from runner.estimate import describe
 
-    left, step_costs, paths = [], [], []
+    left, step_costs, paths, reasons = [], [], [], {}
     for row, seed, raw in configs:
         (cfg, method), run_dir = resolve(raw), runs_dir / raw["run-name"]
         asked = {k: v for k, v in raw.items() if k != "num-virtual-clients"}  # that key is the runner's own
@@ -231,11 +232,14 @@ def print_check(configs: list[tuple[str, int, dict]], runs_dir: Path, clients: i
         status = ("finished, kept" if rounds == 0 else
                   f"continues after round {cfg['num-server-rounds'] - rounds}" if rounds < cfg["num-server-rounds"]
                   else "to run")
-        print(f"ok: {row} seed {seed} -> {run_dir} ({status}; {execution.path}: {execution.reason})")
+        print(f"ok: {row} seed {seed} -> {run_dir} ({status}; {execution.path})")
+        reasons[execution.path, execution.reason] = reasons.get((execution.path, execution.reason), 0) + 1
         if rounds:
             left.append({**cfg, "num-server-rounds": rounds})
             step_costs.append(method.client.STEP_COST)
             paths.append(execution.path)
+    for (path, reason), runs in reasons.items():  # each reason once, however many runs it explains
+        print(f"{path} ({runs} of {len(configs)} runs): {reason}")
     print(describe(left, clients, kept=len(configs) - len(left), step_costs=step_costs, paths=paths))
 
 

@@ -83,8 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cpus-per-client", type=float, default=1.0, help="Ray CPUs per simulated client (default: 1)")
     p.add_argument("--gpus-per-client", type=float, default=None,
                    help="Ray GPUs per client (default: 0, or 1/clients-in-parallel when CUDA is present)")
-    p.add_argument("--ray-address", help="run on this running Ray cluster (head host:port, see README) instead of "
-                   "a private Ray on this machine")
+    p.add_argument("--ray-address", help="run on this running Ray cluster (head host:port; README: 'On a Ray"
+                   " cluster') instead of a private Ray on this machine")
     p.add_argument("--parallel", type=int, metavar="N",
                    help="runs at a time, each on its own private SuperLink and Ray with 1/N of the machine (default:"
                         " as many as the cores, GPUs and memory hold, 1 on a machine under 8 cores; docs/running.md)")

@@ -41,6 +41,7 @@ from pathlib import Path
 
 import tomli_w
 
+from fl_app.common.procfs import alive, descendants
 from runner import edge as nginx_edge
 from runner.launch import APP_DIR
 from runner.processes import (
@@ -51,7 +52,6 @@ from runner.processes import (
     stop_processes,
     stream_flwr_run,
 )
-from runner.procfs import alive, descendants
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ Flower starts SuperExec (and through it the simulation, Ray and ClientApp proces
 sessions, so stopping one process group misses them. ``Managed`` remembers every descendant
 it has seen while the tree was intact, and ``stop_processes`` ends the groups and then each
 remembered PID. Used by the simulation launcher (``runner/launch.py``) and the
-deployment launcher (``runner/deploy.py``); /proc is read by ``runner/procfs.py``.
+deployment launcher (``runner/deploy.py``); /proc is read by ``fl_app/common/procfs.py``.
 
 Every process a launcher starts inherits its private ``FLWR_HOME`` (``private_env``), Ray's
 daemons and workers included, so ``stop_marked`` finds and stops them by that marker even
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import tomli_w
 
-from runner.procfs import alive, descendants, processes_with_env
+from fl_app.common.procfs import alive, descendants, processes_with_env
 
 BIN_DIR = Path(sys.executable).parent
 

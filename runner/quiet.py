@@ -12,6 +12,7 @@ own process (``quiet_libraries``) the same warnings and Hugging Face's progress 
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
@@ -114,12 +115,30 @@ class HeldTraceback:
         return [] if self.stopped else block
 
 
+# fl-drift's per-round line: "round 3/10: test accuracy 0.81, test loss 0.6, clients 5, failures 0, 2.1s"
+PROGRESS = re.compile(r"\bround \d+/\d+: ")
+
+
+def is_progress(line: str) -> bool:
+    """What ``--quiet`` prints of a run's output: the per-round lines and fl-drift's errors
+    (not its start-up lines: the execution path, the initial model's accuracy)."""
+    text = plain(line)
+    return bool(PROGRESS.search(text)) or ("fl-drift:" in text and "ERROR" in text)
+
+
 def quiet_libraries(verbose: bool) -> None:
     """The runner's own process, unless ``verbose``: the deprecation and future warnings of
     ``LIBRARIES`` are ignored (``--check`` partitions the data in this process, and a shard split
     meets pyarrow's ``FutureWarning``), and ``HF_DATASETS_DISABLE_PROGRESS_BARS`` is set unless the
     user set it (the "Generating train split" bars, here and in the processes the runner starts,
-    which inherit the environment). fl-drift's own warnings are never hidden."""
+    which inherit the environment). ``HF_HUB_VERBOSITY`` likewise, unless the user set it: "error"
+    hides the hub's retry lines (12 per loader while it is unreachable), "warning" under
+    ``verbose`` shows them here and in the runs (whose apps hide them when it is unset:
+    ``fl_app/common/verbosity.py``). fl-drift's own warnings are never hidden."""
+    os.environ.setdefault("HF_HUB_VERBOSITY", "warning" if verbose else "error")
+    level = logging.getLevelName(os.environ["HF_HUB_VERBOSITY"].upper())
+    if isinstance(level, int):  # a hub already imported; one imported later reads the variable
+        logging.getLogger("huggingface_hub").setLevel(level)
     if verbose:
         return
     for library in LIBRARIES:

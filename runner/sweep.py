@@ -26,7 +26,7 @@ from runner.cli import runner_record
 from runner.launch import APP_DIR, LocalSimulation
 from runner.parallel import Failed, Machine, Pool, default_workers, say, split
 from runner.processes import FolderInUse, MissingTool, lock_folder, release_folder
-from runner.quiet import HeldTraceback, for_output, is_noise, plain
+from runner.quiet import HeldTraceback, for_output, is_noise, is_progress, plain
 from runner.results.fingerprint import split_by_data
 from runner.results.report import (
     compare,
@@ -35,6 +35,7 @@ from runner.results.report import (
     plot_curves,
     plot_drift,
     read_summary,
+    terminal_summary,
     write_comparison,
 )
 from runner.snapshot import snapshot_app
@@ -94,7 +95,7 @@ def progress_printer(args: argparse.Namespace, tail: list[str], lead: str = "   
         del tail[:-40]
         for shown in ([line] if args.verbose else held.feed(line)):
             if args.quiet:
-                show = "test accuracy" in shown or "fl-drift:" in shown
+                show = is_progress(shown)
             else:
                 show = args.verbose or not is_noise(shown)
             if show:
@@ -230,12 +231,13 @@ def report(outcome: Outcome, out: Path) -> int:
     run lost its metrics.csv). A row whose runs were made on different data (kept runs beside new
     ones) is split, in the table and the plots alike (``split_by_data``): no mean is taken over
     two data sets."""
-    write_comparison(compare(outcome.runs), out)
+    table = compare(outcome.runs)
+    write_comparison(table, out)
     runs, _ = split_by_data(outcome.runs)
     plot_curves(runs, out / "accuracy.png")
     plot(runs, "ri_mean", "roughness index (mean over clients)", out / "roughness.png")
     plot_drift(runs, out / "drift.png")
-    print((out / "comparison.md").read_text())
+    print(terminal_summary(table, out))
     print(f"results in {out}")
     if outcome.stopped:  # a result (e.g. a method diverging), kept and reported, but worth a look
         print(f"note: {len(outcome.stopped)} run(s) stopped before their last round (see 'stopped' in their "

@@ -44,11 +44,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-from flwr.common import (  # noqa: E402
-    Context,
-    RecordDict,
-    ndarrays_to_parameters,  # noqa: E402
-)
+from flwr.app import Context, RecordDict  # noqa: E402
+from flwr.common import ndarrays_to_parameters  # noqa: E402
 from flwr.server.client_manager import SimpleClientManager  # noqa: E402
 
 from fl_app.common.screening_modes import allowed_modes  # noqa: E402

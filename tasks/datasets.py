@@ -21,10 +21,21 @@ class DataUnavailableError(RuntimeError):
     """Neither the local data directory nor the hub could provide the dataset."""
 
 
+class HubUnavailableError(DataUnavailableError):
+    """No data folder is set (neither ``data-dir`` nor ``$FL_DATA_DIR``) and the Hugging Face hub
+    could not provide ``dataset`` (``hub_id``): ``reason`` is the hub's error in one line. The
+    ServerApp names the real cause from these parts (``fl_app/server/data_source.py``)."""
+
+    def __init__(self, dataset: str, hub_id: str, reason: str):
+        self.dataset, self.hub_id, self.reason = dataset, hub_id, reason
+        super().__init__(
+            f"cannot load dataset {dataset!r}: no data folder is set (run-config 'data-dir' or env FL_DATA_DIR)"
+            f" and the Hugging Face hub failed for {hub_id!r} ({reason}). Point data-dir or FL_DATA_DIR at a"
+            f" folder holding {dataset}/train.parquet and {dataset}/test.parquet.")
+
+
 class PartitionError(ValueError):
     """The requested partitioning cannot be made from the dataset."""
-
-
 
 
 def resolve_data_dir(configured: str, fallback: str | None = None) -> str:

@@ -22,6 +22,7 @@ import torch
 from tasks.catalogue import DATASETS
 from tasks.datasets import (
     DataUnavailableError,
+    HubUnavailableError,
     PartitionError,
     check_columns,
     check_labels,
@@ -135,16 +136,12 @@ def federated_dataset(spec: PartitionSpec):
             ) from exc
         check_columns(fds, info, files["train"])
         return fds
-    tried_local = "no data-dir set (run-config 'data-dir' or env FL_DATA_DIR)"
     try:
         fds = FederatedDataset(dataset=info.hub_id, **common)
         fds.load_split("test")  # force the download now, so failure is reported here
     except Exception as exc:  # the hub raises many types (ConnectionError, HfHubHTTPError, ...)
-        raise DataUnavailableError(
-            f"cannot load dataset {spec.dataset!r}: {tried_local}; and the Hugging Face hub id "
-            f"{info.hub_id!r} failed ({type(exc).__name__}: {exc}). Point data-dir or FL_DATA_DIR"
-            f" at a folder holding {spec.dataset}/train.parquet and {spec.dataset}/test.parquet."
-        ) from exc
+        reason = " ".join(f"{type(exc).__name__}: {exc}".split())  # one line
+        raise HubUnavailableError(spec.dataset, info.hub_id, reason) from exc
     return fds
 
 

@@ -10,17 +10,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from flwr.app import RecordDict
-from flwr.common import Context
+from flwr.app import Context, RecordDict
 from flwr.server.client_proxy import ClientProxy
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from fl_app.client_app import client_fn  # noqa: E402
+from fl_app.common.procfs import processes_with_env  # noqa: E402
 from fl_app.registry import validate_config  # noqa: E402
 from runner.inprocess import InProcessProxy  # noqa: E402
-from runner.procfs import processes_with_env  # noqa: E402
 
 SHARED_DATA = ROOT.parent / "shared" / "data"
 

@@ -306,7 +306,7 @@ def serve_cohort(run_config: dict, nodes: int) -> None:
     cohort nodes (node config partition-id m of ``nodes``, as Flower's simulation gives its
     SuperNodes) served by the ClientApp's ``client_fn`` (``tests.conftest.AppProxy``), one message
     at a time (``serve_in_process``'s reason: in one process the nodes share the cached model)."""
-    from flwr.common import Context, RecordDict
+    from flwr.app import Context, RecordDict
 
     from fl_app.server_app import server_fn
     from tests.conftest import AppProxy
@@ -467,11 +467,12 @@ def test_check_states_each_runs_path_and_refuses_a_cohort_that_cannot_run(tmp_pa
     out = tmp_path / "out"
     assert run_simulation.main(["--check", "--strategy", "fedavg", *SYNTH, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "(to run; per-client: auto: per-client, no CUDA GPU" in printed
+    assert "(to run; per-client)" in printed and "per-client (1 of 1 runs): auto: per-client, no CUDA GPU" in printed
     assert run_simulation.main(["--check", "--strategy", "fedavg", *SYNTH, "--set", "execution=cohort",
                                 "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "(to run; cohort: execution = 'cohort')" in printed and "1 of them on the cohort path" in printed
+    assert "(to run; cohort)" in printed and "cohort (1 of 1 runs): execution = 'cohort'" in printed
+    assert "1 of them on the cohort path" in printed
     refused = tmp_path / "refused"  # a fresh folder: --check writes the split's picture into --out
     assert run_simulation.main(["--check", "--strategy", "dp-fedavg", *SYNTH, "--set", "execution=cohort",
                                 "--out", str(refused)]) == 2

@@ -26,9 +26,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from fl_app.common.procfs import alive, descendants, processes_with_env
 from fl_app.registry import METHODS
 from runner.deploy import TLS, LocalDeployment
-from runner.procfs import alive, descendants, processes_with_env
 from runner.results.report import read_metrics
 from tests.conftest import ROOT
 

@@ -5,8 +5,9 @@ import math
 
 import numpy as np
 import pytest
+from flwr.app import Message
 from flwr.app.message_type import MessageType
-from flwr.common import FitIns, Message, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import FitIns, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.compat.common import recorddict_compat as compat
 from flwr.supercore.task_identity import TaskIdentity
 

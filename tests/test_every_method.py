@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from flwr.app import RecordDict
-from flwr.common import Context, ndarrays_to_parameters
+from flwr.app import Context, RecordDict
+from flwr.common import ndarrays_to_parameters
 from flwr.server.client_manager import SimpleClientManager
 
 from fl_app.node.node_client import NodeClient

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from flwr.app import RecordDict
-from flwr.common import Code, Context, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.app import Context, RecordDict
+from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 from torch import nn
 
 from clients.fedpgvc import FedPGVCClient

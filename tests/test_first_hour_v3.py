@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -83,8 +84,11 @@ def _stub(folder: Path, name: str, body: str) -> None:
 def test_ci_script_venv_is_its_own_and_removed_on_exit(tmp_path, outcome):
     """``.ci/run`` with stand-ins for python3 (its ``-m venv``), pip, pytest, ruff, nginx, apt-get
     and mkdocs:
-    two runs build their environments in two different folders, and each folder is gone after
-    the script ends, whether the tests pass or fail (before the fix: one fixed folder, left)."""
+    two runs build their environments in folders of their own, and each folder is gone after
+    the script ends, whether the tests pass or fail (before the fix: one fixed folder, left).
+    When the suite passes, a second environment gets the lowest flwr pyproject.toml allows
+    (issue 53) and runs the tests of Flower's interfaces, files that exist; the first gets the
+    flwr of .ci/constraints.txt."""
     bin_dir, log = tmp_path / "bin", tmp_path / "log"
     bin_dir.mkdir()
     # python3 -m venv DIR: a DIR/bin/activate that puts the stand-ins first on PATH
@@ -95,16 +99,31 @@ def test_ci_script_venv_is_its_own_and_removed_on_exit(tmp_path, outcome):
         fi
     """))
     fail = "exit 1" if outcome == "fail" else "exit 0"
-    _stub(bin_dir, "python", f'[ "$2" = "pytest" ] && {fail}\nexit 0\n')
+    _stub(bin_dir, "python", textwrap.dedent(f"""\
+        [ "$2 $5" = "pip -c" ] && echo "constraints $(grep '^flwr==' "$6")" >> {log}
+        [ "$2" = "pytest" ] && {{ echo "pytest $*" >> {log}; {fail}; }}
+        exit 0
+    """))
     for tool in ("ruff", "mkdocs", "nginx", "apt-get", "sudo"):  # nothing is installed or built
         _stub(bin_dir, tool, "exit 0\n")
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "TMPDIR": str(tmp_path)}
     codes = [subprocess.run(["bash", str(ROOT / ".ci" / "run")], env=env, capture_output=True, text=True,
                             timeout=60).returncode for _ in range(2)]
     assert codes == ([0, 0] if outcome == "pass" else [1, 1])
-    venvs = [line.split(" ", 1)[1] for line in log.read_text().splitlines()]
-    assert len(venvs) == 2 and venvs[0] != venvs[1], venvs
+    lines = log.read_text().splitlines()
+    venvs = [line.split(" ", 1)[1] for line in lines if line.startswith("venv ")]
+    assert len(venvs) == (4 if outcome == "pass" else 2) and len(set(venvs)) == len(venvs), venvs
     assert all(Path(v).parent == tmp_path and not Path(v).exists() for v in venvs), venvs
+    pinned = re.search(r"^flwr==(\S+)", (ROOT / ".ci" / "constraints.txt").read_text(), re.M).group(1)
+    lowest = re.search(r'"flwr\[simulation\]>=([0-9.]+)', (ROOT / "pyproject.toml").read_text()).group(1)
+    runs = [line.split(" ", 1)[1] for line in lines if line.startswith(("constraints ", "pytest "))]
+    if outcome == "fail":
+        assert runs == [f"flwr=={pinned}", "-m pytest -q"] * 2, runs
+        return
+    assert runs[:3] == [f"flwr=={pinned}", "-m pytest -q", f"flwr=={lowest}"], runs
+    subset = runs[3].split()[3:]
+    assert runs[3].startswith("-m pytest -q tests/") and len(subset) >= 8, runs
+    assert all((ROOT / test).is_file() for test in subset), subset
 
 
 # ------------------------------------------------------------------ .gitignore

@@ -17,8 +17,8 @@ import pytest
 import torch
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
-from flwr.app import RecordDict
-from flwr.common import Code, Context, GetPropertiesRes, Status
+from flwr.app import Context, RecordDict
+from flwr.common import Code, GetPropertiesRes, Status
 from PIL import Image
 
 from clients.fedavg import FedAvgClient

@@ -2,7 +2,7 @@
 its tree (the SuperLink, SuperExec, the simulation's Ray driver, Ray's GCS, raylet, agents and
 the ClientApp actors) listens on an address outside 127.0.0.0/8 (issue #52, item 7: Ray's
 daemons listened on every interface and registered the node by the machine's external address).
-The sockets are read from /proc (``runner.procfs.listening_sockets``) every 0.2 s while the run
+The sockets are read from /proc (``fl_app.common.procfs.listening_sockets``) every 0.2 s while the run
 lasts, so that a process that listens for a moment is seen too."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import ipaddress
 import threading
 
-from runner.procfs import listening_sockets, processes_with_env
+from fl_app.common.procfs import listening_sockets, processes_with_env
 
 
 def sample_sockets(home: str, stop: threading.Event, seen: set) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 import run_simulation
+from fl_app.common.procfs import descendants, environ_of, processes_with_env
 from fl_app.config import ConfigError
 from runner import sweep as runner_sweep
 from runner.parallel import (
@@ -39,7 +40,6 @@ from runner.parallel import (
     split,
 )
 from runner.plan import run_name
-from runner.procfs import descendants, environ_of, processes_with_env
 from tests.conftest import ROOT
 
 BIG = 1 << 40  # memory enough not to matter

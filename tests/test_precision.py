@@ -40,7 +40,7 @@ def test_a_non_boolean_is_refused_naming_the_key():
 def test_the_client_app_applies_the_run_s_choice(restore_flags):
     """client_fn sets both flags from the run config before the method's client builds its
     model, whatever they were (PyTorch's defaults, or an earlier run in the same actor)."""
-    from flwr.common import Context, RecordDict
+    from flwr.app import Context, RecordDict
 
     from fl_app.client_app import client_fn
 

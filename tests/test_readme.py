@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from runner import procfs
+from fl_app.common import procfs
 from tests.conftest import ROOT, find_data_dir
 
 pytestmark = pytest.mark.slow

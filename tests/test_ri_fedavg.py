@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from flwr.app import RecordDict
-from flwr.common import Context
+from flwr.app import Context, RecordDict
 
 from clients.ri_fedavg import _DIRECTIONS_STREAM, RIFedAvgClient, _seed
 from fl_app.registry import validate_config

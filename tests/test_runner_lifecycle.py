@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from fl_app.common.procfs import descendants, environ_of, processes_with_env
 from runner.processes import FolderInUse, lock_folder
-from runner.procfs import descendants, environ_of, processes_with_env
 from tests.conftest import ROOT
 
 GONE_WITHIN = 30.0  # seconds after the runner's death (the bound)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import math
 import subprocess
 import sys
@@ -77,8 +78,9 @@ def test_drift_per_class_accuracy_and_tensorboard_on_mnist(sim, shared_data, met
     events = EventAccumulator(str(run / "tensorboard"))
     events.Reload()
     logged = events.Scalars("test_accuracy")
-    assert [e.step for e in logged] == [1, 2, 3]
-    assert [e.value for e in logged] == pytest.approx([r["test_accuracy"] for r in rows], rel=1e-6)
+    assert [e.step for e in logged] == [0, 1, 2, 3]  # round 0: the initial model (summary.json)
+    initial = json.loads((run / "summary.json").read_text())["initial_accuracy"]
+    assert [e.value for e in logged] == pytest.approx([initial] + [r["test_accuracy"] for r in rows], rel=1e-6)
     assert len(events.Scalars("update_diversity")) == 3
 
 

@@ -6,8 +6,7 @@ import threading
 
 import pytest
 import torch
-from flwr.app import RecordDict
-from flwr.common import Context
+from flwr.app import Context, RecordDict
 
 import fl_app.node.node_client as node
 from clients.fedavg import FedAvgClient

@@ -199,8 +199,8 @@ def test_check_says_which_runs_are_kept_or_continued_and_estimates_only_what_is_
     small_checkpoint(runs / "fedprox-seed0")  # written after round 2 of 5
     assert run_simulation.main([*exp, "--check"]) == 0
     out = capsys.readouterr().out
-    assert "fedavg seed 0 -> " in out and "(finished, kept; per-client: " in out
-    assert "fedprox seed 0 -> " in out and "(continues after round 2; per-client: " in out
+    assert "fedavg seed 0 -> " in out and "(finished, kept; per-client)" in out
+    assert "fedprox seed 0 -> " in out and "(continues after round 2; per-client)" in out
     assert "for 1 runs (1 finished runs kept)" in out
     (runs / "fedprox-seed0" / "summary.json").write_text(json.dumps({"config": configs["fedprox-seed0"]}))
     assert run_simulation.main([*exp, "--check"]) == 0

@@ -36,9 +36,8 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from flwr.app import RecordDict
+from flwr.app import Context, RecordDict
 from flwr.client import NumPyClient
-from flwr.common import Context
 
 from clients.base import DriftClient, FunctionalRound
 from fl_app.node.cohort_wire import COHORT_KEYS, NUM_PARTITIONS, PARTITIONS, bundle_replies, split_instructions

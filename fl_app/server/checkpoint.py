@@ -132,6 +132,12 @@ def checkpoint_fingerprint(run_dir: Path) -> dict | None:
     return found if isinstance(found, dict) else None
 
 
+def drop_checkpoint(run_dir: Path) -> None:
+    """Remove the run's checkpoint (``keep-checkpoint = false``, once the run has finished: it is
+    only needed to resume or extend the run, and a CNN's is several MB)."""
+    (Path(run_dir) / CHECKPOINT).unlink(missing_ok=True)
+
+
 def checkpoint_due(every: int, server_round: int, num_rounds: int) -> bool:
     """Checkpoints are written every ``every`` rounds (0: never) and at the last round."""
     return bool(every) and (server_round % every == 0 or server_round >= num_rounds)

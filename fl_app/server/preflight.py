@@ -13,6 +13,8 @@ import logging
 from pathlib import Path
 
 from fl_app.common.faults import parse_faults
+from fl_app.common.verbosity import REPORTED
+from fl_app.server.data_source import explained, this_superlink
 from fl_app.server.screening import check_replies
 from protocol.keys import ConfigError
 from tasks.server_side import checked_data_dir
@@ -79,11 +81,19 @@ def check_fault_partitions(cfg: dict, num_partitions: int) -> None:
 @contextlib.contextmanager
 def loud(*errors: type[BaseException]):
     """Log ``errors`` raised in the block as one ERROR line (once, also through nested
-    ``loud`` blocks), then re-raise them."""
+    ``loud`` blocks), then re-raise them marked ``REPORTED``, so that Flower's traceback of
+    them is printed only at its debug level (``fl_app/common/verbosity.py``). A data source
+    that failed is re-raised as the error that names the real cause (``data_source.explained``:
+    a local SuperLink started earlier with another environment, or the hub unreachable), so
+    the line and the run's status in ``flwr ls`` say the same."""
     try:
         yield
     except errors as exc:
-        if not getattr(exc, "fl_drift_logged", False):  # an inner ``loud`` said it already
-            log.error("fl-drift: %s: %s", type(exc).__name__, exc)
-            exc.fl_drift_logged = True
-        raise
+        if getattr(exc, REPORTED, False):  # an inner ``loud`` said it already
+            raise
+        reported = explained(exc, this_superlink())
+        log.error("fl-drift: %s: %s", type(reported).__name__, reported)
+        setattr(reported, REPORTED, True)
+        if reported is exc:
+            raise
+        raise reported from exc

@@ -144,7 +144,9 @@ def in_node_order(results: list[tuple[ClientProxy, FitRes]], client_manager) -> 
 class RunRecord:
     """metrics.csv and summary.json of one run. ``row`` is the round in progress: the server's
     steps fill it and ``write_row`` appends it; a resumed run starts from the rows of the
-    rounds its checkpoint covers (``resume``)."""
+    rounds its checkpoint covers (``resume``). The run folder is made by the first file written
+    into it (``folder``), not before: a run that fails before it has anything to record leaves
+    no empty folder in the results."""
 
     def __init__(self, cfg: dict, run_dir: Path):
         self.cfg = cfg
@@ -159,7 +161,6 @@ class RunRecord:
         self.facts: dict = {}  # what the server adds to summary.json (the execution path and why)
         self.resumed = False  # continues a checkpoint (``resume``), else starts its files anew
         self.started_on: dict | None = None  # the resumed checkpoint's data fingerprint
-        self.run_dir.mkdir(parents=True, exist_ok=True)
 
     def resume(self, checkpoint: Checkpoint, previous_rows: list[dict]) -> None:
         """Continue the run of ``checkpoint``: its elapsed time, the rows it covers and the data
@@ -170,6 +171,11 @@ class RunRecord:
         for row in previous_rows:
             if row["round"] <= checkpoint.round:
                 self.write_row(dict(row))
+
+    def folder(self) -> Path:
+        """The run folder, made now if it is not there yet."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        return self.run_dir
 
     def begin_round(self, server_round: int) -> dict:
         self.row = {"round": server_round, "num_clients": 0, "num_failures": 0, "num_rejected": 0, "num_dropped": 0}
@@ -185,7 +191,7 @@ class RunRecord:
         self.rows.append(row)
         new_columns = [k for k in row if k not in self.columns]
         self.columns += new_columns
-        write_metrics(self.run_dir, self.columns, self.rows)
+        write_metrics(self.folder(), self.columns, self.rows)
 
     def data_fingerprint(self, client_manager) -> dict | None:
         """The data fingerprint (``fl_app/server/provenance.py``), computed once per process at the
@@ -196,8 +202,8 @@ class RunRecord:
             node_local = len(getattr(client_manager, "data_path_of", None) or {})
             n = num_clients(client_manager)
             try:
-                self.fingerprint = (resumed_fingerprint(self.run_dir, self.cfg, n, node_local, self.started_on)
-                                    if self.resumed else record_fingerprint(self.run_dir, self.cfg, n, node_local))
+                self.fingerprint = (resumed_fingerprint(self.folder(), self.cfg, n, node_local, self.started_on)
+                                    if self.resumed else record_fingerprint(self.folder(), self.cfg, n, node_local))
             except DataChanged as exc:
                 log.error("fl-drift: %s", exc)
                 raise
@@ -233,7 +239,7 @@ class RunRecord:
             FINGERPRINT_KEY: self.data_fingerprint(client_manager),
             **self.facts,
         }
-        atomic_write_text(self.run_dir / SUMMARY_FILE, json.dumps(summary, indent=2))
+        atomic_write_text(self.folder() / SUMMARY_FILE, json.dumps(summary, indent=2))
 
 
 def num_clients(client_manager) -> int | None:

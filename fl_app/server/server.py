@@ -48,7 +48,7 @@ from flwr.server.strategy import Strategy
 
 from fl_app.common.execution_checks import PER_CLIENT
 from fl_app.common.execution_path import Execution
-from fl_app.server.checkpoint import Checkpoint, checkpoint_due, save_checkpoint
+from fl_app.server.checkpoint import Checkpoint, checkpoint_due, drop_checkpoint, save_checkpoint
 from fl_app.server.cohort_routing import fit_cohort
 from fl_app.server.crash import crash_if_injected
 from fl_app.server.drift import round_drift
@@ -105,6 +105,7 @@ class DriftServer(Server):
         self.resume_from = resume_from
         self.done = resume_from.round if resume_from is not None else 0  # rounds before this process
         self.last_checkpoint = self.done
+        self.initial_evaluation: tuple[dict, list | None] | None = None  # round 0, for the trackers
         self.sent_weights: list[np.ndarray] | None = None  # w_t, for the drift columns
         self.sent_shapes: list[tuple] | None = None  # what every reply must match
         self.round_started = 0.0
@@ -154,8 +155,10 @@ class DriftServer(Server):
     def start_up(self) -> bool:
         """Before round 1: the initial parameters, the test split and the data checks
         (``complete_start_up``), the initial model's evaluation (round 0; not on resume: the
-        checkpoint's model is already recorded) and the data fingerprint. False when a resumed
-        run has no round left (its summary is then written)."""
+        checkpoint's model is already recorded), then the data fingerprint, the run folder's
+        first file (``RunRecord.folder``: a run refused by its start-up, for no data or a
+        partitioning that cannot be cut, leaves no folder behind), and round 0 to the trackers.
+        False when a resumed run has no round left (its summary is then written)."""
         log.info("fl-drift: execution %s (%s)", self.execution.path, self.execution.reason)
         if self.done >= self.num_rounds:
             self.finish()
@@ -169,6 +172,8 @@ class DriftServer(Server):
         self.record.data_fingerprint(manager)  # the nodes have reported their partitions
         write_run_split(self.run_dir, self.cfg, None if getattr(manager, "data_path_of", None)
                         else num_clients(manager))  # partitions.png, client_label_counts.csv
+        if self.initial_evaluation is not None:  # round 0 to the trackers, now that the start-up passed
+            self.tracker.log_initial(*self.initial_evaluation)
         return True
 
     def evaluate_initial(self) -> tuple | None:
@@ -180,6 +185,9 @@ class DriftServer(Server):
         loss, metrics = result[0], {k: v for k, v in result[1].items() if k != "per_class_accuracy"}
         self.record.initial = {"initial_accuracy": float(metrics.get("accuracy", float("nan"))),
                                "initial_loss": float(loss)}
+        as_rows = {"test_accuracy": self.record.initial["initial_accuracy"], "test_loss": float(loss),
+                   **{k: v for k, v in metrics.items() if k != "accuracy"}}  # the names metrics.csv uses
+        self.initial_evaluation = (as_rows, result[1].get("per_class_accuracy"))
         log.info("initial model: test accuracy %.4f, loss %.4f", self.record.initial["initial_accuracy"], loss)
         return loss, metrics
 
@@ -312,7 +320,11 @@ class DriftServer(Server):
         self.last_checkpoint = server_round
 
     def finish(self) -> None:
-        """Summary file; client-state mirrors are only needed to resume, so remove them."""
+        """Summary file; client-state mirrors are only needed to resume, so remove them, and the
+        checkpoint too with ``keep-checkpoint = false`` (after the summary: a crash before it
+        leaves a run that resume finishes)."""
         self.record.write_summary(self.client_manager())
         self.tracker.close()
         shutil.rmtree(self.run_dir / "client-state", ignore_errors=True)
+        if not self.cfg["keep-checkpoint"]:
+            drop_checkpoint(self.run_dir)

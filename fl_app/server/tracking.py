@@ -6,7 +6,9 @@ experiment trackers named by the run-config key ``tracking``.
 - ``tracking``: ``"tensorboard"`` (the default), ``"mlflow"``, ``"wandb"``, a comma list of
   them, or ``"none"``. Each tracker gets the run config (at the start), every numeric column
   of each round's metrics.csv row (name = column, step = round) plus
-  ``per_class_accuracy/class_<c>``, and the numeric entries of summary.json when the run ends.
+  ``per_class_accuracy/class_<c>``, the initial model's as step 0 (``test_accuracy``,
+  ``test_loss``, ``min_class_accuracy``, the per-class ones: round 0 of the run's plots), and the
+  numeric entries of summary.json when the run ends.
 
   - ``tensorboard``: event files in ``<run-dir>/tensorboard`` via
     ``torch.utils.tensorboard.SummaryWriter`` (extra ``tracking``); skipped without a word when
@@ -159,7 +161,9 @@ class MLflowTracker:
 
 
 def mlflow_default_uri(run_dir: Path) -> str:
-    """``sqlite:///<results-dir>/mlflow.db``: one store for every run of a results folder."""
+    """``sqlite:///<results-dir>/mlflow.db``: one store for every run of a results folder (made
+    now if it is not there: the run opens its MLflow run before its own folder exists)."""
+    Path(run_dir).parent.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{(Path(run_dir).parent / 'mlflow.db').resolve()}"
 
 
@@ -171,6 +175,7 @@ class WandbTracker:
             import wandb
         except ImportError:
             raise _missing("wandb") from None
+        Path(run_dir).mkdir(parents=True, exist_ok=True)  # the W&B run writes its files there from the start
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", EXPERIMENT), name=Path(run_dir).name,
                               dir=str(run_dir), config=cfg, reinit="create_new",
                               settings=wandb.Settings(console="off", silent=True))
@@ -204,11 +209,20 @@ class RunTracker:
         server_round = int(row["round"])
         if per_class is not None and len(per_class):
             write_per_class(self.run_dir, server_round, per_class)
+        self._send(server_round, row, per_class)
+
+    def log_initial(self, values: dict, per_class=None) -> None:
+        """Round 0, the initial model's evaluation (``test_accuracy``, ``test_loss``, ...), at
+        step 0 of every tracker, so their curves start where the run's plots do (metrics.csv
+        and per_class_accuracy.csv hold the trained rounds; summary.json the initial ones)."""
+        self._send(0, values, per_class)
+
+    def _send(self, step: int, row: dict, per_class) -> None:
         values = numeric({k: v for k, v in row.items() if k != "round"})
         classes = np.asarray(per_class if per_class is not None else [], dtype=float)
         values.update(numeric({f"per_class_accuracy/class_{c}": v for c, v in enumerate(classes)}))
         for backend in self.backends:
-            backend.log(server_round, values)
+            backend.log(step, values)
 
     def close(self) -> None:
         """Send the numeric entries of summary.json (written before this is called) and close."""

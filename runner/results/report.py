@@ -280,6 +280,31 @@ def write_comparison(table: list[dict], out: Path) -> None:
     atomic_write_text(out / "comparison.md", "\n".join(lines) + "\n")
 
 
+def terminal_summary(table: list[dict], out: Path) -> str:
+    """The comparison as the runner prints it: the columns a reader compares methods by (final
+    and best accuracy, the worst class's, and with two or more seeds the paired difference from
+    the reference) and the warnings, narrow enough for a terminal; the full table (cost, drift,
+    client columns and their notes) is named, in ``out``."""
+    ref = table[0].get("paired_reference") if table else None
+    lines = ["| method | seeds | final accuracy | best accuracy | final min-class accuracy |"
+             + (f" final − {ref}, paired (95% CI) |" if ref else ""),
+             "|---|---|---|---|---|" + ("---|" if ref else "")]
+    for r in table:
+        mc, sd = r.get("final_min_class_accuracy_mean", math.nan), r.get("final_min_class_accuracy_std", math.nan)
+        lines.append(
+            f"| {r['method']}{' (!)' if r.get('update_gaps') or r.get('client_failures') else ''} | {r['seeds']} | "
+            f"{_pm(r['final_accuracy_mean'], r['final_accuracy_std'])} | "
+            f"{_pm(r['best_accuracy_mean'], r['best_accuracy_std'])} | "
+            f"{_pm(mc, sd if r.get('seeds', 1) > 1 else None) if math.isfinite(mc) else '-'} |"
+            + (f" {_paired_cell(r, ref)} |" if ref else ""))
+    for key, heading in WARNINGS.items():
+        flagged = [r for r in table if r.get(key)]
+        if flagged:
+            lines += ["", heading] + [f"- {r['method']}: {r[key]}" for r in flagged]
+    return "\n".join(lines + ["", f"all columns (run time, cost, drift, client views) and their notes: "
+                                  f"{Path(out) / 'comparison.md'}"])
+
+
 def tail_header(table: list[dict]) -> str:
     """'last 5 rounds', 'last 3 rounds' (a 3-round comparison), 'last round', or 'last 3-5
     rounds' when the runs evaluated different numbers of rounds: the rounds ``tail_accuracy``

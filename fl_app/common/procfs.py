@@ -1,5 +1,7 @@
-"""Reading Linux's /proc: the process table, a process tree, processes by environment
-variable, memory (RSS/PSS) and listening sockets. The one /proc walker of the launchers, tests and benchmarks."""
+"""Reading Linux's /proc: the process table, a process tree, a process's ancestors, command
+line and start time, processes by environment variable, memory (RSS/PSS) and listening sockets.
+The one /proc walker of the ServerApp (which SuperLink runs it: ``fl_app/server/data_source.py``),
+the launchers, tests and benchmarks. Elsewhere than Linux every reader finds nothing."""
 
 from __future__ import annotations
 
@@ -153,3 +155,43 @@ def _fd_links(pid: int) -> list[str]:
         except OSError:
             continue
     return links
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after ``pid (comm)``: state, ppid, ... (None when gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def ancestors(pid: int) -> list[int]:
+    """The parent of ``pid``, its parent, ... up to (not including) PID 1 or the first unreadable one."""
+    found: list[int] = []
+    fields = _stat_fields(pid)
+    while fields is not None and int(fields[1]) > 1 and int(fields[1]) not in found:
+        found.append(int(fields[1]))
+        fields = _stat_fields(found[-1])
+    return found
+
+
+def command_line(pid: int) -> list[str]:
+    """The arguments ``pid`` was started with ([] when it is gone or not readable)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [arg.decode(errors="replace") for arg in raw.split(b"\0") if arg]
+
+
+def started_at(pid: int) -> float | None:
+    """When ``pid`` started, in seconds since the epoch (None when it is gone): the boot time
+    plus its start time in clock ticks since boot."""
+    fields = _stat_fields(pid)
+    try:
+        with open("/proc/stat") as f:
+            boot = next(float(line.split()[1]) for line in f if line.startswith("btime "))
+    except (OSError, StopIteration):
+        return None
+    return None if fields is None else boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
