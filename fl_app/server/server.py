@@ -234,7 +234,7 @@ class DriftServer(Server):
         for failure in failures:
             log.warning("round %d: a client failed: %r", server_round, failure)
         row.update(summarise_client_metrics([(r.num_examples, r.metrics) for _, r in accepted]))
-        row.update(record_ray_nodes(self.run_dir, server_round, accepted))
+        row.update(record_ray_nodes(self.record.folder(), server_round, accepted))
         reason = self.participation.shortfall(server_round, len(accepted), len(results), len(failures))
         if reason:  # the rounds so far are a result: the summary says why and where the run stopped
             self.record.write_summary(self.client_manager(), stopped=reason)
