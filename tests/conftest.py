@@ -249,3 +249,13 @@ def serve_in_process(run_config: dict, nodes: int) -> None:
         manager.register(AppProxy(str(900 - 7 * k), context))
     server.set_max_workers(1)
     server.fit(components.config.num_rounds, timeout=None)
+
+
+def non_split_files(out: Path) -> list[str]:
+    """The names in ``out`` other than what ``--check`` writes there: the picture and label
+    counts of each split it cut (``tasks/partition_figure.write_check_splits``). A ``--check``
+    writes no run, no record and no result: this list is what it must leave unchanged."""
+    import re
+
+    split_files = re.compile(r"(partitions(-\d+)?\.png|client_label_counts(-\d+)?\.csv)")
+    return sorted(p.name for p in out.iterdir() if not split_files.fullmatch(p.name)) if out.exists() else []

@@ -16,7 +16,10 @@ from tasks.partitioning import PartitionSpec, federated_dataset
 
 
 def through_image_feature(ds, info) -> tuple[torch.Tensor, torch.Tensor]:
-    """The reference: every row formatted by ``datasets`` (a PIL image per row), as before."""
+    """The reference: every row formatted by ``datasets``' Image feature (a PIL image per row), as before."""
+    from datasets import Image
+
+    ds = ds.with_format(None).cast_column(info.image_column, Image())  # Python rows, whatever format it was in
     images = np.stack([np.asarray(im, dtype=np.uint8) for im in ds[info.image_column]])
     return normalise(images, np.asarray(ds[info.label_column]), info)
 

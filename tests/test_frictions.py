@@ -89,11 +89,11 @@ def test_help_points_at_readme_sections_that_exist(capsys):
     cluster'), and README has it (before: "see README", and no such section)."""
     import re
 
-    import run_simulation
+    from runner import cli
     from tests.conftest import ROOT
 
     with pytest.raises(SystemExit):
-        run_simulation.parse_args(["--help"])
+        cli.parse_args(["--help"])
     text = " ".join(capsys.readouterr().out.split())
     titles = re.findall(r"README: '([^']+)'", text)
     assert "On a Ray cluster" in titles and "see README" not in text, text
@@ -106,7 +106,7 @@ def test_quiet_prints_the_round_lines_and_errors_only(capsys):
     execution path and initial-model lines of its start-up (before: two such lines per run)."""
     import argparse
 
-    import run_simulation
+    from runner import sweep
 
     lines = ["\x1b[92mINFO \x1b[0m:      fl-drift: execution per-client (auto: per-client, no CUDA GPU: ...)",
              "\x1b[92mINFO \x1b[0m:      initial model: test accuracy 0.0250, loss 2.8092",
@@ -114,7 +114,7 @@ def test_quiet_prints_the_round_lines_and_errors_only(capsys):
              "\x1b[92mINFO \x1b[0m:      [ROUND 2]",
              "\x1b[91mERROR \x1b[0m:     fl-drift: PartitionError: partition 3 of 4 (dirichlet) is empty",
              "\x1b[92mINFO \x1b[0m:      round 2/2: test accuracy 0.6750, test loss 1.5296, clients 2, failures 0, 0.2s"]
-    on_line = run_simulation.progress_printer(argparse.Namespace(quiet=True, verbose=False), [])
+    on_line = sweep.progress_printer(argparse.Namespace(quiet=True, verbose=False), [])
     for line in lines:
         on_line(line)
     shown = capsys.readouterr().out.splitlines()
@@ -144,7 +144,7 @@ def test_the_runners_summary_shows_the_essential_columns(tmp_path, capsys):
     (before: comparison.md's 15 columns, printed whole, wrapping)."""
     import json
 
-    import run_simulation
+    from runner import sweep
 
     runs = {}
     for method, accs in (("fedavg", (0.60, 0.62)), ("fedprox", (0.64, 0.65))):
@@ -155,7 +155,7 @@ def test_the_runners_summary_shows_the_essential_columns(tmp_path, capsys):
                                                         "total_seconds": 9.0, "config": {"seed": seed}}))
             (d / "metrics.csv").write_text(f"round,test_accuracy,min_class_accuracy\n1,0.5,0.1\n2,{acc},0.2\n")
             runs.setdefault(method, []).append(d)
-    assert run_simulation.report(run_simulation.Outcome(runs=runs), tmp_path) == 0
+    assert sweep.report(sweep.Outcome(runs=runs), tmp_path) == 0
     out = capsys.readouterr().out
     table = [line for line in out.splitlines() if line.startswith("|")]
     assert table[0] == ("| method | seeds | final accuracy | best accuracy | final min-class accuracy |"
