@@ -92,6 +92,7 @@ def test_natural_partitions_need_one_client_per_writer(femnist_dir):
         check_data(spec_of(femnist_dir, n=4))
 
 
+@pytest.mark.slow  # 23 s idle: datasets' offline hub lookup
 def test_femnist_without_data_names_the_hub_id(tmp_path, monkeypatch):
     """With no data folder the hub id is tried (offline here: refused, naming it and the file to bring)."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

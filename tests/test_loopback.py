@@ -10,6 +10,8 @@ from __future__ import annotations
 import ipaddress
 import threading
 
+import pytest
+
 from fl_app.common.procfs import listening_sockets, processes_with_env
 
 
@@ -21,6 +23,7 @@ def sample_sockets(home: str, stop: threading.Event, seen: set) -> None:
                     listening_sockets(processes_with_env("FLWR_HOME", home)))
 
 
+@pytest.mark.slow  # 27 s idle: a live simulation sampled for its sockets
 def test_a_local_simulation_listens_on_loopback_only(sim, mnist_sample, tmp_path):
     """The session's simulation (``sim``), as ``run_simulation.py`` starts it: a run of 2 rounds
     and 2 nodes."""

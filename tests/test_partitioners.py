@@ -280,7 +280,8 @@ RUNS = {
 }
 
 
-@pytest.mark.parametrize("name", [n if n == "pathological" else pytest.param(n, marks=pytest.mark.slow) for n in RUNS])
+@pytest.mark.slow  # 20-30 s each idle: every partitioner through Flower (their properties run by default)
+@pytest.mark.parametrize("name", RUNS)
 def test_each_partitioner_trains_two_rounds_through_flower(simulated, small_mnist, name):
     """2 rounds of FedAvg on 4 clients through ``flwr run``'s simulation; the server wrote the
     split's picture and its counts, which are the split's own."""
