@@ -259,3 +259,13 @@ def non_split_files(out: Path) -> list[str]:
 
     split_files = re.compile(r"(partitions(-\d+)?\.png|client_label_counts(-\d+)?\.csv)")
     return sorted(p.name for p in out.iterdir() if not split_files.fullmatch(p.name)) if out.exists() else []
+
+
+def load_make_results():
+    """scripts/make_results.py as a module (a script, not a package: loaded from its file)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_results", ROOT / "scripts" / "make_results.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

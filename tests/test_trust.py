@@ -13,16 +13,7 @@ import pytest
 
 import run_simulation
 from runner import checks, cli
-from tests.conftest import ROOT
-
-
-def load_make_results():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("make_results", ROOT / "scripts" / "make_results.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.conftest import ROOT, load_make_results
 
 
 def write_experiment(path: Path, body: str) -> Path:

@@ -12,7 +12,7 @@ import pytest
 
 import run_simulation
 from runner import checks, cli, sweep
-from tests.conftest import ROOT
+from tests.conftest import load_make_results
 
 SYNTH = ["--dataset", "synthetic", "--set", "model=logreg"]
 
@@ -22,15 +22,6 @@ def one_line_error(capsys) -> str:
     assert err.startswith("error: ") and err.count("\n") == 1, err
     assert "Traceback" not in err and "usage:" not in err
     return err
-
-
-def load_make_results():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("make_results", ROOT / "scripts" / "make_results.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # ---- 1. --collect never destroys a kept run ---------------------------------------------------------
