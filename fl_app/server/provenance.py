@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from fl_app.common.files import atomic_write_text
 from fl_app.common.run_files import FINGERPRINT_FILE
 from protocol.keys import ConfigError
 
@@ -272,6 +273,4 @@ def _read_fingerprint(path: Path) -> dict | None:
 
 
 def _write_fingerprint(path: Path, fingerprint: dict) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(fingerprint, indent=1))
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(fingerprint, indent=1))
