@@ -42,6 +42,7 @@ import torch  # noqa: E402
 from flwr.app import Context, RecordDict  # noqa: E402
 from torch import nn  # noqa: E402
 
+from clients.base import DriftClient  # noqa: E402
 from fl_app.registry import METHODS, resolve, validate_config  # noqa: E402
 from tasks.datasets import input_shape  # noqa: E402
 from tasks.models import build_model, get_weights, last_layers_param_names  # noqa: E402
@@ -286,7 +287,7 @@ def make_client(name: str, base: dict, pid: int, num_partitions: int):
     the method looked up, its own checks applied), the client built from it."""
     cfg, method = resolve({**base, "strategy": name})
     context = Context(run_id=0, node_id=pid, node_config={}, state=RecordDict(), run_config={})
-    return cfg, method.client(cfg, context, pid, num_partitions)
+    return cfg, DriftClient(method.update, cfg, context, pid, num_partitions)
 
 
 def fit_config(method: str, cfg: dict, rnd: int) -> dict:

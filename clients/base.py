@@ -1,40 +1,44 @@
-"""``DriftClient``: one client's local training, the method's ``LocalUpdate`` run on its partition.
+"""``DriftClient``: the one ``NumPyClient`` of every method; it runs the method's ``LocalUpdate``
+(``tasks.functional.update``) on its partition.
 
-A method's client names its local update in ``LOCAL_UPDATE`` (a ``tasks.functional``
-``LocalUpdate``: ``begin`` / ``direction`` / ``end``, pure functions of tensors); ``fit`` runs the
-round through ``tasks.functional.local_round`` and nothing else trains a client. A client that
-declares none is refused in one line (``local_update_for``) before it trains. The class adds
-only what the functions cannot see: ``receive`` / ``reply`` (extra arrays travelling with the
-weights, SCAFFOLD's c and delta c) and ``functional_inputs`` / ``functional_outputs`` (its state
-between ``context.state`` and the update). ``fit`` is ``prepare_functional`` (everything before
-the loop), ``local_round``, ``finish_functional`` (everything after it): a cohort node runs the
-two halves per virtual client around one ``cohort_round`` for all of them, so everything but
-the loop is this one code.
+``fit`` is ``prepare_round`` (everything before the loop), ``tasks.functional.local_round``, then
+``finish_round`` (everything after it). A cohort node (``fl_app.node.cohort_client``) runs the
+same two halves per virtual client around one ``cohort_round`` for all of them, so everything
+but the loop is this one code, for every method. What the halves do is read from the update's
+declaration, never from a method's name:
 
-Per-client state that must survive rounds lives in ``context.state`` (``load_state`` /
-``save_state``), which Flower persists per node in simulation and deployment alike.
+- the weights are converted once each way: the received arrays straight into the round's
+  parameter and buffer tensors (in the model's memory layout), the trained tensors straight
+  into the reply's arrays; the model module is a skeleton for ``torch.func.functional_call``
+  (only ``evaluate``, and a ``prepare`` step that needs a module, load weights into it);
+- the arrays after the weights are split into the declared ``receives``; the declared ``state``
+  is read from and written to ``context.state`` (which Flower persists per node, in simulation
+  and deployment alike), each under its record name; ``personal`` entries replace the received
+  ones before training and evaluation and are kept after training; the declared ``sends`` follow
+  the weights in the reply.
 
 ``fit`` is the method's local training and nothing else. What a node does around it (fault
-injection, the on-disk state mirror, start-up warm-up, timing, the ``state_arrays_in``
-metric) is the ClientApp's: ``fl_app.node.node_client.NodeClient`` wraps every method client.
+injection, the on-disk state mirror, start-up warm-up, timing, the ``state_arrays_in`` metric)
+is the ClientApp's: ``fl_app.node.node_client.NodeClient`` wraps it.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping
 
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, Context
 from flwr.client import NumPyClient
+from torch import nn
 
 from tasks.augment import Augment
 from tasks.datasets import input_shape
-from tasks.functional import Hyper, LocalUpdate, RoundResult, local_round, module_state
+from tasks.functional import Hyper, RoundResult, local_round
+from tasks.functional.update import Arrays, LocalUpdate, Round
 from tasks.local_files import load_local_file
-from tasks.models import cached_model, default_device, get_weights, set_weights
+from tasks.models import cached_model, default_device, set_weights
 from tasks.partitioning import PartitionSpec, load_client_split, load_partition, split_tensors
 from tasks.train import evaluate
 
@@ -59,53 +63,62 @@ def partition_on_device(
     return (x.to(device), y.to(device)), None
 
 
-@dataclass
-class FunctionalRound:
-    """A ``LOCAL_UPDATE`` round prepared by ``DriftClient.prepare_functional``: what
-    ``tasks.functional.local_round`` takes, in its order (``cohort_round`` takes the same per
-    client, stacked). ``model`` is the client's model, used as a skeleton only."""
+# ------------------------------------------------------------------ arrays <-> tensors
+def weights_to_tensors(model: nn.Module, arrays: list[np.ndarray]) -> tuple[dict, dict]:
+    """(parameters, buffers) from the model's state arrays (state_dict order), each a new
+    tensor in the memory layout, dtype and device of the model's own entry (a channels-last
+    weight stays channels-last, so the convolutions run the kernels the module would); the
+    count and every shape checked first. One copy per array."""
+    state = model.state_dict()
+    if len(arrays) != len(state):
+        raise ValueError(f"got {len(arrays)} arrays for a model with {len(state)} state entries")
+    tensors = {}
+    for (name, ref), arr in zip(state.items(), arrays):
+        if tuple(np.shape(arr)) != tuple(ref.shape):
+            raise ValueError(f"array for {name!r} has shape {np.shape(arr)}, expected {tuple(ref.shape)}")
+        tensors[name] = torch.empty_like(ref).copy_(torch.as_tensor(np.asarray(arr)))
+    params = {n: tensors[n] for n, _ in model.named_parameters()}
+    buffers = {n: tensors[n] if n in tensors else b.detach().clone() for n, b in model.named_buffers()}
+    return params, buffers
 
-    update: LocalUpdate
-    model: torch.nn.Module
-    params: dict[str, torch.Tensor]
-    buffers: dict[str, torch.Tensor]
-    state: dict
-    server: dict
-    hp: Hyper
-    x: torch.Tensor
-    y: torch.Tensor
-    batch_size: int
-    epochs: int
-    generator: torch.Generator
-    augment: Augment
 
-    def local_round_args(self) -> tuple:
-        """The positional arguments of ``local_round`` for this round."""
-        return (self.update, self.model, self.params, self.buffers, self.state, self.server, self.hp,
-                self.x, self.y, self.batch_size, self.epochs, self.generator, self.augment)
+def tensors_to_arrays(tensors: Mapping[str, torch.Tensor], names: list[str]) -> list[np.ndarray]:
+    """``tensors[name]`` for each of ``names`` as a contiguous CPU numpy copy (never aliasing a
+    tensor that trains again in this process)."""
+    return [tensors[n].detach().to("cpu", copy=True, memory_format=torch.contiguous_format).numpy() for n in names]
+
+
+def arrays_to_tree(arrays: list[np.ndarray], names: list[str], model: nn.Module, what: str,
+                   as_weights: bool = False) -> dict:
+    """{name: tensor} of ``arrays`` over the model entries ``names``, each in its entry's dtype
+    and device, contiguous (or in the entry's own memory layout, ``as_weights``); a wrong count
+    or shape refused in one line naming ``what``."""
+    entries = model.state_dict()
+    if len(arrays) != len(names):
+        raise ValueError(f"{what}: {len(arrays)} arrays for {len(names)} model entries")
+    tree = {}
+    for name, arr in zip(names, arrays):
+        ref = entries[name]
+        if tuple(np.shape(arr)) != tuple(ref.shape):
+            raise ValueError(f"{what} for {name!r} has shape {np.shape(arr)}, expected {tuple(ref.shape)}")
+        if as_weights:
+            tree[name] = torch.empty_like(ref).copy_(torch.as_tensor(np.asarray(arr)))
+        else:
+            tree[name] = torch.as_tensor(np.asarray(arr), dtype=ref.dtype, device=ref.device).clone()
+    return tree
 
 
 class DriftClient(NumPyClient):
-    """A method's client: ``fit`` trains its ``LOCAL_UPDATE`` (module docstring).
+    """Any method's client: ``fit`` trains ``update`` (module docstring).
 
     ``self.cfg`` is the validated run config (the same for every round and node);
-    ``self.fit_config`` is the config the server sent with this round's fit instruction
-    (``server-round`` and method values such as FedProx's ``proximal_mu``).
+    ``self.fit_config`` is the config the server sent with this round's fit instruction.
     """
 
-    # A local step's cost relative to one SGD step, one forward-backward pass a step, plain SGD; read by the
-    # run-time estimate of `run_simulation.py --check` (runner/estimate.py).
-    STEP_COST = 1.0
-    # The method's local update as functions (module docstring); every method's client names one.
-    LOCAL_UPDATE: LocalUpdate | None = None
-
-    @classmethod
-    def mods(cls, cfg: dict) -> tuple:
-        """The Flower client mods this method's runs of ``cfg`` need around each message (the
-        ClientApp applies them, ``fl_app/client_app.py``). Default: none."""
-        return ()
-
-    def __init__(self, cfg: dict, context: Context, partition_id: int, num_partitions: int):
+    def __init__(self, update: LocalUpdate, cfg: dict, context: Context, partition_id: int, num_partitions: int):
+        if not isinstance(update, LocalUpdate):
+            raise TypeError(f"a client runs a tasks.functional LocalUpdate, got {update!r} (docs/contributing.md)")
+        self.update = update
         self.cfg = cfg
         self.context = context
         self.partition_id = partition_id
@@ -145,13 +158,57 @@ class DriftClient(NumPyClient):
         self._test_data = tuple(t.to(self.device) for t in test) if test is not None else None
 
     def load_state(self, name: str) -> list[np.ndarray] | None:
-        """Arrays saved under ``name`` in an earlier round on this node, or None."""
+        """Arrays saved under record ``name`` in an earlier round on this node, or None."""
         if name not in self.context.state:
             return None
         return self.context.state[name].to_numpy_ndarrays()
 
     def save_state(self, name: str, arrays: list[np.ndarray]) -> None:
         self.context.state[name] = ArrayRecord(numpy_ndarrays=[np.asarray(a) for a in arrays])
+
+    def names(self, arrays: Arrays) -> list[str]:
+        """The model entries a declared set of arrays covers, in state_dict order."""
+        return list(arrays.names(self.model, self.cfg))
+
+    def kept_state(self) -> dict:
+        """The declared state this client kept in earlier rounds (an entry it never kept is
+        absent: ``begin`` supplies its initial value)."""
+        state = {}
+        for key, arrays in self.update.state.items():
+            stored = self.load_state(arrays.record)
+            if stored is not None:
+                state[key] = arrays_to_tree(stored, self.names(arrays), self.model, f"stored {arrays.record!r}",
+                                            arrays.as_weights)
+        return state
+
+    # -------------------------------------------------------------------- the wire
+    def split_received(self, parameters: list[np.ndarray]) -> tuple[list[np.ndarray], dict]:
+        """(the model's state arrays, with the client's ``personal`` entries in place of the
+        received ones; {name: tree} of the declared ``receives`` that arrived after them)."""
+        n_state = len(self.model.state_dict())
+        weights, extra = list(parameters[:n_state]), list(parameters[n_state:])
+        personal = self.update.personal
+        kept = self.load_state(personal.record) if personal is not None else None
+        if kept is not None:
+            index = {n: i for i, n in enumerate(self.model.state_dict())}
+            for name, arr in zip(self.names(personal), kept):
+                weights[index[name]] = arr
+        return weights, self.received_extras(extra)
+
+    def received_extras(self, extra: list[np.ndarray]) -> dict:
+        """The arrays after the weights, split into the declared ``receives`` in order ({} when
+        the server sent only the weights); any other count refused in one line."""
+        if not extra:
+            return {}
+        sizes = {key: self.names(arrays) for key, arrays in self.update.receives.items()}
+        if len(extra) != sum(len(names) for names in sizes.values()):
+            raise ValueError(f"{self.update.name}: the server sent {len(extra)} arrays after the weights, expected "
+                             f"{' + '.join(f'{len(v)} ({k})' for k, v in sizes.items()) or 0}")
+        out, start = {}, 0
+        for key, names in sizes.items():
+            out[key] = arrays_to_tree(extra[start:start + len(names)], names, self.model, key)
+            start += len(names)
+        return out
 
     # --------------------------------------------------------------- NumPyClient API
     def get_properties(self, config: dict) -> dict:
@@ -161,97 +218,59 @@ class DriftClient(NumPyClient):
         return {"partition-id": self.partition_id, "num-partitions": self.num_partitions}
 
     def get_parameters(self, config: dict) -> list[np.ndarray]:
-        return get_weights(self.model)
+        state = self.model.state_dict()
+        return tensors_to_arrays(state, list(state))
 
     def fit(self, parameters: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
-        """One round of the method's local training from the received global model w_t: the
-        round as ``tasks.functional.local_round`` (``prepare_functional``, the loop,
-        ``finish_functional``). A cohort node (``fl_app.node.cohort_client``) runs the same two
-        halves around one ``cohort_round`` for many clients instead of the loop."""
-        job = self.prepare_functional(parameters, config)
-        return self.finish_functional(job, local_round(*job.local_round_args()))
-
-    def _begin_fit(self, parameters: list[np.ndarray], config: dict) -> int:
-        """Keep the fit config, load w_t (``receive``), note the round's learning rate. Returns
-        the server round."""
-        server_round = int(config.get("server-round", 1))
-        self.fit_config = config
-        set_weights(self.model, self.receive(parameters))
-        self.lr = self.cfg["learning-rate"] * self.cfg["lr-decay"] ** (server_round - 1)
-        return server_round
+        """One round of the method's local training from the received global model w_t:
+        ``prepare_round``, ``tasks.functional.local_round``, ``finish_round``."""
+        job = self.prepare_round(parameters, config)
+        return self.finish_round(job, local_round(*job.local_round_args()))
 
     def round_generator(self, server_round: int) -> torch.Generator:
         """The client's batch-order generator for ``server_round``, seeded from (seed, partition, round)."""
         return torch.Generator().manual_seed(hash((self.cfg["seed"], self.partition_id, server_round)) & 0x7FFFFFFF)
 
-    @classmethod
-    def local_update_for(cls, cfg: dict) -> LocalUpdate:
-        """The ``LocalUpdate`` a run of this class with run config ``cfg`` trains through: its
-        ``LOCAL_UPDATE`` (a subclass inherits its parent's unless it names its own). A method
-        whose update depends on the run config overrides this (FedPGVC). The one answer the
-        per-client fit, the cohort node and the server's checks read; a class that names none
-        is refused here, in one line, before it trains."""
-        update = cls.LOCAL_UPDATE
-        if not isinstance(update, LocalUpdate):
-            raise TypeError(f"client class {cls.__name__} names no LOCAL_UPDATE (got {update!r}): every method's client"
-                            " trains through a tasks.functional LocalUpdate (docs/contributing.md)")
-        return update
-
-    def local_update(self) -> LocalUpdate:
-        """This client's update (``local_update_for`` its run config)."""
-        return self.local_update_for(self.cfg)
-
-    def prepare_functional(self, parameters: list[np.ndarray], config: dict) -> FunctionalRound:
-        """Everything before the training loop of a ``LOCAL_UPDATE`` round: w_t loaded (through
-        ``receive``), the round's learning rate, the client's data, batch-order generator and
-        augmentation, and the method's inputs (``functional_inputs``) as ``local_round`` takes them."""
-        update = self.local_update()
-        server_round = self._begin_fit(parameters, config)
+    def prepare_round(self, parameters: list[np.ndarray], config: dict) -> Round:
+        """Everything before the training loop: w_t as tensors (``split_received``), the round's
+        learning rate, the client's data, batch-order generator and augmentation, its kept
+        state and what the server sent, then the update's ``prepare`` step."""
+        server_round = int(config.get("server-round", 1))
+        self.fit_config = config
+        lr = self.cfg["learning-rate"] * self.cfg["lr-decay"] ** (server_round - 1)
+        weights, received = self.split_received(parameters)
+        params, buffers = weights_to_tensors(self.model, weights)
         x, y = self.data
-        generator = self.round_generator(server_round)
-        augment = Augment.for_round(self.cfg, self.device, self.partition_id, server_round)
-        params, buffers = module_state(self.model)
-        state, server = self.functional_inputs()
-        return FunctionalRound(update, self.model, params, buffers, state, server,
-                               Hyper.from_config(self.cfg, self.lr, update.keys), x, y,
-                               self.cfg["batch-size"], self.cfg["local-epochs"], generator, augment)
+        job = Round(self.update, self.model, params, buffers, self.kept_state(), {"buffers": buffers, **received},
+                    Hyper.from_config(self.cfg, lr, self.update.key_names()), x, y, self.cfg["batch-size"],
+                    self.cfg["local-epochs"], self.round_generator(server_round),
+                    Augment.for_round(self.cfg, self.device, self.partition_id, server_round),
+                    self.cfg["seed"], self.partition_id, server_round)
+        return self.update.prepare(job) if self.update.prepare is not None else job
 
-    def finish_functional(self, job: FunctionalRound, result: RoundResult) -> tuple[list[np.ndarray], int, dict]:
-        """Everything after the loop: the result's weights and buffers loaded into ``self.model``,
-        the method's state kept and extras noted (``functional_outputs``), then the reply
-        (``reply``), the number of training examples and the fit metrics."""
-        with torch.no_grad():
-            for name, p in self.model.named_parameters():
-                p.copy_(result.params[name])
-            for name, b in self.model.named_buffers():
-                b.copy_(result.buffers[name])
-        metrics = dict(result.metrics)
-        metrics.update(self.functional_outputs(result) or {})
-        return self.reply(), len(job.x), metrics
+    def finish_round(self, job: Round, result: RoundResult) -> tuple[list[np.ndarray], int, dict]:
+        """Everything after the loop: the update's ``finish`` step, the declared state and
+        ``personal`` entries kept in ``context.state``, then the reply (the trained weights, then
+        the declared ``sends``), the number of training examples and the fit metrics."""
+        update = self.update
+        if update.finish is not None:
+            result = update.finish(job, result)
+        for key, arrays in update.state.items():
+            if key in result.state:
+                self.save_state(arrays.record, tensors_to_arrays(result.state[key], self.names(arrays)))
+        trained = {**result.params, **result.buffers}
+        if update.personal is not None:
+            self.save_state(update.personal.record, tensors_to_arrays(trained, self.names(update.personal)))
+        reply = tensors_to_arrays(trained, list(self.model.state_dict()))
+        for key, arrays in update.sends.items():
+            reply += tensors_to_arrays(result.reply[key], self.names(arrays))
+        return reply, len(job.x), dict(result.metrics)
 
     def evaluate(self, parameters: list[np.ndarray], config: dict) -> tuple[float, int, dict]:
-        """Loss and accuracy of the received model on this client's local test split (its
-        training data when ``client-test-fraction`` is 0)."""
-        set_weights(self.model, self.receive(parameters))
+        """Loss and accuracy of the received model (with the client's ``personal`` entries) on
+        this client's local test split (its training data when ``client-test-fraction`` is 0)."""
+        weights, _ = self.split_received(parameters)
+        set_weights(self.model, weights)
         x, y = self.test_data
         loss, acc = evaluate(self.model, x, y)
         return loss, len(x), {"accuracy": acc}
-
-    # ------------------------------------------------- what the functions cannot see
-    def receive(self, parameters: list[np.ndarray]) -> list[np.ndarray]:
-        """Split what the server sent into model weights (returned) and method extras."""
-        return parameters
-
-    def reply(self) -> list[np.ndarray]:
-        """What goes back to the server: the local weights (plus method extras)."""
-        return get_weights(self.model)
-
-    def functional_inputs(self) -> tuple[dict, dict]:
-        """(the client's state, what the server sent besides the weights) for ``LOCAL_UPDATE``,
-        as ``tasks.functional`` takes them (default: none)."""
-        return {}, {}
-
-    def functional_outputs(self, result: RoundResult) -> dict[str, Any] | None:
-        """Keep ``result.state`` in ``context.state`` and ``result.reply`` for ``reply``; may
-        return extra fit metrics (default: nothing to keep)."""
-        return None

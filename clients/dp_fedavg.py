@@ -35,22 +35,20 @@ Summary: client update clipped (client mode) | server clipping, noise, uniform m
 state - | server state accountant | traffic -
 """
 
+from __future__ import annotations
+
 from flwr.clientapp.mod import fixedclipping_mod
 
-from clients.base import DriftClient
-from tasks.functional.corrections import DP_FEDAVG
+from clients.fedavg import plain_direction
+from tasks.functional.update import LocalUpdate
 
 
-class DPFedAvgClient(DriftClient):
-    """Local SGD with cross-entropy, FedAvg's step (``tasks.functional.corrections.DP_FEDAVG``);
-    clipping and noise are Flower's (mod and strategy wrapper). In client mode the clipping is a
-    per-message mod (``mods``), which clips each client's reply on its own: that keeps DP-FedAvg
-    off the cohort path (K clients trained in one call would bypass the mod)."""
+def dp_client_mods(cfg) -> tuple:
+    """Flower's ``fixedclipping_mod`` with ``dp-mode = "client"``: the client clips its own update
+    to the norm the strategy wrapper sends. A mod acts on one client's message, which keeps
+    DP-FedAvg off the cohort path (K clients trained in one call would bypass it)."""
+    return (fixedclipping_mod,) if cfg["dp-mode"] == "client" else ()
 
-    LOCAL_UPDATE = DP_FEDAVG
 
-    @classmethod
-    def mods(cls, cfg: dict) -> tuple:
-        """Flower's ``fixedclipping_mod`` with ``dp-mode = "client"``: the client clips its own
-        update to the norm the strategy wrapper sends."""
-        return (fixedclipping_mod,) if cfg["dp-mode"] == "client" else ()
+# FedAvg's step; clipping and noise are Flower's (this mod and the strategy wrapper).
+UPDATE = LocalUpdate("dp-fedavg", plain_direction, client_mods=dp_client_mods, module=__name__)

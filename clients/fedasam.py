@@ -20,17 +20,38 @@ Summary: client adaptive SAM gradient | server - | client state - | server state
 
 from __future__ import annotations
 
-from clients.fedsam import FedSAMClient
+from collections.abc import Iterable
+
 from protocol.keys import Key, non_negative, positive
-from tasks.functional.sharpness import FEDASAM
+from tasks.functional.core import NORM_EPS, Tree, grad_and_loss, perturbed_copy, tree_norm
+from tasks.functional.update import LocalUpdate
 
 
-class FedASAMClient(FedSAMClient):
-    """FedSAM with ASAM's perturbation: ``tasks.functional.sharpness.FEDASAM``."""
+def asam_scaled(names: Iterable[str]) -> dict[str, bool]:
+    """Which tensors ASAM rescales: those named ``weight`` (the official ASAM code's rule),
+    not biases."""
+    return {n: n.rsplit(".", 1)[-1] == "weight" for n in names}
 
-    LOCAL_UPDATE = FEDASAM
-    # replaces FedSAM's sam-rho: FEDASAM reads these two keys instead
-    CONFIG_KEYS = {
-        "asam-rho": Key(0.5, positive, "> 0 (ASAM radius)"),
-        "asam-eta": Key(0.01, non_negative, ">= 0 (ASAM T_w = |w| + eta)"),
-    }
+
+def asam_eps(params: Tree, grads: Tree, rho: float, eta: float, scaled: dict[str, bool]) -> Tree:
+    """Adaptive SAM's ascent step (Kwon et al. 2021): eps = rho T^2 g / (||T g|| + NORM_EPS),
+    T = |w| + eta elementwise where ``scaled[name]``, T = 1 elsewhere; the norm over all of
+    ``grads``. Plain tensor ops, so vmap batches it."""
+    t = {n: params[n].abs().add(eta) for n in grads if scaled[n]}
+    tg = {n: t[n] * g if n in t else g for n, g in grads.items()}
+    scale = rho / (tree_norm(tg.values()) + NORM_EPS)
+    return {n: (v * t[n] if n in t else v) * scale for n, v in tg.items()}
+
+
+def asam_direction(model, params, buffers, x, y, w_t, ctx, carry, hp):
+    """g = grad f(w); eps = ``asam_eps``; d = grad f(w + eps), applied at w."""
+    grads, loss, new_buffers = grad_and_loss(model, params, buffers, x, y, hp)
+    eps = asam_eps(params, grads, hp.keys["asam-rho"], hp.keys["asam-eta"], asam_scaled(params))
+    sharp, _, _ = grad_and_loss(model, perturbed_copy(params, eps), new_buffers, x, y, hp)
+    return sharp, new_buffers, carry, loss
+
+
+UPDATE = LocalUpdate("fedasam", asam_direction, keys={
+    "asam-rho": Key(0.5, positive, "> 0 (ASAM radius)"),
+    "asam-eta": Key(0.01, non_negative, ">= 0 (ASAM T_w = |w| + eta)"),
+}, step_cost=2.0, module=__name__)

@@ -9,11 +9,16 @@
 Summary: client - | server - | client state - | server state - | traffic -
 """
 
-from clients.base import DriftClient
-from tasks.functional import FEDAVG
+from __future__ import annotations
+
+from tasks.functional.core import grad_and_loss
+from tasks.functional.update import LocalUpdate
 
 
-class FedAvgClient(DriftClient):
-    """Local SGD with cross-entropy, no correction: ``tasks.functional.FEDAVG``."""
+def plain_direction(model, params, buffers, x, y, w_t, ctx, carry, hp):
+    """d = g: the cross-entropy gradient."""
+    grads, loss, new_buffers = grad_and_loss(model, params, buffers, x, y, hp)
+    return grads, new_buffers, carry, loss
 
-    LOCAL_UPDATE = FEDAVG
+
+UPDATE = LocalUpdate("fedavg", plain_direction, module=__name__)

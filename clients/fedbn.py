@@ -22,37 +22,9 @@ server state - | traffic -
 
 from __future__ import annotations
 
-import numpy as np
+from clients.fedavg import plain_direction
+from protocol.layout import bn_names
+from tasks.functional.update import Arrays, LocalUpdate
 
-from clients.base import DriftClient
-from protocol.layout import bn_indices
-from tasks.functional import RoundResult
-from tasks.functional.corrections import FEDBN
-from tasks.models import get_weights
-
-STATE = "fedbn-bn"
-
-
-class FedBNClient(DriftClient):
-    """Local SGD with cross-entropy, FedAvg's step (``tasks.functional.corrections.FEDBN``); the
-    client's own BN entries replace the received ones before the round (``receive``) and are
-    stored after it (``functional_outputs``). Neither is the local update's: its ``begin`` may
-    not change the starting weights and its ``end`` does not see the buffers (BN statistics),
-    so a cohort path must start each client from ``receive``'s weights and store its BN entries
-    as ``functional_outputs`` does."""
-
-    LOCAL_UPDATE = FEDBN
-
-    def receive(self, parameters: list[np.ndarray]) -> list[np.ndarray]:
-        local = self.load_state(STATE)
-        if local is None:  # first round on this client: start from what was sent
-            return parameters
-        merged = list(parameters)
-        for i, arr in zip(bn_indices(self.model), local):
-            merged[i] = arr
-        return merged
-
-    def functional_outputs(self, result: RoundResult) -> None:
-        """Keep the BN entries of the trained model (``result`` is loaded into it already)."""
-        weights = get_weights(self.model)
-        self.save_state(STATE, [weights[i] for i in bn_indices(self.model)])
+# FedAvg's step; the BN entries (weights, biases and running statistics) are the client's own.
+UPDATE = LocalUpdate("fedbn", plain_direction, personal=Arrays(bn_names, record="fedbn-bn"), module=__name__)

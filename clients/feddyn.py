@@ -34,29 +34,39 @@ from __future__ import annotations
 
 import torch
 
-from clients.base import DriftClient
-from tasks.functional import FEDDYN, RoundResult
+from clients.fedavg import plain_direction
+from tasks.functional.core import Hyper, Tree
+from tasks.functional.update import Arrays, LocalUpdate
 
-STATE = "feddyn-grad"
+
+def feddyn_begin(w_t: Tree, state: dict, server: dict, hp: Hyper) -> dict:
+    """g_k (``state["grad"]``, zeros at first) and the offset g_k + alpha w_t, fixed for the round."""
+    alpha = hp.keys["feddyn-alpha"]
+    g = state.get("grad") or {n: torch.zeros_like(w) for n, w in w_t.items()}
+    return {"grad": g, "offset": {n: g[n] + alpha * w_t[n] for n in w_t}}
 
 
-class FedDynClient(DriftClient):
-    """FedDyn runs ``tasks.functional.FEDDYN`` (``LOCAL_UPDATE``); this class keeps g_k in
-    ``context.state`` between rounds (FedSMOO, a subclass, keeps its h_i there the same way)."""
+def feddyn_direction(model, params, buffers, x, y, w_t, ctx, carry, hp):
+    """d = g - (g_k + alpha w_t) + alpha w (nothing added at alpha = 0, where g_k stays 0)."""
+    grads, new_buffers, carry, loss = plain_direction(model, params, buffers, x, y, w_t, ctx, carry, hp)
+    alpha = hp.keys["feddyn-alpha"]
+    if alpha != 0:
+        grads = {n: g.sub(ctx["offset"][n]).add(params[n], alpha=alpha) for n, g in grads.items()}
+    return grads, new_buffers, carry, loss
 
-    LOCAL_UPDATE = FEDDYN
 
-    def _stored(self) -> dict:
-        """{"grad": g_k by parameter name} from ``context.state``, or {} (g_k = 0) at first."""
-        saved = self.load_state(STATE)
-        if saved is None:
-            return {}
-        names = [n for n, _ in self.model.named_parameters()]
-        return {"grad": {n: torch.as_tensor(a, device=self.device) for n, a in zip(names, saved)}}
+def feddyn_end(w_t, params, buffers, carry, steps, ctx, state, hp):
+    """g_k <- g_k - alpha (w_k - w_t); metric ``feddyn_grad_norm`` = ||g_k||."""
+    alpha = hp.keys["feddyn-alpha"]
+    new = {n: g - alpha * (params[n] - w_t[n]) for n, g in ctx["grad"].items()}
+    return {"grad": new}, {}, {"feddyn_grad_norm": torch.sqrt(sum((g**2).sum() for g in new.values()))}
 
-    def functional_inputs(self) -> tuple[dict, dict]:
-        return self._stored(), {}
 
-    def functional_outputs(self, result: RoundResult) -> None:
-        """Store the new g_k in ``context.state`` (parameter order)."""
-        self.save_state(STATE, [g.cpu().numpy() for g in result.state["grad"].values()])
+def all_param_names(model, cfg) -> list[str]:
+    """Every parameter, in ``named_parameters`` order (FedDyn's g_k, FedSMOO's h_i)."""
+    return [n for n, _ in model.named_parameters()]
+
+
+GRAD = Arrays(all_param_names, record="feddyn-grad")  # g_k, kept per client (FedSMOO keeps it too)
+UPDATE = LocalUpdate("feddyn", feddyn_direction, feddyn_begin, feddyn_end, reads=("feddyn-alpha",),
+                     state={"grad": GRAD}, module=__name__)

@@ -21,12 +21,10 @@ Summary: client - | server normalised averaging | client state - | server state 
 a fit metric
 """
 
-from clients.base import DriftClient
-from tasks.functional.corrections import FEDNOVA
+from __future__ import annotations
 
+from clients.fedavg import plain_direction
+from tasks.functional.update import LocalUpdate
 
-class FedNovaClient(DriftClient):
-    """Local SGD with cross-entropy, FedAvg's step (``tasks.functional.corrections.FEDNOVA``);
-    tau_k travels as the ``num_steps`` fit metric."""
-
-    LOCAL_UPDATE = FEDNOVA
+# FedAvg's step; tau_k travels as the ``num_steps`` fit metric, which every round reports.
+UPDATE = LocalUpdate("fednova", plain_direction, module=__name__)

@@ -65,37 +65,108 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call
 
-from clients.base import DriftClient, FunctionalRound
-from tasks.functional import LocalUpdate, RoundResult
-from tasks.functional.pgvc import FEDPGVC, FEDPGVC_AUTHORS, authors_rescale
+from clients.fedavg import plain_direction
+from tasks.functional.core import clone_tree, value_grads
+from tasks.functional.update import LocalUpdate, Round
+from tasks.keras_layers import pgvc_code_layers
+from tasks.models import last_layers_param_names
 
 
-class FedPGVCClient(DriftClient):
-    """``"text"``: ``tasks.functional.pgvc.FEDPGVC`` (g on the body, g + rho on the last
-    ``pgvc-layers`` Linear layers). ``"authors"``: ``FEDPGVC_AUTHORS`` (plain local training),
-    then the released code's rescale of its masked layers (``authors_rescale``) applied to the
-    round's result in ``finish_functional``, which the per-client fit and a cohort node both run.
+def pgvc_direction(model, params, buffers, x, y, w_t, ctx, carry, hp):
+    """d = g on every parameter, plus r on the last ``pgvc-layers`` Linear layers (module docstring)."""
+    masked = last_layers_param_names(model, int(hp.keys["pgvc-layers"]))
 
-    The update depends on the run config, so it is chosen by ``local_update_for``, not named in
-    the class's ``LOCAL_UPDATE`` (the server and the cohort node ask ``local_update_for`` the
-    run's config); both readings run as a cohort too."""
+    def objective(p):
+        new_buffers = clone_tree(buffers)
+        losses = F.cross_entropy(functional_call(model, (p, new_buffers), (x,)), y, reduction="none")
+        return (0.5 * losses.pow(2).mean(), losses.mean()), new_buffers
 
-    # Samples per slice of the "authors" variant's post-training pass (memory bound only).
-    CODE_CHUNK = 1024
+    (rho, grads), (_, loss), new_buffers = value_grads(objective, params, hp, wrt=(masked, list(params)))
+    return {n: g.add(rho[n]) if n in rho else g for n, g in grads.items()}, new_buffers, carry, loss
 
-    @classmethod
-    def local_update_for(cls, cfg: dict) -> LocalUpdate | None:
-        """FEDPGVC_AUTHORS for ``"authors"``, FEDPGVC for ``"text"`` (the default)."""
-        return FEDPGVC_AUTHORS if cfg.get("pgvc-variant") == "authors" else FEDPGVC
 
-    def finish_functional(self, job: FunctionalRound, result: RoundResult) -> tuple[list[np.ndarray], int, dict]:
-        """``"authors"``: the trained weights rescaled (``authors_rescale`` over the client's
-        whole training set, at the round's learning rate) before they are loaded and sent; fit
-        metric ``pgvc_rescale``, the largest |lr rho_j|. ``"text"``: the base class's."""
-        if job.update is FEDPGVC_AUTHORS:
-            params, rescale = authors_rescale(job.model, result.params, result.buffers, job.x, job.y, job.hp.lr,
-                                              self.CODE_CHUNK)
-            result = replace(result, params=params, metrics={**result.metrics, "pgvc_rescale": rescale})
-        return super().finish_functional(job, result)
+def code_rhos(model, params, buffers, x, y, indices: list[int], chunk: int) -> dict[int, float]:
+    """rho_j = l_j * mean(G_j) for each j of ``indices``, as FedPGVC's released code pairs them:
+    l_j the loss of sample j of (x, y), G_j the gradient of sum_i l_i (all of x) with respect to
+    the j-th parameter tensor of ``model`` (its ``named_parameters`` order), at weights
+    ``params`` and buffers ``buffers``, in the model's current mode (``functional_call``; the
+    module's own weights are not read).
+
+    The sum runs over slices of ``chunk`` samples to bound memory; it is the code's single pass
+    up to float rounding (tests/test_fedpgvc_authors.py checks two slices against hand
+    arithmetic). Raises ValueError when x has no sample j for the largest j."""
+    need = max(indices) + 1
+    if len(x) < need:
+        raise ValueError(f"the released code's rho_{need - 1} needs the loss of sample {need - 1};"
+                         f" this client has {len(x)} samples")
+    names = [n for n, _ in model.named_parameters()]
+    leaves = {n: params[n].detach().requires_grad_() for n in names}
+    sums = [torch.zeros_like(leaves[n]) for n in names]
+    losses: list[float] = []
+    for start in range(0, len(x), chunk):
+        logits = functional_call(model, (leaves, buffers), (x[start:start + chunk],))
+        per_sample = F.cross_entropy(logits, y[start:start + chunk], reduction="none")
+        grads = torch.autograd.grad(per_sample.sum(), [leaves[n] for n in names], allow_unused=True)
+        for s, g in zip(sums, grads):
+            if g is not None:
+                s += g
+        losses.extend(per_sample.detach()[: max(0, need - len(losses))].tolist())
+    return {j: losses[j] * sums[j].mean().item() for j in indices}
+
+
+def authors_rescale(model, params, buffers, x, y, lr: float, chunk: int) -> tuple[dict, float]:
+    """The released code's post-training step: every weight w of each masked Keras layer j
+    (``tasks.keras_layers.pgvc_code_layers``) becomes w - (lr rho_j) w, rho_j from ``code_rhos``
+    over the client's whole (x, y) in eval mode (Keras's ``model(x)`` outside ``fit`` runs in
+    inference mode). Returns (the new weights: ``params`` with the masked entries replaced, the
+    others the same tensors; the largest |lr rho_j|, the fit metric ``pgvc_rescale``).
+
+    Pure: ``model`` is a skeleton (its mode is restored, its weights never read or written).
+    The operations are those the client ran on its module before the conversion, in the same order
+    (w - w * (lr rho_j), not a rounded w * (1 - lr rho_j)), so the numbers are bit-identical
+    (tests/test_functional_pgvc.py)."""
+    layers = pgvc_code_layers(model)
+    was_training = model.training
+    model.eval()
+    try:
+        rhos = code_rhos(model, params, buffers, x, y, [j for j, _ in layers], chunk)
+    finally:
+        model.train(was_training)
+    out = dict(params)
+    with torch.no_grad():
+        for j, names in layers:
+            for name in names:
+                out[name] = params[name] - params[name] * (lr * rhos[j])
+    return out, max(abs(lr * r) for r in rhos.values())
+
+
+# Samples per slice of the "authors" variant's post-training pass (memory bound only).
+CODE_CHUNK = 1024
+
+
+def fedpgvc_direction(model, params, buffers, x, y, w_t, ctx, carry, hp):
+    """``"text"``: g on the body, g + r on the last ``pgvc-layers`` Linear layers
+    (``pgvc_direction``); ``"authors"``: the plain cross-entropy step (the released code trains
+    the plain loss), its rescale after the round (``fedpgvc_finish``)."""
+    if hp.keys["pgvc-variant"] == "authors":
+        return plain_direction(model, params, buffers, x, y, w_t, ctx, carry, hp)
+    return pgvc_direction(model, params, buffers, x, y, w_t, ctx, carry, hp)
+
+
+def fedpgvc_finish(job: Round, result):
+    """``"authors"``: the trained weights rescaled (``authors_rescale`` over the client's whole
+    training set, at the round's learning rate) before they are sent; fit metric
+    ``pgvc_rescale``, the largest |lr rho_j|. ``"text"``: the result as it is."""
+    if job.hp.keys["pgvc-variant"] != "authors":
+        return result
+    params, rescale = authors_rescale(job.model, result.params, result.buffers, job.x, job.y, job.hp.lr, CODE_CHUNK)
+    return replace(result, params=params, metrics={**result.metrics, "pgvc_rescale": rescale})
+
+
+# pgvc-variant and pgvc-layers are FedPGVCStrategy's keys (its server step reads them too).
+UPDATE = LocalUpdate("fedpgvc", fedpgvc_direction, reads=("pgvc-variant", "pgvc-layers"), finish=fedpgvc_finish,
+                     module=__name__)

@@ -12,14 +12,20 @@ Summary: client + μ (w − w_t) | server - | client state - | server state - | 
 fit config
 """
 
-from clients.base import DriftClient
-from tasks.functional import FEDPROX
+from __future__ import annotations
+
+from clients.fedavg import plain_direction
+from tasks.functional.update import LocalUpdate
 
 
-class FedProxClient(DriftClient):
-    """Adds mu * (w - w_t) to every gradient (``tasks.functional.methods.proximal_direction``);
-    mu is the run config's ``proximal-mu``, read like every other method's key (Flower's FedProx
-    strategy also sends it as ``proximal_mu`` in the fit config; the client does not need that
-    copy)."""
+def proximal_direction(model, params, buffers, x, y, w_t, ctx, carry, hp):
+    """d = g + mu (w - w_t) on every parameter (mu = ``proximal-mu``; mu = 0 is FedAvg)."""
+    grads, new_buffers, carry, loss = plain_direction(model, params, buffers, x, y, w_t, ctx, carry, hp)
+    mu = hp.keys["proximal-mu"]
+    if mu != 0:
+        grads = {n: g.add(params[n] - w_t[n], alpha=mu) for n, g in grads.items()}
+    return grads, new_buffers, carry, loss
 
-    LOCAL_UPDATE = FEDPROX
+
+# proximal-mu is declared on FedProxStrategy (Flower's FedProx sends it too); the step reads it.
+UPDATE = LocalUpdate("fedprox", proximal_direction, reads=("proximal-mu",), module=__name__)

@@ -12,14 +12,17 @@ Summary: client + c − c_i on the last layers | server c update | client state 
 | server state c (last layers) | traffic c, Δc_i (last layers)
 """
 
-from clients.control_variates import ControlVariateClient
+from __future__ import annotations
+
+from clients.scaffold import (
+                     control_variate_arrays,
+                     control_variate_begin,
+                     control_variate_direction,
+                     control_variate_end,
+)
 from protocol.layout import pvr_param_names
-from tasks.functional.corrections import FEDPVR
+from tasks.functional.update import LocalUpdate
 
-
-class FedPVRClient(ControlVariateClient):
-    """SCAFFOLD's update on the last ``pvr-layers`` Linear layers: ``tasks.functional.corrections.FEDPVR``,
-    with c, c_i (those layers only) and the reply handled by ``ControlVariateClient``."""
-
-    LOCAL_UPDATE = FEDPVR
-    cv_param_names = staticmethod(pvr_param_names)
+# SCAFFOLD's update on the last ``pvr-layers`` Linear layers (pvr-layers is FedPVRStrategy's key).
+UPDATE = LocalUpdate("fedpvr", control_variate_direction, control_variate_begin, control_variate_end,
+                     **control_variate_arrays(pvr_param_names), module=__name__)

@@ -13,18 +13,21 @@ Summary: client SAM gradient | server - | client state - | server state - | traf
 
 from __future__ import annotations
 
-from clients.base import DriftClient
 from protocol.keys import Key, positive
-from tasks.functional import FEDSAM
+from tasks.functional.core import grad_and_loss, keep_layout, sam_eps
+from tasks.functional.update import LocalUpdate
 
 
-class FedSAMClient(DriftClient):
-    """FedSAM runs ``tasks.functional.FEDSAM`` (``LOCAL_UPDATE``): w + eps is a copy of the
-    weights there, so w itself never moves and nothing has to be restored."""
+def sam_direction(model, params, buffers, x, y, w_t, ctx, carry, hp):
+    """g = grad f(w); eps = rho g / (||g|| + NORM_EPS); d = grad f(w + eps), applied at w.
+    The buffers are those of the first (unperturbed) pass: the second pass's are dropped, so
+    BatchNorm statistics count each batch once; w + eps is a copy, w never moves."""
+    grads, loss, new_buffers = grad_and_loss(model, params, buffers, x, y, hp)
+    eps = dict(zip(grads, sam_eps(grads.values(), hp.keys["sam-rho"])))
+    perturbed = {n: keep_layout(p + eps[n], p) for n, p in params.items()}
+    sharp, _, _ = grad_and_loss(model, perturbed, new_buffers, x, y, hp)
+    return sharp, new_buffers, carry, loss
 
-    # A local step's cost relative to one SGD step, two passes: ascent, then descent; read by the
-    # run-time estimate of `run_simulation.py --check` (runner/estimate.py).
-    STEP_COST = 2.0
-    LOCAL_UPDATE = FEDSAM
-    # rho 0.05-0.5 in the literature; 0.05 is SAM's usual CIFAR value (FedSOL's table used 0.1)
-    CONFIG_KEYS = {"sam-rho": Key(0.05, positive, "> 0 (SAM radius)")}
+
+UPDATE = LocalUpdate("fedsam", sam_direction, keys={"sam-rho": Key(0.05, positive, "> 0 (SAM radius)")},
+                     step_cost=2.0, module=__name__)

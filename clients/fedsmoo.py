@@ -62,77 +62,97 @@ h_i, μ_i | server state H, s | traffic s down, s̃_i up
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
-import numpy as np
 import torch
 
-from clients.base import FunctionalRound
-from clients.control_variates import arrays_to_tensors, split_received
-from clients.feddyn import FedDynClient
-from clients.fedsam import FedSAMClient
+from clients.feddyn import GRAD, feddyn_begin, feddyn_end
+from clients.scaffold import control_variate_names
 from protocol.keys import Key, non_negative
-from protocol.layout import cv_names_in_state_order, trainable_param_names
-from tasks.functional import RoundResult
-from tasks.functional.sharpness import FEDSMOO, smoo_buffers, smoo_outputs
+from protocol.layout import trainable_param_names
+from tasks.functional.core import Hyper, Tree, grad_and_loss, perturbed_copy, sam_step, tree_norm
+from tasks.functional.update import Arrays, LocalUpdate
 
-MU_STATE = "smoo-mu"
+CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s
 
 
-class FedSMOOClient(FedDynClient, FedSAMClient):
-    """``tasks.functional.sharpness.FEDSMOO``: s arrives after the weights (``receive``), mu_i
-    starts the round in the buffers (``prepare_functional``), h_i is kept as FedDyn's g_k and
-    mu_i in ``context.state``, stil_i (or mu_i, or zeros) goes back after the weights."""
+def _feddyn_hp(hp: Hyper) -> Hyper:
+    """``hp`` as FedDyn's functions read it: alpha = ``smoo-alpha``."""
+    return dataclasses.replace(hp, keys={"feddyn-alpha": hp.keys["smoo-alpha"]})
 
-    LOCAL_UPDATE = FEDSMOO
-    # smoo-rho, smoo-alpha and smoo-s, read by the server too, sit on FedSMOOStrategy; this dict
-    # hides FedSAM's sam-rho, which FEDSMOO does not read (it reads smoo-rho)
-    CONFIG_KEYS = {"smoo-clip-norm": Key(0.0, non_negative, ">= 0 (local gradient clipping norm; 0 = off)")}
 
-    def _setup(self) -> None:
-        """The trainable parameters in state_dict order: the order s and the reply travel in,
-        which must also be the order of ``model.parameters()`` (true for every module without shared
-        or frozen parameters)."""
-        self.mode = self.cfg["smoo-s"]
-        self.s_names = cv_names_in_state_order(self.model, trainable_param_names(self.model, self.cfg))
-        named = dict(self.model.named_parameters())
-        self.s_params = [named[n] for n in self.s_names]
-        if [id(p) for p in self.s_params] != [id(p) for p in self.model.parameters()]:
-            raise ValueError("FedSMOO needs every model parameter trainable and in state_dict order")
+def smoo_begin(w_t: Tree, state: dict, server: dict, hp: Hyper) -> dict:
+    """FedDyn's g_k and offset g_k + alpha w_t (``state["grad"]`` = -alpha h_i), s
+    (``server["s"]``, zeros when absent) and the round's starting dual mu_i (``state["mu"]``;
+    zeros when none is kept, and always under ``smoo-s = "none"``)."""
+    ctx = feddyn_begin(w_t, state, server, _feddyn_hp(hp))
+    zeros = {n: torch.zeros_like(w, memory_format=torch.contiguous_format) for n, w in w_t.items()}
+    mu = state.get("mu") if hp.keys["smoo-s"] != "none" else None
+    return {**ctx, "s": server.get("s") or zeros, "mu": mu or zeros}
 
-    def _zeros(self) -> list[torch.Tensor]:
-        return [torch.zeros_like(p, memory_format=torch.contiguous_format).detach() for p in self.s_params]
 
-    # ------------------------------------------------------- s, mu_i and the reply
-    def receive(self, parameters: list[np.ndarray]) -> list[np.ndarray]:
-        weights, extra = split_received(self.model, super().receive(parameters))
-        self._setup()
-        self.s = arrays_to_tensors(extra, self.s_names, self.s_params, "s") if extra else self._zeros()
-        self.extra_reply: list[torch.Tensor] | None = None
-        return weights
+def smoo_carry(w_t: Tree, ctx: dict, hp: Hyper) -> Tree:
+    """The dual mu_i (the kept one, ``ctx["mu"]``) and the last step's perturbation shat (zeros),
+    both changing at every step."""
+    return {"mu": ctx["mu"], "shat": {n: torch.zeros_like(m) for n, m in ctx["mu"].items()}}
 
-    def prepare_functional(self, parameters: list[np.ndarray], config: dict) -> FunctionalRound:
-        """``DriftClient``'s round, its buffers carrying mu_i from ``context.state`` (zeros at
-        first, and always under ``smoo-s = "none"``) and a zero shat."""
-        job = super().prepare_functional(parameters, config)
-        stored = self.load_state(MU_STATE) if self.mode != "none" else None
-        mu = (arrays_to_tensors(stored, self.s_names, self.s_params, "stored mu_i")
-              if stored is not None else self._zeros())
-        return dataclasses.replace(job, buffers=smoo_buffers(job.buffers, dict(zip(self.s_names, mu))))
 
-    def functional_inputs(self) -> tuple[dict, dict]:
-        return self._stored(), {"s": dict(zip(self.s_names, self.s))}
+def smoo_direction(model, params, buffers, x, y, w_t, ctx, carry, hp):
+    """g = grad f(w); v = g - mu_i - s; shat = rho v/(||v|| + NORM_EPS); mu_i <- mu_i + shat - s
+    (``smoo-s = "none"``: shat = SAM's eps of g, mu_i stays 0); gtil = grad f(w + shat);
+    d = gtil - (g_k + alpha w_t) (= gtil + alpha (h_i - w_t)), clipped to norm ``smoo-clip-norm``
+    as ``clip_grad_norm_`` does when > 0, then + alpha w (nothing added at alpha = 0)."""
+    keys = hp.keys
+    rho, alpha, clip = keys["smoo-rho"], keys["smoo-alpha"], keys["smoo-clip-norm"]
+    grads, loss, new_buffers = grad_and_loss(model, params, buffers, x, y, hp)
+    mu = carry["mu"]
+    if keys["smoo-s"] == "none":
+        shat = sam_step(grads, rho)
+    else:
+        s = ctx["s"]
+        shat = sam_step({n: g - mu[n] - s[n] for n, g in grads.items()}, rho)
+        mu = {n: m + shat[n] - s[n] for n, m in mu.items()}
+    d, _, _ = grad_and_loss(model, perturbed_copy(params, shat), new_buffers, x, y, hp)
+    if alpha != 0:
+        d = {n: g.sub(ctx["offset"][n]) for n, g in d.items()}
+    if clip > 0:
+        coef = torch.clamp(clip / (tree_norm(d.values()) + CLIP_EPS), max=1.0)
+        d = {n: g * coef for n, g in d.items()}
+    if alpha != 0:
+        d = {n: g.add(params[n], alpha=alpha) for n, g in d.items()}
+    return d, new_buffers, {"mu": mu, "shat": shat}, loss
 
-    def functional_outputs(self, result: RoundResult) -> dict[str, Any]:
-        """g_k (FedDyn's), mu_i kept; the reply noted; ``smoo_mu_norm``."""
-        super().functional_outputs(result)
-        mu, reply, metrics = smoo_outputs(result.buffers, self.mode)
-        self.extra_reply = [reply[n] for n in self.s_names]
-        if self.mode != "none":
-            self.save_state(MU_STATE, [mu[n].cpu().numpy() for n in self.s_names])
-        return {k: float(v) for k, v in metrics.items()}
 
-    def reply(self) -> list[np.ndarray]:
-        if self.extra_reply is None:
-            raise RuntimeError("reply() before the round: the FedSMOO reply is not computed")
-        return super().reply() + [a.cpu().numpy() for a in self.extra_reply]
+def smoo_end(w_t, params, buffers, carry, steps, ctx, state, hp):
+    """FedDyn's g_k <- g_k - alpha (w_K - w_t), i.e. h_i <- h_i + (w_K - w_t), and mu_i kept
+    (not under ``smoo-s = "none"``); sent: ``paper`` stil_i = mu_i - shat_last, ``code`` mu_i,
+    ``none`` zeros; metrics ``feddyn_grad_norm`` and ``smoo_mu_norm``."""
+    dyn_state, _, metrics = feddyn_end(w_t, params, buffers, carry, steps, ctx, state, _feddyn_hp(hp))
+    mode, mu, shat = hp.keys["smoo-s"], carry["mu"], carry["shat"]
+    if mode == "paper":
+        sent = {n: m - shat[n] for n, m in mu.items()}
+    elif mode == "code":
+        sent = mu
+    else:
+        sent = {n: torch.zeros_like(m) for n, m in mu.items()}
+    new_state = {**dyn_state, **({"mu": mu} if mode != "none" else {})}
+    return new_state, {"stil": sent}, {**metrics, "smoo_mu_norm": tree_norm(mu.values())}
+
+
+def smoo_names(model, cfg) -> list[str]:
+    """The trainable parameters in state_dict order (the order s, mu_i and the reply travel in),
+    which must also be the order of ``named_parameters`` (true for every module without shared
+    or frozen parameters): refused otherwise, in one line."""
+    names = control_variate_names(trainable_param_names)(model, cfg)
+    if names != [n for n, _ in model.named_parameters()]:
+        raise ValueError("FedSMOO needs every model parameter trainable and in state_dict order")
+    return names
+
+
+S = Arrays(smoo_names)
+# smoo-rho, smoo-alpha and smoo-s, read by the server too, are FedSMOOStrategy's keys.
+UPDATE = LocalUpdate(
+    "fedsmoo", smoo_direction, smoo_begin, smoo_end,
+    keys={"smoo-clip-norm": Key(0.0, non_negative, ">= 0 (local gradient clipping norm; 0 = off)")},
+    reads=("smoo-rho", "smoo-alpha", "smoo-s"),
+    state={"grad": GRAD, "mu": Arrays(smoo_names, record="smoo-mu")},  # h_i as FedDyn's g_k; the dual mu_i
+    receives={"s": S}, sends={"stil": S}, carry=smoo_carry, step_cost=2.0, module=__name__)

@@ -32,55 +32,67 @@ server state - | traffic -
 
 from __future__ import annotations
 
-import numpy as np
 import torch
+import torch.nn.functional as F
 
-from clients.base import DriftClient
 from protocol.keys import Key, non_negative, positive
-from tasks.functional import RoundResult
-from tasks.functional.distillation import MOON, moon_contrastive
-
-__all__ = ["STATE", "MoonClient", "moon_contrastive"]
-
-STATE = "moon-prev"
+from tasks.functional.core import Hyper, Tree, call_part, clone_tree, eval_forward, value_grads
+from tasks.functional.update import Arrays, LocalUpdate
 
 
-class MoonClient(DriftClient):
-    """The round is ``tasks.functional.distillation.MOON``. The previous local model is kept in
-    ``context.state`` under ``STATE`` as the model's state arrays (``get_weights`` order)."""
+def moon_contrastive(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Batch mean of -log softmax([sim(z, z_g), sim(z, z_p)] / T)[0]."""
+    pos = F.cosine_similarity(z, z_glob, dim=1)
+    neg = F.cosine_similarity(z, z_prev, dim=1)
+    logits = torch.stack([pos, neg], dim=1) / temperature
+    return F.cross_entropy(logits, torch.zeros(len(z), dtype=torch.long, device=z.device))
 
-    LOCAL_UPDATE = MOON
-    # A local step's cost relative to one SGD step, three forward passes, one backward; read by the
-    # run-time estimate of `run_simulation.py --check` (runner/estimate.py).
-    STEP_COST = 1.5
-    CONFIG_KEYS = {  # mu: default 1 (the MOON paper's range 1-5); temperature 0.5
-        "moon-mu": Key(1.0, non_negative, ">= 0"),
-        "moon-temperature": Key(0.5, positive, "> 0"),
-    }
 
-    def functional_inputs(self) -> tuple[dict, dict]:
-        """state: the previous local model (``prev_params``, ``prev_buffers``), none the first time
-        this client is sampled; server: the global model's buffers as sent."""
-        buffers = {n: b.detach().clone() for n, b in self.model.named_buffers()}
-        saved = self.load_state(STATE)
-        if saved is None:
-            return {}, {"buffers": buffers}
-        state_dict = self.model.state_dict()
-        shapes = [tuple(t.shape) for t in state_dict.values()]
-        if [tuple(np.shape(a)) for a in saved] != shapes:
-            raise ValueError(f"stored {STATE!r} does not fit the model: {len(saved)} arrays for {len(shapes)} state "
-                             "entries, or a shape differs")
-        # each tensor in the layout of the model's own (a channels-last weight stays so: same kernels)
-        prev = {n: torch.empty_like(ref).copy_(torch.as_tensor(np.asarray(a)))
-                for (n, ref), a in zip(state_dict.items(), saved)}
-        params = {n for n, _ in self.model.named_parameters()}
-        return ({"prev_params": {n: t for n, t in prev.items() if n in params},
-                 "prev_buffers": {n: t for n, t in prev.items() if n not in params}},
-                {"buffers": buffers})
+def moon_begin(w_t: Tree, state: dict, server: dict, hp: Hyper) -> dict:
+    """The global model's buffers (``server["buffers"]``), the previous local model
+    (``state["prev"]``: its weights and buffers by state_dict name, split here) and ``has_prev`` (1.0, or 0.0 the first
+    time a client is sampled: no previous model, then w_t stands in for it and the contrastive
+    term is multiplied by 0, so every client of a cohort runs the same function)."""
+    global_buffers = server.get("buffers", {})
+    prev = state.get("prev")
+    has_prev = prev is not None
+    some = next(iter(w_t.values()))
+    return {"global_buffers": global_buffers,
+            "prev_params": {n: prev[n] for n in w_t} if has_prev else w_t,
+            "prev_buffers": {n: t for n, t in prev.items() if n not in w_t} if has_prev else global_buffers,
+            "has_prev": torch.tensor(float(has_prev), dtype=some.dtype, device=some.device)}
 
-    def functional_outputs(self, result: RoundResult) -> None:
-        """Keep the round's final model (weights ``result.state["prev_params"]`` and the final
-        buffers) as the next round's previous model."""
-        final = {**result.state["prev_params"], **result.buffers}
-        self.save_state(STATE, [final[n].detach().to("cpu", copy=True, memory_format=torch.contiguous_format).numpy()
-                                for n in self.model.state_dict()])
+
+def moon_direction(model, params, buffers, x, y, w_t, ctx, carry, hp):
+    """d = grad [CE(head(z), y) + mu has_prev l_con(z, z_g, z_p)], z = body(x) at w, z_g and z_p
+    the eval-mode bodies of w_t and of the previous model (no gradient); mu = ``moon-mu``,
+    T = ``moon-temperature``. The representation z is the body's output (``model.body``)."""
+    z_glob = eval_forward(model, lambda: call_part(model, "body", w_t, ctx["global_buffers"], x, strict=True))
+    z_prev = eval_forward(model, lambda: call_part(model, "body", ctx["prev_params"], ctx["prev_buffers"], x,
+                                                   strict=True))
+    weight = hp.keys["moon-mu"] * ctx["has_prev"]  # mu, or 0 without a previous model
+
+    def objective(p):
+        new_buffers = clone_tree(buffers)
+        z = call_part(model, "body", p, new_buffers, x)
+        ce = F.cross_entropy(call_part(model, "head", p, new_buffers, z), y)
+        return (ce + weight * moon_contrastive(z, z_glob, z_prev, hp.keys["moon-temperature"]),), new_buffers
+
+    (grads,), (loss,), new_buffers = value_grads(objective, params, hp)
+    return grads, new_buffers, carry, loss
+
+
+def moon_end(w_t, params, buffers, carry, steps, ctx, state, hp):
+    """The next round's previous model: this round's final weights and buffers (``prev``)."""
+    return {"prev": {**params, **buffers}}, {}, {}
+
+
+def model_entry_names(model, cfg) -> list[str]:
+    """Every entry of the model's state_dict (weights and buffers), in its order."""
+    return list(model.state_dict())
+
+
+UPDATE = LocalUpdate("moon", moon_direction, moon_begin, moon_end, keys={  # mu: the paper's range 1-5
+    "moon-mu": Key(1.0, non_negative, ">= 0"),
+    "moon-temperature": Key(0.5, positive, "> 0"),
+}, state={"prev": Arrays(model_entry_names, record="moon-prev", as_weights=True)}, step_cost=1.5, module=__name__)

@@ -37,84 +37,106 @@ a fit metric
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
-from clients.base import DriftClient
+from clients.fedavg import plain_direction
 from protocol.keys import Key, at_least, non_negative, positive
-from tasks.functional.corrections import RI_FEDAVG
+from tasks.functional.core import Hyper, Tree
+from tasks.functional.update import LocalUpdate, Round
 from tasks.roughness import model_roughness
 
-_DIRECTIONS_STREAM = 0x52  # separates the direction seed from the batch-order seed
-_SAMPLE_STREAM = 0x53
+
+def ri_begin(w_t: Tree, state: dict, server: dict, hp: Hyper) -> dict:
+    """I_k (``state["ri"]``, a float) and the round's proximal coefficient 2 lambda I_k
+    (lambda = ``ri-lambda``), both as 0-dim float64 CPU tensors (stackable for a cohort;
+    ``float`` gives back the exact doubles the client computed)."""
+    if "ri" not in state:
+        raise ValueError("ri-fedavg: state['ri'] (the roughness index I_k measured before the round) is missing")
+    ri = float(state["ri"])
+    coef = 2 * hp.keys["ri-lambda"] * ri
+    return {"ri": torch.tensor(ri, dtype=torch.float64), "coef": torch.tensor(coef, dtype=torch.float64)}
 
 
-def _seed(*parts: int) -> int:
+def ri_direction(model, params, buffers, x, y, w_t, ctx, carry, hp):
+    """d = g + 2 lambda I_k (w - w_t) on every parameter, the coefficient fixed for the round.
+
+    One client: the coefficient as a Python float through ``add``'s ``alpha`` (the kernel a module's
+    in-place ``.grad`` update runs: bit-identical), skipped when 0. Inside a cohort's vmap it is a
+    per-client tensor, so ``g + c (w - w_t)``: the same value up to the rounding of the fused
+    multiply-add (tests: 1e-5 relative)."""
+    grads, new_buffers, carry, loss = plain_direction(model, params, buffers, x, y, w_t, ctx, carry, hp)
+    if hp.vmapped:
+        first = next(iter(grads.values()))
+        coef = ctx["coef"].to(device=first.device, dtype=first.dtype)
+        return {n: g + coef * (params[n] - w_t[n]) for n, g in grads.items()}, new_buffers, carry, loss
+    coef = float(ctx["coef"])
+    if coef != 0:
+        grads = {n: g.add(params[n] - w_t[n], alpha=coef) for n, g in grads.items()}
+    return grads, new_buffers, carry, loss
+
+
+def ri_end(w_t, params, buffers, carry, steps, ctx, state, hp):
+    """No state carried to the next round; metric ``ri`` = I_k."""
+    return {}, {}, {"ri": ctx["ri"]}
+
+
+DIRECTIONS_STREAM = 0x52  # separates the direction seed from the batch-order seed
+SAMPLE_STREAM = 0x53
+
+
+def stream_seed(*parts: int) -> int:
     return hash(tuple(int(p) for p in parts)) & 0x7FFFFFFF
 
 
-class RIFedAvgClient(DriftClient):
-    """Local SGD with the roughness-scaled proximal term 2 * lambda * I_k * (w - w_t):
-    ``tasks.functional.corrections.RI_FEDAVG``, with I_k measured here before the round
-    (``roughness_index``) and passed in as its ``state["ri"]``."""
+def ri_sample(job: Round) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fixed sample the index is measured on: ``ri-samples`` seeded local examples."""
+    size = min(job.hp.keys["ri-samples"], len(job.x))
+    generator = torch.Generator().manual_seed(stream_seed(job.seed, job.partition, SAMPLE_STREAM))
+    idx = torch.randperm(len(job.x), generator=generator)[:size].to(job.x.device)
+    return job.x[idx], job.y[idx]
 
-    LOCAL_UPDATE = RI_FEDAVG
 
-    # A local step's cost relative to one SGD step, the roughness index's loss evaluations; read by the
-    # run-time estimate of `run_simulation.py --check` (runner/estimate.py).
-    STEP_COST = 1.3
+def ri_chunk(chunk: int, device: torch.device) -> int:
+    """``ri-chunk``, with -1 (auto) resolved per device: on CPU vmap turns the convolutions into
+    grouped ones (measured ~4x slower than the plain loop, docs/performance.md); on CUDA
+    batching the evaluations pays."""
+    if chunk < 0:
+        return 1 if device.type == "cpu" else 20
+    return chunk
 
-    CONFIG_KEYS = {  # defaults as in the paper's Sec. V-A
-        "ri-lambda": Key(0.1, non_negative, ">= 0 (regularisation strength lambda)"),
-        "ri-directions": Key(10, at_least(1), ">= 1 (random directions M)"),
-        "ri-interval": Key(0.01, positive, "> 0 (half-width l of the interval [-l, l])"),
-        "ri-points": Key(19, at_least(1), ">= 1 (m: the grid has m+1 points)"),
-        "ri-max": Key(10.0, non_negative, ">= 0 (clip I_max)"),
-        "ri-samples": Key(128, at_least(1), ">= 1 (local examples the index is measured on)"),
-        "ri-chunk": Key(-1, lambda v: v >= -1, ">= -1 (perturbed models per vmap call; -1 = auto: 1 on CPU,"
-                        " where vmap over convolutions is ~4x slower, 20 on CUDA; 0 = all; 1 = no vmap)"),
-        "ri-float64": Key(False),  # evaluate the index's losses in float64 (see above)
-    }
 
-    ri: float = 0.0
+def measure_roughness(job: Round) -> Round:
+    """I_k of the loss around w_t (loaded into the model skeleton: ``model_roughness`` evaluates
+    a module), on ``ri_sample`` along the round's seeded directions, into ``state["ri"]`` for
+    ``ri_begin`` (not kept: the update declares no state)."""
+    keys, model = job.hp.keys, job.model
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(job.params[name])
+        for name, b in model.named_buffers():
+            b.copy_(job.buffers[name])
+    x, y = ri_sample(job)
+    generator = torch.Generator().manual_seed(stream_seed(job.seed, job.partition, job.server_round,
+                                                          DIRECTIONS_STREAM))
+    _, ri = model_roughness(
+        model, x, y, num_directions=keys["ri-directions"], l=keys["ri-interval"], m=keys["ri-points"],
+        i_max=keys["ri-max"], generator=generator, chunk=ri_chunk(keys["ri-chunk"], job.x.device),
+        dtype=torch.float64 if keys["ri-float64"] else None,
+        # on CPU the forwards run at the training batch size (cache-sized activations)
+        batch_size=job.batch_size if job.x.device.type == "cpu" else 0)
+    return replace(job, state={**job.state, "ri": ri})
 
-    def ri_sample(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The fixed sample the index is measured on: ``ri-samples`` seeded local examples."""
-        x, y = self.data
-        size = min(self.cfg["ri-samples"], len(x))
-        generator = torch.Generator().manual_seed(
-            _seed(self.cfg["seed"], self.partition_id, _SAMPLE_STREAM)
-        )
-        idx = torch.randperm(len(x), generator=generator)[:size].to(x.device)
-        return x[idx], y[idx]
 
-    def ri_chunk(self) -> int:
-        """``ri-chunk``, with -1 (auto) resolved per device: on CPU vmap turns the convolutions
-        into grouped ones (measured ~4x slower than the plain loop, docs/performance.md); on
-        CUDA batching the evaluations pays."""
-        chunk = self.cfg["ri-chunk"]
-        if chunk < 0:
-            return 1 if self.device.type == "cpu" else 20
-        return chunk
-
-    def roughness_index(self, server_round: int) -> float:
-        """I_k of the loss around the model's current weights (w_t), on ``ri_sample`` along the
-        round's seeded directions; kept as ``self.ri`` (and the per-direction T_i as ``ri_values``)."""
-        x, y = self.ri_sample()
-        generator = torch.Generator().manual_seed(
-            _seed(self.cfg["seed"], self.partition_id, server_round, _DIRECTIONS_STREAM)
-        )
-        self.ri_values, self.ri = model_roughness(
-            self.model, x, y,
-            num_directions=self.cfg["ri-directions"], l=self.cfg["ri-interval"],
-            m=self.cfg["ri-points"], i_max=self.cfg["ri-max"], generator=generator,
-            chunk=self.ri_chunk(),
-            dtype=torch.float64 if self.cfg["ri-float64"] else None,
-            # on CPU the forwards run at the training batch size (cache-sized activations)
-            batch_size=self.cfg["batch-size"] if self.device.type == "cpu" else 0,
-        )
-        return self.ri
-
-    def functional_inputs(self) -> tuple[dict, dict]:
-        """{"ri": I_k} measured at w_t (the model holds the received weights here); nothing
-        from the server besides the weights."""
-        return {"ri": self.roughness_index(int(self.fit_config.get("server-round", 1)))}, {}
+UPDATE = LocalUpdate("ri-fedavg", ri_direction, ri_begin, ri_end, keys={  # defaults as in the paper's Sec. V-A
+    "ri-lambda": Key(0.1, non_negative, ">= 0 (regularisation strength lambda)"),
+    "ri-directions": Key(10, at_least(1), ">= 1 (random directions M)"),
+    "ri-interval": Key(0.01, positive, "> 0 (half-width l of the interval [-l, l])"),
+    "ri-points": Key(19, at_least(1), ">= 1 (m: the grid has m+1 points)"),
+    "ri-max": Key(10.0, non_negative, ">= 0 (clip I_max)"),
+    "ri-samples": Key(128, at_least(1), ">= 1 (local examples the index is measured on)"),
+    "ri-chunk": Key(-1, lambda v: v >= -1, ">= -1 (perturbed models per vmap call; -1 = auto: 1 on CPU,"
+                    " where vmap over convolutions is ~4x slower, 20 on CUDA; 0 = all; 1 = no vmap)"),
+    "ri-float64": Key(False),  # evaluate the index's losses in float64 (see above)
+}, prepare=measure_roughness, step_cost=1.3, module=__name__)

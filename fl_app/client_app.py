@@ -1,4 +1,5 @@
-"""ClientApp: builds the chosen method's NumPyClient for this node's partition or data-path,
+"""ClientApp: builds the one ``DriftClient`` running the chosen method's ``LocalUpdate`` for this
+node's partition or data-path,
 wrapped in ``NodeClient`` (faults, state mirror, warm-up, timing around the method's fit); on a
 cohort run's node, a ``CohortClient`` (its virtual clients, each in its own ``NodeClient``)."""
 
@@ -10,6 +11,7 @@ from flwr.app import Context
 from flwr.client.mod import make_ffn
 from flwr.clientapp import ClientApp
 
+from clients.base import DriftClient
 from fl_app.common.verbosity import quiet_by_default
 from fl_app.node.cohort_client import CohortClient
 from fl_app.node.node_client import NodeClient, match_threads_to_cpu_share
@@ -41,21 +43,21 @@ def client_fn(context: Context):
     match_threads_to_cpu_share()  # before the method client builds its model
     set_cuda_precision(cfg["cuda-tf32"])
     if cfg.get("num-virtual-clients"):  # a cohort run (fl_app.common.execution_path): this node hosts virtual clients
-        return CohortClient(cfg, context, method.client, partition_id, num_partitions).to_client()
-    return NodeClient(method.client(cfg, context, partition_id, num_partitions)).to_client()
+        return CohortClient(cfg, context, method.update, partition_id, num_partitions).to_client()
+    return NodeClient(DriftClient(method.update, cfg, context, partition_id, num_partitions)).to_client()
 
 
 @functools.lru_cache(maxsize=8)
 def _declared_mods(run_config: frozenset) -> tuple:
-    """The mods of a run's method client, resolved once per run config (per process), not on
-    every message: resolving validates the whole config."""
+    """The client mods of a run's method (``LocalUpdate.client_mods``), resolved once per run
+    config (per process), not on every message: resolving validates the whole config."""
     config = dict(run_config)
     _, method = resolve(config)
-    return tuple(method.client.mods(config))
+    return tuple(method.update.client_mods(config))
 
 
 def method_mods(msg, context: Context, call_next):
-    """The Flower mods the run's method client declares (``mods(run_config)``: a method's
+    """The Flower mods the run's method declares (``client_mods(run_config)``: DP-FedAvg's
     client-side clipping, say), around this message; none for most methods."""
     mods = _declared_mods(frozenset(context.run_config.items()))
     return make_ffn(call_next, list(mods))(msg, context)

@@ -1,8 +1,10 @@
-"""Method name -> (server strategy class, client class), one line per method; and the one place
-a method is looked up by its name.
+"""Method name -> (server strategy class, client ``LocalUpdate``), one line per method; and the one
+place a method is looked up by its name.
 
 A method whose server is FedAvg (the n_k-weighted mean) is registered with ``DriftFedAvg``
-itself: it has no strategy module of its own, and its client module's docstring says so.
+itself: it has no strategy module of its own, and its client module's docstring says so. A
+method's client side is its ``LocalUpdate`` (clients/<method>.py), which the one generic client
+runs; the catalogue (``--list``, the README table, docs/methods.md) is derived from this table.
 
 Both apps (and the runner's checks) resolve a run config here, once (``resolve``): validated
 against the whole schema (``spec``: ``strategy``, whose choices are the methods below, the
@@ -18,24 +20,26 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from clients.dp_fedavg import DPFedAvgClient
-from clients.fedasam import FedASAMClient
-from clients.fedavg import FedAvgClient
-from clients.fedbn import FedBNClient
-from clients.feddyn import FedDynClient
-from clients.fedgam import FedGAMClient
-from clients.fedgam_cv import FedGAMCVClient
-from clients.fednova import FedNovaClient
-from clients.fedntd import FedNTDClient
-from clients.fedpgvc import FedPGVCClient
-from clients.fedprox import FedProxClient
-from clients.fedpvr import FedPVRClient
-from clients.fedsam import FedSAMClient
-from clients.fedsmoo import FedSMOOClient
-from clients.fedsol import FedSOLClient
-from clients.moon import MoonClient
-from clients.ri_fedavg import RIFedAvgClient
-from clients.scaffold import ScaffoldClient
+from clients import (
+    dp_fedavg,
+    fedasam,
+    fedavg,
+    fedbn,
+    feddyn,
+    fedgam,
+    fedgam_cv,
+    fednova,
+    fedntd,
+    fedpgvc,
+    fedprox,
+    fedpvr,
+    fedsam,
+    fedsmoo,
+    fedsol,
+    moon,
+    ri_fedavg,
+    scaffold,
+)
 from fl_app.common.execution_checks import check_execution
 from fl_app.common.method import Method
 from fl_app.common.screening_modes import check_screening
@@ -58,28 +62,28 @@ from strategies.fedyogi import FedYogiStrategy
 from strategies.scaffold import ScaffoldStrategy
 
 METHODS: dict[str, Method] = {
-    "fedavg": Method(DriftFedAvg, FedAvgClient),
-    "fedprox": Method(FedProxStrategy, FedProxClient),
-    "ri-fedavg": Method(DriftFedAvg, RIFedAvgClient),
-    "fedpgvc": Method(FedPGVCStrategy, FedPGVCClient),
-    "feddyn": Method(FedDynStrategy, FedDynClient),
-    "fednova": Method(FedNovaStrategy, FedNovaClient),
-    "fedbn": Method(FedBNStrategy, FedBNClient),
-    "fedntd": Method(DriftFedAvg, FedNTDClient),
-    "moon": Method(DriftFedAvg, MoonClient),
-    "dp-fedavg": Method(DPFedAvgStrategy, DPFedAvgClient),
-    "fedsol": Method(DriftFedAvg, FedSOLClient),
-    "fedgam": Method(DriftFedAvg, FedGAMClient),
-    "fedgam-cv": Method(FedGAMCVStrategy, FedGAMCVClient),
-    "scaffold": Method(ScaffoldStrategy, ScaffoldClient),
-    "fedpvr": Method(FedPVRStrategy, FedPVRClient),
-    "fedsam": Method(DriftFedAvg, FedSAMClient),
-    "fedasam": Method(DriftFedAvg, FedASAMClient),
-    "fedsmoo": Method(FedSMOOStrategy, FedSMOOClient),
-    "fedavgm": Method(FedAvgMStrategy, FedAvgClient),
-    "fedadam": Method(FedAdamStrategy, FedAvgClient),
-    "fedyogi": Method(FedYogiStrategy, FedAvgClient),
-    "fedadagrad": Method(FedAdagradStrategy, FedAvgClient),
+    "fedavg": Method(DriftFedAvg, fedavg.UPDATE),
+    "fedprox": Method(FedProxStrategy, fedprox.UPDATE),
+    "ri-fedavg": Method(DriftFedAvg, ri_fedavg.UPDATE),
+    "fedpgvc": Method(FedPGVCStrategy, fedpgvc.UPDATE),
+    "feddyn": Method(FedDynStrategy, feddyn.UPDATE),
+    "fednova": Method(FedNovaStrategy, fednova.UPDATE),
+    "fedbn": Method(FedBNStrategy, fedbn.UPDATE),
+    "fedntd": Method(DriftFedAvg, fedntd.UPDATE),
+    "moon": Method(DriftFedAvg, moon.UPDATE),
+    "dp-fedavg": Method(DPFedAvgStrategy, dp_fedavg.UPDATE),
+    "fedsol": Method(DriftFedAvg, fedsol.UPDATE),
+    "fedgam": Method(DriftFedAvg, fedgam.UPDATE),
+    "fedgam-cv": Method(FedGAMCVStrategy, fedgam_cv.UPDATE),
+    "scaffold": Method(ScaffoldStrategy, scaffold.UPDATE),
+    "fedpvr": Method(FedPVRStrategy, fedpvr.UPDATE),
+    "fedsam": Method(DriftFedAvg, fedsam.UPDATE),
+    "fedasam": Method(DriftFedAvg, fedasam.UPDATE),
+    "fedsmoo": Method(FedSMOOStrategy, fedsmoo.UPDATE),
+    "fedavgm": Method(FedAvgMStrategy, fedavg.UPDATE),
+    "fedadam": Method(FedAdamStrategy, fedavg.UPDATE),
+    "fedyogi": Method(FedYogiStrategy, fedavg.UPDATE),
+    "fedadagrad": Method(FedAdagradStrategy, fedavg.UPDATE),
 }
 
 
@@ -109,31 +113,32 @@ def description(method: Method) -> str:
     FedAvg's client, say): then its strategy module. It is the single source of ``--list
     methods``, of the README's method table and of the first paragraph of the method's section
     in docs/methods.md (the last two generated, ``python -m runner.listing generate``)."""
-    return first_paragraph(sys.modules[own_class(method).__module__])
+    return first_paragraph(sys.modules[own_module(method)])
 
 
 def documentation(method: Method) -> str:
     """The whole docstring of the method's own module (see ``description``): its description,
     then its update rule, state, keys and readings, and its ``Summary:`` line. The method's
     section of docs/methods.md is generated from it (``runner.listing``)."""
-    return inspect.getdoc(sys.modules[own_class(method).__module__]) or ""
+    return inspect.getdoc(sys.modules[own_module(method)]) or ""
 
 
-def own_class(method: Method) -> type:
-    """The class whose module documents ``method`` (see ``description``)."""
-    users = [m for m in METHODS.values() if m.client is method.client]
+def own_module(method: Method) -> str:
+    """The module whose docstring documents ``method`` (see ``description``): its update's
+    (``LocalUpdate.module``), except for a method whose update serves other methods too and
+    whose strategy class is its alone (a server-side method on FedAvg's update): its strategy's."""
+    users = [m for m in METHODS.values() if m.update is method.update]
     strategy_users = [m for m in METHODS.values() if m.strategy is method.strategy]
     if len(users) > 1 and len(strategy_users) == 1 and method.strategy is not DriftFedAvg:
-        return method.strategy
-    return method.client
+        return method.strategy.__module__
+    return method.update.module
 
 
 def config_keys(method: Method) -> dict:
-    """One method's own run-config keys: ``CONFIG_KEYS`` of its strategy class and of its
-    client class, each declared beside the code that reads it (a key both sides read sits on
-    the strategy). A subclass's dict hides its parent's, so it lists every key its local
-    update reads, inherited ones included (``FedGAMCVClient``)."""
-    return {**getattr(method.strategy, "CONFIG_KEYS", {}), **getattr(method.client, "CONFIG_KEYS", {})}
+    """One method's own run-config keys: ``CONFIG_KEYS`` of its strategy class and the ``keys`` of
+    its update, each declared beside the code that reads it (a key both sides read sits on the
+    strategy)."""
+    return {**getattr(method.strategy, "CONFIG_KEYS", {}), **method.update.keys}
 
 
 def method_keys() -> dict:
@@ -193,11 +198,9 @@ def resolve(run_config: Mapping[str, Any]) -> tuple[dict, Method]:
 
 
 def method_config(cfg: dict, method: Method) -> dict:
-    """``cfg`` (validated) checked and adjusted for its method (``resolve``): its client's local
-    update (a client that names no ``LOCAL_UPDATE`` is refused in one line), the screening
-    modes its strategy allows, a cohort it cannot run (``execution``), then its strategy
-    class's own ``resolve_config``."""
-    method.client.local_update_for(cfg)
+    """``cfg`` (validated) checked and adjusted for its method (``resolve``): the screening modes
+    its strategy allows, a cohort it cannot run (``execution``), then its strategy class's own
+    ``resolve_config``."""
     check_screening(cfg, method.strategy)
     check_execution(cfg, method)
     return method.strategy.resolve_config(cfg)

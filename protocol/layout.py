@@ -40,6 +40,13 @@ def bn_indices(model: nn.Module) -> list[int]:
     return [i for i, key in enumerate(model.state_dict()) if prefixes and key.startswith(prefixes)]
 
 
+def bn_names(model: nn.Module, cfg: dict | None = None) -> list[str]:
+    """The state_dict names of the entries owned by BatchNorm modules, in state_dict order (FedBN
+    keeps them local): the entries at ``bn_indices``."""
+    names = list(model.state_dict())
+    return [names[i] for i in bn_indices(model)]
+
+
 def trainable_mask(model: nn.Module) -> list[bool]:
     """For each state_dict entry: is it a trainable parameter (not a buffer)?"""
     params = {name for name, _ in model.named_parameters()}

@@ -236,7 +236,7 @@ def print_check(configs: list[tuple[str, int, dict]], runs_dir: Path, clients: i
         reasons[execution.path, execution.reason] = reasons.get((execution.path, execution.reason), 0) + 1
         if rounds:
             left.append({**cfg, "num-server-rounds": rounds})
-            step_costs.append(method.client.STEP_COST)
+            step_costs.append(method.update.step_cost)
             paths.append(execution.path)
     for (path, reason), runs in reasons.items():  # each reason once, however many runs it explains
         print(f"{path} ({runs} of {len(configs)} runs): {reason}")

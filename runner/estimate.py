@@ -11,7 +11,7 @@ the arithmetic then counts what a run does:
 with K clients, C = fraction-fit, N_train / N_test the sizes of the run's splits (``split_sizes``:
 the local parquet files' row counts, else the hub's; an even share per client: Dirichlet splits
 vary around it), ``cost`` the method's local step relative to plain SGD
-(the method client's ``STEP_COST``, set from the measured run times in docs/results:
+(the method's ``LocalUpdate.step_cost``, set from the measured run times in docs/results:
 two forward-backward passes for the sharpness-aware methods, ...), ``parallel``
 the clients trained at once (CPU cores, one per client as run_simulation's default), START the
 launch and end of one run, ROUND what Flower adds to every round beyond the arithmetic (the
@@ -80,7 +80,7 @@ def local_steps(cfg: dict, clients: int) -> int:
 
 def run_seconds(cfg: dict, clients: int, probe: Probe, parallel: int, step_cost: float = 1.0) -> float:
     """Estimated seconds of one run of ``cfg`` (see the module docstring for the formula);
-    ``step_cost``: the method client's ``STEP_COST`` (its local step against one SGD step)."""
+    ``step_cost``: the method's ``LocalUpdate.step_cost`` (its local step against one SGD step)."""
     per_round = max(cfg["min-fit-clients"], math.ceil(clients * cfg["fraction-fit"]))
     train = per_round * local_steps(cfg, clients) * probe.step_seconds * step_cost
     test = SYNTHETIC_TEST if cfg["dataset"] == "synthetic" else split_sizes(cfg)[1]
@@ -129,7 +129,7 @@ def describe(configs: list[dict], clients: int, parallel: int | None = None, kep
              step_costs: list[float] | None = None, paths: list[str] | None = None) -> str:
     """The estimate for a list of validated run configs, one probe per (dataset, model, batch);
     ``kept``: runs that already finished and cost nothing (named, not counted); ``step_costs``:
-    each config's method client's ``STEP_COST`` (default 1 each); ``paths``: each run's execution
+    each config's method's ``LocalUpdate.step_cost`` (default 1 each); ``paths``: each run's execution
     path (``fl_app/common/execution_path.py``). The arithmetic is the per-client path's: a cohort run's
     speed depends on the device (faster on a GPU; 0.45-0.83x the per-client loop on a CPU,
     ``bench/cohort.py``), so for cohort runs the line says it is the per-client estimate. Runs

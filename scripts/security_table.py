@@ -48,6 +48,7 @@ from flwr.app import Context, RecordDict  # noqa: E402
 from flwr.common import ndarrays_to_parameters  # noqa: E402
 from flwr.server.client_manager import SimpleClientManager  # noqa: E402
 
+from clients.base import DriftClient  # noqa: E402
 from fl_app.common.screening_modes import allowed_modes  # noqa: E402
 from fl_app.node.node_client import NodeClient  # noqa: E402
 from fl_app.registry import METHODS, validate_config  # noqa: E402
@@ -139,7 +140,7 @@ def one_run(cfg: dict, parts, test) -> dict:
     manager = Everyone()
     for k in range(CLIENTS):
         context = Context(run_id=0, node_id=k, node_config={}, state=RecordDict(), run_config={})
-        client = method.client(cfg, context, partition_id=k, num_partitions=CLIENTS)
+        client = DriftClient(method.update, cfg, context, partition_id=k, num_partitions=CLIENTS)
         client._data = parts[k]
         manager.register(InProcessProxy(str(k), NodeClient(client)))
     server = DriftServer(client_manager=manager, strategy=inner, cfg=cfg, method_class=method.strategy,

@@ -27,20 +27,13 @@ PER_CLIENT, COHORT, AUTO = "per-client", "cohort", "auto"
 CHOICES = (AUTO, PER_CLIENT, COHORT)
 
 
-def cohort_update(method: Method, cfg: dict):
-    """The functional local update the method's client trains through with ``cfg``
-    (``DriftClient.local_update_for``, which refuses a client that names none): the update a
-    cohort node runs vmapped, as the per-client path runs it for one client."""
-    return method.client.local_update_for(cfg)
-
-
 def cohort_problem(cfg: dict, method: Method) -> str:
     """Why ``cfg`` cannot run as a cohort ('' when it can): the method wraps its messages in
     client mods (a DP clipping mod acts on one client's message), or ``inject-faults`` asks a
-    node to fault or attack (per partition, on the node's own message). Every method has a
-    functional local update (``cohort_update``)."""
+    node to fault or attack (per partition, on the node's own message). Every method's client
+    side is a ``LocalUpdate``, which a cohort node runs vmapped."""
     name = cfg["strategy"]
-    mods = method.client.mods(cfg)
+    mods = method.update.client_mods(cfg)
     if mods:
         return (f"method {name!r} wraps every message in client mods ({', '.join(m.__name__ for m in mods)}),"
                 " which act on one client's message, not on a cohort's")

@@ -7,16 +7,17 @@ for the node's virtual clients as one bundle (``fl_app.node.cohort_wire``); ``fi
 
 1. splits the bundle into per-client (partition p, arrays, config), the config carrying N as
    ``num-partitions``;
-2. per virtual client p builds the method's client exactly as ``client_fn`` would on a node of
-   partition p of N, on its own view of ``context.state`` (only p's records, stored in the node's
-   state under ``vc<p>/<key>``), wraps it in ``NodeClient`` and runs the node's steps before
-   training (``begin_fit``: the state restored from its on-disk mirror, as a per-client node
-   does) and the method's ``prepare_functional``;
+2. per virtual client p builds the client exactly as ``client_fn`` would on a node of
+   partition p of N (the one ``DriftClient`` running the method's ``LocalUpdate``), on its own
+   view of ``context.state`` (only p's records, stored in the node's state under ``vc<p>/<key>``),
+   wraps it in ``NodeClient`` and runs the node's steps before training (``begin_fit``: the
+   state restored from its on-disk mirror, as a per-client node does) and the client's
+   ``prepare_round``;
 3. trains all prepared clients in ONE ``cohort_round`` (weights, buffers stacked; each client's
    own data, batch order, augmentation, state and server extras). Clients whose rounds differ
    in what the cohort shares (learning rate, optimiser, batch size, epochs) would train in
    separate cohorts; a client without data trains alone (``local_round``: 0 steps);
-4. per client, the method's ``finish_functional`` (its reply, state kept) and the node's steps
+4. per client, the client's ``finish_round`` (its reply, state kept) and the node's steps
    after training (``end_fit``: state mirrored to disk), then its state view written back;
 5. returns one reply for all (``bundle_replies``). A client that fails in steps 2 or 4 is
    reported failed in the reply and the others go on; its state stays as it was before the
@@ -39,11 +40,12 @@ import numpy as np
 from flwr.app import Context, RecordDict
 from flwr.client import NumPyClient
 
-from clients.base import DriftClient, FunctionalRound
+from clients.base import DriftClient
 from fl_app.node.cohort_wire import COHORT_KEYS, NUM_PARTITIONS, PARTITIONS, bundle_replies, split_instructions
 from fl_app.node.node_client import NodeClient, NodeRound, start_warm_up
 from tasks.functional import RoundResult, cohort_round, local_round
 from tasks.functional.rounds import stack_trees
+from tasks.functional.update import LocalUpdate, Round
 
 log = logging.getLogger("flwr.fl_drift")
 
@@ -83,21 +85,21 @@ class Member:
     config: dict
     node: NodeClient  # NodeClient around the method's client of partition ``partition``
     node_round: NodeRound
-    job: FunctionalRound
+    job: Round
 
     @property
     def client(self) -> DriftClient:
         return self.node.client
 
 
-def same_cohort(a: FunctionalRound, b: FunctionalRound) -> bool:
+def same_cohort(a: Round, b: Round) -> bool:
     """Whether two prepared rounds can train in one ``cohort_round``: the same update, model,
     hyper-parameters, batch size and epochs (what the cohort shares)."""
     return (a.update is b.update and a.model is b.model and a.hp == b.hp and a.batch_size == b.batch_size
             and a.epochs == b.epochs)
 
 
-def train_cohort(jobs: list[FunctionalRound]) -> list[RoundResult]:
+def train_cohort(jobs: list[Round]) -> list[RoundResult]:
     """The prepared rounds ``jobs`` (``same_cohort`` with each other, each with data) in one
     ``cohort_round``; per job its ``RoundResult``, as ``local_round`` returns it."""
     first = jobs[0]
@@ -111,7 +113,7 @@ def train_cohort(jobs: list[FunctionalRound]) -> list[RoundResult]:
     return [result.client(k) for k in range(len(jobs))]
 
 
-def train(jobs: list[FunctionalRound]) -> list[RoundResult]:
+def train(jobs: list[Round]) -> list[RoundResult]:
     """Every prepared round of the node's clients: one ``cohort_round`` per group of
     ``same_cohort`` rounds (one group in a run: all clients share the round's settings), a
     client without data alone through ``local_round`` (``cohort_round`` needs data)."""
@@ -136,15 +138,14 @@ def train(jobs: list[FunctionalRound]) -> list[RoundResult]:
 class CohortClient(NumPyClient):
     """A cohort node: many virtual clients of one method (see the module docstring).
 
-    ``client_cls`` is the method's client class (the registry's ``Method.client``), ``cfg`` the
+    ``update`` is the method's client side (the registry's ``Method.update``), ``cfg`` the
     validated run config; ``partition_id`` / ``num_partitions`` are the node's own (its node
     config), which ``get_properties`` reports and the server orders the nodes by."""
 
-    def __init__(self, cfg: dict, context: Context, client_cls: type[DriftClient], partition_id: int,
+    def __init__(self, cfg: dict, context: Context, update: LocalUpdate, partition_id: int,
                  num_partitions: int):
-        method = cfg.get("strategy", client_cls.__name__)
-        client_cls.local_update_for(cfg)  # refuses, in one line, a client that names no LOCAL_UPDATE
-        if client_cls.mods(cfg):
+        method = cfg.get("strategy", update.name)
+        if update.client_mods(cfg):
             raise ValueError(f"method {method!r} cannot run on a cohort node: it wraps every message in client mods, "
                              "which act on one client's message; use execution = 'per-client'")
         if context.node_config.get("data-path"):
@@ -152,7 +153,7 @@ class CohortClient(NumPyClient):
                              f"{context.node_config['data-path']!r}; use execution = 'per-client'")
         self.cfg = cfg
         self.context = context
-        self.client_cls = client_cls
+        self.update = update
         self.partition_id = partition_id
         self.num_partitions = num_partitions
 
@@ -170,15 +171,15 @@ class CohortClient(NumPyClient):
         context = Context(run_id=self.context.run_id, node_id=self.context.node_id,
                           node_config={"partition-id": partition, "num-partitions": num_partitions},
                           state=state_view(self.context.state, partition), run_config=self.context.run_config)
-        return self.client_cls(self.cfg, context, partition, num_partitions)
+        return DriftClient(self.update, self.cfg, context, partition, num_partitions)
 
     def _prepare(self, partition: int, arrays: list[np.ndarray], config: dict) -> Member:
         node = NodeClient(self.virtual_client(partition, config))
         node_round = node.begin_fit(config)
-        return Member(partition, arrays, config, node, node_round, node.client.prepare_functional(arrays, config))
+        return Member(partition, arrays, config, node, node_round, node.client.prepare_round(arrays, config))
 
     def _finish(self, member: Member, result: RoundResult) -> tuple[int, list[np.ndarray], int, dict]:
-        reply, num_examples, metrics = member.client.finish_functional(member.job, result)
+        reply, num_examples, metrics = member.client.finish_round(member.job, result)
         reply, num_examples, metrics = member.node.end_fit(member.node_round, member.arrays, member.config,
                                                            reply, num_examples, metrics)
         store_view(self.context.state, member.partition, member.client.context.state)
@@ -192,7 +193,8 @@ class CohortClient(NumPyClient):
         return {"partition-id": self.partition_id, "num-partitions": self.num_partitions}
 
     def get_parameters(self, config: dict) -> list[np.ndarray]:
-        return self.client_cls(self.cfg, self.context, self.partition_id, self.num_partitions).get_parameters(config)
+        return DriftClient(self.update, self.cfg, self.context, self.partition_id,
+                           self.num_partitions).get_parameters(config)
 
     def fit(self, parameters: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
         """The bundled round of this node's virtual clients (module docstring)."""

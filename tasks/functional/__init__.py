@@ -35,10 +35,10 @@ This package imports torch and ``tasks`` only, never Flower: the cohort bench
 """
 
 from tasks.functional.core import Hyper, grad_and_loss, module_state, tree_norm
-from tasks.functional.methods import FEDAVG, FEDDYN, FEDPROX, FEDSAM, SCAFFOLD, LocalUpdate
 from tasks.functional.rounds import CohortResult, RoundResult, cohort_round, local_round
+from tasks.functional.update import Arrays, LocalUpdate, Round
 
 __all__ = [
-    "FEDAVG", "FEDDYN", "FEDPROX", "FEDSAM", "SCAFFOLD", "CohortResult", "Hyper", "LocalUpdate",
-    "RoundResult", "cohort_round", "grad_and_loss", "local_round", "module_state", "tree_norm",
+    "Arrays", "CohortResult", "Hyper", "LocalUpdate", "Round", "RoundResult", "cohort_round", "grad_and_loss",
+    "local_round", "module_state", "tree_norm",
 ]

@@ -3,13 +3,107 @@ gradient through ``torch.func``, norms over a dict of tensors."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call, grad_and_value
+from torch.func import functional_call, grad_and_value, vjp
+
+
+def value_grads(objective: Callable[[Tree], tuple[tuple[torch.Tensor, ...], Tree]], params: Tree, hp: Hyper,
+                wrt: Sequence[Sequence[str]] | None = None) -> tuple[list[Tree], list[torch.Tensor], Tree]:
+    """(the gradient of each scalar objective, the objectives' values, the aux output) from ONE
+    forward pass: ``objective(p) -> ((v_0, v_1, ...), aux)``; ``wrt[i]`` names the parameters
+    v_i is differentiated by (default: every parameter, for each value).
+
+    ``core.grad_and_loss`` generalised to any objective and several values (FedPGVC's penalty on
+    the masked layers beside the mean loss on all): inside a cohort's vmap (``hp.vmapped``)
+    through ``torch.func.vjp``, one backward per value with that value's cotangent 1 and the
+    others' 0; otherwise through ``torch.autograd.grad`` on fresh leaf copies of ``params``, the
+    kernels ``backward()`` runs (bit-identical to a module's ``backward()`` on CPU). ``params`` is not
+    written; unused parameters get zero gradients.
+    """
+    if hp.vmapped:
+        values, pullback, aux = vjp(objective, params, has_aux=True)
+        wrt = [list(params)] * len(values) if wrt is None else wrt
+        grads = []
+        for i, names in enumerate(wrt):
+            cotangent = tuple(torch.ones_like(v) if j == i else torch.zeros_like(v) for j, v in enumerate(values))
+            (g,) = pullback(cotangent)
+            grads.append({n: g[n] for n in names})
+        return grads, [v.detach() for v in values], aux
+    leaves = {n: p.detach().requires_grad_() for n, p in params.items()}
+    values, aux = objective(leaves)
+    wrt = [list(params)] * len(values) if wrt is None else wrt
+    grads = []
+    for i, (value, names) in enumerate(zip(values, wrt)):
+        g = torch.autograd.grad(value, [leaves[n] for n in names], retain_graph=i < len(values) - 1,
+                                allow_unused=True, materialize_grads=True)
+        grads.append(dict(zip(names, g)))
+    return grads, [v.detach() for v in values], aux
+
+
+def submodule_state(tree: Tree, prefix: str) -> Tree:
+    """The entries of ``tree`` under submodule ``prefix`` (``"body"``), keys without it: the
+    dict ``functional_call`` takes for that submodule. The tensors are the same objects."""
+    head = prefix + "."
+    return {n[len(head):]: t for n, t in tree.items() if n.startswith(head)}
+
+
+def call_part(model: nn.Module, part: str, params: Tree, buffers: Tree, x: torch.Tensor,
+              strict: bool = False) -> torch.Tensor:
+    """``model.<part>`` (``body`` or ``head``) on ``x`` at the given weights and buffers (full-model
+    names); BatchNorm in training mode writes its statistics into ``buffers``' tensors."""
+    return functional_call(getattr(model, part), (submodule_state(params, part), submodule_state(buffers, part)),
+                           (x,), strict=strict)
+
+
+def eval_forward(model: nn.Module, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """``fn()`` (a ``functional_call`` on ``model``) with the skeleton in eval mode and no
+    gradient, the mode restored after: a frozen model's output, as an eval-mode frozen copy of
+    the module gives it (BatchNorm on its running statistics, which it does not update)."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return fn()
+    finally:
+        model.train(was_training)
+
+
+def clone_tree(tree: Tree) -> Tree:
+    return {n: t.clone() for n, t in tree.items()}
+
+
+def perturbed_copy(params: Tree, eps: Tree) -> Tree:
+    """w + eps as new tensors, each in the memory layout of its weight (``keep_layout``);
+    a parameter without an entry in ``eps`` is passed through unchanged."""
+    return {n: keep_layout(p + eps[n], p) if n in eps else p for n, p in params.items()}
+
+
+def sam_step(grads: Tree, rho: float) -> Tree:
+    """``core.sam_eps`` on a tree: rho g / (||g|| + NORM_EPS)."""
+    return dict(zip(grads, sam_eps(grads.values(), rho)))
+
+
+def within(tree: Tree, prefix: str) -> Tree:
+    """The entries of ``tree`` under submodule ``prefix``, named relative to it."""
+    return {n[len(prefix):]: t for n, t in tree.items() if n.startswith(prefix)}
+
+
+def eval_logits(model, params: Tree, buffers: Tree, x: torch.Tensor) -> torch.Tensor:
+    """The logits of ``model`` in eval mode (BatchNorm on its running statistics) at (params,
+    buffers), without a graph; the skeleton's mode is restored after."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return functional_call(model, (params, buffers), (x,), strict=True)
+    finally:
+        model.train(was_training)
+
 
 Tree = dict[str, torch.Tensor]
 

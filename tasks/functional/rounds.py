@@ -35,8 +35,8 @@ from torch import nn
 from torch.func import vmap
 
 from tasks.functional.core import Hyper, Tree
-from tasks.functional.methods import LocalUpdate
 from tasks.functional.optim import opt_init, opt_step
+from tasks.functional.update import LocalUpdate
 from tasks.train import batches, min_train_batch
 
 
@@ -54,11 +54,11 @@ class RoundResult:
 
 def make_step(update: LocalUpdate, model: nn.Module, hp: Hyper, t: int) -> Callable:
     """The local step t (1-based) as a pure function
-    (params, buffers, opt_state, x, y, w_t, ctx) -> (params', buffers', opt_state', loss)."""
-    def step(params, buffers, opt_state, x, y, w_t, ctx):
-        direction, new_buffers, loss = update.direction(model, params, buffers, x, y, w_t, ctx, hp)
+    (params, buffers, carry, opt_state, x, y, w_t, ctx) -> (params', buffers', carry', opt_state', loss)."""
+    def step(params, buffers, carry, opt_state, x, y, w_t, ctx):
+        direction, new_buffers, new_carry, loss = update.direction(model, params, buffers, x, y, w_t, ctx, carry, hp)
         new_params, new_opt = opt_step(params, direction, opt_state, hp, t)
-        return new_params, new_buffers, new_opt, loss
+        return new_params, new_buffers, new_carry, new_opt, loss
     return step
 
 
@@ -74,16 +74,17 @@ def local_round(update: LocalUpdate, model: nn.Module, params: Tree, buffers: Tr
     min_size = min_train_batch(model)
     w_t = params
     ctx = update.begin(w_t, state, server, hp)
+    carry = update.initial_carry(w_t, ctx, hp)
     opt_state = opt_init(params, hp)
     loss_sum, steps = torch.zeros((), device=x.device), 0
     for _ in range(epochs):
         for xb, yb in batches(x, y, batch_size, generator, min_size):
             xb = augment(xb) if augment is not None else xb
             step = make_step(update, model, hp, steps + 1)
-            params, buffers, opt_state, loss = step(params, buffers, opt_state, xb, yb, w_t, ctx)
+            params, buffers, carry, opt_state, loss = step(params, buffers, carry, opt_state, xb, yb, w_t, ctx)
             loss_sum += loss
             steps += 1
-    new_state, reply, method_metrics = update.end(w_t, params, steps, ctx, state, hp)
+    new_state, reply, method_metrics = update.end(w_t, params, buffers, carry, steps, ctx, state, hp)
     metrics = {"train_loss": loss_sum.item() / max(steps, 1), "num_steps": steps}
     metrics.update({k: float(v) for k, v in method_metrics.items()})
     return RoundResult(params, buffers, new_state, reply, metrics)
@@ -212,7 +213,9 @@ def cohort_round(update: LocalUpdate, model: nn.Module, params: Tree, buffers: T
     augments = list(augments) if augments is not None else [None] * k_all
     if len(servers) != k_all or len(augments) != k_all:
         raise ValueError(f"cohort of {k_all} clients given {len(servers)} server dicts and {len(augments)} augments")
-    ctx = stack_trees([update.begin(unstack_tree(w_t, k), states[k], servers[k], hp) for k in range(k_all)])
+    contexts = [update.begin(unstack_tree(w_t, k), states[k], servers[k], hp) for k in range(k_all)]
+    carry = stack_trees([update.initial_carry(unstack_tree(w_t, k), contexts[k], hp) for k in range(k_all)])
+    ctx = stack_trees(contexts)
     opt_state = opt_init(params, hp)
     loss_sum = torch.zeros(k_all, device=x_all.device)
     for s in range(max(len(steps) for steps in schedule)):
@@ -220,23 +223,27 @@ def cohort_round(update: LocalUpdate, model: nn.Module, params: Tree, buffers: T
         for size, members in step_groups(schedule, s).items():
             idx = step_indices(schedule, s, size, members, sizes, offsets).to(x_all.device)
             xb = augmented(x_all[idx], members, augments)
-            new_params, new_buffers, new_opt, loss = step(params, buffers, opt_state, xb, y_all[idx], w_t, ctx)
+            new_params, new_buffers, new_carry, new_opt, loss = step(params, buffers, carry, opt_state, xb,
+                                                                     y_all[idx], w_t, ctx)
             if len(members) == k_all:
-                params, buffers, opt_state, loss_sum = new_params, new_buffers, new_opt, loss_sum + loss
+                params, buffers, carry, opt_state = new_params, new_buffers, new_carry, new_opt
+                loss_sum = loss_sum + loss
                 continue
             mask = torch.zeros(k_all, dtype=torch.bool)
             mask[members] = True
             mask = mask.to(x_all.device)
             params, buffers = _select(mask, new_params, params), _select(mask, new_buffers, buffers)
+            carry = _select(mask, new_carry, carry)
             opt_state, loss_sum = _select(mask, new_opt, opt_state), torch.where(mask, loss_sum + loss, loss_sum)
-    return _finish(update, w_t, params, buffers, ctx, states, hp, schedule, loss_sum)
+    return _finish(update, w_t, params, buffers, carry, ctx, states, hp, schedule, loss_sum)
 
 
-def _finish(update, w_t, params, buffers, ctx, states, hp, schedule, loss_sum) -> CohortResult:
+def _finish(update, w_t, params, buffers, carry, ctx, states, hp, schedule, loss_sum) -> CohortResult:
     """Each client's ``end`` (the same function as its ``local_round``'s) and metrics."""
     new_states, replies, metrics = [], [], []
     for k, steps in enumerate(schedule):
-        state, reply, method_metrics = update.end(unstack_tree(w_t, k), unstack_tree(params, k), len(steps),
+        state, reply, method_metrics = update.end(unstack_tree(w_t, k), unstack_tree(params, k),
+                                                  unstack_tree(buffers, k), unstack_tree(carry, k), len(steps),
                                                   unstack_tree(ctx, k), states[k], hp)
         new_states.append(state)
         replies.append(reply)
