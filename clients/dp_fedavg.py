@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from flwr.clientapp.mod import fixedclipping_mod
 
-from clients.fedavg import plain_direction
+from tasks.functional.core import plain_direction
 from tasks.functional.update import LocalUpdate
 
 

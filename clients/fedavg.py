@@ -11,14 +11,7 @@ Summary: client - | server - | client state - | server state - | traffic -
 
 from __future__ import annotations
 
-from tasks.functional.core import grad_and_loss
+from tasks.functional.core import plain_direction
 from tasks.functional.update import LocalUpdate
-
-
-def plain_direction(model, params, buffers, x, y, w_t, ctx, carry, hp):
-    """d = g: the cross-entropy gradient."""
-    grads, loss, new_buffers = grad_and_loss(model, params, buffers, x, y, hp)
-    return grads, new_buffers, carry, loss
-
 
 UPDATE = LocalUpdate("fedavg", plain_direction, module=__name__)

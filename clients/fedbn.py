@@ -22,8 +22,8 @@ server state - | traffic -
 
 from __future__ import annotations
 
-from clients.fedavg import plain_direction
 from protocol.layout import bn_names
+from tasks.functional.core import plain_direction
 from tasks.functional.update import Arrays, LocalUpdate
 
 # FedAvg's step; the BN entries (weights, biases and running statistics) are the client's own.

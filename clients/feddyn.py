@@ -34,8 +34,7 @@ from __future__ import annotations
 
 import torch
 
-from clients.fedavg import plain_direction
-from tasks.functional.core import Hyper, Tree
+from tasks.functional.core import Hyper, Tree, plain_direction
 from tasks.functional.update import Arrays, LocalUpdate
 
 

@@ -23,7 +23,7 @@ a fit metric
 
 from __future__ import annotations
 
-from clients.fedavg import plain_direction
+from tasks.functional.core import plain_direction
 from tasks.functional.update import LocalUpdate
 
 # FedAvg's step; tau_k travels as the ``num_steps`` fit metric, which every round reports.

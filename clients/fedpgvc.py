@@ -69,8 +69,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from clients.fedavg import plain_direction
-from tasks.functional.core import clone_tree, value_grads
+from tasks.functional.core import clone_tree, plain_direction, value_grads
 from tasks.functional.update import LocalUpdate, Round
 from tasks.keras_layers import pgvc_code_layers
 from tasks.models import last_layers_param_names

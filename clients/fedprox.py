@@ -14,7 +14,7 @@ fit config
 
 from __future__ import annotations
 
-from clients.fedavg import plain_direction
+from tasks.functional.core import plain_direction
 from tasks.functional.update import LocalUpdate
 
 

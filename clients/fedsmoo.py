@@ -66,9 +66,8 @@ import dataclasses
 import torch
 
 from clients.feddyn import GRAD, feddyn_begin, feddyn_end
-from clients.scaffold import control_variate_names
 from protocol.keys import Key, non_negative
-from protocol.layout import trainable_param_names
+from protocol.layout import cv_names_in_state_order, trainable_param_names
 from tasks.functional.core import Hyper, Tree, grad_and_loss, perturbed_copy, sam_step, tree_norm
 from tasks.functional.update import Arrays, LocalUpdate
 
@@ -142,7 +141,7 @@ def smoo_names(model, cfg) -> list[str]:
     """The trainable parameters in state_dict order (the order s, mu_i and the reply travel in),
     which must also be the order of ``named_parameters`` (true for every module without shared
     or frozen parameters): refused otherwise, in one line."""
-    names = control_variate_names(trainable_param_names)(model, cfg)
+    names = cv_names_in_state_order(model, trainable_param_names(model, cfg))
     if names != [n for n, _ in model.named_parameters()]:
         raise ValueError("FedSMOO needs every model parameter trainable and in state_dict order")
     return names

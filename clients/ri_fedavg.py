@@ -41,9 +41,8 @@ from dataclasses import replace
 
 import torch
 
-from clients.fedavg import plain_direction
 from protocol.keys import Key, at_least, non_negative, positive
-from tasks.functional.core import Hyper, Tree
+from tasks.functional.core import Hyper, Tree, plain_direction
 from tasks.functional.update import LocalUpdate, Round
 from tasks.roughness import model_roughness
 

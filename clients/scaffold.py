@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from clients.fedavg import plain_direction
 from protocol.layout import cv_names_in_state_order, trainable_param_names
-from tasks.functional.core import Hyper, Tree, tree_norm
+from tasks.functional.core import Hyper, Tree, plain_direction, tree_norm
 from tasks.functional.update import Arrays, LocalUpdate
 from tasks.optim import effective_steps
 
@@ -71,8 +70,20 @@ def control_variate_names(select):
 
 
 def control_variate_arrays(select) -> dict:
-    """The declarations every control-variate method shares (SCAFFOLD, FedPVR, FedGAM-CV): c_i kept
-    per client (record ``cv-ci``), c received after the weights, delta c_i sent after them."""
+    """The declarations every control-variate method shares (SCAFFOLD, FedPVR, FedGAM-CV), the
+    client side of the protocol whose server side is ``strategies.scaffold.ControlVariateStrategy``:
+
+    - c_i, kept per client under record ``cv-ci``, zero until the client first trains;
+    - c, received after the model's state arrays, one array per parameter that carries a
+      control variate (``select``: every trainable parameter, or FedPVR's last Linear layers),
+      in state_dict order;
+    - delta c_i = c_i+ - c_i sent after the trained weights, the same count and shapes.
+
+    The rule for c_i+ is ``control_variate_update`` (K_eff, not K, with momentum: dividing by K
+    over-counts a momentum client's direction by about 1/(1 - beta), which feeds back through c
+    over the rounds until the run diverges; the FedSOL authors' SCAFFOLD divides the same way).
+    Option II needs a step linear in the gradient, so these methods refuse ``optimizer``
+    adam/adamw before training (``ControlVariateStrategy.resolve_config``)."""
     names = control_variate_names(select)
     return {"state": {"ci": Arrays(names, record="cv-ci")}, "receives": {"c": Arrays(names)},
             "sends": {"delta_c": Arrays(names)}}

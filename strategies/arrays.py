@@ -1,8 +1,10 @@
-"""Array helpers shared by several strategies' aggregation."""
+"""Array helpers shared by several strategies: aggregation, checkpointed state, and the arrays that
+travel after the model's (``send_with_extras``, ``split_replies``: SCAFFOLD's c and delta c_i, FedSMOO's s)."""
 
 from __future__ import annotations
 
 import numpy as np
+from flwr.common import FitIns, FitRes, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
 
 
 def total_clients(client_manager) -> int:
@@ -23,3 +25,29 @@ def cast_like(value: np.ndarray, ref: np.ndarray) -> np.ndarray:
     if np.issubdtype(ref.dtype, np.integer):
         return np.rint(value).astype(ref.dtype)
     return np.asarray(value, dtype=ref.dtype)
+
+
+def send_with_extras(instructions: list, parameters: Parameters, extras: list[np.ndarray], num_state: int) -> list:
+    """The fit instructions with ``extras`` appended after the model state arrays."""
+    if not instructions:
+        return instructions
+    weights = parameters_to_ndarrays(parameters)
+    if len(weights) != num_state:
+        raise ValueError(f"global model has {len(weights)} arrays, expected {num_state}")
+    sent = ndarrays_to_parameters(weights + list(extras))
+    return [(client, FitIns(sent, dict(ins.config))) for client, ins in instructions]
+
+
+def split_replies(results: list, num_state: int, num_extra: int, what: str) -> tuple[list, list[list[np.ndarray]]]:
+    """Each reply split into a FitRes of the model arrays alone and its extra arrays."""
+    weight_results, extras = [], []
+    for client, res in results:
+        arrays = parameters_to_ndarrays(res.parameters)
+        weights, extra = arrays[:num_state], arrays[num_state:]
+        if len(extra) != num_extra:
+            raise ValueError(f"reply carries {len(extra)} {what} arrays, expected {num_extra}")
+        weight_results.append(
+            (client, FitRes(res.status, ndarrays_to_parameters(weights), res.num_examples, res.metrics))
+        )
+        extras.append(extra)
+    return weight_results, extras

@@ -10,7 +10,7 @@ with r_i the extra arrays of client i's reply: the paper's stil_i = mu_i - shat_
 (``smoo-s = paper``), or mu_i (``code``: the authors' FL-Simulator normalises the mean of the
 mu_i, the same direction). ``none`` keeps s = 0. s is one array per trainable parameter in
 state_dict order and travels after the model state arrays, as SCAFFOLD's c does
-(``strategies/control_variates.py``); the global model never includes it.
+(``strategies.arrays.send_with_extras``); the global model never includes it.
 
 Choices where the paper and the authors' code differ: the ``paper`` update is the default;
 the authors' code also clips the local gradient at norm 10 (``smoo-clip-norm``, off by
@@ -26,9 +26,8 @@ from flwr.common import ndarrays_to_parameters
 
 from protocol.keys import Key, non_negative
 from protocol.layout import cv_names_in_state_order, trainable_param_names
-from strategies.arrays import restored_like
+from strategies.arrays import restored_like, send_with_extras, split_replies
 from strategies.base import REPLIES_ONLY
-from strategies.control_variates import send_with_extras, split_replies
 from strategies.feddyn import FedDynStrategy
 from tasks.datasets import input_shape
 from tasks.models import build_model

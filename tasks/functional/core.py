@@ -205,3 +205,10 @@ def tree_norm(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
     (the value ``torch.linalg.vector_norm`` of ``torch._foreach_norm``'s norms gives, which on
     CPU runs this same per-tensor kernel; written with plain ops so vmap batches it)."""
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in tensors]))
+
+
+def plain_direction(model, params, buffers, x, y, w_t, ctx, carry, hp):
+    """d = g, the cross-entropy gradient: FedAvg's direction, and the base of every direction that
+    corrects it (a ``LocalUpdate`` direction; buffers and carry passed through)."""
+    grads, loss, new_buffers = grad_and_loss(model, params, buffers, x, y, hp)
+    return grads, new_buffers, carry, loss
