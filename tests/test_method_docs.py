@@ -1,5 +1,6 @@
-"""One description per method, written once: its own module's docstring (its client module, or
-its strategy module where the client is another method's). Its first paragraph
+"""One description per method, written once: its own module's docstring (the module its
+``LocalUpdate`` declares, ``LocalUpdate.module``, or its strategy module where the update is
+another method's). Its first paragraph
 (``fl_app.registry.description``) is what ``--list methods`` prints and what the README's method
 table shows; the whole docstring is the method's section of docs/methods.md, its ``Summary:``
 line the method's row of the summary table there. Both files' generated parts must equal what
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from clients.fedavg import FedAvgClient
+from clients import fedavg
 from fl_app import registry
 from fl_app.registry import METHODS, Method, description
 from runner.listing import GENERATED, current_part, listing, methods_doc, readme_methods_table, split_summary
@@ -38,7 +39,7 @@ def methods_doc_first_paragraphs() -> dict[str, str]:
 @pytest.mark.parametrize("name", list(METHODS))
 def test_description_is_one_complete_sentence_and_listed_whole(name):
     text = description(METHODS[name])
-    assert is_sentence(text), f"{name}: the client module docstring's first paragraph is not a sentence: {text!r}"
+    assert is_sentence(text), f"{name}: its module docstring's first paragraph is not a sentence: {text!r}"
     lines = [line for line in listing("methods").splitlines() if line.split()[:1] == [name]]
     assert len(lines) == 1 and text in lines[0], f"--list methods cuts or misses {name}'s description"
 
@@ -133,9 +134,10 @@ def test_list_models_prints_a_sentence_for_every_model():
         assert is_sentence(text), f"--list models: {name}: {text!r}"
 
 
-def test_a_method_sharing_its_client_is_described_by_its_strategy_module(monkeypatch):
-    """A server-side method registered with another method's client (FedAvg's) is described
-    by its own strategy module; the method whose client it borrows keeps its description."""
+def test_a_method_sharing_its_update_is_described_by_its_strategy_module(monkeypatch):
+    """A server-side method registered with another method's ``LocalUpdate`` (FedAvg's) is
+    described by its own strategy module; the method whose update it borrows keeps its
+    description."""
     import strategies.feddyn as own_module
 
     class ServerSideStrategy(DriftFedAvg):
@@ -143,6 +145,7 @@ def test_a_method_sharing_its_client_is_described_by_its_strategy_module(monkeyp
 
     ServerSideStrategy.__module__ = own_module.__name__  # a module whose docstring is known
     fedavg_before = description(METHODS["fedavg"])
-    monkeypatch.setitem(registry.METHODS, "server-side", Method(ServerSideStrategy, FedAvgClient))
+    monkeypatch.setitem(registry.METHODS, "server-side", Method(ServerSideStrategy, fedavg.UPDATE))
     assert description(METHODS["server-side"]) == registry.first_paragraph(own_module)
     assert description(METHODS["fedavg"]) == fedavg_before
+
