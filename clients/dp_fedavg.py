@@ -9,7 +9,8 @@ from Flower's strategy wrappers.
 - Server (`strategies/dp_fedavg.py`): the unweighted mean of the clipped updates, plus Gaussian
   noise of standard deviation z · C / m on the aggregate (z the noise multiplier, m the number of
   clients sampled in the round).
-- Client: plain local SGD; nothing in the client class changes (the clipping is the mod's).
+- Client: plain local SGD, FedAvg's local update; the clipping is the mod's (the update's
+  `client_mods`).
 - State: the server counts the rounds released and the sampling rate q = m / N for the
   accountant. Keys: `dp-mode` (`client` | `server`, default `client`), `dp-noise-multiplier`
   z (0.1, ≥ 0), `dp-clipping-norm` C (1.0, > 0), `dp-delta` δ (1e-5, in (0, 1)),

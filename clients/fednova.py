@@ -1,7 +1,7 @@
 """FedNova: normalised averaging, so clients that take more local steps do not pull the average
 towards their own objective (Wang et al., NeurIPS 2020).
 
-- Client: plain local SGD; the base client already reports its step count K (`num_steps`),
+- Client: plain local SGD; every client already reports its step count K (`num_steps`),
   which the server's normalised averaging needs.
 - Server (`strategies/fednova.py`): with a_k client k's normaliser,
 

@@ -2,7 +2,7 @@
 al., ICML 2022; Caldarola, Caputo, Ciccone, ECCV 2022).
 
 - Client, per batch: g = ∇f(w; b); ε = ρ g / ‖g‖ (the norm over all trainable parameters);
-  d = ∇f(w + ε; b), applied at w. w + ε is a copy of the weights (`tasks.functional.FEDSAM`):
+  d = ∇f(w + ε; b), applied at w. w + ε is a copy of the weights (`clients.fedsam.sam_direction`):
   w itself never moves, and BN statistics count the unperturbed pass only (the
   [perturbation rules](#sharpness-and-perturbation)).
 - Server: the weighted mean (Flower's FedAvg, `DriftFedAvg`). State: none.

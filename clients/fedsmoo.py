@@ -45,7 +45,7 @@ vector.
 - Reused, not rewritten: SAM's ascent step is `tasks.functional.core.sam_eps`, the dynamic
   regulariser is FedDyn's (its begin and end; h_i is kept as FedDyn's g_k = −α h_i in
   `context.state`: α h_i is all the local step uses), the transport of s is the control-variate
-  one; the whole local update is `tasks.functional.sharpness.FEDSMOO`.
+  one; the whole local update is `clients.fedsmoo.UPDATE`.
 - Reductions: ρ = 0 gives exactly the FedDyn client and server (for α > 0); α = 0 with
   `smoo-s = "none"` gives exactly the FedSAM client's local update (the server still adds H, so
   the global model differs from FedSAM's from round 2 on; both reductions are tested in

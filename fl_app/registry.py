@@ -108,9 +108,9 @@ def first_paragraph(obj) -> str:
 
 def description(method: Method) -> str:
     """The method's description, a complete sentence: the first paragraph of the docstring of
-    the method's own module. That is its client module, except for a method whose client class
-    serves other methods too and whose strategy class is its alone (a server-side method on
-    FedAvg's client, say): then its strategy module. It is the single source of ``--list
+    the method's own module (``own_module``): the module its ``LocalUpdate`` declares, except for
+    a method whose update serves other methods too and whose strategy class is its alone (a
+    server-side method on FedAvg's update, say): then its strategy module. It is the single source of ``--list
     methods``, of the README's method table and of the first paragraph of the method's section
     in docs/methods.md (the last two generated, ``python -m runner.listing generate``)."""
     return first_paragraph(sys.modules[own_module(method)])

@@ -1,10 +1,11 @@
 """Run-config key declarations, at the bottom of the layers (``tasks``) so that clients,
 strategies and fl_app all import it downwards (it imports nothing of ours).
 
-A method declares its own keys beside the code that reads them with ``Key``: in
-``CONFIG_KEYS`` of its client class for a key only the client reads, else of its strategy
-class; ``fl_app.registry`` merges them with the general keys (``fl_app.config``) and
-validates a run config in one place.
+A method declares its own keys beside the code that reads them with ``Key``: in the ``keys``
+of its ``LocalUpdate`` (``clients/<method>.py``) for a key only the client reads, else in
+``CONFIG_KEYS`` of its strategy class (the update then names it in ``reads``);
+``fl_app.registry`` merges them with the general keys (``fl_app.config``) and validates a run
+config in one place.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ method, model or key shows up without editing this file).
 And the generated parts of four files, rewritten by one command,
 ``python -m runner.listing generate`` (never edited by hand; tests keep them equal to
 what it writes): the README's method table and docs/methods.md's summary table and per-method
-sections, both from each method's module docstring (``fl_app.registry.documentation``),
+sections, both from each method's module docstring (``fl_app.registry.documentation``: the
+module its ``LocalUpdate`` declares, or a server-only method's strategy module),
 pyproject.toml's ``[tool.flwr.app.config]`` table, from the key schema
 (``fl_app.registry.toml_table``), and docs/configuration.md's key reference, from the same schema.
 ``readme-table``, ``methods-doc``, ``toml-table`` and ``config-doc`` print one of them."""
@@ -21,7 +22,8 @@ WHAT = ("methods", "models", "datasets", "partitioners", "keys")
 
 def methods() -> list[str]:
     """One line per registered method: its description (``fl_app.registry.description``, the
-    first paragraph of its client module's docstring, never cut) and its own keys."""
+    first paragraph of its own module's docstring, ``LocalUpdate.module`` or, for a server-only
+    method, its strategy module; never cut) and its own keys."""
     from fl_app.registry import METHODS, config_keys, description
 
     width = max(map(len, METHODS))

@@ -73,7 +73,8 @@ class FromConfig:
 
     CONFIG_KEYS: dict[str, Key] = {}
     """The run-config keys the server reads (name -> ``protocol.keys.Key``); a key only the client
-    reads goes in the client class's ``CONFIG_KEYS``. ``fl_app.registry.spec`` merges them all."""
+    reads goes in the ``keys`` of the method's ``LocalUpdate`` (``clients/<method>.py``), which
+    names a key declared here in its ``reads``. ``fl_app.registry.spec`` merges them all."""
     SCREENING: tuple[str, ...] = REPLIES_ONLY
     """The update screening modes the server supports besides ``none``: ``REPLIES_ONLY`` or
     ``MEAN_OF_WEIGHTS`` (or none, ``()``). Every registered strategy class declares it in its own

@@ -37,7 +37,8 @@ DIVISORS = ("participants", "total")
 class ControlVariateStrategy(DriftFedAvg):
     """FedAvg of the weights plus the server control variate c."""
 
-    # Which parameters carry control variates: must be the client class's function.
+    # Which parameters carry control variates: the same function as the names of the method's
+    # LocalUpdate arrays (clients.scaffold.control_variate_arrays).
     cv_param_names = staticmethod(trainable_param_names)
     # "participants": D = |S_t| (FedGAM-CV Eq. 22); "total": D = N (SCAFFOLD, FedPVR).
     CV_DIVISOR = "total"

@@ -2,8 +2,8 @@
 fl-drift methods: Flower's own strategies, unchanged maths, built from the run config.
 
 Each of them treats Delta_t = mean_k(w_k) - w_t (the n_k-weighted mean, Flower's FedAvg) as a
-pseudo-gradient and steps the global model with a server optimiser; the clients are plain
-FedAvg clients. What this module adds around Flower's classes:
+pseudo-gradient and steps the global model with a server optimiser; the clients run FedAvg's
+local update (``clients.fedavg.UPDATE``). What this module adds around Flower's classes:
 
 - ``get_state`` / ``set_state``: the optimiser's state (FedAvgM's momentum vector, FedOpt's
   m_t and v_t) goes into the checkpoint, so a resumed run continues the same optimiser (Flower's

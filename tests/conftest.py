@@ -16,10 +16,12 @@ from flwr.server.client_proxy import ClientProxy
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from clients.base import DriftClient  # noqa: E402
 from fl_app.client_app import client_fn  # noqa: E402
 from fl_app.common.procfs import processes_with_env  # noqa: E402
 from fl_app.registry import validate_config  # noqa: E402
 from runner.inprocess import InProcessProxy  # noqa: E402
+from tasks.functional import LocalUpdate  # noqa: E402
 
 SHARED_DATA = ROOT.parent / "shared" / "data"
 
@@ -195,10 +197,12 @@ def fake_context(run_config: dict | None = None) -> Context:
     return Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config=run_config or {})
 
 
-def make_client(client_cls, overrides: dict, x: torch.Tensor, y: torch.Tensor, context: Context | None = None):
-    """A client on in-memory data (no dataset is loaded)."""
+def make_client(update: LocalUpdate, overrides: dict, x: torch.Tensor, y: torch.Tensor,
+                context: Context | None = None) -> DriftClient:
+    """The one generic client running ``update`` (``clients.<method>.UPDATE``) on in-memory data
+    (no dataset is loaded), partition 0 of 1, its run config ``overrides`` on synthetic/logreg."""
     cfg = validate_config({"dataset": "synthetic", "model": "logreg", **overrides})
-    client = client_cls(cfg, context or fake_context(), partition_id=0, num_partitions=1)
+    client = DriftClient(update, cfg, context or fake_context(), partition_id=0, num_partitions=1)
     client._data = (x, y)
     return client
 

@@ -106,14 +106,14 @@ def test_model_choices_come_from_the_model_builders():
 def test_a_method_key_declared_twice_is_refused(monkeypatch):
     """Two declarations of one key could disagree on default or range, and the merge would keep
     one of them silently; method_keys refuses that (a shared key reuses one declaration)."""
-    from clients.fedavg import FedAvgClient
+    from dataclasses import replace
+
+    from clients.fedavg import UPDATE
     from fl_app import registry
     from protocol.keys import Key
 
-    class Clash(FedAvgClient):
-        CONFIG_KEYS = {"sam-rho": Key(0.5)}
-
-    methods = {**registry.METHODS, "clash": registry.Method(registry.METHODS["fedavg"].strategy, Clash)}
+    clash = replace(UPDATE, name="clash", keys={"sam-rho": Key(0.5)})  # FedSAM declares its own sam-rho
+    methods = {**registry.METHODS, "clash": registry.Method(registry.METHODS["fedavg"].strategy, clash)}
     monkeypatch.setattr(registry, "METHODS", methods)
     with pytest.raises(ValueError, match="'sam-rho' of method 'clash' is declared twice"):
         registry.method_keys()

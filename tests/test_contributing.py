@@ -1,14 +1,17 @@
-"""docs/contributing.md stays true: it teaches the one way a client trains (a ``LocalUpdate``,
-no other), and its worked example (``fedmom-example``) is at most four files, and exactly the
-code blocks it shows, registered in place of the real registry line (monkeypatched, so the
-example never becomes a method of the product), build a method that validates, lists with a
-complete description, gets its README row, docs/methods.md section and pyproject keys from the
-one generate command, declares its screening decision, and passes its own tests in process:
-its local step by hand, two rounds of its server rule, and its per-client and cohort paths
-finding the same replies."""
+"""docs/contributing.md stays true: it teaches the one way a method's client side is written (a
+``LocalUpdate`` declaration in its client module: no client class, no subclass, no override),
+and its worked example (``fedmom-example``) is at most four files, and exactly the code blocks
+it shows (read from the page and executed), registered in place of the real registry line
+(monkeypatched, so the example never becomes a method of the product), build a method that
+validates, lists with a complete description, gets its README row, docs/methods.md section and
+pyproject keys from the one generate command, declares its screening decision, and passes its
+own tests in process: its local step by hand, two rounds of its server rule, and its per-client
+(``DriftClient.fit``) and cohort (``cohort_round`` over three clients) paths finding the same
+replies within 1e-5 relative in float32, the cohort tests' tolerance."""
 
 from __future__ import annotations
 
+import inspect
 import re
 import sys
 import types
@@ -41,7 +44,8 @@ def register_example(monkeypatch) -> types.ModuleType:
     files = blocks()
     client = load_module(monkeypatch, "clients/fedmom_example.py", files["clients/fedmom_example.py"])
     strategy = load_module(monkeypatch, "strategies/fedmom_example.py", files["strategies/fedmom_example.py"])
-    scope = {"Method": registry.Method, **vars(client), **vars(strategy)}
+    # the registry line's names, as its two imports bind them
+    scope = {"Method": registry.Method, "fedmom_example": client, **vars(strategy)}
     for name, method in eval("{" + files["fl_app/registry.py"] + "}", scope).items():
         monkeypatch.setitem(registry.METHODS, name, method)
     return load_module(monkeypatch, "tests/test_fedmom_example.py", files["tests/test_fedmom_example.py"])
@@ -59,19 +63,47 @@ def test_the_example_is_not_a_real_method():
     assert not (DOC.parent.parent / "clients" / "fedmom_example.py").exists()
 
 
+# What earlier ways of writing a client were called: a hook, a client class naming its update or
+# its cost, overridden inputs/outputs, the wire and state of control variates in a client module.
+GONE = ("LOCAL_UPDATE", "STEP_COST", "train_step", "adjust_gradients", "begin_round", "end_round", "fit_hooks",
+        "functional_inputs", "functional_outputs", "prepare_functional", "finish_functional", "local_update_for",
+        "FunctionalRound", "ControlVariateClient", "clients/control_variates.py", "DriftClient.mods")
+SUBCLASS = re.compile(r"class \w+\((?:\w+\.)*\w*Client\)")
+
+
 def test_the_page_teaches_the_local_update_and_no_other_way():
     text = DOC.read_text(encoding="utf-8")
-    assert "`LocalUpdate`" in text and "LOCAL_UPDATE" in text
+    assert "`LocalUpdate`" in text and "UPDATE = LocalUpdate(" in text
     assert "hook" not in text.lower()
-    for gone in ("train_step", "adjust_gradients", "begin_round", "end_round", "fit_hooks"):
-        assert gone not in text
+    assert [gone for gone in GONE if gone in text] == []
+    assert not SUBCLASS.search(text), SUBCLASS.search(text).group(0)
+    for field in ("keys", "reads", "state", "receives", "sends", "personal", "carry", "prepare", "finish",
+                  "step_cost", "client_mods", "module"):  # every field of the declaration is taught
+        assert f"`{field}`" in text, field
+
+
+def test_the_subclass_pattern_finds_a_client_class():
+    assert SUBCLASS.search("class FedMomExampleClient(DriftClient):")
+    assert SUBCLASS.search("class X(clients.base.DriftClient):")
+    assert not SUBCLASS.search("class FedMomExampleStrategy(DriftFedAvg):")
 
 
 def test_the_example_trains_through_its_own_local_update(monkeypatch):
+    """The registered update is the client module's ``UPDATE``, which documents itself by its
+    own module, and the module defines no class: the generic client runs it."""
+    from clients.base import DriftClient
+    from tests.conftest import fake_context
+
     register_example(monkeypatch)
-    method = registry.get_method(NAME)
-    update = method.client.local_update_for(registry.validate_config({"strategy": NAME}))
-    assert update.name == NAME and update is sys.modules["clients.fedmom_example"].FEDMOM_EXAMPLE
+    client_module = sys.modules["clients.fedmom_example"]
+    update = registry.get_method(NAME).update
+    assert update is client_module.UPDATE and update.name == NAME and update.module == client_module.__name__
+    assert registry.own_module(registry.get_method(NAME)) == client_module.__name__
+    own_classes = [v for v in vars(client_module).values()
+                   if isinstance(v, type) and v.__module__ == client_module.__name__]
+    assert own_classes == []
+    cfg = registry.validate_config({"strategy": NAME, "dataset": "synthetic", "model": "logreg"})
+    assert DriftClient(update, cfg, fake_context(), 0, 1).update is update
 
 
 def test_the_example_registers_lists_and_passes_its_tests_on_both_paths(monkeypatch, tmp_path):
@@ -81,9 +113,11 @@ def test_the_example_registers_lists_and_passes_its_tests_on_both_paths(monkeypa
     description = registry.description(method)
     assert description.startswith("FedMom-example: ") and description.endswith(".")
     assert any(line.split()[:1] == [NAME] and description in line for line in listing("methods").splitlines())
-    example_tests.test_local_step_by_hand()
-    example_tests.test_two_rounds_follow_the_momentum_rule(tmp_path)
-    example_tests.test_per_client_and_cohort_paths_agree()
+    tests = {name: fn for name, fn in vars(example_tests).items() if name.startswith("test_") and callable(fn)}
+    assert {"test_local_step_by_hand", "test_two_rounds_follow_the_momentum_rule",
+            "test_per_client_and_cohort_paths_agree"} <= set(tests)
+    for name, test in tests.items():  # every test the page shows, as pytest would call it
+        test(tmp_path / name) if "tmp_path" in inspect.signature(test).parameters else test()
 
 
 def test_the_page_names_the_one_generate_command():
@@ -95,8 +129,8 @@ def test_the_page_names_the_one_generate_command():
 
 def test_the_generated_files_take_the_example_from_its_four_files(monkeypatch, tmp_path):
     """What ``python -m runner.listing generate`` would write with the example
-    registered: its README row, its docs/methods.md summary row and section (its client
-    module's docstring), its keys in pyproject's table and docs/configuration.md's reference; no
+    registered: its README row, its docs/methods.md summary row and section (the docstring of
+    the module its ``LocalUpdate`` declares), its keys in pyproject's table and docs/configuration.md's reference; no
     other file to edit."""
     register_example(monkeypatch)
     method = registry.get_method(NAME)

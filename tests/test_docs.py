@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fl_app.registry import METHODS
+from fl_app.registry import METHODS, config_keys
 from runner.experiment import ENTRIES as EXPERIMENT_ENTRIES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,8 +98,7 @@ def test_methods_doc_names_every_method_key():
     missing = sorted(
         f"{name}: {key}"
         for name, method in METHODS.items()
-        for side in (method.strategy, method.client)
-        for key in getattr(side, "CONFIG_KEYS", {})
+        for key in config_keys(method)  # its strategy's CONFIG_KEYS and its update's keys
         if f"`{key}`" not in text
     )
     assert not missing, "keys not documented in docs/methods.md: " + ", ".join(missing)
@@ -352,14 +351,14 @@ def test_the_site_builds_strictly(tmp_path):
         assert f'id="{name}"' in reference, f"docs/reference.md shows no {name}"
     text = " ".join(html.unescape(re.sub(r"<[^>]+>", " ", reference)).split())
     from strategies.base import DriftFedAvg
-    from tasks.functional.methods import LocalUpdate
+    from tasks.functional.update import LocalUpdate
 
     for obj in (LocalUpdate, DriftFedAvg):  # their docstrings' first words, as the page shows them
         assert " ".join(obj.__doc__.split()[:5]) in text, obj
 
 
 # The extension points docs/reference.md documents (mkdocstrings renders each under its path).
-REFERENCED = ("tasks.functional.methods.LocalUpdate", "tasks.functional.core.Hyper", "clients.base.DriftClient",
+REFERENCED = ("tasks.functional.update.LocalUpdate", "tasks.functional.core.Hyper", "clients.base.DriftClient",
               "strategies.base.FromConfig", "strategies.base.DriftFedAvg", "strategies.base.MEAN_OF_WEIGHTS",
               "tasks.partitioning", "tasks.partition_spec.PartitionSpec", "tasks.catalogue.DatasetInfo",
               "protocol.keys.Key", "fl_app.registry.spec", "fl_app.registry.validate_config")

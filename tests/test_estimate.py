@@ -17,7 +17,7 @@ def test_run_seconds_by_hand():
     # per round: 10 clients x 20 steps x 15 ms / 2 in parallel = 1.5 s, plus 10000 x 1e-5 = 0.1 s eval
     assert run_seconds(cfg, 100, probe, parallel=2) == pytest.approx(START_SECONDS + 45 * (1.6 + ROUND_SECONDS))
     two_pass = {**cfg, "strategy": "fedgam-cv"}  # two forward-backward passes a step
-    step_cost = get_method("fedgam-cv").client.STEP_COST
+    step_cost = get_method("fedgam-cv").update.step_cost
     assert run_seconds(two_pass, 100, probe, parallel=2, step_cost=step_cost) == pytest.approx(START_SECONDS + 45 * (3.1 + ROUND_SECONDS))
 
 

@@ -18,6 +18,7 @@ from flwr.app import Context, RecordDict
 from flwr.common import ndarrays_to_parameters
 from flwr.server.client_manager import SimpleClientManager
 
+from clients.base import DriftClient
 from fl_app.node.node_client import NodeClient
 from fl_app.registry import METHODS, method_names, validate_config
 from fl_app.server_app import evaluate_global
@@ -56,7 +57,7 @@ def two_rounds(method: str, results_dir) -> tuple[list[dict], float]:
     manager = SimpleClientManager()
     for k in range(NODES):
         context = Context(run_id=0, node_id=k, node_config={}, state=RecordDict(), run_config={})
-        manager.register(Proxy(str(k), NodeClient(registered.client(cfg, context, k, NODES))))
+        manager.register(Proxy(str(k), NodeClient(DriftClient(registered.update, cfg, context, k, NODES))))
     parameters = strategy.initialize_parameters(manager)
     strategy.evaluate(0, parameters)
     for t in (1, 2):

@@ -1,7 +1,8 @@
 """``NodeClient``: what a node does around a method's local training.
 
-The ClientApp wraps every method client (a ``clients.base.DriftClient``) in ``NodeClient``,
-the client-side counterpart of the server's ``DriftServer``. The method's ``fit`` is
+The ClientApp wraps every method's client (the one ``clients.base.DriftClient``, running the
+method's ``LocalUpdate``) in ``NodeClient``, the client-side counterpart of the server's
+``DriftServer``. The method's ``fit`` is
 its local training only; around it ``NodeClient.fit``:
 
 1. counts the arrays the node's ``context.state`` carried into the round (after step 3 when
@@ -9,11 +10,11 @@ its local training only; around it ``NodeClient.fit``:
 2. raises the injected ``raise`` fault (``inject-faults``) before any work;
 3. restores the client's state from its on-disk mirror (``client-state = "disk"`` in a Ray
    simulation: the last round's state; a resumed run: the checkpointed round's) before the
-   method reads it in ``receive``;
+   client reads it in ``prepare_round``;
 4. lets a start-up warm-up finish, then runs the method's ``fit``;
 5. adds ``state_arrays_in`` (stateful methods only: 0 in a node's first round);
-6. poisons the reply (``nan`` and the attacks of ``fl_app.node.attacks``) after the method's
-   ``end_round``, so the method's own state stays honest;
+6. poisons the reply (``nan`` and the attacks of ``fl_app.node.attacks``) after the client's
+   ``finish_round`` has kept its state, so the method's own state stays honest;
 7. writes the state mirror, and with ``client-state = "disk"`` clears ``context.state``;
 8. adds ``ray_node`` (in a Ray worker) and ``fit_seconds`` (the client's share of the round).
 

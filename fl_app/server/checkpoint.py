@@ -15,7 +15,7 @@ BatchNorm layers kept local) lives on the clients, so each client mirrors it to
 and reloads the newest file not newer than the checkpoint on resume
 (``fl_app.node.state_mirror.ClientStateMirror``).
 On a deployment that path is on the node's own disk. With ``client-state = "disk"`` a
-simulated client keeps its state only there between its rounds (``clients/base.py``).
+simulated client keeps its state only there between its rounds (``fl_app.node.node_client``).
 """
 
 from __future__ import annotations

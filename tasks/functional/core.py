@@ -1,5 +1,9 @@
-"""The pieces every functional local update shares: hyper-parameters, the loss and its
-gradient through ``torch.func``, norms over a dict of tensors."""
+"""The pieces the methods' step functions share (each method's own maths is in
+``clients/<method>.py``): hyper-parameters (``Hyper``), the loss and its gradient through
+``torch.func`` (``grad_and_loss``; ``value_grads`` for several objectives from one forward
+pass), a submodule's forward at given weights (``call_part``, ``eval_logits``,
+``eval_forward``), perturbed weights and SAM's ascent step (``perturbed_copy``, ``sam_step``,
+``sam_eps``), and arithmetic over dicts of tensors (``clone_tree``, ``within``, ``tree_norm``)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,17 @@
 """Drivers of a round of local training: one client (``local_round``) or K clients in one
-``torch.func.vmap`` (``cohort_round``), both running a ``LocalUpdate``'s step function.
+``torch.func.vmap`` (``cohort_round``), both running a ``LocalUpdate``'s step functions. The
+one generic client (``clients.base.DriftClient``) calls ``local_round``; a cohort node
+(``fl_app.node.cohort_client``) calls ``cohort_round`` on the same prepared rounds.
 
 Per-client batch order: every epoch is ``tasks.train.batches`` with the client's generator
-(the same ``torch.randperm`` stream as ``clients.base.DriftClient``), so a client's batches
+(seeded per client and round by ``DriftClient.round_generator``), so a client's batches
 are the same on both paths. The cohort path takes them as index lists (``batch_schedule``).
 
 Cohort masking: at the cohort's s-th step the clients that still have an s-th step are
 grouped by the size of that batch (an epoch's last batch may be shorter); each group is one
 vmap call over all K clients, every client fed a batch of that size from its own data. A client
 outside the group (finished, or its batch has another size) is masked: its weights, buffers,
-optimiser state and loss sum are kept as they were (``torch.where``), so what it was fed
+carry, optimiser state and loss sum are kept as they were (``torch.where``), so what it was fed
 changes nothing; no client ever trains on samples that are not its own batch.
 Tolerance: vmap batches the K clients' convolutions and matmuls into grouped/batched kernels
 that sum in another order, so a cohort client equals its separate ``local_round`` within float
