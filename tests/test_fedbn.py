@@ -1,17 +1,22 @@
 """FedBN: the client's BN state is its own across rounds; non-BN entries are averaged."""
 
+from functools import partial
+
 import numpy as np
 import pytest
 import torch
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 
-from clients.fedbn import FedBNClient
+from clients import fedavg, fedbn
+from clients.base import DriftClient
 from fl_app.config import ConfigError
 from fl_app.registry import validate_config
 from protocol.layout import bn_indices
 from strategies.fedbn import FedBNStrategy
 from tests.conftest import make_client
 from tests.helpers_baselines import fit_res
+
+fedbn_client = partial(DriftClient, fedbn.UPDATE)  # make_client builds it with (cfg, context, ...)
 
 
 def test_fedbn_requires_a_bn_model():
@@ -29,7 +34,7 @@ def test_fedbn_client_keeps_its_bn_state():
     torch.manual_seed(0)
     x, y = torch.randn(6, 1, 28, 28), torch.arange(6)
     client = make_client(
-        FedBNClient, {"strategy": "fedbn", "dataset": "mnist", "model": "cnn-bn", "batch-size": 6}, x, y
+        fedbn_client, {"strategy": "fedbn", "dataset": "mnist", "model": "cnn-bn", "batch-size": 6}, x, y
     )
     bn = bn_indices(client.model)
     w1 = client.get_parameters({})
@@ -41,7 +46,8 @@ def test_fedbn_client_keeps_its_bn_state():
         (a + 100 if i in bn0 else a + 0.01) if np.issubdtype(a.dtype, np.floating) else a + 1000
         for i, a in enumerate(out1)
     ]
-    received = client.receive(w2)
+    received, extras = client.split_received(w2)
+    assert extras == {}  # FedBN receives nothing after the weights
     for i in range(len(w2)):
         np.testing.assert_array_equal(received[i], out1[i] if i in bn else w2[i])
     out2, _, _ = client.fit([a.copy() for a in w2], {"server-round": 2})
@@ -76,19 +82,17 @@ def test_a_batchnorm_client_whose_data_leaves_a_last_batch_of_one_trains():
     train (PyTorch raises 'Expected more than 1 value per channel'): that client failed every
     round (seen on MNIST Dir(0.5), 10 clients, lenet-bn). The batch is skipped: one step per
     epoch, over 6 samples; a model without BatchNorm still takes both steps."""
-    from clients.fedavg import FedAvgClient
-
     torch.manual_seed(0)
     x, y = torch.randn(7, 1, 28, 28), torch.arange(7)
-    client = make_client(FedBNClient, {"strategy": "fedbn", "dataset": "mnist", "model": "lenet-bn",
+    client = make_client(fedbn_client, {"strategy": "fedbn", "dataset": "mnist", "model": "lenet-bn",
                                        "batch-size": 6, "local-epochs": 2}, x, y)
     _, n, metrics = client.fit(client.get_parameters({}), {"server-round": 1})
     assert n == 7 and metrics["num_steps"] == 2  # one batch of 6 per epoch
-    plain = make_client(FedAvgClient, {"dataset": "mnist", "model": "lenet", "batch-size": 6, "local-epochs": 2}, x, y)
+    plain = make_client(partial(DriftClient, fedavg.UPDATE), {"dataset": "mnist", "model": "lenet", "batch-size": 6, "local-epochs": 2}, x, y)
     assert plain.fit(plain.get_parameters({}), {"server-round": 1})[2]["num_steps"] == 4
     from tasks.train import batches, min_train_batch
 
-    conv_bn = make_client(FedBNClient, {"strategy": "fedbn", "dataset": "mnist", "model": "cnn-bn", "batch-size": 6,
+    conv_bn = make_client(fedbn_client, {"strategy": "fedbn", "dataset": "mnist", "model": "cnn-bn", "batch-size": 6,
                                         "local-epochs": 2}, x, y)
     assert conv_bn.fit(conv_bn.get_parameters({}), {"server-round": 1})[2]["num_steps"] == 4  # BatchNorm2d: no skip
     assert min_train_batch(conv_bn.model) == 1

@@ -1,13 +1,18 @@
 """FedDyn: client gradient state and server state h against a hand computation, 2 rounds."""
 
+from functools import partial
+
 import numpy as np
 import torch
 from flwr.common import parameters_to_ndarrays
 
-from clients.feddyn import STATE, FedDynClient
+from clients import feddyn
+from clients.base import DriftClient
 from strategies.feddyn import FedDynStrategy
 from tests.conftest import make_client
 from tests.helpers_baselines import fit_res, softmax_regression_grad
+
+feddyn_client = partial(DriftClient, feddyn.UPDATE)  # make_client builds it with (cfg, context, ...)
 
 
 def test_feddyn_client_two_rounds_match_hand_computation():
@@ -15,7 +20,7 @@ def test_feddyn_client_two_rounds_match_hand_computation():
     x, y = torch.randn(4, 60), torch.tensor([0, 1, 2, 3])
     lr, alpha, steps = 0.5, 0.3, 2
     client = make_client(
-        FedDynClient,
+        feddyn_client,
         {"strategy": "feddyn", "feddyn-alpha": alpha, "learning-rate": lr, "batch-size": 4, "local-epochs": steps},
         x, y,
     )
@@ -37,13 +42,13 @@ def test_feddyn_client_two_rounds_match_hand_computation():
         np.testing.assert_allclose(out[1], b, atol=1e-5)
         # g_k <- g_k - alpha (w_k - w_t)
         g = [g[0] - alpha * (W - w_t[0]), g[1] - alpha * (b - w_t[1])]
-        saved = client.load_state(STATE)
+        saved = client.load_state(feddyn.GRAD.record)  # g_k in named_parameters order
         np.testing.assert_allclose(saved[0], g[0], atol=1e-6)
         np.testing.assert_allclose(saved[1], g[1], atol=1e-6)
         assert metrics["feddyn_grad_norm"] > 0
     # Round 2 really used a non-zero g (the linear term acts): it must differ from g = 0.
     fresh = make_client(
-        FedDynClient,
+        feddyn_client,
         {"strategy": "feddyn", "feddyn-alpha": alpha, "learning-rate": lr, "batch-size": 4, "local-epochs": steps},
         x, y,
     )

@@ -1,12 +1,13 @@
 """FedGAM client: the update direction is the paper's Eq. 19 (and, for gam-variant "reference",
 the GAM optimiser step), both recomputed here independently with closed-form gradients."""
 
+from functools import partial
+
 import numpy as np
 import torch
 
-from clients.fedavg import FedAvgClient
-from clients.fedgam import FedGAMClient
-from clients.fedgam_cv import FedGAMCVClient
+from clients import fedavg, fedgam, fedgam_cv
+from clients.base import DriftClient
 from tests.conftest import make_client
 from tests.helpers_baselines import softmax_regression_grad
 
@@ -27,8 +28,8 @@ def _norm(v):
     return np.sqrt(sum((a**2).sum() for a in v))
 
 
-def _fit(overrides, x, y, cls=FedGAMClient):
-    client = make_client(cls, {"learning-rate": LR, "batch-size": 64, "local-epochs": 1, **overrides}, x, y)
+def _fit(overrides, x, y, update=fedgam.UPDATE):
+    client = make_client(partial(DriftClient, update), {"learning-rate": LR, "batch-size": 64, "local-epochs": 1, **overrides}, x, y)
     w0 = client.get_parameters({})
     new, _, metrics = client.fit([a.copy() for a in w0], {"server-round": 1})
     assert metrics["num_steps"] == 1
@@ -47,18 +48,18 @@ def test_paper_update_is_eq19():
     for got, w, gi in zip(new, w0, G):
         np.testing.assert_allclose(got, w - LR * gi, rtol=1e-5, atol=1e-6)
     # and it is not plain SGD
-    _, plain = _fit({}, x, y, cls=FedAvgClient)
+    _, plain = _fit({}, x, y, update=fedavg.UPDATE)
     assert not np.allclose(plain[0], new[0], atol=1e-5)
 
 
 def test_paper_defaults_are_rho_002_alpha_02():
-    keys = FedGAMClient.CONFIG_KEYS
+    keys = fedgam.UPDATE.keys
     assert keys["gam-rho"].default == 0.02 and keys["gam-alpha"].default == 0.2
     assert keys["gam-variant"].default == "paper"
-    assert FedGAMCVClient.CONFIG_KEYS["gam-cv-alpha"].default == 0.4
+    assert fedgam_cv.UPDATE.keys["gam-cv-alpha"].default == 0.4
     # FedGAM-CV reads its own alpha, so FedGAM's is not listed among its keys (--list, README)
-    assert "gam-alpha" not in FedGAMCVClient.CONFIG_KEYS
-    assert set(FedGAMClient.CONFIG_KEYS) - {"gam-alpha"} <= set(FedGAMCVClient.CONFIG_KEYS)
+    assert "gam-alpha" not in fedgam_cv.UPDATE.key_names()
+    assert set(fedgam.UPDATE.keys) - {"gam-alpha"} <= set(fedgam_cv.UPDATE.keys)
 
 
 def test_reference_update_is_the_gam_optimiser_step():

@@ -11,7 +11,8 @@ from flwr.app import Context, RecordDict
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 from torch import nn
 
-from clients.fedpgvc import FedPGVCClient
+from clients import fedpgvc
+from clients.base import DriftClient
 from fl_app.config import ConfigError
 from fl_app.registry import validate_config
 from strategies.base import fedavg_kwargs
@@ -33,7 +34,7 @@ def test_fit_step_masked_layers_get_g_plus_rho_others_plain_sgd():
         "learning-rate": eta, "batch-size": 64, "local-epochs": 1,  # one full-batch step
     })
     context = Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config={})
-    client = FedPGVCClient(cfg, context, partition_id=0, num_partitions=2)
+    client = DriftClient(fedpgvc.UPDATE, cfg, context, partition_id=0, num_partitions=2)
     client.model = tiny_model()
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(n, 4, generator=gen) * 2

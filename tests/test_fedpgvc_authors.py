@@ -7,23 +7,24 @@ written out here (math.exp, the chain rule by hand), not from autograd."""
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
-from clients.fedavg import FedAvgClient
-from clients.fedpgvc import FedPGVCClient
+from clients import fedavg, fedpgvc
+from clients.base import DriftClient
+from clients.fedpgvc import authors_rescale, code_rhos
 from fl_app.config import ConfigError
 from fl_app.registry import validate_config
 from strategies.base import fedavg_kwargs
 from strategies.fedpgvc import FedPGVCStrategy
 from tasks.datasets import input_shape
 from tasks.functional import module_state
-from tasks.functional.pgvc import authors_rescale, code_rhos
 from tasks.keras_layers import keras_layers, pgvc_code_layers
-from tasks.models import Classifier, build_model, get_weights
+from tasks.models import Classifier, build_model, get_weights, set_weights
 from tests.conftest import make_client
 
 # The tiny model's numbers: Linear layers A, B, C (1 -> 1), D (1 -> 2) and the head E (2 -> 2),
@@ -61,6 +62,13 @@ def scalars(model: Classifier) -> dict:
             values = tuple(t.detach().flatten().tolist())
             w[f"{layer}.{kind}"] = values[0] if len(values) == 1 else values
     return w
+
+
+def reply_scalars(arrays: list[np.ndarray]) -> dict:
+    """The numbers of a client's reply (the tiny model's state arrays) as START writes them."""
+    model = tiny_model(START)
+    set_weights(model, arrays)
+    return scalars(model)
 
 
 def hand_rhos(w: dict, xs: list[float], ys: list[int]) -> tuple[float, float, float]:
@@ -149,20 +157,21 @@ def test_fit_is_fedavg_then_the_rescale():
     by the hand-computed factors at FedAvg's trained weights (eta = the round's lr)."""
     x, y = data()
     cfg = {"optimizer": "adam", "momentum": 0.0, "learning-rate": 0.05, "batch-size": 4, "local-epochs": 1}
-    fedavg = make_client(FedAvgClient, {"strategy": "fedavg", **cfg}, x, y)
-    fedavg.model = tiny_model(START)
-    pgvc = make_client(FedPGVCClient, {"strategy": "fedpgvc", "pgvc-variant": "authors", **cfg}, x, y)
+    plain = make_client(partial(DriftClient, fedavg.UPDATE), {"strategy": "fedavg", **cfg}, x, y)
+    plain.model = tiny_model(START)
+    pgvc = make_client(partial(DriftClient, fedpgvc.UPDATE), {"strategy": "fedpgvc", "pgvc-variant": "authors", **cfg},
+                       x, y)
     pgvc.model = tiny_model(START)
     start = get_weights(tiny_model(START))
-    _, n, plain_metrics = fedavg.fit(start, {"server-round": 1})
-    _, _, metrics = pgvc.fit(start, {"server-round": 1})
+    plain_reply, n, plain_metrics = plain.fit(start, {"server-round": 1})
+    pgvc_reply, _, metrics = pgvc.fit(start, {"server-round": 1})
     assert n == len(x) and metrics["num_steps"] == plain_metrics["num_steps"] == 3
     assert metrics["train_loss"] == plain_metrics["train_loss"]
 
-    trained = scalars(fedavg.model)
+    trained = reply_scalars(plain_reply)
     assert abs(trained["C.w"] - START["C.w"]) > 1e-3  # training moved the weights
     want = rescaled(trained, 0.05, hand_rhos(trained, XS, YS))
-    got = scalars(pgvc.model)
+    got = reply_scalars(pgvc_reply)
     for k in ("A.w", "A.b", "B.w", "B.b"):  # outside the mask: FedAvg's weights exactly
         assert got[k] == trained[k]
     assert_scalars_close(got, want, rtol=1e-5)

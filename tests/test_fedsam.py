@@ -1,20 +1,22 @@
 """FedSAM / FedASAM clients: one full-batch step equals w - lr * grad f(w + eps), eps by hand."""
 
+from functools import partial
+
 import numpy as np
 import torch
 
-from clients.fedasam import FedASAMClient
-from clients.fedsam import FedSAMClient
+from clients import fedasam, fedsam
+from clients.base import DriftClient
 from tests.conftest import make_client
 from tests.helpers_baselines import softmax_regression_grad
 
 LR = 0.4
 
 
-def _run(cls, overrides):
+def _run(update, overrides):
     g = torch.Generator().manual_seed(5)
     x, y = torch.randn(7, 60, generator=g), torch.randint(0, 10, (7,), generator=g)
-    client = make_client(cls, {"learning-rate": LR, "batch-size": 64, "local-epochs": 1, **overrides}, x, y)
+    client = make_client(partial(DriftClient, update), {"learning-rate": LR, "batch-size": 64, "local-epochs": 1, **overrides}, x, y)
     w0 = client.get_parameters({})
     new, _, _ = client.fit([a.copy() for a in w0], {"server-round": 1})
     return x.numpy().astype(np.float64), y.numpy(), [a.astype(np.float64) for a in w0], new
@@ -22,7 +24,7 @@ def _run(cls, overrides):
 
 def test_fedsam_step():
     rho = 0.7
-    x, y, (W, b), new = _run(FedSAMClient, {"sam-rho": rho})
+    x, y, (W, b), new = _run(fedsam.UPDATE, {"sam-rho": rho})
     gW, gb = softmax_regression_grad(x, y, W, b)
     n = np.sqrt((gW**2).sum() + (gb**2).sum())
     pW, pb = softmax_regression_grad(x, y, W + rho * gW / n, b + rho * gb / n)
@@ -34,7 +36,7 @@ def test_fedsam_step():
 
 def test_fedasam_step_scales_weights_not_biases():
     rho, eta = 0.9, 0.05
-    x, y, (W, b), new = _run(FedASAMClient, {"asam-rho": rho, "asam-eta": eta})
+    x, y, (W, b), new = _run(fedasam.UPDATE, {"asam-rho": rho, "asam-eta": eta})
     gW, gb = softmax_regression_grad(x, y, W, b)
     T = np.abs(W) + eta  # weight: T = |w| + eta; bias: T = 1
     n = np.sqrt(((T * gW) ** 2).sum() + (gb**2).sum())

@@ -3,19 +3,21 @@ afterwards (captured, compared with an independent computation), w unchanged bef
 
 import dataclasses
 from contextlib import contextmanager
+from functools import partial
 
 import numpy as np
 import pytest
 import torch
 
-import tasks.functional.sharpness as sharpness
-from clients.fedavg import FedAvgClient
-from clients.fedsol import FedSOLClient
+from clients import fedavg, fedsol
+from clients.base import DriftClient
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights
 from tests.conftest import make_client
 
 LR = 0.5
+fedsol_client = partial(DriftClient, fedsol.UPDATE)  # make_client builds it with (cfg, context, ...)
+fedavg_client = partial(DriftClient, fedavg.UPDATE)
 
 
 def _data(n=6, seed=0):
@@ -43,11 +45,12 @@ def _ce(w, x, y):
 
 @contextmanager
 def _spy(records, monkeypatch):
-    """Record each local step of the client's FEDSOL: the weights before it, eps, w + eps, the
-    weights after it (before the optimiser) and the direction it hands the optimiser."""
+    """Yield FedSOL's update with its direction recording each local step: the weights before
+    it, eps, w + eps, the weights after it (before the optimiser) and the direction it hands the
+    optimiser."""
     names = [n for n, _ in build_model("mlp", input_shape("synthetic")).named_parameters()]
     seen = {}
-    real_eps, real_copy = sharpness.fedsol_eps, sharpness.perturbed_copy
+    real_eps, real_copy = fedsol.fedsol_eps, fedsol.perturbed_copy
 
     def eps_spy(*args, **kwargs):
         seen["eps"] = real_eps(*args, **kwargs)
@@ -57,20 +60,19 @@ def _spy(records, monkeypatch):
         seen["inside"] = real_copy(params, eps)
         return seen["inside"]
 
-    def direction(model, params, buffers, x, y, w_t, ctx, hp):
+    def direction(model, params, buffers, x, y, w_t, ctx, carry, hp):
         before = [params[n].clone() for n in names]
-        d, new_buffers, loss = sharpness.fedsol_direction(model, params, buffers, x, y, w_t, ctx, hp)
+        d, new_buffers, carry, loss = fedsol.fedsol_direction(model, params, buffers, x, y, w_t, ctx, carry, hp)
         records.append(dict(
             before=before, inside=[seen["inside"][n].clone() for n in names],
             eps=[seen["eps"][n].clone() if n in seen["eps"] else None for n in names],
             after=[params[n].clone() for n in names], grad=[d[n].clone() for n in names],
         ))
-        return d, new_buffers, loss
+        return d, new_buffers, carry, loss
 
-    monkeypatch.setattr(sharpness, "fedsol_eps", eps_spy)
-    monkeypatch.setattr(sharpness, "perturbed_copy", copy_spy)
-    monkeypatch.setattr(FedSOLClient, "LOCAL_UPDATE", dataclasses.replace(FedSOLClient.LOCAL_UPDATE, direction=direction))
-    yield
+    monkeypatch.setattr(fedsol, "fedsol_eps", eps_spy)
+    monkeypatch.setattr(fedsol, "perturbed_copy", copy_spy)
+    yield dataclasses.replace(fedsol.UPDATE, direction=direction)
 
 
 def _overrides(**kw):
@@ -79,10 +81,10 @@ def _overrides(**kw):
 
 def test_first_step_is_plain_sgd():
     x, y = _data()
-    sol = make_client(FedSOLClient, _overrides(**{"local-epochs": 1}), x, y)
+    sol = make_client(fedsol_client, _overrides(**{"local-epochs": 1}), x, y)
     w0 = sol.get_parameters({})
     got, _, metrics = sol.fit([a.copy() for a in w0], {"server-round": 1})
-    avg = make_client(FedAvgClient, _overrides(**{"local-epochs": 1}), x, y)
+    avg = make_client(fedavg_client, _overrides(**{"local-epochs": 1}), x, y)
     want, _, _ = avg.fit([a.copy() for a in w0], {"server-round": 1})
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-7)
@@ -96,8 +98,8 @@ def test_second_step_perturbation_restore_and_update(monkeypatch, perturb, adapt
     rho, T = 0.8, 3.0
     x, y = _data()
     records = []
-    with _spy(records, monkeypatch):
-        client = make_client(FedSOLClient, _overrides(**{
+    with _spy(records, monkeypatch) as spied:
+        client = make_client(partial(DriftClient, spied), _overrides(**{
             "local-epochs": 2, "fedsol-rho": rho, "fedsol-temperature": T,
             "fedsol-perturb": perturb, "fedsol-adaptive": adaptive, "fedsol-radius": radius,
         }), x, y)
@@ -150,16 +152,16 @@ def test_second_step_perturbation_restore_and_update(monkeypatch, perturb, adapt
 def test_perturbation_changes_the_update():
     """rho > 0 must change the second step compared with plain SGD (the test above can fail)."""
     x, y = _data()
-    sol = make_client(FedSOLClient, _overrides(**{"local-epochs": 2, "fedsol-rho": 2.0}), x, y)
+    sol = make_client(fedsol_client, _overrides(**{"local-epochs": 2, "fedsol-rho": 2.0}), x, y)
     w0 = sol.get_parameters({})
     got, _, _ = sol.fit([a.copy() for a in w0], {"server-round": 1})
-    avg = make_client(FedAvgClient, _overrides(**{"local-epochs": 2}), x, y)
+    avg = make_client(fedavg_client, _overrides(**{"local-epochs": 2}), x, y)
     want, _, _ = avg.fit([a.copy() for a in w0], {"server-round": 1})
     assert not np.allclose(got[2], want[2], atol=1e-6)
 
 
 def test_keys_and_defaults():
-    keys = FedSOLClient.CONFIG_KEYS
+    keys = fedsol.UPDATE.keys
     assert keys["fedsol-rho"].default == 1.0 and keys["fedsol-temperature"].default == 3.0
     assert keys["fedsol-perturb"].default == "head" and keys["fedsol-adaptive"].default is True
 
@@ -171,11 +173,11 @@ def test_axis_radius_against_a_hand_computation():
     g = {"w": torch.ones(2, 2), "b": torch.tensor([1.0, 1.0])}
     rho = 2.0
     scale = rho / np.sqrt(6.0)  # ||g_p|| over all six entries
-    got = sharpness.fedsol_eps(w, wg, g, rho, adaptive=True, radius="axis")
+    got = fedsol.fedsol_eps(w, wg, g, rho, adaptive=True, radius="axis")
     # column 0: |(3, 4)| / 5; column 1: |(-1, 0)| / 1; bias |(-3, 4)| / 5
     torch.testing.assert_close(got["w"], scale * torch.tensor([[0.6, 1.0], [0.8, 0.0]]))
     torch.testing.assert_close(got["b"], scale * torch.tensor([0.6, 0.8]))
-    layer = sharpness.fedsol_eps(w, wg, g, rho, adaptive=True, radius="layer")
+    layer = fedsol.fedsol_eps(w, wg, g, rho, adaptive=True, radius="layer")
     torch.testing.assert_close(layer["w"], scale * torch.tensor([[3.0, 1.0], [4.0, 0.0]]) / np.sqrt(26.0))
-    zero = sharpness.fedsol_eps(wg, wg, g, rho, adaptive=True, radius="axis")  # w == w_g: eps = 0
+    zero = fedsol.fedsol_eps(wg, wg, g, rho, adaptive=True, radius="axis")  # w == w_g: eps = 0
     assert all(torch.count_nonzero(e) == 0 for e in zero.values())

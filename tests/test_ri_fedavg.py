@@ -12,7 +12,9 @@ import torch
 import torch.nn.functional as F
 from flwr.app import Context, RecordDict
 
-from clients.ri_fedavg import _DIRECTIONS_STREAM, RIFedAvgClient, _seed
+from clients import ri_fedavg
+from clients.base import DriftClient
+from clients.ri_fedavg import DIRECTIONS_STREAM, ri_sample, stream_seed
 from fl_app.registry import validate_config
 from tasks.catalogue import InputShape
 from tasks.datasets import input_shape
@@ -159,7 +161,7 @@ def test_batched_equals_loop_and_independent_evaluation(name, shape):
 def make_client(overrides: dict, n: int = 24, seed: int = 0):
     cfg = validate_config({"strategy": "ri-fedavg", "dataset": "synthetic", "model": "logreg", **overrides})
     context = Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config={})
-    client = RIFedAvgClient(cfg, context, partition_id=2, num_partitions=4)
+    client = DriftClient(ri_fedavg.UPDATE, cfg, context, partition_id=2, num_partitions=4)
     gen = torch.Generator().manual_seed(seed)
     dim = input_shape("synthetic").size
     x = torch.randn(n, dim, generator=gen)
@@ -173,10 +175,10 @@ def test_client_reports_index_of_its_sample_and_directions():
     model = build_model("logreg", input_shape("synthetic"), seed=1)
     _, _, metrics = client.fit(get_weights(model), {"server-round": 3})
     # recompute with the loop reference on the client's sample and the round's seeded directions
-    xs, ys = client.ri_sample()
+    xs, ys = ri_sample(client.prepare_round(get_weights(model), {"server-round": 3}))
     assert len(xs) == 10
     center = {n: p.detach() for n, p in model.named_parameters()}
-    gen = torch.Generator().manual_seed(_seed(cfg["seed"], 2, 3, _DIRECTIONS_STREAM))
+    gen = torch.Generator().manual_seed(stream_seed(cfg["seed"], 2, 3, DIRECTIONS_STREAM))
     dirs = random_directions(center, 5, gen)
     values = profile_losses_loop(model_loss_fn(model.eval(), xs, ys), center, dirs, grid(2.0, 6))
     want = roughness_index(normalised_total_variation(values, 2.0), 10.0)
@@ -198,7 +200,7 @@ def test_client_sgd_step_uses_roughness_proximal_gradient():
     model = build_model("logreg", input_shape("synthetic"), seed=1)
     weights, n, metrics = client.fit(get_weights(model), {"server-round": 1})
     assert n == len(x) and metrics["num_steps"] == 2
-    i = client.ri
+    i = client.prepare_round(get_weights(model), {"server-round": 1}).state["ri"]  # I_k, measured before the loop
     assert metrics["ri"] == i and i > 0.01
 
     def grad(ws):
