@@ -2,7 +2,6 @@
 partial participation: the real strategies and clients, driven through configure_fit ->
 client.fit -> aggregate_fit, against an independent numpy re-implementation."""
 
-from functools import partial
 
 import numpy as np
 import pytest
@@ -11,7 +10,6 @@ from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.client_manager import SimpleClientManager
 
 from clients import fedavg, fedgam_cv, fedpvr, scaffold
-from clients.base import DriftClient
 from fl_app.registry import validate_config
 from strategies.base import fedavg_kwargs
 from strategies.fedgam_cv import FedGAMCVStrategy
@@ -29,10 +27,6 @@ ROUNDS = {1: [0, 1], 2: [1, 2]}  # client 1 twice, 2 joins late, 0 keeps its c_i
 GAM_RHO, GAM_CV_ALPHA = 0.3, 0.6
 CI_STATE = scaffold.UPDATE.state["ci"].record  # c_i's context.state record (FedPVR's and FedGAM-CV's too)
 # make_client builds each with (cfg, context, ...)
-scaffold_client = partial(DriftClient, scaffold.UPDATE)
-fedgam_cv_client = partial(DriftClient, fedgam_cv.UPDATE)
-fedpvr_client = partial(DriftClient, fedpvr.UPDATE)
-fedavg_client = partial(DriftClient, fedavg.UPDATE)
 
 
 class FixedSampling(SimpleClientManager):
@@ -101,7 +95,7 @@ def _reference(method, w0):
 @pytest.mark.parametrize("method", ["scaffold", "fedgam-cv"])
 def test_two_rounds_partial_participation_follow_algorithm_2(method, tmp_path):
     strategy_cls, client_cls = {
-        "scaffold": (ScaffoldStrategy, scaffold_client), "fedgam-cv": (FedGAMCVStrategy, fedgam_cv_client),
+        "scaffold": (ScaffoldStrategy, scaffold.UPDATE), "fedgam-cv": (FedGAMCVStrategy, fedgam_cv.UPDATE),
     }[method]
     cfg = _cfg(method)
     w0 = get_weights(build_model("logreg", input_shape("synthetic"), seed=3))
@@ -157,7 +151,7 @@ def test_divisors_differ_between_scaffold_and_fedgam_cv():
 def test_k_is_total_local_steps_not_batches_per_epoch():
     x, y = torch.randn(10, 60), torch.randint(0, 10, (10,))
     lr = 0.2
-    client = make_client(scaffold_client, {"learning-rate": lr, "batch-size": 4, "local-epochs": 2}, x, y)
+    client = make_client(scaffold.UPDATE, {"learning-rate": lr, "batch-size": 4, "local-epochs": 2}, x, y)
     w0 = client.get_parameters({})
     c = [np.full(a.shape, 0.01, np.float32) for a in w0]
     out, _, metrics = client.fit([a.copy() for a in w0] + c, {"server-round": 1})
@@ -183,11 +177,11 @@ def test_fedpvr_carries_only_the_last_linear_layers(layers):
     lr = 0.3
     over = {"model": "mlp", "pvr-layers": layers, "learning-rate": lr, "batch-size": 64, "local-epochs": 1}
     c = [np.random.default_rng(i).normal(size=a.shape).astype(np.float32) for i, a in enumerate(masked)]
-    pvr = make_client(fedpvr_client, over, x, y)
+    pvr = make_client(fedpvr.UPDATE, over, x, y)
     out, _, _ = pvr.fit([a.copy() for a in w0] + c, {"server-round": 1})
     assert len(out) == 4 + 2 * layers and [a.shape for a in out[4:]] == [a.shape for a in masked]
     assert [a.shape for a in pvr.load_state(CI_STATE)] == [a.shape for a in masked]
-    plain, _, _ = make_client(fedavg_client, over, x, y).fit([a.copy() for a in w0], {"server-round": 1})
+    plain, _, _ = make_client(fedavg.UPDATE, over, x, y).fit([a.copy() for a in w0], {"server-round": 1})
     n_free = 4 - 2 * layers
     for i in range(n_free):  # unmasked layers: plain SGD, no correction
         np.testing.assert_allclose(out[i], plain[i], rtol=0, atol=1e-7)
@@ -233,7 +227,7 @@ def run_scaffold_federation(momentum: float, rounds: int, lr=0.05, epochs=2, bat
     manager = AllClients()
     data = [_skewed_data(k) for k in range(4)]
     for k, (x, y) in enumerate(data):
-        manager.register(Proxy(str(k), make_client(scaffold_client, dict(cfg), x, y, context=fake_context())))
+        manager.register(Proxy(str(k), make_client(scaffold.UPDATE, dict(cfg), x, y, context=fake_context())))
     x_all, y_all = torch.cat([x for x, _ in data]), torch.cat([y for _, y in data])
     model = build_model("logreg", input_shape("synthetic"), seed=3)
 

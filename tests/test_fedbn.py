@@ -1,6 +1,5 @@
 """FedBN: the client's BN state is its own across rounds; non-BN entries are averaged."""
 
-from functools import partial
 
 import numpy as np
 import pytest
@@ -8,15 +7,12 @@ import torch
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 
 from clients import fedavg, fedbn
-from clients.base import DriftClient
 from fl_app.config import ConfigError
 from fl_app.registry import validate_config
 from protocol.layout import bn_indices
 from strategies.fedbn import FedBNStrategy
 from tests.conftest import make_client
 from tests.helpers_baselines import fit_res
-
-fedbn_client = partial(DriftClient, fedbn.UPDATE)  # make_client builds it with (cfg, context, ...)
 
 
 def test_fedbn_requires_a_bn_model():
@@ -34,7 +30,7 @@ def test_fedbn_client_keeps_its_bn_state():
     torch.manual_seed(0)
     x, y = torch.randn(6, 1, 28, 28), torch.arange(6)
     client = make_client(
-        fedbn_client, {"strategy": "fedbn", "dataset": "mnist", "model": "cnn-bn", "batch-size": 6}, x, y
+        fedbn.UPDATE, {"strategy": "fedbn", "dataset": "mnist", "model": "cnn-bn", "batch-size": 6}, x, y
     )
     bn = bn_indices(client.model)
     w1 = client.get_parameters({})
@@ -84,15 +80,15 @@ def test_a_batchnorm_client_whose_data_leaves_a_last_batch_of_one_trains():
     epoch, over 6 samples; a model without BatchNorm still takes both steps."""
     torch.manual_seed(0)
     x, y = torch.randn(7, 1, 28, 28), torch.arange(7)
-    client = make_client(fedbn_client, {"strategy": "fedbn", "dataset": "mnist", "model": "lenet-bn",
+    client = make_client(fedbn.UPDATE, {"strategy": "fedbn", "dataset": "mnist", "model": "lenet-bn",
                                        "batch-size": 6, "local-epochs": 2}, x, y)
     _, n, metrics = client.fit(client.get_parameters({}), {"server-round": 1})
     assert n == 7 and metrics["num_steps"] == 2  # one batch of 6 per epoch
-    plain = make_client(partial(DriftClient, fedavg.UPDATE), {"dataset": "mnist", "model": "lenet", "batch-size": 6, "local-epochs": 2}, x, y)
+    plain = make_client(fedavg.UPDATE, {"dataset": "mnist", "model": "lenet", "batch-size": 6, "local-epochs": 2}, x, y)
     assert plain.fit(plain.get_parameters({}), {"server-round": 1})[2]["num_steps"] == 4
     from tasks.train import batches, min_train_batch
 
-    conv_bn = make_client(fedbn_client, {"strategy": "fedbn", "dataset": "mnist", "model": "cnn-bn", "batch-size": 6,
+    conv_bn = make_client(fedbn.UPDATE, {"strategy": "fedbn", "dataset": "mnist", "model": "cnn-bn", "batch-size": 6,
                                         "local-epochs": 2}, x, y)
     assert conv_bn.fit(conv_bn.get_parameters({}), {"server-round": 1})[2]["num_steps"] == 4  # BatchNorm2d: no skip
     assert min_train_batch(conv_bn.model) == 1

@@ -1,18 +1,14 @@
 """FedDyn: client gradient state and server state h against a hand computation, 2 rounds."""
 
-from functools import partial
 
 import numpy as np
 import torch
 from flwr.common import parameters_to_ndarrays
 
 from clients import feddyn
-from clients.base import DriftClient
 from strategies.feddyn import FedDynStrategy
 from tests.conftest import make_client
 from tests.helpers_baselines import fit_res, softmax_regression_grad
-
-feddyn_client = partial(DriftClient, feddyn.UPDATE)  # make_client builds it with (cfg, context, ...)
 
 
 def test_feddyn_client_two_rounds_match_hand_computation():
@@ -20,7 +16,7 @@ def test_feddyn_client_two_rounds_match_hand_computation():
     x, y = torch.randn(4, 60), torch.tensor([0, 1, 2, 3])
     lr, alpha, steps = 0.5, 0.3, 2
     client = make_client(
-        feddyn_client,
+        feddyn.UPDATE,
         {"strategy": "feddyn", "feddyn-alpha": alpha, "learning-rate": lr, "batch-size": 4, "local-epochs": steps},
         x, y,
     )
@@ -48,7 +44,7 @@ def test_feddyn_client_two_rounds_match_hand_computation():
         assert metrics["feddyn_grad_norm"] > 0
     # Round 2 really used a non-zero g (the linear term acts): it must differ from g = 0.
     fresh = make_client(
-        feddyn_client,
+        feddyn.UPDATE,
         {"strategy": "feddyn", "feddyn-alpha": alpha, "learning-rate": lr, "batch-size": 4, "local-epochs": steps},
         x, y,
     )

@@ -1,13 +1,11 @@
 """FedGAM client: the update direction is the paper's Eq. 19 (and, for gam-variant "reference",
 the GAM optimiser step), both recomputed here independently with closed-form gradients."""
 
-from functools import partial
 
 import numpy as np
 import torch
 
 from clients import fedavg, fedgam, fedgam_cv
-from clients.base import DriftClient
 from tests.conftest import make_client
 from tests.helpers_baselines import softmax_regression_grad
 
@@ -29,7 +27,7 @@ def _norm(v):
 
 
 def _fit(overrides, x, y, update=fedgam.UPDATE):
-    client = make_client(partial(DriftClient, update), {"learning-rate": LR, "batch-size": 64, "local-epochs": 1, **overrides}, x, y)
+    client = make_client(update, {"learning-rate": LR, "batch-size": 64, "local-epochs": 1, **overrides}, x, y)
     w0 = client.get_parameters({})
     new, _, metrics = client.fit([a.copy() for a in w0], {"server-round": 1})
     assert metrics["num_steps"] == 1

@@ -1,14 +1,12 @@
 """FedNTD: the not-true distillation loss on a 3-class example, computed by hand."""
 
 import math
-from functools import partial
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from clients import fedntd
-from clients.base import DriftClient
 from clients.fedntd import ntd_loss
 from tests.conftest import make_client
 
@@ -43,7 +41,7 @@ def test_fedntd_client_step_matches_independent_gradient():
     x, y = torch.randn(6, 60), torch.tensor([0, 1, 2, 3, 4, 5])
     lr, beta, tau = 0.5, 2.0, 1.5
     client = make_client(
-        partial(DriftClient, fedntd.UPDATE),
+        fedntd.UPDATE,
         {"strategy": "fedntd", "ntd-beta": beta, "ntd-tau": tau, "learning-rate": lr,
          "batch-size": 6, "local-epochs": 2},
         x, y,

@@ -7,7 +7,6 @@ written out here (math.exp, the chain rule by hand), not from autograd."""
 from __future__ import annotations
 
 import math
-from functools import partial
 
 import numpy as np
 import pytest
@@ -15,7 +14,6 @@ import torch
 from torch import nn
 
 from clients import fedavg, fedpgvc
-from clients.base import DriftClient
 from clients.fedpgvc import authors_rescale, code_rhos
 from fl_app.config import ConfigError
 from fl_app.registry import validate_config
@@ -157,9 +155,9 @@ def test_fit_is_fedavg_then_the_rescale():
     by the hand-computed factors at FedAvg's trained weights (eta = the round's lr)."""
     x, y = data()
     cfg = {"optimizer": "adam", "momentum": 0.0, "learning-rate": 0.05, "batch-size": 4, "local-epochs": 1}
-    plain = make_client(partial(DriftClient, fedavg.UPDATE), {"strategy": "fedavg", **cfg}, x, y)
+    plain = make_client(fedavg.UPDATE, {"strategy": "fedavg", **cfg}, x, y)
     plain.model = tiny_model(START)
-    pgvc = make_client(partial(DriftClient, fedpgvc.UPDATE), {"strategy": "fedpgvc", "pgvc-variant": "authors", **cfg},
+    pgvc = make_client(fedpgvc.UPDATE, {"strategy": "fedpgvc", "pgvc-variant": "authors", **cfg},
                        x, y)
     pgvc.model = tiny_model(START)
     start = get_weights(tiny_model(START))

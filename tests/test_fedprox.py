@@ -1,23 +1,19 @@
 """FedProx: the client's gradient gets mu * (w - w_t), checked against a hand computation."""
 
-from functools import partial
 
 import numpy as np
 import torch
 
 from clients import fedprox
-from clients.base import DriftClient
 from strategies.fedprox import FedProxStrategy
 from tests.conftest import make_client
-
-fedprox_client = partial(DriftClient, fedprox.UPDATE)  # make_client builds it with (cfg, context, ...)
 
 
 def test_fedprox_step_matches_hand_computation():
     torch.manual_seed(0)
     x, y = torch.randn(4, 60), torch.tensor([0, 1, 2, 3])
     lr, mu = 0.5, 0.7
-    client = make_client(fedprox_client, {"learning-rate": lr, "batch-size": 4, "local-epochs": 2,
+    client = make_client(fedprox.UPDATE, {"learning-rate": lr, "batch-size": 4, "local-epochs": 2,
                                          "proximal-mu": mu}, x, y)
     w0 = [a.copy() for a in client.get_parameters({})]  # logreg: weight (10, 60), bias (10,)
     new, n, metrics = client.fit(w0, {"server-round": 1})
@@ -40,7 +36,7 @@ def test_fedprox_step_matches_hand_computation():
     np.testing.assert_allclose(new[1], b, atol=1e-5)
 
     # mu = 0 must differ (the proximal term really acts on the second step).
-    client2 = make_client(fedprox_client, {"learning-rate": lr, "batch-size": 4, "local-epochs": 2,
+    client2 = make_client(fedprox.UPDATE, {"learning-rate": lr, "batch-size": 4, "local-epochs": 2,
                                           "proximal-mu": 0.0}, x, y)
     plain, _, _ = client2.fit(w0, {"server-round": 1})
     assert not np.allclose(plain[0], new[0], atol=1e-6)

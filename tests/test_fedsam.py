@@ -1,12 +1,10 @@
 """FedSAM / FedASAM clients: one full-batch step equals w - lr * grad f(w + eps), eps by hand."""
 
-from functools import partial
 
 import numpy as np
 import torch
 
 from clients import fedasam, fedsam
-from clients.base import DriftClient
 from tests.conftest import make_client
 from tests.helpers_baselines import softmax_regression_grad
 
@@ -16,7 +14,7 @@ LR = 0.4
 def _run(update, overrides):
     g = torch.Generator().manual_seed(5)
     x, y = torch.randn(7, 60, generator=g), torch.randint(0, 10, (7,), generator=g)
-    client = make_client(partial(DriftClient, update), {"learning-rate": LR, "batch-size": 64, "local-epochs": 1, **overrides}, x, y)
+    client = make_client(update, {"learning-rate": LR, "batch-size": 64, "local-epochs": 1, **overrides}, x, y)
     w0 = client.get_parameters({})
     new, _, _ = client.fit([a.copy() for a in w0], {"server-round": 1})
     return x.numpy().astype(np.float64), y.numpy(), [a.astype(np.float64) for a in w0], new

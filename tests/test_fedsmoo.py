@@ -2,7 +2,6 @@
 H and s against a hand computation on softmax regression; the exact reductions to FedDyn
 (rho = 0) and FedSAM (alpha = 0, ``smoo-s = none``); checkpoints and rejected replies."""
 
-from functools import partial
 
 import numpy as np
 import pytest
@@ -11,7 +10,6 @@ from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters
 from flwr.server.client_manager import SimpleClientManager
 
 from clients import feddyn, fedsam, fedsmoo
-from clients.base import DriftClient
 from fl_app.config import ConfigError
 from fl_app.node.node_client import NodeClient
 from fl_app.registry import validate_config
@@ -26,9 +24,6 @@ from tests.helpers_baselines import fit_res, softmax_regression_grad
 from tests.helpers_inprocess import RoundByRound
 
 # make_client builds each with (cfg, context, ...)
-fedsmoo_client = partial(DriftClient, fedsmoo.UPDATE)
-feddyn_client = partial(DriftClient, feddyn.UPDATE)
-fedsam_client = partial(DriftClient, fedsam.UPDATE)
 G_STATE = feddyn.GRAD.record  # h_i, kept as FedDyn's g_k = -alpha h_i
 MU_STATE = fedsmoo.UPDATE.state["mu"].record
 
@@ -69,7 +64,7 @@ def _reference_round(x, y, w_t, s, mu, h, *, steps, lr, rho, alpha, mode="paper"
 
 def _smoo_client(x, y, context=None, **overrides):
     cfg = {"strategy": "fedsmoo", "learning-rate": 0.4, "batch-size": 64, "local-epochs": 1, **overrides}
-    return make_client(fedsmoo_client, cfg, x, y, context=context)
+    return make_client(fedsmoo.UPDATE, cfg, x, y, context=context)
 
 
 # ---------------------------------------------------------------------- client: hand computation
@@ -145,7 +140,7 @@ def test_rho_zero_client_is_exactly_feddyn():
     x, y = _data(n=11)
     alpha = 0.2
     common = {"learning-rate": 0.3, "batch-size": 4, "local-epochs": 2, "momentum": 0.5, "weight-decay": 0.01}
-    dyn = make_client(feddyn_client, {"strategy": "feddyn", "feddyn-alpha": alpha, **common}, x, y)
+    dyn = make_client(feddyn.UPDATE, {"strategy": "feddyn", "feddyn-alpha": alpha, **common}, x, y)
     smoo = _smoo_client(x, y, **{"smoo-rho": 0.0, "smoo-alpha": alpha, **common})
     w0 = dyn.get_parameters({})
     zeros = [np.zeros_like(a) for a in w0]
@@ -166,7 +161,7 @@ def test_alpha_zero_with_none_is_exactly_the_fedsam_client():
     x, y = _data(n=11)
     rho = 0.6
     common = {"learning-rate": 0.3, "batch-size": 4, "local-epochs": 2, "momentum": 0.5, "weight-decay": 0.01}
-    sam = make_client(fedsam_client, {"strategy": "fedsam", "sam-rho": rho, **common}, x, y)
+    sam = make_client(fedsam.UPDATE, {"strategy": "fedsam", "sam-rho": rho, **common}, x, y)
     smoo = _smoo_client(x, y, **{"smoo-rho": rho, "smoo-alpha": 0.0, "smoo-s": "none", **common})
     w0 = sam.get_parameters({})
     s = [np.full(a.shape, 0.1, np.float32) for a in w0]  # ignored under "none"
@@ -181,7 +176,7 @@ def test_alpha_zero_with_none_is_exactly_the_fedsam_client():
     # and "none" is not "paper": with the same s the paper's step differs
     paper = _smoo_client(x, y, **{"smoo-rho": rho, "smoo-alpha": 0.0, **common})
     c, _, _ = paper.fit([v.copy() for v in w0] + s, {"server-round": 1})
-    a, _, _ = make_client(fedsam_client, {"strategy": "fedsam", "sam-rho": rho, **common}, x, y).fit(
+    a, _, _ = make_client(fedsam.UPDATE, {"strategy": "fedsam", "sam-rho": rho, **common}, x, y).fit(
         [v.copy() for v in w0], {"server-round": 1})
     assert not np.allclose(a[0], c[0], atol=1e-5)
 
@@ -304,7 +299,7 @@ def test_bad_replies_are_rejected_and_good_ones_pass(tmp_path):
     clients = []
     for k in range(3):
         x, y = _data(seed=10 + k)
-        clients.append(make_client(fedsmoo_client, dict(cfg), x, y, context=fake_context()))
+        clients.append(make_client(fedsmoo.UPDATE, dict(cfg), x, y, context=fake_context()))
         manager.register(Proxy(str(k), clients[-1]))
     instructions = strategy.configure_fit(1, ndarrays_to_parameters(w0), manager)
     results = [(p, p.fit(ins, None, None)) for p, ins in instructions]

@@ -3,21 +3,17 @@ afterwards (captured, compared with an independent computation), w unchanged bef
 
 import dataclasses
 from contextlib import contextmanager
-from functools import partial
 
 import numpy as np
 import pytest
 import torch
 
 from clients import fedavg, fedsol
-from clients.base import DriftClient
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights
 from tests.conftest import make_client
 
 LR = 0.5
-fedsol_client = partial(DriftClient, fedsol.UPDATE)  # make_client builds it with (cfg, context, ...)
-fedavg_client = partial(DriftClient, fedavg.UPDATE)
 
 
 def _data(n=6, seed=0):
@@ -81,10 +77,10 @@ def _overrides(**kw):
 
 def test_first_step_is_plain_sgd():
     x, y = _data()
-    sol = make_client(fedsol_client, _overrides(**{"local-epochs": 1}), x, y)
+    sol = make_client(fedsol.UPDATE, _overrides(**{"local-epochs": 1}), x, y)
     w0 = sol.get_parameters({})
     got, _, metrics = sol.fit([a.copy() for a in w0], {"server-round": 1})
-    avg = make_client(fedavg_client, _overrides(**{"local-epochs": 1}), x, y)
+    avg = make_client(fedavg.UPDATE, _overrides(**{"local-epochs": 1}), x, y)
     want, _, _ = avg.fit([a.copy() for a in w0], {"server-round": 1})
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-7)
@@ -99,7 +95,7 @@ def test_second_step_perturbation_restore_and_update(monkeypatch, perturb, adapt
     x, y = _data()
     records = []
     with _spy(records, monkeypatch) as spied:
-        client = make_client(partial(DriftClient, spied), _overrides(**{
+        client = make_client(spied, _overrides(**{
             "local-epochs": 2, "fedsol-rho": rho, "fedsol-temperature": T,
             "fedsol-perturb": perturb, "fedsol-adaptive": adaptive, "fedsol-radius": radius,
         }), x, y)
@@ -152,10 +148,10 @@ def test_second_step_perturbation_restore_and_update(monkeypatch, perturb, adapt
 def test_perturbation_changes_the_update():
     """rho > 0 must change the second step compared with plain SGD (the test above can fail)."""
     x, y = _data()
-    sol = make_client(fedsol_client, _overrides(**{"local-epochs": 2, "fedsol-rho": 2.0}), x, y)
+    sol = make_client(fedsol.UPDATE, _overrides(**{"local-epochs": 2, "fedsol-rho": 2.0}), x, y)
     w0 = sol.get_parameters({})
     got, _, _ = sol.fit([a.copy() for a in w0], {"server-round": 1})
-    avg = make_client(fedavg_client, _overrides(**{"local-epochs": 2}), x, y)
+    avg = make_client(fedavg.UPDATE, _overrides(**{"local-epochs": 2}), x, y)
     want, _, _ = avg.fit([a.copy() for a in w0], {"server-round": 1})
     assert not np.allclose(got[2], want[2], atol=1e-6)
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 
 import numpy as np
 import pytest
@@ -87,7 +86,7 @@ def old_record(names: list[str], w_t: dict[str, np.ndarray], like_weights: bool,
 
 def client(old: OldClient, x, y, records: dict[str, list[np.ndarray]]) -> DriftClient:
     """A client of ``old``'s method on a fresh ``context.state`` holding ``records``."""
-    c = make_client(partial(DriftClient, old.update), {"strategy": old.update.name, **CFG}, x, y)
+    c = make_client(old.update, {"strategy": old.update.name, **CFG}, x, y)
     for name, arrays in records.items():
         c.context.state[name] = ArrayRecord(numpy_ndarrays=arrays)
     return c

@@ -1,14 +1,12 @@
 """MOON: the model-contrastive loss on hand-made representations, and the client's state."""
 
 import math
-from functools import partial
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from clients import fedavg, moon
-from clients.base import DriftClient
 from clients.moon import moon_contrastive
 from tests.conftest import make_client
 
@@ -30,7 +28,7 @@ def test_moon_client_round_two_uses_previous_model():
     x, y = torch.randn(8, 60), torch.arange(8) % 10
     lr, mu, T = 0.1, 2.0, 0.5
     client = make_client(
-        partial(DriftClient, moon.UPDATE),
+        moon.UPDATE,
         {"strategy": "moon", "model": "mlp", "moon-mu": mu, "moon-temperature": T,
          "learning-rate": lr, "batch-size": 8, "local-epochs": 1},
         x, y,
@@ -42,7 +40,7 @@ def test_moon_client_round_two_uses_previous_model():
     for a, b in zip(prev, out1):  # previous model saved: the round's final weights and buffers
         np.testing.assert_array_equal(a, b)
     # round 1 has no previous model: plain CE step
-    ref = make_client(partial(DriftClient, fedavg.UPDATE), {"model": "mlp", "learning-rate": lr, "batch-size": 8}, x, y)
+    ref = make_client(fedavg.UPDATE, {"model": "mlp", "learning-rate": lr, "batch-size": 8}, x, y)
     ce_only, _, _ = ref.fit([a.copy() for a in w1], {"server-round": 1})
     for a, b in zip(out1, ce_only):
         np.testing.assert_allclose(a, b, atol=1e-6)
