@@ -57,16 +57,17 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from vmap import sync, timed  # noqa: E402
 
+from clients import fedavg, feddyn, fedprox, fedsam, scaffold  # noqa: E402
 from tasks.datasets import input_shape  # noqa: E402
-from tasks.functional import FEDAVG, FEDDYN, FEDPROX, FEDSAM, SCAFFOLD, Hyper, cohort_round, local_round, module_state  # noqa: E402,E501
+from tasks.functional import Hyper, cohort_round, local_round, module_state  # noqa: E402
 from tasks.functional.rounds import stack_trees, unstack_tree  # noqa: E402
 from tasks.models import build_model, default_device, set_cuda_precision  # noqa: E402
 
 KEYS = {"proximal-mu": 0.01, "sam-rho": 0.05, "feddyn-alpha": 0.01}  # the methods' defaults
 # The updates this bench runs: those that need no keys but KEYS and start from empty client state
-# and server message (zeros). Named here, by their objects, because the bench imports no Flower
+# and server message (zeros). Named here, by their modules, because the bench imports no Flower
 # and so cannot read the method registry (fl_app.registry), which is where a run looks them up.
-BENCHED = {u.name: u for u in (FEDAVG, FEDPROX, SCAFFOLD, FEDSAM, FEDDYN)}
+BENCHED = {m.UPDATE.name: m.UPDATE for m in (fedavg, fedprox, scaffold, fedsam, feddyn)}
 
 
 def make_clients(name: str, k: int, samples: int, device: torch.device):

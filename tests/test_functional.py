@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import subprocess
 import sys
@@ -29,19 +30,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from clients import feddyn, scaffold
 from clients.base import DriftClient
-from clients.control_variates import CI_STATE
-from clients.fedasam import FedASAMClient
-from clients.fedavg import FedAvgClient
-from clients.feddyn import STATE as FEDDYN_STATE
-from clients.feddyn import FedDynClient
-from clients.fedprox import FedProxClient
-from clients.fedsam import FedSAMClient
-from clients.fedsmoo import FedSMOOClient
-from clients.scaffold import ScaffoldClient
-from fl_app.registry import get_method, validate_config
+from fl_app.registry import METHODS, get_method, validate_config
 from tasks.catalogue import InputShape
-from tasks.functional import FEDAVG, FEDSAM, Hyper, cohort_round, local_round, module_state, tree_norm
+from tasks.functional import Hyper, LocalUpdate, cohort_round, local_round, module_state, tree_norm
 from tasks.functional.optim import opt_init, opt_step
 from tasks.functional.rounds import stack_trees, unstack_tree
 from tasks.models import build_model
@@ -56,7 +49,13 @@ KEYS = {"proximal-mu": 0.3, "sam-rho": 0.05, "feddyn-alpha": 0.1}
 # The updates this file checks (the module loop below writes out their corrections), looked up
 # through the one registry of methods, each as its client trains it.
 NAMES = ("fedavg", "feddyn", "fedprox", "fedsam", "scaffold")
-UPDATES = {name: get_method(name).client.local_update_for(validate_config({"strategy": name})) for name in NAMES}
+UPDATES = {name: get_method(name).update for name in NAMES}
+
+
+def client_class(name: str) -> functools.partial:
+    """The client of method ``name``, as ``client_fn`` builds it (the one generic client running
+    the method's registered update), called like a client class: (cfg, context, partition, N)."""
+    return functools.partial(DriftClient, get_method(name).update)
 
 
 # ----------------------------------------------------------------------------- optimisers
@@ -158,30 +157,29 @@ def test_functional_round_equals_module_loop(name, model_name):
 
 # ------------------------- (a) each client through fit against its float64 round by hand
 def _lookup_args(model="logreg"):
-    from fl_app.registry import validate_config
     return validate_config({"dataset": "synthetic", "model": model}), fake_context(), 0, 1
 
 
-def test_each_client_names_its_update_and_one_without_is_refused():
-    """A client trains the ``LOCAL_UPDATE`` it names (a subclass its parent's unless it names its
-    own); a client class that names none is refused in one line before it trains."""
-    assert FedSAMClient(*_lookup_args()).local_update() is FEDSAM
-    assert FedASAMClient(*_lookup_args()).local_update().name == "fedasam"  # its own, not FedSAM's
-    assert FedSMOOClient(*_lookup_args()).local_update().name == "fedsmoo"  # its own, not FedDyn's or FedSAM's
-
-    class Renamed(FedAvgClient):
-        """Inherits FedAvg's update."""
-
-    assert Renamed.local_update_for({}) is FEDAVG
-    client = DriftClient(*_lookup_args())
-    with pytest.raises(TypeError, match="client class DriftClient names no LOCAL_UPDATE") as err:
-        client.fit(client.get_parameters({}), {"server-round": 1})
+def test_each_client_runs_its_method_s_update_and_anything_else_is_refused():
+    """A method's client runs the ``LocalUpdate`` the registry names for it: its own (FedASAM's
+    not FedSAM's, FedSMOO's neither FedDyn's nor FedSAM's), FedAvg's for the server-side
+    methods on FedAvg's client. A client given anything but a ``LocalUpdate`` (here the method
+    pair itself) is refused in one line when it is built, before it trains."""
+    fedavg = get_method("fedavg").update
+    for name, method in METHODS.items():
+        assert isinstance(method.update, LocalUpdate)
+        assert method.update.name == name or method.update is fedavg, name
+        assert DriftClient(method.update, *_lookup_args()).update is method.update
+    direction = {name: get_method(name).update.direction for name in ("fedasam", "fedsam", "fedsmoo", "feddyn")}
+    assert direction["fedasam"] is not direction["fedsam"]
+    assert direction["fedsmoo"] not in (direction["feddyn"], direction["fedsam"])
+    with pytest.raises(TypeError, match="a client runs a tasks.functional LocalUpdate") as err:
+        DriftClient(get_method("fedavg"), *_lookup_args())
     assert "\n" not in str(err.value)
 
 
 KEYS_64 = {"proximal-mu": 0.3, "feddyn-alpha": 0.1, "sam-rho": 0.05}
-CLIENTS = {"fedavg": FedAvgClient, "fedprox": FedProxClient, "scaffold": ScaffoldClient, "fedsam": FedSAMClient,
-           "feddyn": FedDynClient}
+CLIENTS = ("fedavg", "fedprox", "scaffold", "fedsam", "feddyn")
 
 
 def _direction64(name, x, y, w_t, ctx):
@@ -215,7 +213,7 @@ def test_client_two_rounds_equal_the_float64_round_by_hand(name):
     x, y = torch.randn(10, 60, generator=gen), torch.randint(0, 10, (10,), generator=gen)
     lr, m, wd = 0.1, 0.9, 1e-3
     cfg = {"learning-rate": lr, "batch-size": 4, "local-epochs": 2, "momentum": m, "weight-decay": wd, **KEYS_64}
-    client = make_client(CLIENTS[name], cfg, x, y)
+    client = make_client(client_class(name), cfg, x, y)
     sent = client.get_parameters({})
     c = [np.full_like(a, 0.01) for a in sent]
     ctx = {"c": [a.astype(np.float64) for a in c], "ci": [np.zeros(a.shape) for a in sent],
@@ -237,7 +235,7 @@ def test_client_two_rounds_equal_the_float64_round_by_hand(name):
             assert len(reply) == 4
             for got, want, old in zip(reply[2:], ci_new, ctx["ci"]):
                 np.testing.assert_allclose(got, want - old, rtol=1e-4, atol=1e-5)
-            for got, want in zip(client.load_state(CI_STATE), ci_new):
+            for got, want in zip(client.load_state(scaffold.UPDATE.state["ci"].record), ci_new):
                 np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
             assert metrics["ci_norm"] == pytest.approx(np.sqrt(sum((a**2).sum() for a in ci_new)), rel=1e-4)
             ctx["ci"] = ci_new
@@ -245,7 +243,7 @@ def test_client_two_rounds_equal_the_float64_round_by_hand(name):
             assert len(reply) == 2
         if name == "feddyn":
             gk = [g - KEYS_64["feddyn-alpha"] * (a - b) for g, a, b in zip(ctx["gk"], w, w_t)]
-            for got, want in zip(client.load_state(FEDDYN_STATE), gk):
+            for got, want in zip(client.load_state(feddyn.UPDATE.state["grad"].record), gk):
                 np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
             assert metrics["feddyn_grad_norm"] == pytest.approx(np.sqrt(sum((a**2).sum() for a in gk)), rel=1e-4)
             ctx["gk"] = gk
@@ -331,6 +329,19 @@ def test_cohort_skips_a_batchnorm1d_client_s_last_batch_of_one_as_its_own_round_
     has a last batch of one, skipped on both paths (tasks.train.min_train_batch): the cohort
     still equals each client's own round."""
     _compare("fedavg", "lenet-bn", [17, 16, 24], 8, rel=1e-4, shape=InputShape(1, 28, 10))
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_control_variate_update_after_no_step_keeps_c_i(momentum):
+    """``control_variate_update`` after 0 local steps: K_eff = 0 (plain SGD and heavy ball alike),
+    so option II's division is skipped and c_i+ = c_i exactly, finite, a new tensor (not the
+    kept one, which the caller may go on writing)."""
+    gen = torch.Generator().manual_seed(7)
+    w_t, c, ci = ({"w": torch.randn(3, 2, generator=gen)} for _ in range(3))
+    new = scaffold.control_variate_update(w_t, w_t, c, ci, 0, 0.05, momentum)
+    assert torch.equal(new["w"], ci["w"]) and new["w"].data_ptr() != ci["w"].data_ptr()
+    moved = scaffold.control_variate_update(w_t, {"w": w_t["w"] - 0.1}, c, ci, 1, 0.05, momentum)
+    torch.testing.assert_close(moved["w"], ci["w"] - c["w"] + 0.1 / 0.05)  # one step: K_eff = 1
 
 
 def test_scaffold_round_without_a_local_step_keeps_c_i():

@@ -1,5 +1,4 @@
-"""The functional local updates of ``tasks.functional.corrections`` (FedNova, FedBN, DP-FedAvg,
-FedPVR, RI-FedAvg).
+"""The local updates of FedNova, FedBN, DP-FedAvg, FedPVR and RI-FedAvg (clients/<method>.py).
 
 (a) One round of each update against the formula written out here in float64 (the
     cross-entropy gradient of logistic regression by hand, the method's correction, SGD), and
@@ -15,24 +14,19 @@ FedPVR, RI-FedAvg).
 from __future__ import annotations
 
 import copy
+import functools
 
 import numpy as np
 import pytest
 import torch
 
-from clients.control_variates import CI_STATE
-from clients.dp_fedavg import DPFedAvgClient
-from clients.fedavg import FedAvgClient
-from clients.fedbn import STATE as FEDBN_STATE
-from clients.fedbn import FedBNClient
-from clients.fednova import FedNovaClient
-from clients.fedpvr import FedPVRClient
-from clients.ri_fedavg import RIFedAvgClient
-from fl_app.registry import get_method, validate_config
+from clients import fedavg, fedbn, scaffold
+from clients.base import DriftClient
+from clients.ri_fedavg import ri_begin
+from fl_app.registry import get_method
 from protocol.layout import bn_indices, pvr_param_names
 from tasks.catalogue import InputShape
-from tasks.functional import FEDAVG, Hyper, cohort_round, local_round, module_state
-from tasks.functional.corrections import ri_begin
+from tasks.functional import Hyper, cohort_round, local_round, module_state
 from tasks.functional.rounds import stack_trees, unstack_tree
 from tasks.models import build_model
 from tests.conftest import make_client
@@ -44,8 +38,15 @@ IMAGES = InputShape(1, 8, 10)
 KEYS = {"ri-lambda": 0.3}
 PLAIN = ("fednova", "fedbn", "dp-fedavg")  # FedAvg's step under the method's own name
 # Each method's update as its client trains it, looked up through the one registry of methods.
-UPDATES = {name: get_method(name).client.local_update_for(validate_config({"strategy": name}))
-           for name in (*PLAIN, "fedpvr", "ri-fedavg")}
+UPDATES = {name: get_method(name).update for name in (*PLAIN, "fedavg", "fedpvr", "ri-fedavg")}
+CI_RECORD = scaffold.UPDATE.state["ci"].record  # c_i's record in context.state (FedPVR's too)
+FEDBN_RECORD = fedbn.UPDATE.personal.record  # FedBN's own BN entries in context.state
+
+
+def client_class(name: str) -> functools.partial:
+    """The client of method ``name``, as ``client_fn`` builds it (the one generic client running
+    the method's registered update), called like a client class: (cfg, context, partition, N)."""
+    return functools.partial(DriftClient, UPDATES[name])
 
 
 # ------------------------------------------------------------------- (a) by hand
@@ -179,8 +180,7 @@ def _twin_inputs(model_name: str):
 
 
 TRAIN_CFG = {"learning-rate": 0.1, "batch-size": 4, "local-epochs": 2, "momentum": 0.9, "weight-decay": 1e-3}
-PLAIN_CLIENTS = {"fednova": (FedNovaClient, "logreg"), "dp-fedavg": (DPFedAvgClient, "logreg"),
-                 "fedbn": (FedBNClient, "cnn-bn")}
+PLAIN_CLIENTS = {"fednova": "logreg", "dp-fedavg": "logreg", "fedbn": "cnn-bn"}
 
 
 @pytest.mark.parametrize("name", sorted(PLAIN_CLIENTS))
@@ -190,23 +190,23 @@ def test_plain_client_two_rounds_equal_fedavg_s(name):
     same weights, number of steps and metrics, bit for bit. FedBN starts round 2 from its own
     stored BN entries: FedAvg's client is sent the model FedBN trains from (the received
     non-BN entries, FedBN's own BN entries), and FedBN stores the BN entries it replies."""
-    cls, model_name = PLAIN_CLIENTS[name]
+    model_name = PLAIN_CLIENTS[name]
     x, y = _twin_inputs(model_name)
     cfg = {**TRAIN_CFG, "model": model_name, "dataset": "mnist" if model_name.endswith("-bn") else "synthetic"}
-    client, fedavg = (_own_model(make_client(c, cfg, x, y)) for c in (cls, FedAvgClient))
-    assert client.local_update().name == name and client.local_update().direction is FEDAVG.direction
+    client, plain = (_own_model(make_client(client_class(n), cfg, x, y)) for n in (name, "fedavg"))
+    assert client.update.name == name and client.update.direction is fedavg.UPDATE.direction
     sent = client.get_parameters({})
     for server_round in (1, 2):
         start = list(sent)
         if name == "fedbn" and server_round == 2:
-            start = [dict(zip(bn_indices(client.model), client.load_state(FEDBN_STATE))).get(i, a)
+            start = [dict(zip(bn_indices(client.model), client.load_state(FEDBN_RECORD))).get(i, a)
                      for i, a in enumerate(sent)]
         a, n_a, m_a = client.fit([w.copy() for w in sent], {"server-round": server_round})
-        b, n_b, m_b = fedavg.fit([w.copy() for w in start], {"server-round": server_round})
+        b, n_b, m_b = plain.fit([w.copy() for w in start], {"server-round": server_round})
         assert n_a == n_b and m_a == m_b and m_a["num_steps"] == 6
         assert len(a) == len(b) and all(np.array_equal(u, v) for u, v in zip(a, b))
         if name == "fedbn":
-            stored = zip(client.load_state(FEDBN_STATE), bn_indices(client.model))
+            stored = zip(client.load_state(FEDBN_RECORD), bn_indices(client.model))
             assert all(np.array_equal(s, a[i]) for s, i in stored)
         # round 2 from another global model, BN statistics included (a server's mean would be)
         sent = [(u + 0.01).astype(u.dtype) if u.dtype.kind == "f" else u for u in a]
@@ -224,7 +224,7 @@ def test_fedpvr_client_two_rounds_by_hand():
     + (w_t - w) / (lr K_eff) stored, and round 2 starts from it."""
     x, y = _twin_inputs("mlp")
     lr, m, wd = TRAIN_CFG["learning-rate"], TRAIN_CFG["momentum"], TRAIN_CFG["weight-decay"]
-    client = _own_model(make_client(FedPVRClient, {**TRAIN_CFG, "model": "mlp", "pvr-layers": 1}, x, y))
+    client = _own_model(make_client(client_class("fedpvr"), {**TRAIN_CFG, "model": "mlp", "pvr-layers": 1}, x, y))
     names = [n for n, _ in client.model.named_parameters()]
     head = pvr_param_names(client.model, client.cfg)
     assert head == ["head.weight", "head.bias"] and names[2:] == head
@@ -248,7 +248,7 @@ def test_fedpvr_client_two_rounds_by_hand():
         assert len(reply) == 6
         for got, want in zip(reply, w + [new - old for new, old in zip(ci_new, ci)]):
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
-        for got, want in zip(client.load_state(CI_STATE), ci_new):
+        for got, want in zip(client.load_state(CI_RECORD), ci_new):
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
         assert metrics["ci_norm"] == pytest.approx(np.sqrt(sum((a**2).sum() for a in ci_new)), rel=1e-4)
         ci, sent = ci_new, [(a + 0.01).astype(np.float32) for a in reply[:4]]
@@ -264,7 +264,7 @@ def test_ri_fedavg_client_two_rounds_by_hand():
     metric ``ri``; tests/test_ri_fedavg.py checks the index itself), nothing carried over."""
     x, y = _twin_inputs("logreg")
     lr, m, wd = TRAIN_CFG["learning-rate"], TRAIN_CFG["momentum"], TRAIN_CFG["weight-decay"]
-    client = _own_model(make_client(RIFedAvgClient, {**TRAIN_CFG, **RI_CFG}, x, y))
+    client = _own_model(make_client(client_class("ri-fedavg"), {**TRAIN_CFG, **RI_CFG}, x, y))
     sent = client.get_parameters({})
     x64, y_np = x.double().numpy(), y.numpy()
     for server_round in (1, 2):
@@ -343,17 +343,17 @@ def test_fedbn_second_round_starts_from_its_own_bn_entries():
     it equals round 2 of a client without stored state that is sent exactly that merged model."""
     x, y = _twin_inputs("cnn-bn")
     cfg = {"model": "cnn-bn", "dataset": "mnist", "batch-size": 4, "learning-rate": 0.1}
-    client, fresh = (_own_model(make_client(FedBNClient, cfg, x, y)) for _ in range(2))
+    client, fresh = (_own_model(make_client(client_class("fedbn"), cfg, x, y)) for _ in range(2))
     bn = bn_indices(client.model)
     w0 = client.get_parameters({})
     out1, _, _ = client.fit([a.copy() for a in w0], {"server-round": 1})
-    assert all(np.array_equal(s, out1[i]) for s, i in zip(client.load_state(FEDBN_STATE), bn))
+    assert all(np.array_equal(s, out1[i]) for s, i in zip(client.load_state(FEDBN_RECORD), bn))
     sent = [(a + 100 if i in bn else a + 0.01).astype(a.dtype) for i, a in enumerate(out1)]
     start = [out1[i] if i in bn else sent[i] for i in range(len(sent))]
     out2, _, m2 = client.fit([a.copy() for a in sent], {"server-round": 2})
     want, _, m_want = fresh.fit([a.copy() for a in start], {"server-round": 2})
     assert m2 == m_want and all(np.array_equal(u, v) for u, v in zip(out2, want))
     # not vacuous: a client that trained from the BN entries as sent would reply other ones
-    ignored, _, _ = _own_model(make_client(FedBNClient, cfg, x, y)).fit([a.copy() for a in sent], {"server-round": 2})
+    ignored, _, _ = _own_model(make_client(client_class("fedbn"), cfg, x, y)).fit([a.copy() for a in sent], {"server-round": 2})
     assert not any(np.array_equal(ignored[i], out2[i]) for i in bn)
-    assert all(np.array_equal(s, out2[i]) for s, i in zip(client.load_state(FEDBN_STATE), bn))
+    assert all(np.array_equal(s, out2[i]) for s, i in zip(client.load_state(FEDBN_RECORD), bn))

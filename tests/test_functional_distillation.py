@@ -1,4 +1,4 @@
-"""FedNTD and MOON as functional local updates (``tasks.functional.distillation``).
+"""FedNTD and MOON as functional local updates (clients/fedntd.py, clients/moon.py).
 
 (a) Hand computations: one round of each on a tiny Linear model against the formula written
     out here in float64 (explicit not-true gather, KL as sum p (log p - log q); MOON's cosine
@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import math
 
 import numpy as np
@@ -24,12 +25,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from clients.fedntd import FedNTDClient
-from clients.moon import STATE as MOON_STATE
-from clients.moon import MoonClient
+from clients import fedavg, fedntd, moon
+from clients.base import DriftClient
+from clients.fedntd import not_true, ntd_loss
 from tasks.catalogue import InputShape
-from tasks.functional import FEDAVG, Hyper, cohort_round, local_round, module_state
-from tasks.functional.distillation import FEDNTD, MOON, not_true, ntd_loss
+from tasks.functional import Hyper, cohort_round, local_round, module_state
 from tasks.functional.rounds import stack_trees, unstack_tree
 from tasks.models import Classifier, build_model, set_weights
 from tests.conftest import make_client
@@ -39,7 +39,9 @@ from tests.helpers_module import frozen, module_fit
 
 SHAPE = InputShape(1, 8, 10)
 KEYS = {"ntd-beta": 1.5, "ntd-tau": 2.0, "moon-mu": 2.0, "moon-temperature": 0.5}
+FEDAVG, FEDNTD, MOON = fedavg.UPDATE, fedntd.UPDATE, moon.UPDATE
 UPDATES = {"fedntd": FEDNTD, "moon": MOON}
+MOON_RECORD = MOON.state["prev"].record  # the previous local model's record in context.state
 
 
 # ------------------------------------------------------------------ (a) by hand, float64
@@ -108,7 +110,7 @@ def test_moon_rounds_by_hand_and_state():
     plain = local_round(FEDAVG, model, params, buffers, {}, {}, hp, x, y, 3, 1, torch.Generator().manual_seed(3))
     assert r1.metrics == plain.metrics
     for n in params:
-        assert torch.equal(r1.params[n], plain.params[n]) and torch.equal(r1.state["prev_params"][n], r1.params[n])
+        assert torch.equal(r1.params[n], plain.params[n]) and torch.equal(r1.state["prev"][n], r1.params[n])
 
     # round 2 from another w_t, the previous model r1's: one full-batch step, by hand in float64
     w_t = {n: p + 0.1 * torch.randn(p.shape, generator=gen) for n, p in r1.params.items()}
@@ -134,7 +136,8 @@ def test_moon_rounds_by_hand_and_state():
         np.testing.assert_allclose(r2.params[n], (p - lr * gr).detach().float(), rtol=0, atol=1e-6, err_msg=n)
     assert r2.metrics["train_loss"] == pytest.approx(loss.item(), rel=1e-6)
     assert con.item() > 0.1 and mu * con.item() > 0.1 * ce.item()  # the contrastive term matters here
-    assert all(torch.equal(r2.state["prev_params"][n], r2.params[n]) for n in params)
+    assert all(torch.equal(r2.state["prev"][n], r2.params[n]) for n in params)
+    assert set(r2.state["prev"]) == set(params) | set(buffers)  # weights and buffers: the whole model
 
 
 # ------------------- (a) the clients against the module-based training they replace
@@ -176,8 +179,8 @@ def module_moon_step(global_model, prev_model, cfg):
     return step
 
 
-@pytest.mark.parametrize("name,cls", [("fedntd", FedNTDClient), ("moon", MoonClient)])
-def test_client_equals_the_module_based_training(name, cls):
+@pytest.mark.parametrize("name", ["fedntd", "moon"])
+def test_client_equals_the_module_based_training(name):
     """Two rounds on ``lenet-bn`` (channels-last convolutions, BatchNorm) through ``fit``, bit for
     bit against the module-based training written above: round 2 starts from other weights and
     BN statistics than round 1 ended with, so the global model's buffers (sent) and MOON's
@@ -186,8 +189,8 @@ def test_client_equals_the_module_based_training(name, cls):
     x, y = torch.randn(10, 1, 28, 28, generator=gen), torch.randint(0, 10, (10,), generator=gen)
     cfg = {"dataset": "mnist", "model": "lenet-bn", "learning-rate": 0.05, "batch-size": 4, "local-epochs": 1,
            "momentum": 0.9, "weight-decay": 1e-3, **KEYS}
-    client = make_client(cls, cfg, x, y)
-    assert client.local_update() is UPDATES[name]
+    client = make_client(functools.partial(DriftClient, UPDATES[name]), cfg, x, y)
+    assert client.update is UPDATES[name]
     reference = copy.deepcopy(client.model)
     weights, prev = client.get_parameters({}), None
     for server_round in (1, 2):
@@ -201,7 +204,7 @@ def test_client_equals_the_module_based_training(name, cls):
         assert n == 10 and m_got == m_want
         assert all(np.array_equal(u, v) for u, v in zip(got, want))
         if name == "moon":
-            assert all(np.array_equal(u, v) for u, v in zip(client.load_state(MOON_STATE), want))
+            assert all(np.array_equal(u, v) for u, v in zip(client.load_state(MOON_RECORD), want))
             prev = frozen(reference)
         # the next round's w_t: other weights and BN statistics (a server's mean would be)
         weights = [(u + 0.01 * np.random.default_rng(server_round).standard_normal(u.shape)).astype(u.dtype)
@@ -231,10 +234,24 @@ def _ntd_by_hand(local: np.ndarray, glob: np.ndarray, y: np.ndarray, tau: float)
     return loss, grad
 
 
+def _ntd_by_kl_div(local: torch.Tensor, glob: torch.Tensor, y: torch.Tensor, tau: float) -> torch.Tensor:
+    """The same term through torch's own ``F.kl_div``, on the not-true logits selected by a
+    boolean mask (the module-based client's selection, not ``not_true``'s gather):
+    tau^2 KL(q_g || q_l) with ``reduction="batchmean"``."""
+    keep = torch.ones_like(local, dtype=torch.bool)
+    keep[torch.arange(len(y)), y] = False
+    c = local.shape[1] - 1
+    log_q_local = F.log_softmax(local[keep].view(len(y), c) / tau, dim=1)
+    q_global = F.softmax(glob[keep].view(len(y), c) / tau, dim=1)
+    return F.kl_div(log_q_local, q_global, reduction="batchmean") * tau**2
+
+
 def test_ntd_loss_vmaps():
     """``ntd_loss`` under vmap over K = 3 clients (``not_true`` is a gather, so it batches; the
-    old boolean mask could not), value and gradient, equals FedNTD's loss computed by hand per
-    client in float64 (``_ntd_by_hand``)."""
+    old boolean mask could not), value and gradient, equals FedNTD's loss computed per client
+    two independent ways in float64: by hand from its formula (``_ntd_by_hand``) and through
+    ``F.kl_div`` on boolean-masked not-true softmaxes (``_ntd_by_kl_div``, its gradient by
+    autograd)."""
     gen = torch.Generator().manual_seed(6)
     local, glob = (torch.randn(3, 5, 4, generator=gen, dtype=torch.float64) * 2 for _ in range(2))
     y = torch.randint(0, 4, (3, 5), generator=gen)
@@ -246,6 +263,11 @@ def test_ntd_loss_vmaps():
         assert want > 0.05  # the distributions differ: a real KL, not a rounding-level one
         assert math.isclose(batched[k].item(), want, rel_tol=1e-12)
         np.testing.assert_allclose(grads[k].numpy(), want_grad, rtol=1e-10, atol=1e-14)
+        leaf = local[k].clone().requires_grad_()
+        kl = _ntd_by_kl_div(leaf, glob[k], y[k], tau)
+        (kl_grad,) = torch.autograd.grad(kl, leaf)
+        assert math.isclose(batched[k].item(), kl.item(), rel_tol=1e-12)
+        np.testing.assert_allclose(grads[k].numpy(), kl_grad.numpy(), rtol=1e-10, atol=1e-14)
 
 
 # ------------------------------------------------------------------------ (b), (c) cohorts
@@ -260,9 +282,9 @@ def _inputs(model_name, sizes, moon_prev, seed=5):
     states = []
     for k in range(len(sizes)):
         p_k, b_k = unstack_tree(params, k), unstack_tree(buffers, k)
-        prev = {"prev_params": {n: v + 0.1 * torch.randn(v.shape, generator=gen) for n, v in p_k.items()},
-                "prev_buffers": {n: v + 0.1 * torch.rand(v.shape, generator=gen) if v.is_floating_point() else v
-                                 for n, v in b_k.items()}}
+        prev = {"prev": {**{n: v + 0.1 * torch.randn(v.shape, generator=gen) for n, v in p_k.items()},
+                         **{n: v + 0.1 * torch.rand(v.shape, generator=gen) if v.is_floating_point() else v
+                            for n, v in b_k.items()}}}
         states.append(prev if k in moon_prev else {})
     return build_model(model_name, SHAPE).to("meta"), params, buffers, data, states
 

@@ -9,9 +9,9 @@ import math
 import torch
 from torch import nn
 
-from tasks.functional import FEDSAM, Hyper, module_state, tree_norm
-from tasks.functional.core import NORM_EPS, cross_entropy, sam_eps
-from tasks.functional.sharpness import perturbed_copy
+from clients.fedsam import UPDATE as FEDSAM
+from tasks.functional import Hyper, module_state, tree_norm
+from tasks.functional.core import NORM_EPS, cross_entropy, perturbed_copy, sam_eps
 from tasks.models import Classifier
 
 
@@ -49,7 +49,8 @@ def test_sam_step_keeps_the_first_pass_buffers_and_writes_no_input():
     before = ({n: t.clone() for n, t in params.items()}, {n: t.clone() for n, t in buffers.items()})
     x, y = torch.randn(8, 4), torch.tensor([0, 1] * 4)
     _, one_pass = cross_entropy(model, params, buffers, x, y)  # BN statistics after one batch
-    _, new_buffers, _ = FEDSAM.direction(model, params, buffers, x, y, params, {}, Hyper(lr=0.1, keys={"sam-rho": 0.5}))
+    _, new_buffers, _, _ = FEDSAM.direction(model, params, buffers, x, y, params, {}, {},
+                                            Hyper(lr=0.1, keys={"sam-rho": 0.5}))
     assert all(torch.equal(new_buffers[n], one_pass[n]) for n in buffers)  # the perturbed pass is not counted
     assert not torch.equal(one_pass["body.1.running_mean"], buffers["body.1.running_mean"])  # BN did move once
     assert all(torch.equal(params[n], before[0][n]) for n in params)

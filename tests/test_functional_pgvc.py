@@ -1,5 +1,6 @@
-"""FedPGVC as functional local updates: the text reading (``tasks.functional.pgvc.FEDPGVC``)
-and the authors' code reading (``FEDPGVC_AUTHORS`` plus ``authors_rescale`` after the round).
+"""FedPGVC as a functional local update (clients/fedpgvc.py): one ``UPDATE`` whose step and
+finish read ``pgvc-variant``: the text reading (``pgvc_direction``, the penalty in every step)
+and the authors' code reading (the plain step, then ``authors_rescale`` in ``fedpgvc_finish``).
 
 (a) One step by hand: r = (1/B) sum_b l_b grad l_b computed one sample at a time in float64,
     g + r on the masked layers, g elsewhere. And the client through ``fit`` equals the
@@ -13,40 +14,48 @@ on the module's weights) it ran before it became functions, written here, bit fo
 rounds with Adam, and a
 cohort node (fl_app.node.cohort_client) of K = 3 equals three per-client nodes within 1e-5
 relative, a cohort of one exactly; tests/test_fedpgvc_authors.py checks its maths by hand.
-Both readings through their client: a per-client round equals the functions run by hand on its
-data, and a cohort node of K = 2 equals two per-client nodes within 1e-5 relative.
+Both readings through the functions (K = 2 clients' ``local_round`` each against one
+``cohort_round``, each then finished by ``fedpgvc_finish``) and through their client (a
+per-client round equals the functions run by hand on its data; a cohort node of K = 2 equals two
+per-client nodes): within 1e-5 relative.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from flwr.app import RecordDict
+from flwr.common import FitIns, ndarrays_to_parameters, parameters_to_ndarrays
 from torch import nn
 
-from clients.fedpgvc import FedPGVCClient
+from clients import fedavg, fedpgvc
+from clients.base import DriftClient
+from clients.fedpgvc import authors_rescale, fedpgvc_finish
 from fl_app.common.execution_checks import cohort_problem
 from fl_app.node.cohort_client import CohortClient
+from fl_app.node.cohort_wire import bundle_instructions, split_replies
 from fl_app.node.node_client import NodeClient
-from fl_app.registry import METHODS
+from fl_app.registry import METHODS, validate_config
 from tasks.catalogue import InputShape
 from tasks.datasets import input_shape
-from tasks.functional import FEDAVG, Hyper, cohort_round, local_round, module_state
-from tasks.functional.pgvc import FEDPGVC, FEDPGVC_AUTHORS, authors_rescale
+from tasks.functional import CohortResult, Hyper, Round, cohort_round, local_round, module_state
 from tasks.functional.rounds import stack_trees, unstack_tree
 from tasks.keras_layers import pgvc_code_layers
 from tasks.models import Classifier, build_model, get_weights, last_layers_param_names, set_weights
 from tests.conftest import fake_context, make_client
 from tests.helpers_baselines import client_batches
+from tests.helpers_cohort import assert_cohort_client_equals
 from tests.helpers_module import module_fit
-from tests.test_cohort_node import N, assert_close, assert_same_reply, cohort_fit, config_of
+from tests.test_cohort_wire import reply_as_fitres
 
+FEDPGVC, FEDAVG = fedpgvc.UPDATE, fedavg.UPDATE
 SHAPE = InputShape(1, 8, 10)
-KEYS = {"pgvc-layers": 2}
+KEYS = {"pgvc-layers": 2, "pgvc-variant": "text"}
 
 
 def tiny_model() -> Classifier:
@@ -114,7 +123,7 @@ def plain_step(model, x, y):
 def _module_rounds(cfg, x, y, after=None):
     """Two rounds of a FedPGVC client through ``fit`` and of the module-based training (its
     step, then ``after(model, x, y, lr)`` if given), from the same weights: their replies."""
-    client = make_client(FedPGVCClient, cfg, x, y)
+    client = make_client(functools.partial(DriftClient, FEDPGVC), cfg, x, y)
     reference = copy.deepcopy(client.model)
     variant = client.cfg["pgvc-variant"]
     step = module_pgvc_step(set(last_layers_param_names(reference, KEYS["pgvc-layers"]))) if variant == "text" \
@@ -137,7 +146,7 @@ def test_client_equals_the_module_based_training(optimizer, momentum):
     cfg = {"strategy": "fedpgvc", "dataset": "mnist", "model": "lenet", "learning-rate": 0.01, "batch-size": 4,
            "local-epochs": 1, "optimizer": optimizer, "momentum": momentum, "weight-decay": 1e-3, **KEYS}
     for client, got, n, m_got, want, m_want in _module_rounds(cfg, x, y):
-        assert client.local_update() is FEDPGVC
+        assert client.update is FEDPGVC and client.cfg["pgvc-variant"] == "text"
         assert n == 10 and m_got == m_want
         assert all(np.array_equal(u, v) for u, v in zip(got, want))
 
@@ -185,11 +194,14 @@ def test_authors_client_equals_the_module_based_training(chunk, monkeypatch):
     cfg = {"strategy": "fedpgvc", "pgvc-variant": "authors", "dataset": "mnist", "model": "lenet",
            "learning-rate": 0.01, "batch-size": 4, "local-epochs": 1, "optimizer": "adam", "momentum": 0.0,
            "weight-decay": 1e-3}
-    monkeypatch.setattr(FedPGVCClient, "CODE_CHUNK", chunk)
+    monkeypatch.setattr(fedpgvc, "CODE_CHUNK", chunk)
     for client, got, n, m_got, want, m_want in _module_rounds(cfg, x, y, module_authors_rescale(chunk)):
-        assert client.local_update() is FEDPGVC_AUTHORS
+        assert client.update is FEDPGVC and client.cfg["pgvc-variant"] == "authors"
         assert n == 10 and m_got == m_want and m_got["pgvc_rescale"] > 1e-6  # the rescale acts
         assert all(np.array_equal(u, v) for u, v in zip(got, want))
+
+
+N = 5  # partitions of the run's data
 
 
 def seeded_partition(partition: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -199,18 +211,22 @@ def seeded_partition(partition: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(n, 1, 28, 28, generator=gen), torch.randint(0, 10, (n,), generator=gen)
 
 
-class SeededPGVCClient(FedPGVCClient):
-    """FedPGVC's client (either reading) on ``seeded_partition`` (no data folder needed), of a
-    size that depends on the partition: so virtual clients differ in steps and last batches."""
-
-    def _load(self):
+@pytest.fixture
+def seeded_clients(monkeypatch):
+    """Every client (per-client nodes and a cohort node's virtual clients) trains on
+    ``seeded_partition`` (no data folder needed), of a size that depends on the partition: so
+    virtual clients differ in steps and last batches."""
+    def load(self):
         self._data = seeded_partition(self.partition_id)
         self._test_data = None
 
+    monkeypatch.setattr(DriftClient, "_load", load)
+
 
 def pgvc_config(variant: str, optimizer: str = "sgd", momentum: float = 0.9, batch_size: int = 8) -> dict:
-    return config_of(strategy="fedpgvc", dataset="mnist", model="lenet", optimizer=optimizer, momentum=momentum,
-                     **{"pgvc-variant": variant, "learning-rate": 0.01, "batch-size": batch_size})
+    return validate_config({"strategy": "fedpgvc", "dataset": "mnist", "model": "lenet", "optimizer": optimizer,
+                            "momentum": momentum, "weight-decay": 1e-3, "local-epochs": 1, "seed": 3,
+                            "pgvc-variant": variant, "learning-rate": 0.01, "batch-size": batch_size})
 
 
 def global_model() -> list[np.ndarray]:
@@ -222,12 +238,45 @@ def global_model() -> list[np.ndarray]:
     return get_weights(build_model("lenet", input_shape("mnist"), seed=0))
 
 
+def assert_close(got: list[np.ndarray], want: list[np.ndarray], rel: float) -> None:
+    """Arrays of the same shapes and dtypes, each within ``rel`` of its largest magnitude
+    (exactly equal when ``rel`` is 0)."""
+    assert len(got) == len(want)
+    for u, v in zip(got, want):
+        assert u.shape == v.shape and u.dtype == v.dtype
+        if rel == 0:
+            assert np.array_equal(u, v)
+        else:
+            assert np.abs(u - v).max() <= rel * max(np.abs(v).max(), 1e-12)
+
+
+def assert_same_reply(res, want, rel: float) -> None:
+    """A virtual client's FitRes against its per-client (arrays, num_examples, metrics)."""
+    arrays, num_examples, metrics = want
+    assert not isinstance(res, str), res
+    assert res.num_examples == num_examples
+    assert_close(parameters_to_ndarrays(res.parameters), arrays, rel)
+    got = {k: v for k, v in res.metrics.items() if k != "fit_seconds"}
+    want = {k: v for k, v in metrics.items() if k != "fit_seconds"}
+    assert set(got) == set(want)
+    for key, value in want.items():
+        assert got[key] == (value if rel == 0 or isinstance(value, int) else pytest.approx(value, rel=rel)), key
+
+
 def per_client_fit(cfg: dict, partition: int, arrays: list[np.ndarray], server_round: int):
     """(arrays, num_examples, metrics) of ``partition``'s per-client node, as ``client_fn`` builds it."""
     context = fake_context()
     context.node_config = {"partition-id": partition, "num-partitions": N}
-    return NodeClient(SeededPGVCClient(cfg, context, partition, N)).fit([a.copy() for a in arrays],
-                                                                      {"server-round": server_round})
+    return NodeClient(DriftClient(FEDPGVC, cfg, context, partition, N)).fit([a.copy() for a in arrays],
+                                                                           {"server-round": server_round})
+
+
+def cohort_fit(node: CohortClient, arrays: list[np.ndarray], partitions: list[int], config: dict):
+    """The cohort node's fit on the bundle the server would send (through the wire), split back."""
+    ins = FitIns(ndarrays_to_parameters(arrays), {**config, "num-partitions": N})
+    bundle = bundle_instructions([(p, ins) for p in partitions])
+    ret = node.fit(parameters_to_ndarrays(bundle.parameters), dict(bundle.config))
+    return dict(split_replies(reply_as_fitres(ret)))
 
 
 def cohort_against_per_client(variant, partitions, rel, optimizer, momentum):
@@ -239,7 +288,7 @@ def cohort_against_per_client(variant, partitions, rel, optimizer, momentum):
     context.node_config = {"partition-id": 0, "num-partitions": 1}
     context.state = RecordDict()
     for server_round in (1, 2):
-        node = CohortClient(cfg, context, SeededPGVCClient, 0, 1)
+        node = CohortClient(cfg, context, FEDPGVC, 0, 1)
         got = cohort_fit(node, arrays, partitions, {"server-round": server_round})
         for p in partitions:
             want = per_client_fit(cfg, p, arrays, server_round)
@@ -251,19 +300,19 @@ def cohort_against_per_client(variant, partitions, rel, optimizer, momentum):
 
 
 def by_the_functions(variant: str, arrays: list[np.ndarray], partition: int) -> tuple[list[np.ndarray], dict]:
-    """One full-batch round of ``partition``'s data run by hand through the functions: the
-    text reading's ``local_round`` of FEDPGVC; the authors' ``local_round`` of FEDPGVC_AUTHORS,
-    then ``authors_rescale`` over the whole partition at the round's rate. (weights in
-    state_dict order, metrics)."""
+    """One full-batch round of ``partition``'s data run by hand through the functions:
+    ``local_round`` of the update at the variant's keys, then (the authors' reading)
+    ``authors_rescale`` over the whole partition at the round's rate. (weights in state_dict
+    order, metrics)."""
     cfg = pgvc_config(variant)
     x, y = seeded_partition(partition)
     model = build_model("lenet", input_shape("mnist"))
     set_weights(model, arrays)
     params, buffers = module_state(model)
-    update = FEDPGVC if variant == "text" else FEDPGVC_AUTHORS
     lr = cfg["learning-rate"]  # round 1: no decay yet
-    result = local_round(update, model, params, buffers, {}, {}, Hyper.from_config(cfg, lr, update.keys), x, y,
-                         len(x), 1, torch.Generator())
+    hp = Hyper.from_config(cfg, lr, FEDPGVC.key_names())
+    result = local_round(FEDPGVC, model, params, buffers, {}, {"buffers": buffers}, hp, x, y, len(x), 1,
+                         torch.Generator())
     metrics = dict(result.metrics)
     if variant == "authors":
         params, metrics["pgvc_rescale"] = authors_rescale(model, result.params, result.buffers, x, y, lr, 1024)
@@ -273,20 +322,55 @@ def by_the_functions(variant: str, arrays: list[np.ndarray], partition: int) -> 
     return get_weights(model), metrics
 
 
-def test_both_readings_train_through_functions_and_run_as_cohorts():
-    """Each reading, through its client:
+def functions_alone_and_as_a_cohort(variant: str, partitions: list[int]) -> None:
+    """``partitions``' rounds (batch 8, SGD with momentum) from the global model through the
+    functions, each client's ``local_round`` against one ``cohort_round`` of all (K > 1: one
+    vmap per step, clients masked where their step counts and last batches differ), each
+    result then finished by the update's ``fedpgvc_finish`` (the authors' rescale, with the
+    client's data and rate): equal within 1e-5 relative (weights, metrics, ``pgvc_rescale``)."""
+    cfg = pgvc_config(variant)
+    model = build_model("lenet", input_shape("mnist"), seed=0)
+    params, buffers = module_state(model)
+    hp = Hyper.from_config(cfg, cfg["learning-rate"], FEDPGVC.key_names())
+    server = {"buffers": buffers}
+    data = [seeded_partition(p) for p in partitions]
 
+    def generators():
+        return [torch.Generator().manual_seed(10 + p) for p in partitions]
+
+    jobs = [Round(FEDPGVC, model, params, buffers, {}, server, hp, x, y, cfg["batch-size"], 1, gen, None)
+            for (x, y), gen in zip(data, generators())]
+    alone = [fedpgvc_finish(job, local_round(*job.local_round_args())) for job in jobs]
+    stacked = {n: p.contiguous() for n, p in stack_trees([params] * len(jobs)).items()}
+    cohort = cohort_round(FEDPGVC, model, stacked, stack_trees([buffers] * len(jobs)), [{}] * len(jobs), server, hp,
+                          data, cfg["batch-size"], 1, generators())
+    finished = [fedpgvc_finish(job, cohort.client(k)) for k, job in enumerate(jobs)]
+    together = CohortResult(stack_trees([r.params for r in finished]), stack_trees([r.buffers for r in finished]),
+                            [r.state for r in finished], [r.reply for r in finished], [r.metrics for r in finished])
+    assert len({r.metrics["num_steps"] for r in alone}) == len(jobs) > 1  # masked steps
+    for k, result in enumerate(alone):
+        assert ("pgvc_rescale" in result.metrics) == (variant == "authors")
+        assert_cohort_client_equals(together, k, result, rel=1e-5)
+
+
+def test_both_readings_train_through_functions_and_run_as_cohorts(seeded_clients):
+    """Each reading, through the functions and through its client:
+
+    - K = 2 clients (19 and 12 samples at batch 8: 3 and 2 steps, last batches of 3 and 4, so
+      steps are masked) through ``local_round`` each and through one ``cohort_round``, each
+      finished by ``fedpgvc_finish``, agree within 1e-5 relative
+      (``functions_alone_and_as_a_cohort``);
     - a per-client round (one full batch, so the client's batch order changes the summation
       order only) equals the functions run by hand on the same data (``by_the_functions``)
       within 1e-5 relative: weights, training loss, the authors' ``pgvc_rescale``;
-    - two rounds of K = 2 virtual clients on one cohort node (19 and 12 samples at batch 8: 3
-      and 2 steps, last batches of 3 and 4, so steps are masked) equal two per-client nodes
-      within 1e-5 relative (SGD with momentum: vmap's batched kernels sum in another order;
-      measured about 2e-7);
+    - two rounds of the same K = 2 virtual clients on one cohort node equal two per-client
+      nodes within 1e-5 relative (SGD with momentum: vmap's batched kernels sum in another
+      order; measured about 2e-7);
     - the two readings train to different weights (the variant is the one the run asked for)."""
     partition, replies = 1, {}
     arrays = global_model()
     for variant in ("text", "authors"):
+        functions_alone_and_as_a_cohort(variant, [1, 0])
         got, _, metrics = per_client_fit(pgvc_config(variant, batch_size=64), partition, arrays, 1)
         want, want_metrics = by_the_functions(variant, arrays, partition)
         assert_close(got, want, rel=1e-5)
@@ -299,7 +383,7 @@ def test_both_readings_train_through_functions_and_run_as_cohorts():
     assert max(np.abs(u - v).max() for u, v in zip(replies["text"], replies["authors"])) > 1e-4
 
 
-def test_authors_cohort_of_three_equals_three_clients():
+def test_authors_cohort_of_three_equals_three_clients(seeded_clients):
     """SGD with momentum: with Adam, plain training alone (the rescale replaced by the identity)
     differs by more than 1e-5 here (measured 4e-4 to 2e-2 relative, varying between runs), as Adam
     turns vmap's rounding of a near-zero gradient entry into a step of about lr either way; that
@@ -308,7 +392,7 @@ def test_authors_cohort_of_three_equals_three_clients():
 
 
 @pytest.mark.parametrize("optimizer,momentum", [("sgd", 0.9), ("adam", 0.0)])
-def test_authors_cohort_of_one_is_exact(optimizer, momentum):
+def test_authors_cohort_of_one_is_exact(optimizer, momentum, seeded_clients):
     cohort_against_per_client("authors", [2], rel=0, optimizer=optimizer, momentum=momentum)
 
 

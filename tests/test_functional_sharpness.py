@@ -1,4 +1,5 @@
-"""The sharpness-aware local updates (``tasks.functional.sharpness``) against independent references.
+"""The sharpness-aware local updates (clients/fedasam.py, fedgam.py, fedgam_cv.py, fedsol.py,
+fedsmoo.py) against independent references.
 
 (a) Hand computations: one full-batch step of each update on softmax regression (``logreg``),
     recomputed in float64 from the formula with closed-form gradients; the perturbations on
@@ -13,12 +14,15 @@
     and a cohort of one equals ``local_round`` exactly.
 (c) Where the method has state, a second round starts from the state the first left (FedGAM-CV
     here; FedSMOO's mu_i and h_i by hand through the client in tests/test_fedsmoo.py, whose hand
-    computations of one step in each mode also check FEDSMOO's maths).
+    computations of one step in each mode also check FedSMOO's maths). FedSOL's proximal-loss
+    sum and FedSMOO's dual ride in the round's carry, started by the loop for every client.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -26,32 +30,21 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from clients.fedsol import FedSOLClient
+from clients import fedasam, fedgam, fedgam_cv, fedsmoo, fedsol
+from clients.base import DriftClient
+from clients.fedasam import asam_eps, asam_scaled
+from clients.fedsol import fedsol_direction, fedsol_end
 from tasks.catalogue import InputShape
 from tasks.datasets import input_shape
 from tasks.functional import Hyper, cohort_round, local_round, module_state
 from tasks.functional.rounds import stack_trees, unstack_tree
-from tasks.functional.sharpness import (
-    FEDASAM,
-    FEDGAM,
-    FEDGAM_CV,
-    FEDSMOO,
-    FEDSOL,
-    PROX_SUM,
-    SMOO_MU,
-    asam_eps,
-    asam_scaled,
-    fedsol_buffers,
-    fedsol_direction,
-    fedsol_metrics,
-    smoo_buffers,
-)
 from tasks.models import build_model
 from tests.conftest import make_client
 from tests.helpers_baselines import softmax_regression_grad
 from tests.helpers_cohort import assert_cohort_client_equals
 from tests.helpers_module import perturbed
 
+FEDASAM, FEDGAM, FEDGAM_CV, FEDSMOO, FEDSOL = (m.UPDATE for m in (fedasam, fedgam, fedgam_cv, fedsmoo, fedsol))
 SHAPE = InputShape(1, 8, 10)  # one channel (channels-last quirk: keep_layout), small for speed
 GAM = {"gam-rho": 0.3, "gam-alpha": 0.7, "gam-cv-alpha": 0.6, "gam-variant": "paper", "gam-norm-rho": 0.6,
        "gam-beta1": 1.0, "gam-beta2": -1.0, "gam-beta3": 1.0, "gam-gamma": 0.5}
@@ -197,7 +190,8 @@ def _softmax(z):
 def test_fedsol_step_at_w_off_the_global_model(perturb, radius, adaptive):
     """The direction at w != w_g on logreg (its one Linear is the head), in float64 by hand:
     g_p = dL_p/dw through (p_local - p_global)/(T B), Lambda, eps = rho Lambda g_p/||g_p||,
-    d = grad CE(w + eps); the loss is CE(w), L_p = KL(p_g || p_l) joins the round's sum."""
+    d = grad CE(w + eps); the loss is CE(w), L_p = KL(p_g || p_l) joins the round's sum (the
+    carry), whose mean over the round's steps ``fedsol_end`` reports as ``prox_loss``."""
     rho, T = 1.5, 3.0
     keys = {**SOL, "fedsol-rho": rho, "fedsol-temperature": T, "fedsol-perturb": perturb, "fedsol-radius": radius,
             "fedsol-adaptive": adaptive}
@@ -208,7 +202,8 @@ def test_fedsol_step_at_w_off_the_global_model(perturb, radius, adaptive):
     w = {n: v + 0.05 * torch.randn(v.shape, generator=gen) for n, v in w_g.items()}
     hp = Hyper(lr=0.1, keys=keys)
     ctx = FEDSOL.begin(w_g, {}, {"buffers": buffers}, hp)
-    d, new_buffers, loss = fedsol_direction(model, w, {**buffers, PROX_SUM: torch.tensor(0.25)}, x, y, w_g, ctx, hp)
+    d, new_buffers, carry, loss = fedsol_direction(model, w, buffers, x, y, w_g, ctx, {"prox_sum": torch.tensor(0.25)},
+                                                   hp)
 
     xn, yn = x.double().numpy(), y.numpy()
     (W, b), (Wg, bg) = ([t[n].double().numpy() for n in LOGREG] for t in (w, w_g))
@@ -231,8 +226,9 @@ def test_fedsol_step_at_w_off_the_global_model(perturb, radius, adaptive):
     ce = -np.log(_softmax(logits)[np.arange(len(yn)), yn]).mean()
     kl = (pg * (np.log(pg) - np.log(pl))).sum(1).mean()
     assert float(loss) == pytest.approx(ce, rel=1e-5)
-    assert float(new_buffers[PROX_SUM]) == pytest.approx(0.25 + kl, rel=1e-5)
-    assert fedsol_metrics(new_buffers, 2) == {"prox_loss": pytest.approx((0.25 + kl) / 2, rel=1e-5)}
+    assert float(carry["prox_sum"]) == pytest.approx(0.25 + kl, rel=1e-5)
+    assert fedsol_end(w_g, w, new_buffers, carry, 2, ctx, {}, hp) == (
+        {}, {}, {"prox_loss": pytest.approx((0.25 + kl) / 2, rel=1e-5)})
 
 
 def test_fedsol_first_step_is_plain_sgd():
@@ -243,21 +239,43 @@ def test_fedsol_first_step_is_plain_sgd():
     params, buffers = module_state(model)
     for perturb in ("head", "all"):
         hp = Hyper(lr=0.1, keys={**SOL, "fedsol-perturb": perturb})
-        d, _, _ = fedsol_direction(model, params, buffers, x, y, params, FEDSOL.begin(params, {}, {}, hp), hp)
+        ctx = FEDSOL.begin(params, {}, {}, hp)
+        d, _, _, _ = fedsol_direction(model, params, buffers, x, y, params, ctx, FEDSOL.initial_carry(params, ctx, hp),
+                                      hp)
         plain = torch.func.grad(lambda p: F.cross_entropy(torch.func.functional_call(model, p, (x,)), y))(params)
         for n in params:
             torch.testing.assert_close(d[n], plain[n], rtol=0, atol=0)
 
 
-def test_fedsol_client_starts_the_prox_sum_for_a_masked_cohort():
-    """FedSOLClient's prepared round carries PROX_SUM = 0 in its buffers: a cohort whose first
-    step is masked (a client with fewer samples than a batch) keeps each client's old entry,
-    which must exist; unseeded buffers fail there."""
+def _without(result, metric: str):
+    """``result`` (a ``RoundResult``) less the fit metric ``metric``."""
+    return dataclasses.replace(result, metrics={k: v for k, v in result.metrics.items() if k != metric})
+
+
+def assert_prox_sums_close(together, k: int, alone, rel: float) -> None:
+    """FedSOL's ``prox_loss`` (the round's mean L_p) of cohort client ``k`` against its own round:
+    a sum of KLs, each a difference of terms of order log(10), so float32 rounding is relative to
+    those terms (about 1e-7 a step), not to the small KL: the sums (mean times steps) within
+    1e-6 absolute, exactly equal when ``rel`` is 0."""
+    u, v = together.metrics[k]["prox_loss"], alone.metrics["prox_loss"]
+    steps = alone.metrics["num_steps"]
+    assert u == v if rel == 0 else abs(u - v) * max(steps, 1) <= 1e-6
+
+
+def test_fedsol_client_round_runs_as_a_cohort_with_a_masked_first_step():
+    """FedSOL's round as its client prepares it (``prepare_round``: w_t, the received global
+    buffers in ``server``) runs as a cohort whose first step is masked for one client (3 samples:
+    one batch of 3, beside the other's batch of 4): the loop starts every client's carried
+    proximal-loss sum at zero (``initial_carry``), so each client's ``prox_loss`` is that of its
+    own round, and the short client's one step, at w = w_g, has L_p = 0 up to rounding."""
     gen = torch.Generator().manual_seed(6)
     x, y = torch.randn(9, 60, generator=gen), torch.randint(0, 10, (9,), generator=gen)
-    client = make_client(FedSOLClient, {"model": "mlp", "batch-size": 4, "local-epochs": 1}, x, y)
-    job = client.prepare_functional(client.get_parameters({}), {"server-round": 1})
-    assert torch.equal(job.buffers[PROX_SUM], torch.zeros(()))
+    client = make_client(functools.partial(DriftClient, FEDSOL), {"model": "mlp", "batch-size": 4,
+                                                                  "local-epochs": 1}, x, y)
+    job = client.prepare_round(client.get_parameters({}), {"server-round": 1})
+    assert job.update is FEDSOL and "buffers" in job.server
+    ctx = FEDSOL.begin(job.params, job.state, job.server, job.hp)
+    assert torch.equal(FEDSOL.initial_carry(job.params, ctx, job.hp)["prox_sum"], torch.zeros(()))
     data = [(x, y), (x[:3], y[:3])]
     gens = [torch.Generator().manual_seed(k) for k in range(2)]
     params = {n: p.contiguous() for n, p in stack_trees([job.params] * 2).items()}
@@ -266,13 +284,10 @@ def test_fedsol_client_starts_the_prox_sum_for_a_masked_cohort():
     for k, (xk, yk) in enumerate(data):
         alone = local_round(job.update, job.model, job.params, job.buffers, {}, job.server, job.hp, xk, yk, 4, 1,
                             torch.Generator().manual_seed(k))
-        assert abs(float(together.buffers[PROX_SUM][k] - alone.buffers[PROX_SUM])) <= 1e-6  # as in _compare
-    assert abs(float(together.buffers[PROX_SUM][1])) <= 1e-7  # its one step is at w = w_g: KL 0 up to rounding
-    unseeded = {n: b for n, b in job.buffers.items() if n != PROX_SUM}
-    with pytest.raises(KeyError):
-        cohort_round(job.update, job.model, params, stack_trees([unseeded] * 2), [{}, {}], job.server, job.hp, data,
-                     4, 1, [torch.Generator().manual_seed(k) for k in range(2)])
-
+        assert_cohort_client_equals(together, k, _without(alone, "prox_loss"), 1e-5)
+        assert_prox_sums_close(together, k, alone, 1e-5)
+    assert together.metrics[0]["prox_loss"] > 1e-6  # the long client's later steps are off w_g: L_p acts
+    assert together.metrics[1]["num_steps"] == 1 and abs(together.metrics[1]["prox_loss"]) <= 1e-7
 
 
 @pytest.mark.parametrize("clip", [0.05, 1e3])
@@ -291,7 +306,7 @@ def test_fedsmoo_clip_scales_the_step_down_never_up(clip):
     w_t, buffers = module_state(model)
     g_k, s, mu = ({n: 0.05 * torch.randn(p.shape, generator=gen, dtype=torch.float64) for n, p in w_t.items()}
                   for _ in range(3))
-    result = local_round(FEDSMOO, model, w_t, smoo_buffers(buffers, mu), {"grad": g_k}, {"s": s},
+    result = local_round(FEDSMOO, model, w_t, buffers, {"grad": g_k, "mu": mu}, {"s": s},
                          Hyper(lr=lr, keys=keys), x, y, 64, 1, torch.Generator().manual_seed(1))
     assert result.metrics["num_steps"] == 1
 
@@ -309,7 +324,7 @@ def test_fedsmoo_clip_scales_the_step_down_never_up(clip):
         assert clip == 1e3 and _norm(d) < 1e-2 * clip  # far above ||d||: d stays as it is
     for n, w, dd, m, e, c in zip(LOGREG, (W, b), d, mun, shat, sn):
         np.testing.assert_allclose(result.params[n].numpy(), w - lr * (dd + alpha * w), rtol=1e-10, atol=1e-12)
-        np.testing.assert_allclose(result.buffers[SMOO_MU + n].numpy(), m + e - c, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(result.state["mu"][n].numpy(), m + e - c, rtol=1e-10, atol=1e-12)
 
 
 # ------------------------------------------------- (a') against the module-based training
@@ -499,7 +514,7 @@ def _inputs_for(name, model, gen, keys):
         if keys["smoo-s"] == "none":
             mu = {n: torch.zeros_like(m) for n, m in mu.items()}
         offset = [g_k[n] + keys["smoo-alpha"] * params[n] for n in params]
-        return ({"grad": g_k}, {"s": s}, smoo_buffers(buffers, mu),
+        return ({"grad": g_k, "mu": mu}, {"s": s}, buffers,
                 {"mu": [m.clone() for m in mu.values()], "s": list(s.values()), "offset": offset})
     return {}, {}, buffers, {}
 
@@ -527,10 +542,12 @@ def test_update_equals_the_module_loop(name, model_name):
     for n, b in model.named_buffers():
         assert torch.equal(result.buffers[n], b), n
     if "prox_sum" in ctx:
-        assert fedsol_metrics(result.buffers, 6)["prox_loss"] == ctx["prox_sum"].item() / 6
-    if "mu" in ctx:  # the dual, updated at every step
+        assert result.metrics["prox_loss"] == ctx["prox_sum"].item() / 6
+    if "mu" in ctx and hp.keys["smoo-s"] != "none":  # the dual, updated at every step, kept
         for n, m in zip(params, ctx["mu"]):
-            assert torch.equal(result.buffers[SMOO_MU + n], m), n
+            assert torch.equal(result.state["mu"][n], m), n
+    if "mu" in ctx and hp.keys["smoo-s"] == "none":  # held at zero, not kept
+        assert "mu" not in result.state and result.metrics["smoo_mu_norm"] == 0
 
 
 # -------------------------------------------------------------------------------- (b) cohorts
@@ -538,16 +555,13 @@ def _cohort_inputs(name, sizes, seed=5):
     gen = torch.Generator().manual_seed(seed)
     models = [build_model("cnn-small", SHAPE, seed=k) for k in range(len(sizes))]
     params, buffers = (stack_trees(t) for t in zip(*(module_state(m) for m in models)))
-    if name.startswith("fedsol"):  # a cohort starts the proximal-loss sum in its buffers
-        buffers = stack_trees([fedsol_buffers(module_state(m)[1], "cpu") for m in models])
     params = {n: p.contiguous() for n, p in params.items()}  # the layout vmap batches
     data = [(torch.randn(n, 1, 8, 8, generator=gen), torch.randint(0, 10, (n,), generator=gen)) for n in sizes]
     states, server = [{} for _ in sizes], {}
     if name.startswith("fedsmoo"):  # g_k and mu_i per client, s shared
         mus = [{n: torch.randn(v.shape[1:], generator=gen) * 0.05 for n, v in params.items()} for _ in sizes]
-        buffers = stack_trees([smoo_buffers(unstack_tree(buffers, k), mu) for k, mu in enumerate(mus)])
-        states = [{"grad": {n: torch.randn(v.shape[1:], generator=gen) * 0.05 for n, v in params.items()}}
-                  for _ in sizes]
+        states = [{"grad": {n: torch.randn(v.shape[1:], generator=gen) * 0.05 for n, v in params.items()}, "mu": mu}
+                  for mu in mus]
         server = {"s": {n: torch.randn(v.shape[1:], generator=gen) * 0.05 for n, v in params.items()}}
     if name.startswith("fedgam-cv"):  # c_i different per client, c shared
         states = [{"ci": {n: torch.randn(v.shape[1:], generator=gen) * 0.1 for n, v in params.items()}} for _ in sizes]
@@ -565,11 +579,10 @@ def _compare(name, sizes, rel):
     for k in range(k_all):
         alone = local_round(update, skeleton, unstack_tree(params, k), unstack_tree(buffers, k), states[k], server,
                             hp, *data[k], 4, 1, torch.Generator().manual_seed(10 + k))
-        assert_cohort_client_equals(together, k, alone, rel, skip_buffers=(PROX_SUM,))
-        if PROX_SUM in alone.buffers:  # a sum of KLs, each a difference of terms of order log(10):
-            # float32 rounding is relative to those terms (about 1e-7 a step), not to the small KL
-            u, v = together.buffers[PROX_SUM][k], alone.buffers[PROX_SUM]
-            assert torch.equal(u, v) if rel == 0 else abs(float(u - v)) <= 1e-6
+        if "prox_loss" in alone.metrics:  # FedSOL's: compared as a sum (assert_prox_sums_close)
+            assert_prox_sums_close(together, k, alone, rel)
+            alone = _without(alone, "prox_loss")
+        assert_cohort_client_equals(together, k, alone, rel)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

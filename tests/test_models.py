@@ -3,6 +3,7 @@ body/head split the methods rely on, and two rounds of `flwr run` with each."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 
@@ -12,10 +13,11 @@ import torch
 from flwr.common import ndarrays_to_parameters
 from torch import nn
 
-from clients.fedbn import bn_indices
+from clients.base import DriftClient
 from fl_app.config import ConfigError
 from fl_app.node.node_client import NodeClient
 from fl_app.registry import get_method, validate_config
+from protocol.layout import bn_indices
 from strategies.base import fedavg_kwargs
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights, last_layers_param_names, set_weights
@@ -123,11 +125,11 @@ def _fit(method: str, model: str, **over):
            "learning-rate": 0.01, **over}
     full = validate_config(cfg)
     w0 = get_weights(build_model(full["model"], input_shape("cifar10"), seed=0))
-    strategy_cls, client_cls = get_method(method)
+    strategy_cls, update = get_method(method)
     strategy_cls.from_config(full, **fedavg_kwargs(full, ndarrays_to_parameters(w0), None))  # refuses misfits
     torch.manual_seed(0)
     x, y = torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,))
-    client = make_client(client_cls, {k: v for k, v in full.items() if k != "strategy"}, x, y)
+    client = make_client(functools.partial(DriftClient, update), {k: v for k, v in full.items() if k != "strategy"}, x, y)
     out, n, metrics = client.fit([a.copy() for a in w0], {"server-round": 1})
     assert n == 4 and metrics["num_steps"] == 1 and math.isfinite(metrics["train_loss"])
     assert all(np.isfinite(a).all() for a in out)
@@ -172,7 +174,7 @@ def test_fedbn_runs_resnet18_bn_and_refuses_resnet18_naming_its_twin():
     with pytest.raises(ConfigError, match="set model = 'resnet18-bn'"):
         _fit("fedbn", "resnet18")
     w0, out, client = _fit("fedbn", "resnet18-bn")
-    stored = client.load_state("fedbn-bn")
+    stored = client.load_state(client.update.personal.record)
     assert len(stored) == 100
     idx = bn_indices(client.model)
     assert all(np.array_equal(out[i], s) for i, s in zip(idx, stored))

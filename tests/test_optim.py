@@ -1,20 +1,27 @@
 """The local optimiser choice (tasks/optim.py): K_eff, Adam/AdamW through the client loop
 against torch's own optimisers, fresh state each round, and the methods that refuse Adam."""
 
+import functools
+
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from clients.control_variates import CI_STATE
-from clients.fedavg import FedAvgClient
-from clients.scaffold import ScaffoldClient
+from clients import scaffold
+from clients.base import DriftClient
 from fl_app.config import GENERAL_KEYS, ConfigError
 from fl_app.registry import METHODS, resolve, validate_config
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights
 from tasks.optim import OPTIMIZERS, effective_steps
 from tests.conftest import make_client
+
+
+def client_class(name: str) -> functools.partial:
+    """The client of method ``name``, as ``client_fn`` builds it (the one generic client running
+    the method's registered update), called like a client class: (cfg, context, partition, N)."""
+    return functools.partial(DriftClient, METHODS[name].update)
 
 
 def _data(n=12, seed=0):
@@ -48,7 +55,7 @@ def test_effective_steps_is_the_displacement_of_heavy_ball_sgd():
 def test_scaffold_ci_divides_by_lr_times_k_eff_under_momentum():
     x, y = _data(10)
     lr, beta = 0.2, 0.9
-    client = make_client(ScaffoldClient, {"learning-rate": lr, "momentum": beta, "batch-size": 4,
+    client = make_client(client_class("scaffold"), {"learning-rate": lr, "momentum": beta, "batch-size": 4,
                                           "local-epochs": 2}, x, y)
     w0 = client.get_parameters({})
     c = [np.full(a.shape, 0.01, np.float32) for a in w0]
@@ -58,7 +65,7 @@ def test_scaffold_ci_divides_by_lr_times_k_eff_under_momentum():
     k_eff = effective_steps(K, beta)
     for d, a0, a, cc in zip(out[2:], w0, out[:2], c):
         np.testing.assert_allclose(d, -cc + (a0 - a) / (lr * k_eff), rtol=1e-4, atol=1e-6)
-    for ci, d in zip(client.load_state(CI_STATE), out[2:]):  # c_i started at 0
+    for ci, d in zip(client.load_state(scaffold.UPDATE.state["ci"].record), out[2:]):  # c_i started at 0
         np.testing.assert_allclose(ci, d, rtol=1e-6)
 
 
@@ -70,7 +77,7 @@ def test_adam_steps_match_torch(name, torch_cls):
     lr, wd, epochs = 0.05, 0.1, 4
     over = {"model": "mlp", "optimizer": name, "learning-rate": lr, "weight-decay": wd,
             "batch-size": 64, "local-epochs": epochs}
-    client = make_client(FedAvgClient, over, x, y)
+    client = make_client(client_class("fedavg"), over, x, y)
     w0 = client.get_parameters({})
     got, _, metrics = client.fit([a.copy() for a in w0], {"server-round": 1})
     assert metrics["num_steps"] == epochs
@@ -87,7 +94,7 @@ def test_adam_steps_match_torch(name, torch_cls):
     for a, p in zip(got, model.parameters()):
         np.testing.assert_allclose(a, p.detach().numpy(), rtol=1e-5, atol=1e-6)
     # and it is not SGD: the same run with SGD ends elsewhere
-    sgd, _, _ = make_client(FedAvgClient, {**over, "optimizer": "sgd"}, x, y).fit(
+    sgd, _, _ = make_client(client_class("fedavg"), {**over, "optimizer": "sgd"}, x, y).fit(
         [a.copy() for a in w0], {"server-round": 1})
     assert not np.allclose(sgd[0], got[0], atol=1e-4)
 
@@ -96,15 +103,15 @@ def test_adam_and_adamw_differ_with_weight_decay():
     x, y = _data()
     over = {"model": "mlp", "learning-rate": 0.05, "weight-decay": 0.5, "batch-size": 64, "local-epochs": 3}
     w0 = get_weights(build_model("mlp", input_shape("synthetic"), seed=1))
-    a, _, _ = make_client(FedAvgClient, {**over, "optimizer": "adam"}, x, y).fit([v.copy() for v in w0], {})
-    b, _, _ = make_client(FedAvgClient, {**over, "optimizer": "adamw"}, x, y).fit([v.copy() for v in w0], {})
+    a, _, _ = make_client(client_class("fedavg"), {**over, "optimizer": "adam"}, x, y).fit([v.copy() for v in w0], {})
+    b, _, _ = make_client(client_class("fedavg"), {**over, "optimizer": "adamw"}, x, y).fit([v.copy() for v in w0], {})
     assert not np.allclose(a[0], b[0], atol=1e-5)
 
 
 def test_optimizer_state_is_fresh_each_round():
     """Two rounds from the same weights give the same result: no Adam moments carried over."""
     x, y = _data()
-    client = make_client(FedAvgClient, {"model": "mlp", "optimizer": "adam", "learning-rate": 0.05,
+    client = make_client(client_class("fedavg"), {"model": "mlp", "optimizer": "adam", "learning-rate": 0.05,
                                         "batch-size": 64, "local-epochs": 2}, x, y)
     w0 = client.get_parameters({})
     first, _, _ = client.fit([a.copy() for a in w0], {"server-round": 1})
@@ -163,7 +170,7 @@ def test_every_other_method_trains_with_adam(method):
         cfg.update({"ri-directions": 2, "ri-points": 4})  # a cheap index; its math has its own tests
     if method == "fedprox":
         cfg["proximal-mu"] = 0.1
-    client = make_client(METHODS[method].client, cfg, x, y)
+    client = make_client(client_class(method), cfg, x, y)
     w = client.get_parameters({})
     for t in (1, 2):
         config = {"server-round": t}
@@ -177,7 +184,7 @@ def test_every_other_method_trains_with_adam(method):
 def test_fedbn_trains_with_adam():
     x = torch.randn(8, 1, 28, 28, generator=torch.Generator().manual_seed(0))
     y = torch.randint(0, 10, (8,))
-    client = make_client(METHODS["fedbn"].client, {"strategy": "fedbn", "dataset": "mnist", "model": "cnn-bn",
+    client = make_client(client_class("fedbn"), {"strategy": "fedbn", "dataset": "mnist", "model": "cnn-bn",
                                                   "optimizer": "adam", "batch-size": 4}, x, y)
     w = client.get_parameters({})
     out, _, _ = client.fit([a.copy() for a in w], {"server-round": 1})
