@@ -60,6 +60,7 @@ from strategies.fedpvr import FedPVRStrategy
 from strategies.fedsmoo import FedSMOOStrategy
 from strategies.fedyogi import FedYogiStrategy
 from strategies.scaffold import ScaffoldStrategy
+from tasks.functional.update import LocalUpdate
 
 METHODS: dict[str, Method] = {
     "fedavg": Method(DriftFedAvg, fedavg.UPDATE),
@@ -134,11 +135,20 @@ def own_module(method: Method) -> str:
     return method.update.module
 
 
+def client_side(method: Method) -> LocalUpdate:
+    """The method's ``LocalUpdate``; anything else (an unmigrated client class, say) refused in
+    one line, before any training: every schema check and every run resolve reads it here."""
+    if not isinstance(method.update, LocalUpdate):
+        raise TypeError(f"a method's client side must be a tasks.functional LocalUpdate, got {method.update!r}"
+                        " (docs/contributing.md)")
+    return method.update
+
+
 def config_keys(method: Method) -> dict:
     """One method's own run-config keys: ``CONFIG_KEYS`` of its strategy class and the ``keys`` of
     its update, each declared beside the code that reads it (a key both sides read sits on the
     strategy)."""
-    return {**getattr(method.strategy, "CONFIG_KEYS", {}), **method.update.keys}
+    return {**getattr(method.strategy, "CONFIG_KEYS", {}), **client_side(method).keys}
 
 
 def method_keys() -> dict:
@@ -198,9 +208,11 @@ def resolve(run_config: Mapping[str, Any]) -> tuple[dict, Method]:
 
 
 def method_config(cfg: dict, method: Method) -> dict:
-    """``cfg`` (validated) checked and adjusted for its method (``resolve``): the screening modes
-    its strategy allows, a cohort it cannot run (``execution``), then its strategy class's own
-    ``resolve_config``."""
+    """``cfg`` (validated) checked and adjusted for its method (``resolve``): its client side (a
+    method whose ``update`` is not a ``LocalUpdate`` is refused in one line, whatever the path),
+    the screening modes its strategy allows, a cohort it cannot run (``execution``), then its
+    strategy class's own ``resolve_config``."""
+    client_side(method)
     check_screening(cfg, method.strategy)
     check_execution(cfg, method)
     return method.strategy.resolve_config(cfg)

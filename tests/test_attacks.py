@@ -1,11 +1,13 @@
 """inject-faults attacks (fl_app/node/attacks.py): parsing, and what each does to a reply."""
 
+from functools import partial
+
 import numpy as np
 import pytest
 import torch
 
-from clients.fedavg import FedAvgClient
-from clients.scaffold import ScaffoldClient
+from clients import fedavg, scaffold
+from clients.base import DriftClient
 from fl_app.common.faults import parse_faults
 from fl_app.config import ConfigError
 from fl_app.node.attacks import Attack, attacked_reply
@@ -16,6 +18,8 @@ from tests.conftest import make_client
 W_T = [np.array([[1.0, 2.0], [3.0, 4.0]], np.float32), np.array([0.5, -0.5], np.float32), np.array(7, np.int64)]
 W_K = [np.array([[2.0, 2.0], [3.0, 2.0]], np.float32), np.array([0.5, 0.5], np.float32), np.array(9, np.int64)]
 EXTRA = [np.array([10.0, 20.0], np.float32)]  # a method's extra array (e.g. delta c_i)
+FedAvgClient = partial(DriftClient, fedavg.UPDATE)  # make_client builds it with (cfg, context, ...)
+ScaffoldClient = partial(DriftClient, scaffold.UPDATE)
 
 
 def test_parse_all_forms():

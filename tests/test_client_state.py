@@ -4,17 +4,22 @@ the same results; outside Ray (a deployed SuperNode) it keeps using ``context.st
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pytest
 import torch
 
 import fl_app.node.node_client as node
-from clients.control_variates import CI_STATE
-from clients.feddyn import FedDynClient
-from clients.scaffold import ScaffoldClient
+from clients import feddyn, scaffold
+from clients.base import DriftClient
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights
 from tests.conftest import fake_context, make_client
+
+CI_STATE = scaffold.UPDATE.state["ci"].record  # the context.state record SCAFFOLD keeps c_i under
+ScaffoldClient = partial(DriftClient, scaffold.UPDATE)  # make_client builds it with (cfg, context, ...)
+FedDynClient = partial(DriftClient, feddyn.UPDATE)
 
 
 def _data():
@@ -48,7 +53,7 @@ def in_simulation(monkeypatch):
     monkeypatch.setattr(node, "ray_node_id", lambda: "node-a")
 
 
-@pytest.mark.parametrize("client_cls", [ScaffoldClient, FedDynClient])
+@pytest.mark.parametrize("client_cls", [ScaffoldClient, FedDynClient], ids=["scaffold", "feddyn"])
 def test_disk_state_gives_the_same_rounds_and_holds_nothing_in_memory(client_cls, in_simulation, tmp_path):
     (tmp_path / "mem").mkdir()
     (tmp_path / "disk").mkdir()

@@ -10,8 +10,9 @@ into metrics.csv, compared here (``close``) at 1e-4 relative for every metric bu
 FedDyn's ``feddyn_grad_norm`` is held to 5e-7, not to an absolute floor) and 1e-3 absolute for
 accuracy (one test example of the synthetic test split is 1/N_test, far larger, so a flip would
 show). Measured over all 22 methods' runs of ``test_cohort_run_equals_per_client_run_within_tolerance``
-(slow ones included): at most 2.2e-7 relative on any metric, accuracy identical. A cohort that
-holds one client runs unbatched, the same kernels as the per-client path: exactly equal.
+(slow ones included; again, the same, once every method's client side was one ``LocalUpdate``):
+at most 2.2e-7 relative on any metric (FedAdagrad's train loss), accuracy identical. A cohort
+that holds one client runs unbatched, the same kernels as the per-client path: exactly equal.
 
 A BatchNorm model (FedBN's ``lenet-bn``) normalises every batch by its own statistics, which
 amplifies those rounding differences, while its cohort of one is exactly equal (so the code paths
@@ -41,14 +42,14 @@ from flwr.common import (
 from flwr.server.client_proxy import ClientProxy
 
 from clients.base import DriftClient
-from fl_app.common.execution_checks import COHORT, PER_CLIENT, check_execution, cohort_problem, cohort_update
+from fl_app.common.execution_checks import COHORT, PER_CLIENT, check_execution, cohort_problem
 from fl_app.common.execution_path import launch_execution, server_execution
 from fl_app.config import ConfigError
 from fl_app.node.cohort_wire import bundle_replies, split_instructions
 from fl_app.registry import METHODS, Method, get_method, method_config, validate_config
 from fl_app.server.cohort_routing import CohortFailure, fit_cohort
 from fl_app.server.sampling import CohortClientManager, SeededClientManager
-from tasks.functional import LocalUpdate
+from tasks.functional import Hyper, LocalUpdate
 from tests.test_simulation import NEEDS as SIMULATION_NEEDS
 
 
@@ -58,29 +59,34 @@ def config(**keys) -> dict:
 
 # ------------------------------------------------------------------ which path, and refusals
 def test_every_registered_method_trains_through_its_local_update():
-    """Every method's client names a ``LocalUpdate``, the one way a client trains (per client
-    and as a cohort); FedPGVC's depends on the run config, both readings functional."""
+    """Every method's client side is a ``LocalUpdate``, the one way a client trains (per client
+    and as a cohort); FedPGVC's one update holds both readings (its direction and finish step
+    read ``pgvc-variant``, which reaches it in ``Hyper.keys``)."""
     for name, method in METHODS.items():
-        assert isinstance(cohort_update(method, config(strategy=name)), LocalUpdate), name
+        assert isinstance(method.update, LocalUpdate), name
+    pgvc = get_method("fedpgvc").update
+    assert "pgvc-variant" in pgvc.key_names() and pgvc.finish is not None
     authors = config(strategy="fedpgvc", **{"pgvc-variant": "authors"})
-    assert cohort_update(get_method("fedpgvc"), authors).name == "fedpgvc-authors"
+    assert Hyper.from_config(authors, 0.1, pgvc.key_names()).keys["pgvc-variant"] == "authors"
 
 
-class NoUpdateClient(DriftClient):
-    """A method client that names no LOCAL_UPDATE (no registered method's is one)."""
+class HookClient(DriftClient):
+    """An unmigrated method's client: a client class where its ``LocalUpdate`` belongs (no
+    registered method's client side is one)."""
 
 
-NO_UPDATE = Method(get_method("fedavg").strategy, NoUpdateClient)
+NO_UPDATE = Method(get_method("fedavg").strategy, HookClient)
 
 
 @pytest.mark.parametrize("execution", ["per-client", "cohort", "auto"])
 def test_a_method_without_a_local_update_is_refused_in_one_line(execution):
     """The registry's checks of a method (``resolve`` applies them before any training) refuse
-    a client that names no LOCAL_UPDATE, whatever the path, in one line naming the class."""
+    a method whose client side is not a ``LocalUpdate``, whatever the path, in one line naming
+    what it got."""
     with pytest.raises(TypeError) as err:
         method_config(config(execution=execution), NO_UPDATE)
     text = str(err.value)
-    assert "NoUpdateClient names no LOCAL_UPDATE" in text and "\n" not in text
+    assert "HookClient" in text and "must be a tasks.functional LocalUpdate" in text and "\n" not in text
     check_execution(config(execution="cohort"), get_method("fedavg"))  # the registered FedAvg runs as a cohort
 
 

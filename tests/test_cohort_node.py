@@ -1,8 +1,8 @@
 """The cohort node (fl_app/node/cohort_client.py) against the per-client path.
 
 A ``CohortClient`` trains its virtual clients in one ``cohort_round``; each client's reply,
-state and metrics must be those of its own per-client node (``NodeClient`` around the method's
-client, as ``client_fn`` builds it):
+state and metrics must be those of its own per-client node (``NodeClient`` around the
+``DriftClient`` of the method's ``LocalUpdate``, as ``client_fn`` builds it):
 
 - K = 3 within 1e-5 relative: vmap's batched kernels (grouped/batched matmuls and convolutions)
   sum the same products in another order, a few float32 ulp per step; the partitions have
@@ -23,6 +23,7 @@ from flwr.app import RecordDict
 from flwr.common import FitIns, ndarrays_to_parameters, parameters_to_ndarrays
 
 import clients.base
+from clients.base import DriftClient
 from fl_app.node.cohort_client import CohortClient, state_prefix
 from fl_app.node.cohort_wire import bundle_instructions, split_replies
 from fl_app.node.node_client import NodeClient
@@ -44,14 +45,14 @@ def per_client(cfg: dict, method: str, partition: int, state: RecordDict) -> Nod
     context = fake_context()
     context.node_config = {"partition-id": partition, "num-partitions": N}
     context.state = state
-    return NodeClient(METHODS[method].client(cfg, context, partition, N))
+    return NodeClient(DriftClient(METHODS[method].update, cfg, context, partition, N))
 
 
 def cohort_node(cfg: dict, method: str, state: RecordDict | None = None) -> CohortClient:
     context = fake_context()
     context.node_config = {"partition-id": 0, "num-partitions": 1}
     context.state = state if state is not None else RecordDict()
-    return CohortClient(cfg, context, METHODS[method].client, 0, 1)
+    return CohortClient(cfg, context, METHODS[method].update, 0, 1)
 
 
 def cohort_fit(node: CohortClient, arrays: list[np.ndarray], partitions: list[int], config: dict):
@@ -64,7 +65,7 @@ def cohort_fit(node: CohortClient, arrays: list[np.ndarray], partitions: list[in
 
 def initial(cfg: dict, method: str) -> list[np.ndarray]:
     """The global model (and for SCAFFOLD a non-zero c, so the correction acts)."""
-    weights = METHODS[method].client(cfg, fake_context(), 0, N).get_parameters({})
+    weights = DriftClient(METHODS[method].update, cfg, fake_context(), 0, N).get_parameters({})
     return weights + ([np.full_like(w, 0.01) for w in weights] if method == "scaffold" else [])
 
 
@@ -132,16 +133,16 @@ def test_cohort_of_one_is_exact(method):
 
 
 def cohort_capable() -> list[str]:
-    return sorted(name for name, m in METHODS.items() if not m.client.mods(config_of(strategy=name)))
+    return sorted(name for name, m in METHODS.items() if not m.update.client_mods(config_of(strategy=name)))
 
 
 @pytest.mark.parametrize("method", cohort_capable())
 def test_every_cohort_method_equals_per_client(method):
-    """Every method without client mods (each trains through its LOCAL_UPDATE), one round,
+    """Every method without client mods (each is a LocalUpdate), one round,
     weights-only instructions: the virtual clients share the process's cached model, so a method whose prepare kept a
     reference to it (not its own tensors) would show here."""
     cfg = config_of(strategy=method, **({"model": "mlp"} if method == "fedpgvc" else {}))  # 2 Linear layers
-    arrays = METHODS[method].client(cfg, fake_context(), 0, N).get_parameters({})
+    arrays = DriftClient(METHODS[method].update, cfg, fake_context(), 0, N).get_parameters({})
     got = cohort_fit(cohort_node(cfg, method), arrays, [1, 2], {"server-round": 1})
     for p in (1, 2):
         want = per_client(cfg, method, p, RecordDict()).fit([a.copy() for a in arrays], {"server-round": 1})
@@ -162,14 +163,14 @@ def test_failed_virtual_client_does_not_fail_the_others(monkeypatch):
 
     # a failure after training (finish): that client only, its state as before the round
     cfg = config_of(strategy="scaffold")
-    original = clients.base.DriftClient.finish_functional
+    original = DriftClient.finish_round
 
     def finish(self, job, result):
         if self.partition_id == 2:
             raise RuntimeError("finish broke")
         return original(self, job, result)
 
-    monkeypatch.setattr(clients.base.DriftClient, "finish_functional", finish)
+    monkeypatch.setattr(DriftClient, "finish_round", finish)
     before = {k: r.to_numpy_ndarrays() for k, r in node_state.array_records.items()}
     got = cohort_fit(cohort_node(cfg, "scaffold", node_state), arrays, [0, 2], {"server-round": 2})
     assert got[2] == "RuntimeError: finish broke" and not isinstance(got[0], str)
@@ -179,16 +180,25 @@ def test_failed_virtual_client_does_not_fail_the_others(monkeypatch):
     assert all(all(np.array_equal(u, v) for u, v in zip(after[k], before[k])) for k in after)
 
 
-class NoUpdateClient(clients.base.DriftClient):
-    """A client that names no LOCAL_UPDATE (every registered method's does, tests/test_cohort.py)."""
+class HookClient(DriftClient):
+    """An unmigrated method's client: a client class where its ``LocalUpdate`` belongs (every
+    registered method's client side is a LocalUpdate, tests/test_cohort.py)."""
 
 
-def test_node_refuses_a_method_without_a_local_update():
-    cfg = config_of(strategy="fedavg")
-    context = fake_context()
+def test_node_refuses_a_method_without_a_local_update(monkeypatch):
+    """A cohort run's node (``client_fn``, which resolves the run config) refuses a method whose
+    client side is not a ``LocalUpdate`` in one line naming it, before it builds a cohort."""
+    import fl_app.registry
+    from fl_app.client_app import client_fn
+    from fl_app.common.method import Method
+
+    monkeypatch.setitem(fl_app.registry.METHODS, "fedavg", Method(METHODS["fedavg"].strategy, HookClient))
+    context = fake_context({**BASE, "strategy": "fedavg", "execution": "cohort", "num-virtual-clients": N})
     context.node_config = {"partition-id": 0, "num-partitions": 1}
-    with pytest.raises(TypeError, match="client class NoUpdateClient names no LOCAL_UPDATE"):
-        CohortClient(cfg, context, NoUpdateClient, 0, 1)
+    with pytest.raises(TypeError) as err:
+        client_fn(context)
+    text = str(err.value)
+    assert "HookClient" in text and "must be a tasks.functional LocalUpdate" in text and "\n" not in text
 
 
 def test_bad_bundle_config_is_refused():
@@ -256,7 +266,7 @@ def test_evaluate_one_virtual_client():
 def test_get_properties_is_the_nodes_own_partition():
     context = fake_context()
     context.node_config = {"partition-id": 1, "num-partitions": 2}
-    node = CohortClient(config_of(strategy="fedavg"), context, METHODS["fedavg"].client, 1, 2)
+    node = CohortClient(config_of(strategy="fedavg"), context, METHODS["fedavg"].update, 1, 2)
     assert node.get_properties({}) == {"partition-id": 1, "num-partitions": 2}
 
 

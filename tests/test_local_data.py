@@ -21,7 +21,8 @@ from flwr.app import Context, RecordDict
 from flwr.common import Code, GetPropertiesRes, Status
 from PIL import Image
 
-from clients.fedavg import FedAvgClient
+from clients import fedavg
+from clients.base import DriftClient
 from fl_app.client_app import node_partition
 from fl_app.registry import validate_config
 from fl_app.server.sampling import SeededClientManager
@@ -114,7 +115,7 @@ def test_client_trains_on_its_data_path_and_reports_it(tmp_path, images):
     arrays, labels = images
     path = str(write_parquet(tmp_path / "own.parquet", arrays, labels))
     cfg = validate_config({"dataset": "mnist", "model": "cnn-small", "batch-size": 2, "checkpoint-every": 0})
-    client = FedAvgClient(cfg, node_context({"data-path": path}), *node_partition({"data-path": path}))
+    client = DriftClient(fedavg.UPDATE, cfg, node_context({"data-path": path}), *node_partition({"data-path": path}))
     assert client.get_properties({}) == {"data-path": path}
     _, n, metrics = client.fit(client.get_parameters({}), {"server-round": 1})
     assert n == 5 and metrics["num_steps"] == 3
@@ -123,7 +124,7 @@ def test_client_trains_on_its_data_path_and_reports_it(tmp_path, images):
 def test_bad_data_path_fails_at_fit_not_before(tmp_path):
     path = str(tmp_path / "missing.parquet")
     cfg = validate_config({"dataset": "mnist", "model": "cnn-small", "checkpoint-every": 0})
-    client = FedAvgClient(cfg, node_context({"data-path": path}), *node_partition({"data-path": path}))
+    client = DriftClient(fedavg.UPDATE, cfg, node_context({"data-path": path}), *node_partition({"data-path": path}))
     assert client.get_properties({}) == {"data-path": path}  # the sampler can still ask it
     with pytest.raises(LocalDataError, match="missing.parquet"):
         client.fit(client.get_parameters({}), {"server-round": 1})

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import inspect
+from functools import partial
 
 import numpy as np
 import pytest
 import torch
 
 import fl_app.node.node_client as node
+from clients import fedavg, scaffold
 from clients.base import DriftClient
-from clients.control_variates import CI_STATE
-from clients.fedavg import FedAvgClient
-from clients.scaffold import ScaffoldClient
 from fl_app.node.node_client import NodeClient
 from fl_app.node.state_mirror import ClientStateMirror
 from tests.conftest import fake_context, make_client
@@ -23,15 +22,24 @@ def _data():
     return torch.randn(16, 60, generator=g), torch.randint(0, 10, (16,), generator=g)
 
 
-class Recorded(ScaffoldClient):
-    """SCAFFOLD's client noting what it saw when the round began."""
+CI_STATE = scaffold.UPDATE.state["ci"].record  # the context.state record SCAFFOLD keeps c_i under
+ScaffoldClient = partial(DriftClient, scaffold.UPDATE)  # make_client builds it with (cfg, context, ...)
+FedAvgClient = partial(DriftClient, fedavg.UPDATE)
+
+
+class RecordedClient(DriftClient):
+    """SCAFFOLD's client noting the c_i it found kept when the round began (``prepare_round``,
+    where the method reads its kept state)."""
 
     calls: list = []
 
-    def receive(self, parameters):
+    def prepare_round(self, parameters, config):
         saved = self.load_state(CI_STATE)
-        Recorded.calls.append(("receive", None if saved is None else [a.copy() for a in saved]))
-        return super().receive(parameters)
+        RecordedClient.calls.append(("prepare", None if saved is None else [a.copy() for a in saved]))
+        return super().prepare_round(parameters, config)
+
+
+Recorded = partial(RecordedClient, scaffold.UPDATE)
 
 
 def _sent(client):
@@ -40,15 +48,15 @@ def _sent(client):
 
 
 def test_raise_fault_fails_before_any_training():
-    Recorded.calls = []
+    RecordedClient.calls = []
     x, y = _data()
     client = make_client(Recorded, {"inject-faults": "raise:0"}, x, y)
     with pytest.raises(RuntimeError, match="injected fault: client of partition 0 raises"):
         NodeClient(client).fit(_sent(client), {"server-round": 1})
-    assert Recorded.calls == []  # the method's fit never started
+    assert RecordedClient.calls == []  # the method's fit never started
     other = make_client(Recorded, {"inject-faults": "raise:1"}, x, y)  # another partition's fault
     NodeClient(other).fit(_sent(other), {"server-round": 1})
-    assert len(Recorded.calls) == 1
+    assert len(RecordedClient.calls) == 1
 
 
 def test_nan_fault_poisons_the_reply_but_not_the_state():
@@ -60,18 +68,18 @@ def test_nan_fault_poisons_the_reply_but_not_the_state():
     assert all(np.isfinite(a).all() for a in client.load_state(CI_STATE))  # c_i saved before the poison
 
 
-def test_resume_restores_the_mirror_before_receive(tmp_path):
+def test_resume_restores_the_mirror_before_the_round_is_prepared(tmp_path):
     """A resumed run's node starts with an empty context.state: the checkpointed round's state
-    is put back before the method reads it in receive()."""
-    Recorded.calls = []
+    is put back before the method reads it in prepare_round()."""
+    RecordedClient.calls = []
     x, y = _data()
     saved = [np.full((10, 60), 0.5, np.float32), np.full(10, -0.25, np.float32)]
     ClientStateMirror(str(tmp_path), "partition-0").save(2, {CI_STATE: saved}, keep_from=2)
     client = make_client(Recorded, {"learning-rate": 0.1}, x, y)
     config = {"server-round": 3, "run-dir": str(tmp_path), "checkpoint-every": 2, "checkpoint-round": 2}
     _, _, metrics = NodeClient(client).fit(_sent(client), config)
-    (what, seen), = Recorded.calls
-    assert what == "receive" and seen is not None
+    (what, seen), = RecordedClient.calls
+    assert what == "prepare" and seen is not None
     for got, want in zip(seen, saved):
         np.testing.assert_array_equal(got, want)
     assert metrics["state_arrays_in"] == 2  # counted after the restore: c_i's two arrays, as uninterrupted

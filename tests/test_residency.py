@@ -2,9 +2,10 @@
 partition's tensors on the device) changes no result: the same clients fitted through the
 reused objects and through freshly built ones give identical replies and metrics.
 
-Exact equality, not a tolerance: the reused model has every parameter and buffer overwritten
-by ``set_weights`` before use, and the cached partition tensors are the same values, so the
-same operations run on the same numbers in the same order.
+Exact equality, not a tolerance: the reused model is a skeleton only (a round trains on tensors
+made from the received arrays, ``evaluate`` overwrites every parameter and buffer with
+``set_weights``), and the cached partition tensors are the same values, so the same operations
+run on the same numbers in the same order.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 
 import clients.base
 import fl_app.node.node_client as node
+from clients.base import DriftClient
 from fl_app.registry import get_method, validate_config
 from tasks import models, partitioning
 from tasks.datasets import input_shape
@@ -50,7 +52,7 @@ def run_actor(method: str, fresh: bool, test_fraction: float = 0.0) -> list:
         for pid in range(CLIENTS):
             if fresh:
                 forget_everything()
-            client = get_method(method).client(cfg, contexts[pid], pid, CLIENTS)
+            client = DriftClient(get_method(method).update, cfg, contexts[pid], pid, CLIENTS)
             extra = [np.zeros_like(a) for a in weights] if method == "scaffold" else []
             reply, n, metrics = node.NodeClient(client).fit([a.copy() for a in weights] + extra, {"server-round": rnd})
             replies.append(reply)
@@ -91,8 +93,8 @@ def test_partition_is_placed_once_per_process():
     """The second client object of a partition gets the very tensors the first one used."""
     forget_everything()
     cfg = validate_config({"strategy": "fedavg", "dataset": "synthetic", "model": "logreg"})
-    first = get_method("fedavg").client(cfg, fake_context(cfg), 1, CLIENTS).data
-    second = get_method("fedavg").client(cfg, fake_context(cfg), 1, CLIENTS).data
+    first = DriftClient(get_method("fedavg").update, cfg, fake_context(cfg), 1, CLIENTS).data
+    second = DriftClient(get_method("fedavg").update, cfg, fake_context(cfg), 1, CLIENTS).data
     assert first[0] is second[0] and first[1] is second[1]
     assert first[0].device == models.default_device()
     assert isinstance(first[0], torch.Tensor)
@@ -106,8 +108,8 @@ def test_local_test_split_is_placed_once_per_process(monkeypatch):
     monkeypatch.setattr(clients.base, "default_device", lambda: torch.device("meta"))
     cfg = validate_config({"strategy": "fedavg", "dataset": "synthetic", "model": "logreg",
                            "client-test-fraction": 0.25})
-    first = get_method("fedavg").client(cfg, fake_context(cfg), 1, CLIENTS)
-    second = get_method("fedavg").client(cfg, fake_context(cfg), 1, CLIENTS)
+    first = DriftClient(get_method("fedavg").update, cfg, fake_context(cfg), 1, CLIENTS)
+    second = DriftClient(get_method("fedavg").update, cfg, fake_context(cfg), 1, CLIENTS)
     assert first.data[0].device.type == "meta" and first.test_data[0].device.type == "meta"
     assert first.data[0] is second.data[0] and first.test_data[0] is second.test_data[0]
     assert len(first.test_data[0]) > 0 and first.test_data[0] is not first.data[0]

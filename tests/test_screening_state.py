@@ -3,14 +3,16 @@ rejected client's delta c_i (SCAFFOLD) or drift (FedDyn h) is never applied, and
 client's contributes scaled by its clip factor. Real clients (one attacker scaling its update
 by 100 through inject-faults) and real strategies, two rounds, in process."""
 
+from functools import partial
+
 import numpy as np
 import pytest
 import torch
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.client_manager import SimpleClientManager
 
-from clients.feddyn import FedDynClient
-from clients.scaffold import ScaffoldClient
+from clients import feddyn, scaffold
+from clients.base import DriftClient
 from fl_app.node.node_client import NodeClient
 from fl_app.registry import validate_config
 from strategies.base import fedavg_kwargs
@@ -18,13 +20,14 @@ from strategies.feddyn import FedDynStrategy
 from strategies.scaffold import ScaffoldStrategy
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights
-from tests.conftest import fake_context, make_client
+from tests.conftest import Proxy, fake_context, make_client
 from tests.helpers_inprocess import RoundByRound
-from tests.test_control_variates import Proxy
 
 K = 4
 SIZES = [12, 20, 16, 24]
 ALPHA = 0.1
+ScaffoldClient = partial(DriftClient, scaffold.UPDATE)  # make_client builds it with (cfg, context, ...)
+FedDynClient = partial(DriftClient, feddyn.UPDATE)
 
 
 class Everyone(SimpleClientManager):

@@ -17,7 +17,8 @@ from flwr.common import (
 )
 from flwr.server.client_manager import SimpleClientManager
 
-from clients.fedavg import FedAvgClient
+from clients import fedavg
+from clients.base import DriftClient
 from fl_app.node.node_client import NodeClient
 from fl_app.registry import validate_config
 from strategies.base import DriftFedAvg, fedavg_kwargs
@@ -68,7 +69,7 @@ def final_accuracy(data_dir: str, faults: str, screening: str) -> tuple[float, .
     strategy = RoundByRound(inner, cfg, tempfile.mkdtemp(prefix="fl-drift-security-"), num_rounds=ROUNDS)
     manager = Everyone()
     for k in range(K):
-        client = FedAvgClient(cfg, fake_context(), partition_id=k, num_partitions=K)
+        client = DriftClient(fedavg.UPDATE, cfg, fake_context(), partition_id=k, num_partitions=K)
         client._data = parts[k]
         manager.register(Proxy(str(k), NodeClient(client)))
     parameters = ndarrays_to_parameters(w0)

@@ -9,7 +9,8 @@ import torch
 from flwr.app import Context, RecordDict
 
 import fl_app.node.node_client as node
-from clients.fedavg import FedAvgClient
+from clients import fedavg
+from clients.base import DriftClient
 from fl_app.common.background import in_background
 from fl_app.registry import validate_config
 from tasks.partitioning import PartitionSpec, federated_dataset, load_test, load_test_split
@@ -44,7 +45,7 @@ def test_test_split_does_not_depend_on_the_partitioning(shared_data):
 def client(cfg: dict, partition_id: int, num_partitions: int) -> node.NodeClient:
     node_config = {"partition-id": partition_id, "num-partitions": num_partitions}
     ctx = Context(run_id=0, node_id=partition_id, node_config=node_config, state=RecordDict(), run_config={})
-    return node.NodeClient(FedAvgClient(cfg, ctx, partition_id, num_partitions))
+    return node.NodeClient(DriftClient(fedavg.UPDATE, cfg, ctx, partition_id, num_partitions))
 
 
 def test_no_warm_up_outside_a_simulation_actor(monkeypatch):
