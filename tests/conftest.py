@@ -198,11 +198,12 @@ def fake_context(run_config: dict | None = None) -> Context:
 
 
 def make_client(update: LocalUpdate, overrides: dict, x: torch.Tensor, y: torch.Tensor,
-                context: Context | None = None) -> DriftClient:
+                context: Context | None = None, client_cls: type[DriftClient] = DriftClient) -> DriftClient:
     """The one generic client running ``update`` (``clients.<method>.UPDATE``) on in-memory data
-    (no dataset is loaded), partition 0 of 1, its run config ``overrides`` on synthetic/logreg."""
+    (no dataset is loaded), partition 0 of 1, its run config ``overrides`` on synthetic/logreg.
+    ``client_cls``: a test's recording subclass of ``DriftClient``."""
     cfg = validate_config({"dataset": "synthetic", "model": "logreg", **overrides})
-    client = DriftClient(update, cfg, context or fake_context(), partition_id=0, num_partitions=1)
+    client = client_cls(update, cfg, context or fake_context(), partition_id=0, num_partitions=1)
     client._data = (x, y)
     return client
 

@@ -3,14 +3,11 @@ local training loop uses it."""
 
 from __future__ import annotations
 
-from functools import partial
-
 import numpy as np
 import pytest
 import torch
 
 from clients import fedavg
-from clients.base import DriftClient
 from fl_app.config import ConfigError
 from fl_app.registry import validate_config
 from tasks.augment import HOLE, PAD, Augment, augment_seed, parse_augment
@@ -133,7 +130,7 @@ def _client(augment: str):
     x = torch.randn(64, 1, 28, 28)
     y = torch.randint(0, 10, (64,))
     over = {"dataset": "mnist", "model": "cnn-small", "augment": augment, "batch-size": 16, "local-epochs": 1}
-    return make_client(partial(DriftClient, fedavg.UPDATE), over, x, y)
+    return make_client(fedavg.UPDATE, over, x, y)
 
 
 def test_only_training_batches_are_augmented(monkeypatch):

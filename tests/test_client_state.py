@@ -4,22 +4,19 @@ the same results; outside Ray (a deployed SuperNode) it keeps using ``context.st
 
 from __future__ import annotations
 
-from functools import partial
-
 import numpy as np
 import pytest
 import torch
 
 import fl_app.node.node_client as node
 from clients import feddyn, scaffold
-from clients.base import DriftClient
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights
 from tests.conftest import fake_context, make_client
 
 CI_STATE = scaffold.UPDATE.state["ci"].record  # the context.state record SCAFFOLD keeps c_i under
-ScaffoldClient = partial(DriftClient, scaffold.UPDATE)  # make_client builds it with (cfg, context, ...)
-FedDynClient = partial(DriftClient, feddyn.UPDATE)
+ScaffoldClient = scaffold.UPDATE  # the update make_client builds its client with
+FedDynClient = feddyn.UPDATE
 
 
 def _data():

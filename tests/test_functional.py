@@ -19,7 +19,6 @@
 from __future__ import annotations
 
 import copy
-import functools
 import os
 import subprocess
 import sys
@@ -52,10 +51,9 @@ NAMES = ("fedavg", "feddyn", "fedprox", "fedsam", "scaffold")
 UPDATES = {name: get_method(name).update for name in NAMES}
 
 
-def client_class(name: str) -> functools.partial:
-    """The client of method ``name``, as ``client_fn`` builds it (the one generic client running
-    the method's registered update), called like a client class: (cfg, context, partition, N)."""
-    return functools.partial(DriftClient, get_method(name).update)
+def client_class(name: str):
+    """The update method ``name``'s client runs (the registry's), as ``make_client`` takes it."""
+    return get_method(name).update
 
 
 # ----------------------------------------------------------------------------- optimisers

@@ -14,14 +14,12 @@
 from __future__ import annotations
 
 import copy
-import functools
 
 import numpy as np
 import pytest
 import torch
 
 from clients import fedavg, fedbn, scaffold
-from clients.base import DriftClient
 from clients.ri_fedavg import ri_begin
 from fl_app.registry import get_method
 from protocol.layout import bn_indices, pvr_param_names
@@ -43,10 +41,9 @@ CI_RECORD = scaffold.UPDATE.state["ci"].record  # c_i's record in context.state 
 FEDBN_RECORD = fedbn.UPDATE.personal.record  # FedBN's own BN entries in context.state
 
 
-def client_class(name: str) -> functools.partial:
-    """The client of method ``name``, as ``client_fn`` builds it (the one generic client running
-    the method's registered update), called like a client class: (cfg, context, partition, N)."""
-    return functools.partial(DriftClient, UPDATES[name])
+def client_class(name: str):
+    """The update method ``name``'s client runs (the registry's), as ``make_client`` takes it."""
+    return UPDATES[name]
 
 
 # ------------------------------------------------------------------- (a) by hand

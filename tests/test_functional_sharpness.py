@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import math
 
 import numpy as np
@@ -31,7 +30,6 @@ import torch
 import torch.nn.functional as F
 
 from clients import fedasam, fedgam, fedgam_cv, fedsmoo, fedsol
-from clients.base import DriftClient
 from clients.fedasam import asam_eps, asam_scaled
 from clients.fedsol import fedsol_direction, fedsol_end
 from tasks.catalogue import InputShape
@@ -270,7 +268,7 @@ def test_fedsol_client_round_runs_as_a_cohort_with_a_masked_first_step():
     own round, and the short client's one step, at w = w_g, has L_p = 0 up to rounding."""
     gen = torch.Generator().manual_seed(6)
     x, y = torch.randn(9, 60, generator=gen), torch.randint(0, 10, (9,), generator=gen)
-    client = make_client(functools.partial(DriftClient, FEDSOL), {"model": "mlp", "batch-size": 4,
+    client = make_client(FEDSOL, {"model": "mlp", "batch-size": 4,
                                                                   "local-epochs": 1}, x, y)
     job = client.prepare_round(client.get_parameters({}), {"server-round": 1})
     assert job.update is FEDSOL and "buffers" in job.server

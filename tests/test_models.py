@@ -3,7 +3,6 @@ body/head split the methods rely on, and two rounds of `flwr run` with each."""
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 
@@ -13,7 +12,6 @@ import torch
 from flwr.common import ndarrays_to_parameters
 from torch import nn
 
-from clients.base import DriftClient
 from fl_app.config import ConfigError
 from fl_app.node.node_client import NodeClient
 from fl_app.registry import get_method, validate_config
@@ -129,7 +127,7 @@ def _fit(method: str, model: str, **over):
     strategy_cls.from_config(full, **fedavg_kwargs(full, ndarrays_to_parameters(w0), None))  # refuses misfits
     torch.manual_seed(0)
     x, y = torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,))
-    client = make_client(functools.partial(DriftClient, update), {k: v for k, v in full.items() if k != "strategy"}, x, y)
+    client = make_client(update, {k: v for k, v in full.items() if k != "strategy"}, x, y)
     out, n, metrics = client.fit([a.copy() for a in w0], {"server-round": 1})
     assert n == 4 and metrics["num_steps"] == 1 and math.isfinite(metrics["train_loss"])
     assert all(np.isfinite(a).all() for a in out)

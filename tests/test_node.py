@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-from functools import partial
 
 import numpy as np
 import pytest
@@ -23,8 +22,8 @@ def _data():
 
 
 CI_STATE = scaffold.UPDATE.state["ci"].record  # the context.state record SCAFFOLD keeps c_i under
-ScaffoldClient = partial(DriftClient, scaffold.UPDATE)  # make_client builds it with (cfg, context, ...)
-FedAvgClient = partial(DriftClient, fedavg.UPDATE)
+ScaffoldClient = scaffold.UPDATE  # the update make_client builds its client with
+FedAvgClient = fedavg.UPDATE
 
 
 class RecordedClient(DriftClient):
@@ -39,9 +38,6 @@ class RecordedClient(DriftClient):
         return super().prepare_round(parameters, config)
 
 
-Recorded = partial(RecordedClient, scaffold.UPDATE)
-
-
 def _sent(client):
     weights = client.get_parameters({})
     return [a.copy() for a in weights] + [np.zeros_like(a) for a in weights]
@@ -50,11 +46,11 @@ def _sent(client):
 def test_raise_fault_fails_before_any_training():
     RecordedClient.calls = []
     x, y = _data()
-    client = make_client(Recorded, {"inject-faults": "raise:0"}, x, y)
+    client = make_client(scaffold.UPDATE, {"inject-faults": "raise:0"}, x, y, client_cls=RecordedClient)
     with pytest.raises(RuntimeError, match="injected fault: client of partition 0 raises"):
         NodeClient(client).fit(_sent(client), {"server-round": 1})
     assert RecordedClient.calls == []  # the method's fit never started
-    other = make_client(Recorded, {"inject-faults": "raise:1"}, x, y)  # another partition's fault
+    other = make_client(scaffold.UPDATE, {"inject-faults": "raise:1"}, x, y, client_cls=RecordedClient)  # another partition's fault
     NodeClient(other).fit(_sent(other), {"server-round": 1})
     assert len(RecordedClient.calls) == 1
 
@@ -75,7 +71,7 @@ def test_resume_restores_the_mirror_before_the_round_is_prepared(tmp_path):
     x, y = _data()
     saved = [np.full((10, 60), 0.5, np.float32), np.full(10, -0.25, np.float32)]
     ClientStateMirror(str(tmp_path), "partition-0").save(2, {CI_STATE: saved}, keep_from=2)
-    client = make_client(Recorded, {"learning-rate": 0.1}, x, y)
+    client = make_client(scaffold.UPDATE, {"learning-rate": 0.1}, x, y, client_cls=RecordedClient)
     config = {"server-round": 3, "run-dir": str(tmp_path), "checkpoint-every": 2, "checkpoint-round": 2}
     _, _, metrics = NodeClient(client).fit(_sent(client), config)
     (what, seen), = RecordedClient.calls

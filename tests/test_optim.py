@@ -1,7 +1,6 @@
 """The local optimiser choice (tasks/optim.py): K_eff, Adam/AdamW through the client loop
 against torch's own optimisers, fresh state each round, and the methods that refuse Adam."""
 
-import functools
 
 import numpy as np
 import pytest
@@ -9,7 +8,6 @@ import torch
 import torch.nn.functional as F
 
 from clients import scaffold
-from clients.base import DriftClient
 from fl_app.config import GENERAL_KEYS, ConfigError
 from fl_app.registry import METHODS, resolve, validate_config
 from tasks.datasets import input_shape
@@ -18,10 +16,9 @@ from tasks.optim import OPTIMIZERS, effective_steps
 from tests.conftest import make_client
 
 
-def client_class(name: str) -> functools.partial:
-    """The client of method ``name``, as ``client_fn`` builds it (the one generic client running
-    the method's registered update), called like a client class: (cfg, context, partition, N)."""
-    return functools.partial(DriftClient, METHODS[name].update)
+def client_class(name: str):
+    """The update method ``name``'s client runs (the registry's), as ``make_client`` takes it."""
+    return METHODS[name].update
 
 
 def _data(n=12, seed=0):

@@ -3,7 +3,6 @@ rejected client's delta c_i (SCAFFOLD) or drift (FedDyn h) is never applied, and
 client's contributes scaled by its clip factor. Real clients (one attacker scaling its update
 by 100 through inject-faults) and real strategies, two rounds, in process."""
 
-from functools import partial
 
 import numpy as np
 import pytest
@@ -12,7 +11,6 @@ from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.client_manager import SimpleClientManager
 
 from clients import feddyn, scaffold
-from clients.base import DriftClient
 from fl_app.node.node_client import NodeClient
 from fl_app.registry import validate_config
 from strategies.base import fedavg_kwargs
@@ -26,8 +24,8 @@ from tests.helpers_inprocess import RoundByRound
 K = 4
 SIZES = [12, 20, 16, 24]
 ALPHA = 0.1
-ScaffoldClient = partial(DriftClient, scaffold.UPDATE)  # make_client builds it with (cfg, context, ...)
-FedDynClient = partial(DriftClient, feddyn.UPDATE)
+ScaffoldClient = scaffold.UPDATE  # the update make_client builds its client with
+FedDynClient = feddyn.UPDATE
 
 
 class Everyone(SimpleClientManager):
