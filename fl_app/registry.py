@@ -33,6 +33,7 @@ from clients import (
     fedpgvc,
     fedprox,
     fedpvr,
+    fedrs,
     fedsam,
     fedsmoo,
     fedsol,
@@ -84,6 +85,7 @@ METHODS: dict[str, Method] = {
     "fedadam": Method(FedAdamStrategy, fedavg.UPDATE),
     "fedyogi": Method(FedYogiStrategy, fedavg.UPDATE),
     "fedadagrad": Method(FedAdagradStrategy, fedavg.UPDATE),
+    "fedrs": Method(DriftFedAvg, fedrs.UPDATE),
 }
 
 
