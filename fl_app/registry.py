@@ -28,6 +28,7 @@ from clients import (
     feddyn,
     fedgam,
     fedgam_cv,
+    fedlc,
     fednova,
     fedntd,
     fedpgvc,
@@ -86,6 +87,7 @@ METHODS: dict[str, Method] = {
     "fedyogi": Method(FedYogiStrategy, fedavg.UPDATE),
     "fedadagrad": Method(FedAdagradStrategy, fedavg.UPDATE),
     "fedrs": Method(DriftFedAvg, fedrs.UPDATE),
+    "fedlc": Method(DriftFedAvg, fedlc.UPDATE),
 }
 
 
