@@ -25,6 +25,7 @@ from clients import (
     fedasam,
     fedavg,
     fedbn,
+    feddecorr,
     feddyn,
     fedgam,
     fedgam_cv,
@@ -88,6 +89,7 @@ METHODS: dict[str, Method] = {
     "fedadagrad": Method(FedAdagradStrategy, fedavg.UPDATE),
     "fedrs": Method(DriftFedAvg, fedrs.UPDATE),
     "fedlc": Method(DriftFedAvg, fedlc.UPDATE),
+    "feddecorr": Method(DriftFedAvg, feddecorr.UPDATE),
 }
 
 
