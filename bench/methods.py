@@ -82,6 +82,7 @@ def predictions(cfg: dict, model_name: str, n_k: float) -> dict[str, tuple[float
     f = sum(macs.values())
     head = sum(v for k, v in macs.items() if k.startswith("head"))
     body = f - head
+    dim = model.head.in_features  # the representation's dimension d (FedDecorr)
     pgvc_names = {n.rsplit(".", 1)[0] for n in last_layers_param_names(model, cfg["pgvc-layers"])}
     pgvc = sum(v for k, v in macs.items() if k in pgvc_names)
     # rho's backward: weight grads of the masked layers (1x each) + input grads of all but the
@@ -113,6 +114,10 @@ def predictions(cfg: dict, model_name: str, n_k: float) -> dict[str, tuple[float
                     f"+ backward of 0.5 mean(loss^2) into the last {cfg['pgvc-layers']} Linear layers only"),
         "ri-fedavg": (1 + ri_evals / (3 * e * n_k),
                       "+ M(m+1) forwards on ri-samples examples once per round: 1 + M(m+1)S/(3 E n_k)"),
+        "fedrs": (1.0, "scales the logits by a per-class factor: O(B C) per batch"),
+        "fedlc": (1.0, "subtracts a per-class offset from the logits: O(B C) per batch"),
+        "feddecorr": (1 + dim**2 / f, "+ the d x d Gram matrix of the batch's representations, forward and"
+                      " backward (3 N d^2): 1 + d^2/F"),
     } | {m: (1.0, "FedAvg's client (the method is a server optimiser)")
          for m in ("fedavgm", "fedadam", "fedyogi", "fedadagrad")} | {"_f": (f, ""), "_same": same}
 

@@ -25,14 +25,17 @@ from clients import (
     fedasam,
     fedavg,
     fedbn,
+    feddecorr,
     feddyn,
     fedgam,
     fedgam_cv,
+    fedlc,
     fednova,
     fedntd,
     fedpgvc,
     fedprox,
     fedpvr,
+    fedrs,
     fedsam,
     fedsmoo,
     fedsol,
@@ -85,6 +88,9 @@ METHODS: dict[str, Method] = {
     "fedadam": Method(FedAdamStrategy, fedavg.UPDATE),
     "fedyogi": Method(FedYogiStrategy, fedavg.UPDATE),
     "fedadagrad": Method(FedAdagradStrategy, fedavg.UPDATE),
+    "fedrs": Method(DriftFedAvg, fedrs.UPDATE),
+    "fedlc": Method(DriftFedAvg, fedlc.UPDATE),
+    "feddecorr": Method(DriftFedAvg, feddecorr.UPDATE),
 }
 
 
