@@ -22,6 +22,7 @@ from typing import Any
 
 from clients import (
     dp_fedavg,
+    fedacg,
     fedasam,
     fedavg,
     fedbn,
@@ -47,6 +48,7 @@ from fl_app.config import GENERAL_KEYS, parse_key_value, toml_value, validate_ke
 from protocol.keys import Key
 from strategies.base import DriftFedAvg, build_strategy
 from strategies.dp_fedavg import DPFedAvgStrategy
+from strategies.fedacg import FedACGStrategy
 from strategies.fedadagrad import FedAdagradStrategy
 from strategies.fedadam import FedAdamStrategy
 from strategies.fedavgm import FedAvgMStrategy
@@ -84,6 +86,7 @@ METHODS: dict[str, Method] = {
     "fedadam": Method(FedAdamStrategy, fedavg.UPDATE),
     "fedyogi": Method(FedYogiStrategy, fedavg.UPDATE),
     "fedadagrad": Method(FedAdagradStrategy, fedavg.UPDATE),
+    "fedacg": Method(FedACGStrategy, fedacg.UPDATE),
 }
 
 
