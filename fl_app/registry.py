@@ -54,6 +54,7 @@ from strategies.fedadam import FedAdamStrategy
 from strategies.fedavgm import FedAvgMStrategy
 from strategies.fedbn import FedBNStrategy
 from strategies.feddyn import FedDynStrategy
+from strategies.fedexp import FedExPStrategy
 from strategies.fedgam_cv import FedGAMCVStrategy
 from strategies.fednova import FedNovaStrategy
 from strategies.fedpgvc import FedPGVCStrategy
@@ -87,6 +88,7 @@ METHODS: dict[str, Method] = {
     "fedyogi": Method(FedYogiStrategy, fedavg.UPDATE),
     "fedadagrad": Method(FedAdagradStrategy, fedavg.UPDATE),
     "fedacg": Method(FedACGStrategy, fedacg.UPDATE),
+    "fedexp": Method(FedExPStrategy, fedavg.UPDATE),
 }
 
 
