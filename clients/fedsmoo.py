@@ -75,6 +75,14 @@ from tasks.functional.update import Arrays, LocalUpdate
 CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s
 
 
+def clipped(d: Tree, clip: float) -> Tree:
+    """``d`` scaled to norm at most ``clip`` over the whole tree, as ``clip_grad_norm_`` does
+    (coefficient clip / (||d|| + CLIP_EPS), never above 1; no branch on a tensor, so vmap
+    batches it). The one local-gradient clip (FedSMOO, FedSpeed and FedDC's authors' codes)."""
+    coef = torch.clamp(clip / (tree_norm(d.values()) + CLIP_EPS), max=1.0)
+    return {n: g * coef for n, g in d.items()}
+
+
 def _feddyn_hp(hp: Hyper) -> Hyper:
     """``hp`` as FedDyn's functions read it: alpha = ``smoo-alpha``."""
     return dataclasses.replace(hp, keys={"feddyn-alpha": hp.keys["smoo-alpha"]})
@@ -115,8 +123,7 @@ def smoo_direction(model, params, buffers, x, y, w_t, ctx, carry, hp):
     if alpha != 0:
         d = {n: g.sub(ctx["offset"][n]) for n, g in d.items()}
     if clip > 0:
-        coef = torch.clamp(clip / (tree_norm(d.values()) + CLIP_EPS), max=1.0)
-        d = {n: g * coef for n, g in d.items()}
+        d = clipped(d, clip)
     if alpha != 0:
         d = {n: g.add(params[n], alpha=alpha) for n, g in d.items()}
     return d, new_buffers, {"mu": mu, "shat": shat}, loss

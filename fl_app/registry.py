@@ -26,6 +26,7 @@ from clients import (
     fedasam,
     fedavg,
     fedbn,
+    feddc,
     feddyn,
     fedgam,
     fedgam_cv,
@@ -53,6 +54,7 @@ from strategies.fedadagrad import FedAdagradStrategy
 from strategies.fedadam import FedAdamStrategy
 from strategies.fedavgm import FedAvgMStrategy
 from strategies.fedbn import FedBNStrategy
+from strategies.feddc import FedDCStrategy
 from strategies.feddyn import FedDynStrategy
 from strategies.fedexp import FedExPStrategy
 from strategies.fedgam_cv import FedGAMCVStrategy
@@ -89,6 +91,7 @@ METHODS: dict[str, Method] = {
     "fedadagrad": Method(FedAdagradStrategy, fedavg.UPDATE),
     "fedacg": Method(FedACGStrategy, fedacg.UPDATE),
     "fedexp": Method(FedExPStrategy, fedavg.UPDATE),
+    "feddc": Method(FedDCStrategy, feddc.UPDATE),
 }
 
 
