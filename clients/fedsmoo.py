@@ -73,6 +73,9 @@ from tasks.functional.core import Hyper, Tree, grad_and_loss, perturbed_copy, sa
 from tasks.functional.update import Arrays, LocalUpdate
 
 CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s
+# Optional entry of the keys smoo_direction reads: the weight of the perturbed gradient gtil against
+# the plain one (FedSpeed's merge alpha, clients/fedspeed.py); absent (FedSMOO) it is 1, gtil alone.
+MERGE = "merge"
 
 
 def clipped(d: Tree, clip: float) -> Tree:
@@ -108,7 +111,8 @@ def smoo_direction(model, params, buffers, x, y, w_t, ctx, carry, hp):
     """g = grad f(w); v = g - mu_i - s; shat = rho v/(||v|| + NORM_EPS); mu_i <- mu_i + shat - s
     (``smoo-s = "none"``: shat = SAM's eps of g, mu_i stays 0); gtil = grad f(w + shat);
     d = gtil - (g_k + alpha w_t) (= gtil + alpha (h_i - w_t)), clipped to norm ``smoo-clip-norm``
-    as ``clip_grad_norm_`` does when > 0, then + alpha w (nothing added at alpha = 0)."""
+    as ``clip_grad_norm_`` does when > 0, then + alpha w (nothing added at alpha = 0). With a
+    ``MERGE`` entry m != 1 in the keys (FedSpeed), gtil is replaced by (1 - m) g + m gtil."""
     keys = hp.keys
     rho, alpha, clip = keys["smoo-rho"], keys["smoo-alpha"], keys["smoo-clip-norm"]
     grads, loss, new_buffers = grad_and_loss(model, params, buffers, x, y, hp)
@@ -120,6 +124,9 @@ def smoo_direction(model, params, buffers, x, y, w_t, ctx, carry, hp):
         shat = sam_step({n: g - mu[n] - s[n] for n, g in grads.items()}, rho)
         mu = {n: m + shat[n] - s[n] for n, m in mu.items()}
     d, _, _ = grad_and_loss(model, perturbed_copy(params, shat), new_buffers, x, y, hp)
+    merge = keys.get(MERGE, 1.0)
+    if merge != 1:  # FedSpeed's text: (1 - merge) g + merge gtil (a Python float, not a tensor: vmap-safe)
+        d = {n: g.mul(merge).add(grads[n], alpha=1 - merge) for n, g in d.items()}
     if alpha != 0:
         d = {n: g.sub(ctx["offset"][n]) for n, g in d.items()}
     if clip > 0:

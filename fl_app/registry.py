@@ -38,6 +38,7 @@ from clients import (
     fedsam,
     fedsmoo,
     fedsol,
+    fedspeed,
     moon,
     ri_fedavg,
     scaffold,
@@ -63,6 +64,7 @@ from strategies.fedpgvc import FedPGVCStrategy
 from strategies.fedprox import FedProxStrategy
 from strategies.fedpvr import FedPVRStrategy
 from strategies.fedsmoo import FedSMOOStrategy
+from strategies.fedspeed import FedSpeedStrategy
 from strategies.fedyogi import FedYogiStrategy
 from strategies.scaffold import ScaffoldStrategy
 
@@ -92,6 +94,7 @@ METHODS: dict[str, Method] = {
     "fedacg": Method(FedACGStrategy, fedacg.UPDATE),
     "fedexp": Method(FedExPStrategy, fedavg.UPDATE),
     "feddc": Method(FedDCStrategy, feddc.UPDATE),
+    "fedspeed": Method(FedSpeedStrategy, fedspeed.UPDATE),
 }
 
 
