@@ -41,9 +41,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from clients.fedavg import plain_direction
 from protocol.keys import Key, non_negative
-from tasks.functional.core import call_part, clone_tree, value_grads
+from tasks.functional.core import call_part, clone_tree, plain_direction, value_grads
 from tasks.functional.update import LocalUpdate
 
 DECORR_EPS = 1e-8  # the authors' eps inside sqrt(eps + var)

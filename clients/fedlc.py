@@ -31,6 +31,8 @@ and missing classes (Zhang, Li, Li, Xu, Wu, Ding, Wu, ICML 2022).
   authors' code (0^(−1/4) = ∞): its head row gets no gradient from this client; FL-bench floors
   the count at 1e-8 (an offset of 100τ, a difference of order e^(−100τ) in the softmax). At τ = 0
   the calibration is skipped, not multiplied by 0 (0 · ∞ would be NaN for a missing class).
+  A consequence of that limit: a client holding a single class has only that class in its
+  softmax, its loss is 0 and it does not train (its reply is w_t), at any τ > 0.
 
 Summary: client CE on calibrated logits z − τ n_c^(−1/4) | server - | client state - | server
 state - | traffic -
@@ -42,10 +44,9 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from clients.fedavg import plain_direction
-from clients.fedrs import count_labels, counts_of
 from protocol.keys import Key, non_negative
-from tasks.functional.core import Hyper, Tree, clone_tree, value_grads
+from tasks.functional.core import Hyper, Tree, clone_tree, plain_direction, value_grads
+from tasks.functional.labels import count_labels, counts_of
 from tasks.functional.update import LocalUpdate
 
 

@@ -39,42 +39,16 @@ traffic -
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from clients.fedavg import plain_direction
 from protocol.keys import Key
-from tasks.functional.core import Hyper, Tree, clone_tree, value_grads
-from tasks.functional.update import LocalUpdate, Round
+from tasks.functional.core import Hyper, Tree, clone_tree, plain_direction, value_grads
+from tasks.functional.labels import count_labels, counts_of
+from tasks.functional.update import LocalUpdate
 
 SCALINGS = ("hard", "count")
-
-
-def count_labels(job: Round) -> Round:
-    """The ``prepare`` step of a method that reads the client's label distribution (FedRS,
-    FedLC): n_c, the number of the examples the client trains on (``job.y``, its training
-    split) of each class c, into ``job.state["label_counts"]`` (an int64 tensor of the model's
-    number of classes, ``model.head.out_features``; not kept: the update declares no state, it
-    is counted again each round from the same data). A label outside the head's classes is
-    refused in one line."""
-    classes = job.model.head.out_features
-    if len(job.y) and int(job.y.max()) >= classes:
-        raise ValueError(f"{job.update.name}: label {int(job.y.max())} on a model with {classes} classes "
-                         f"(labels must be 0..{classes - 1})")
-    counts = torch.bincount(job.y.long(), minlength=classes)
-    return replace(job, state={**job.state, "label_counts": counts})
-
-
-def counts_of(state: dict, like: torch.Tensor) -> torch.Tensor:
-    """``state["label_counts"]`` (``count_labels``) in the dtype and device of ``like``; a
-    round prepared without the step is refused in one line."""
-    if "label_counts" not in state:
-        raise ValueError("state['label_counts'] (the client's label counts, counted by count_labels before the round)"
-                         " is missing")
-    return state["label_counts"].to(dtype=like.dtype, device=like.device)
 
 
 def restriction(counts: torch.Tensor, alpha: float, scaling: str) -> torch.Tensor:

@@ -68,10 +68,12 @@ import torch
 from clients.feddyn import GRAD, feddyn_begin, feddyn_end
 from protocol.keys import Key, non_negative
 from protocol.layout import cv_names_in_state_order, trainable_param_names
-from tasks.functional.core import Hyper, Tree, grad_and_loss, perturbed_copy, sam_step, tree_norm
+from tasks.functional.core import Hyper, Tree, clipped, grad_and_loss, perturbed_copy, sam_step, tree_norm
 from tasks.functional.update import Arrays, LocalUpdate
 
-CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s
+# Optional entry of the keys smoo_direction reads: the weight of the perturbed gradient gtil against
+# the plain one (FedSpeed's merge alpha, clients/fedspeed.py); absent (FedSMOO) it is 1, gtil alone.
+MERGE = "merge"
 
 
 def _feddyn_hp(hp: Hyper) -> Hyper:
@@ -99,7 +101,8 @@ def smoo_direction(model, params, buffers, x, y, w_t, ctx, carry, hp):
     """g = grad f(w); v = g - mu_i - s; shat = rho v/(||v|| + NORM_EPS); mu_i <- mu_i + shat - s
     (``smoo-s = "none"``: shat = SAM's eps of g, mu_i stays 0); gtil = grad f(w + shat);
     d = gtil - (g_k + alpha w_t) (= gtil + alpha (h_i - w_t)), clipped to norm ``smoo-clip-norm``
-    as ``clip_grad_norm_`` does when > 0, then + alpha w (nothing added at alpha = 0)."""
+    as ``clip_grad_norm_`` does when > 0, then + alpha w (nothing added at alpha = 0). With a
+    ``MERGE`` entry m != 1 in the keys (FedSpeed), gtil is replaced by (1 - m) g + m gtil."""
     keys = hp.keys
     rho, alpha, clip = keys["smoo-rho"], keys["smoo-alpha"], keys["smoo-clip-norm"]
     grads, loss, new_buffers = grad_and_loss(model, params, buffers, x, y, hp)
@@ -111,11 +114,13 @@ def smoo_direction(model, params, buffers, x, y, w_t, ctx, carry, hp):
         shat = sam_step({n: g - mu[n] - s[n] for n, g in grads.items()}, rho)
         mu = {n: m + shat[n] - s[n] for n, m in mu.items()}
     d, _, _ = grad_and_loss(model, perturbed_copy(params, shat), new_buffers, x, y, hp)
+    merge = keys.get(MERGE, 1.0)
+    if merge != 1:  # FedSpeed's text: (1 - merge) g + merge gtil (a Python float, not a tensor: vmap-safe)
+        d = {n: g.mul(merge).add(grads[n], alpha=1 - merge) for n, g in d.items()}
     if alpha != 0:
         d = {n: g.sub(ctx["offset"][n]) for n, g in d.items()}
     if clip > 0:
-        coef = torch.clamp(clip / (tree_norm(d.values()) + CLIP_EPS), max=1.0)
-        d = {n: g * coef for n, g in d.items()}
+        d = clipped(d, clip)
     if alpha != 0:
         d = {n: g.add(params[n], alpha=alpha) for n, g in d.items()}
     return d, new_buffers, {"mu": mu, "shat": shat}, loss

@@ -22,9 +22,11 @@ from typing import Any
 
 from clients import (
     dp_fedavg,
+    fedacg,
     fedasam,
     fedavg,
     fedbn,
+    feddc,
     feddecorr,
     feddyn,
     fedgam,
@@ -39,6 +41,7 @@ from clients import (
     fedsam,
     fedsmoo,
     fedsol,
+    fedspeed,
     moon,
     ri_fedavg,
     scaffold,
@@ -50,17 +53,21 @@ from fl_app.config import GENERAL_KEYS, parse_key_value, toml_value, validate_ke
 from protocol.keys import Key
 from strategies.base import DriftFedAvg, build_strategy
 from strategies.dp_fedavg import DPFedAvgStrategy
+from strategies.fedacg import FedACGStrategy
 from strategies.fedadagrad import FedAdagradStrategy
 from strategies.fedadam import FedAdamStrategy
 from strategies.fedavgm import FedAvgMStrategy
 from strategies.fedbn import FedBNStrategy
+from strategies.feddc import FedDCStrategy
 from strategies.feddyn import FedDynStrategy
+from strategies.fedexp import FedExPStrategy
 from strategies.fedgam_cv import FedGAMCVStrategy
 from strategies.fednova import FedNovaStrategy
 from strategies.fedpgvc import FedPGVCStrategy
 from strategies.fedprox import FedProxStrategy
 from strategies.fedpvr import FedPVRStrategy
 from strategies.fedsmoo import FedSMOOStrategy
+from strategies.fedspeed import FedSpeedStrategy
 from strategies.fedyogi import FedYogiStrategy
 from strategies.scaffold import ScaffoldStrategy
 from tasks.functional.update import LocalUpdate
@@ -91,6 +98,10 @@ METHODS: dict[str, Method] = {
     "fedrs": Method(DriftFedAvg, fedrs.UPDATE),
     "fedlc": Method(DriftFedAvg, fedlc.UPDATE),
     "feddecorr": Method(DriftFedAvg, feddecorr.UPDATE),
+    "fedacg": Method(FedACGStrategy, fedacg.UPDATE),
+    "fedexp": Method(FedExPStrategy, fedavg.UPDATE),
+    "feddc": Method(FedDCStrategy, feddc.UPDATE),
+    "fedspeed": Method(FedSpeedStrategy, fedspeed.UPDATE),
 }
 
 

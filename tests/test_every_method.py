@@ -16,11 +16,11 @@ import math
 import pytest
 from flwr.app import Context, RecordDict
 from flwr.common import ndarrays_to_parameters
-from flwr.server.client_manager import SimpleClientManager
 
 from clients.base import DriftClient
 from fl_app.node.node_client import NodeClient
 from fl_app.registry import METHODS, method_names, validate_config
+from fl_app.server.sampling import SeededClientManager
 from fl_app.server_app import evaluate_global
 from strategies.base import fedavg_kwargs
 from tasks.datasets import input_shape
@@ -54,7 +54,7 @@ def two_rounds(method: str, results_dir) -> tuple[list[dict], float]:
 
     inner = registered.strategy.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w0), evaluate_fn))
     strategy = RoundByRound(inner, cfg, results_dir / method, num_rounds=2, method_class=registered.strategy)
-    manager = SimpleClientManager()
+    manager = SeededClientManager(cfg["seed"])  # the run's sampling: the same clients whatever ran before
     for k in range(NODES):
         context = Context(run_id=0, node_id=k, node_config={}, state=RecordDict(), run_config={})
         manager.register(Proxy(str(k), NodeClient(DriftClient(registered.update, cfg, context, k, NODES))))

@@ -284,6 +284,14 @@ def test_method_modules_do_not_borrow_from_sibling_methods():
         "strategies.fedgam_cv imports strategies.scaffold",
         "strategies.fedpvr imports strategies.scaffold",
         "strategies.fedsmoo imports strategies.feddyn",
+        "clients.fedacg imports clients.fedprox",  # FedProx's step, anchored at the look-ahead
+        "clients.feddc imports clients.feddyn",  # FedDyn's regulariser plus SCAFFOLD's correction
+        "clients.feddc imports clients.scaffold",
+        "clients.fedspeed imports clients.fedsmoo",  # FedSMOO's step without the dual (s = none)
+        "clients.fedspeed imports clients.feddyn",
+        "strategies.feddc imports strategies.scaffold",
+        "strategies.feddc imports strategies.feddyn",
+        "strategies.fedspeed imports strategies.feddyn",
     }
     assert sorted(set(bad) - variants) == []
 

@@ -19,7 +19,7 @@ Run-config key ``screening`` (``none`` by default) and its parameters:
   a mean of the client weights: a strategy class lists the modes it supports in
   ``SCREENING`` (``strategies/base.py``); other combinations fail at config validation.
 
-What counts: w_t is what the server sent (the global model), and Delta_k covers the first N
+What counts: w_t is the model the server sent (the global model; FedACG's look-ahead), and Delta_k covers the first N
 arrays of a reply, N = the number of model state arrays. Only floating-point arrays count in
 the norm and change: integer buffers (BatchNorm's ``num_batches_tracked``) are left as sent.
 BatchNorm running statistics are floating-point state that the methods average, so they

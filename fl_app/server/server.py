@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from flwr.common import FitIns, parameters_to_ndarrays
+from flwr.common import FitIns, Parameters, parameters_to_ndarrays
 from flwr.server import Server
 from flwr.server.client_manager import ClientManager
 from flwr.server.history import History
@@ -204,9 +204,10 @@ class DriftServer(Server):
         instruction carries where the run keeps its files and its last checkpoint."""
         self.round_started = time.monotonic()
         row = self.record.begin_round(server_round)
-        self.sent_weights = array_views(self.parameters)
         instructions = self.strategy.configure_fit(server_round, self.parameters, self.client_manager())
-        self.screening.begin_round(self.parameters)  # w_t: the global model the clients receive
+        sent = self.model_sent(instructions)
+        self.sent_weights = array_views(sent)
+        self.screening.begin_round(sent)  # w_t: the model the clients receive
         instructions, row["num_dropped"] = self.participation.select(server_round, instructions)
         row["bytes_down_per_client"] = message_nbytes([ins.parameters for _, ins in instructions])
         if instructions:
@@ -214,6 +215,16 @@ class DriftServer(Server):
         extra = {"run-dir": str(self.run_dir.resolve()), "checkpoint-round": self.last_checkpoint,
                  "checkpoint-every": self.cfg["checkpoint-every"]}
         return [(c, FitIns(ins.parameters, {**ins.config, **extra})) for c, ins in instructions]
+
+    def model_sent(self, instructions: list[tuple]) -> Parameters:
+        """w_t, the model the round's clients start from, that the drift columns and screening
+        measure each update from: the model arrays of the first instruction (every instruction
+        carries the same), which a method may make another point than its global model (FedACG
+        sends a look-ahead), without the extra arrays after them; the global model when none."""
+        if not instructions:
+            return self.parameters
+        sent = instructions[0][1].parameters
+        return Parameters(tensors=sent.tensors[: len(self.parameters.tensors)], tensor_type=sent.tensor_type)
 
     def screen(self, server_round: int, results: list, failures: list) -> list:
         """The replies the method will see, in node order: those that pass ``check_reply``,

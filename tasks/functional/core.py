@@ -114,6 +114,7 @@ Tree = dict[str, torch.Tensor]
 # Added to every norm in a denominator (FedSOL's 1e-12; GAM's perturb_eps): the one value, for
 # every local update of tasks.functional.
 NORM_EPS = 1e-12
+CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s
 
 
 @dataclass(frozen=True)
@@ -216,3 +217,11 @@ def plain_direction(model, params, buffers, x, y, w_t, ctx, carry, hp):
     corrects it (a ``LocalUpdate`` direction; buffers and carry passed through)."""
     grads, loss, new_buffers = grad_and_loss(model, params, buffers, x, y, hp)
     return grads, new_buffers, carry, loss
+
+
+def clipped(d: Tree, clip: float) -> Tree:
+    """``d`` scaled to norm at most ``clip`` over the whole tree, as ``clip_grad_norm_`` does
+    (coefficient clip / (||d|| + CLIP_EPS), never above 1; no branch on a tensor, so vmap
+    batches it). The one local-gradient clip (FedSMOO, FedSpeed and FedDC's authors' codes)."""
+    coef = torch.clamp(clip / (tree_norm(d.values()) + CLIP_EPS), max=1.0)
+    return {n: g * coef for n, g in d.items()}
