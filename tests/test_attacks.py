@@ -1,13 +1,11 @@
 """inject-faults attacks (fl_app/node/attacks.py): parsing, and what each does to a reply."""
 
-from functools import partial
 
 import numpy as np
 import pytest
 import torch
 
 from clients import fedavg, scaffold
-from clients.base import DriftClient
 from fl_app.common.faults import parse_faults
 from fl_app.config import ConfigError
 from fl_app.node.attacks import Attack, attacked_reply
@@ -18,8 +16,6 @@ from tests.conftest import make_client
 W_T = [np.array([[1.0, 2.0], [3.0, 4.0]], np.float32), np.array([0.5, -0.5], np.float32), np.array(7, np.int64)]
 W_K = [np.array([[2.0, 2.0], [3.0, 2.0]], np.float32), np.array([0.5, 0.5], np.float32), np.array(9, np.int64)]
 EXTRA = [np.array([10.0, 20.0], np.float32)]  # a method's extra array (e.g. delta c_i)
-FedAvgClient = partial(DriftClient, fedavg.UPDATE)  # make_client builds it with (cfg, context, ...)
-ScaffoldClient = partial(DriftClient, scaffold.UPDATE)
 
 
 def test_parse_all_forms():
@@ -86,21 +82,21 @@ def _fit(client_cls, faults, server_round=1):
 
 
 def test_client_sends_the_scaled_update():
-    sent, honest = _fit(FedAvgClient, "")
-    _, attacked = _fit(FedAvgClient, "scale:0:100")
+    sent, honest = _fit(fedavg.UPDATE, "")
+    _, attacked = _fit(fedavg.UPDATE, "scale:0:100")
     for s, h, a in zip(sent, honest, attacked):
         np.testing.assert_allclose(a - s, 100 * (h - s), rtol=1e-4, atol=1e-5)
-    _, later = _fit(FedAvgClient, "scale:0:100@2")  # not yet in round 1
+    _, later = _fit(fedavg.UPDATE, "scale:0:100@2")  # not yet in round 1
     for h, a in zip(honest, later):
         np.testing.assert_array_equal(a, h)
-    _, other = _fit(FedAvgClient, "scale:1:100")  # another partition's attack
+    _, other = _fit(fedavg.UPDATE, "scale:1:100")  # another partition's attack
     for h, a in zip(honest, other):
         np.testing.assert_array_equal(a, h)
 
 
 def test_scaffold_client_attacks_its_weights_only():
-    sent, honest = _fit(ScaffoldClient, "")
-    _, attacked = _fit(ScaffoldClient, "flip:0:5")
+    sent, honest = _fit(scaffold.UPDATE, "")
+    _, attacked = _fit(scaffold.UPDATE, "flip:0:5")
     assert len(attacked) == 4  # weight, bias, delta c_weight, delta c_bias
     for s, h, a in zip(sent[:2], honest[:2], attacked[:2]):
         np.testing.assert_allclose(a - s, -5 * (h - s), rtol=1e-4, atol=1e-5)
@@ -154,7 +150,7 @@ def test_three_adaptive_attackers_of_ten_pass_reject():
 
 
 def test_client_sends_the_adaptive_update():
-    sent, honest = _fit(FedAvgClient, "")
-    _, attacked = _fit(FedAvgClient, "adaptive:0:0.5")  # default screening: reject's bound 3
+    sent, honest = _fit(fedavg.UPDATE, "")
+    _, attacked = _fit(fedavg.UPDATE, "adaptive:0:0.5")  # default screening: reject's bound 3
     for s, h, a in zip(sent, honest, attacked):
         np.testing.assert_allclose(a - s, -1.5 * (h - s), rtol=1e-4, atol=1e-5)

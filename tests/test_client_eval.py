@@ -175,12 +175,13 @@ def test_comparison_carries_the_client_columns(tmp_path):
 
 
 def test_client_trains_on_the_rest_and_evaluates_on_its_split():
-    from clients.fedavg import FedAvgClient
+    from clients import fedavg
+    from clients.base import DriftClient
     from tasks.models import get_weights
     from tests.conftest import fake_context
 
     cfg = validate_config({"dataset": "synthetic", "model": "logreg", "client-test-fraction": 0.25, "seed": 2})
-    client = FedAvgClient(cfg, fake_context(), partition_id=1, num_partitions=4)
+    client = DriftClient(fedavg.UPDATE, cfg, fake_context(), partition_id=1, num_partitions=4)
     x, y = load_partition(PartitionSpec.from_config(cfg, 4), 1)
     assert len(client.data[1]) + len(client.test_data[1]) == len(y)
     assert len(client.test_data[1]) == math.ceil(0.25 * len(y))
@@ -188,5 +189,5 @@ def test_client_trains_on_the_rest_and_evaluates_on_its_split():
     assert n == len(client.test_data[1]) and 0 <= metrics["accuracy"] <= 1
     _, n_fit, _ = client.fit(get_weights(client.model), {"server-round": 1})
     assert n_fit == len(client.data[1])  # FedAvg weights by the examples trained on
-    off = FedAvgClient(validate_config({"dataset": "synthetic", "model": "logreg", "seed": 2}), fake_context(), 1, 4)
+    off = DriftClient(fedavg.UPDATE, validate_config({"dataset": "synthetic", "model": "logreg", "seed": 2}), fake_context(), 1, 4)
     assert off.test_data is off.data and len(off.data[1]) == len(y)  # 0.0: unchanged

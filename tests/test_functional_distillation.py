@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import copy
-import functools
 import math
 
 import numpy as np
@@ -26,7 +25,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from clients import fedavg, fedntd, moon
-from clients.base import DriftClient
 from clients.fedntd import not_true, ntd_loss
 from tasks.catalogue import InputShape
 from tasks.functional import Hyper, cohort_round, local_round, module_state
@@ -189,7 +187,7 @@ def test_client_equals_the_module_based_training(name):
     x, y = torch.randn(10, 1, 28, 28, generator=gen), torch.randint(0, 10, (10,), generator=gen)
     cfg = {"dataset": "mnist", "model": "lenet-bn", "learning-rate": 0.05, "batch-size": 4, "local-epochs": 1,
            "momentum": 0.9, "weight-decay": 1e-3, **KEYS}
-    client = make_client(functools.partial(DriftClient, UPDATES[name]), cfg, x, y)
+    client = make_client(UPDATES[name], cfg, x, y)
     assert client.update is UPDATES[name]
     reference = copy.deepcopy(client.model)
     weights, prev = client.get_parameters({}), None

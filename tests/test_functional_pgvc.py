@@ -23,7 +23,6 @@ per-client nodes): within 1e-5 relative.
 from __future__ import annotations
 
 import copy
-import functools
 
 import numpy as np
 import pytest
@@ -123,7 +122,7 @@ def plain_step(model, x, y):
 def _module_rounds(cfg, x, y, after=None):
     """Two rounds of a FedPGVC client through ``fit`` and of the module-based training (its
     step, then ``after(model, x, y, lr)`` if given), from the same weights: their replies."""
-    client = make_client(functools.partial(DriftClient, FEDPGVC), cfg, x, y)
+    client = make_client(FEDPGVC, cfg, x, y)
     reference = copy.deepcopy(client.model)
     variant = client.cfg["pgvc-variant"]
     step = module_pgvc_step(set(last_layers_param_names(reference, KEYS["pgvc-layers"]))) if variant == "text" \

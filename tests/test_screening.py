@@ -289,7 +289,7 @@ def test_screening_keys_validated():
 
 
 def test_fedbn_local_bn_entries_are_not_screened(tmp_path):
-    from clients.fedbn import bn_indices
+    from protocol.layout import bn_indices
     from strategies.fedbn import FedBNStrategy
     from tasks.datasets import input_shape
     from tasks.models import build_model

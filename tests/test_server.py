@@ -3,14 +3,11 @@ plain Flower ``Strategy``, so Flower's ``Server`` runs it too, and to the same g
 
 from __future__ import annotations
 
-from functools import partial
-
 import numpy as np
 import torch
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server import Server, SimpleClientManager
 
-from clients.base import DriftClient
 from fl_app.node.node_client import NodeClient
 from fl_app.registry import get_method, validate_config
 from fl_app.server.server import DriftServer
@@ -35,7 +32,7 @@ def run(server_cls, method: str, tmp_path, rounds: int = 2) -> list[np.ndarray]:
     for k, n in enumerate(SIZES):
         g = torch.Generator().manual_seed(10 + k)
         x, y = torch.randn(n, 60, generator=g), torch.randint(0, 10, (n,), generator=g)
-        client = make_client(partial(DriftClient, get_method(method).update), dict(cfg), x, y, fake_context())
+        client = make_client(get_method(method).update, dict(cfg), x, y, fake_context())
         manager.register(Proxy(str(k), NodeClient(client)))
     if server_cls is DriftServer:
         server = DriftServer(client_manager=manager, strategy=strategy, cfg=cfg, run_dir=tmp_path / "run")
