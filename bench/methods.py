@@ -118,6 +118,10 @@ def predictions(cfg: dict, model_name: str, n_k: float) -> dict[str, tuple[float
         "fedlc": (1.0, "subtracts a per-class offset from the logits: O(B C) per batch"),
         "feddecorr": (1 + dim**2 / f, "+ the d x d Gram matrix of the batch's representations, forward and"
                       " backward (3 N d^2): 1 + d^2/F"),
+        "fedacg": (1.0, "FedProx's step at the look-ahead (the momentum is the server's): O(#params)"),
+        "fedexp": (1.0, "FedAvg's client (the extrapolation is the server's)"),
+        "feddc": (1.0, "FedDyn's term plus SCAFFOLD's correction: O(#params); h_i, c_i updates once per round"),
+        "fedspeed": (2.0, "SAM (2 passes) plus FedDyn's term: O(#params)"),
     } | {m: (1.0, "FedAvg's client (the method is a server optimiser)")
          for m in ("fedavgm", "fedadam", "fedyogi", "fedadagrad")} | {"_f": (f, ""), "_same": same}
 
