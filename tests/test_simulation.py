@@ -20,6 +20,7 @@ NEEDS = {
     "fedbn": {"dataset": "mnist", "model": "lenet-bn", "batch-size": 64},
     "moon": {"model": "mlp"},
     "fedpgvc": {"model": "mlp"},  # masks the last two Linear layers
+    "feddecorr": {"model": "mlp"},  # logreg has no body: its representation term would act on nothing
     # Adaptive server optimisers move each coordinate by about eta per round (m / sqrt(v) ~ +-1),
     # so Flower's default eta = 0.01 leaves logreg at chance after 2 rounds (FedAdam: 0.108):
     # the test's "learns in 2 rounds" needs eta = 0.1, the upper end of Reddi et al.'s grid.
@@ -88,7 +89,10 @@ def test_drift_per_class_accuracy_and_tensorboard_on_mnist(sim, shared_data, met
 # (SCAFFOLD's c_i in context.state), client-local BN entries (FedBN), Flower's DP wrappers with
 # their ClientApp mod, and Flower's server optimisers. Every method also trains two rounds in
 # process (tests/test_every_method.py), at a fraction of the start-up cost.
-SIMULATED = ("fedavg", "scaffold", "fedbn", "dp-fedavg", "fedyogi")
+# Methods v2 (issue 55), each once through Flower's transport: slow (about 20 s of start-up
+# each); in the default run they train two rounds in process (tests/test_every_method.py).
+METHODS_V2 = ("fedrs", "fedlc", "feddecorr", "fedacg", "fedexp", "feddc", "fedspeed")
+SIMULATED = ("fedavg", "scaffold", "fedbn", "dp-fedavg", "fedyogi", *METHODS_V2)
 SUPERNODES = 4
 # The fedavg and scaffold runs are also the same-seed check's first run (below) and the resume
 # test's uninterrupted runs (tests/test_reliability.py): they go 6 rounds, not 2 (a synthetic
@@ -110,8 +114,8 @@ def simulated_config(method: str, request) -> dict:
 # FedAvg's; it trains two rounds in process (tests/test_every_method.py) and runs the ServerApp's
 # server_fn and the ClientApp's client_fn on Flower's server loop through a crash and a resume
 # (tests/test_resume.py), both in the default run.
-@pytest.mark.parametrize("method", [pytest.param(m, marks=pytest.mark.slow) if m == "fedyogi" else m
-                                    for m in SIMULATED])
+@pytest.mark.parametrize("method", [pytest.param(m, marks=pytest.mark.slow) if m == "fedyogi" or m in METHODS_V2
+                                    else m for m in SIMULATED])
 def test_every_method_runs_through_flower(simulated, method, request):
     cfg = simulated_config(method, request)
     run = simulated(method, cfg, SUPERNODES)
