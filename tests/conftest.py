@@ -169,9 +169,10 @@ class SimulatedRun:
 def simulated(sim, tmp_path_factory):
     """``simulated(name, config, num_supernodes)``: the run ``name`` through the session's
     simulation, launched at its first request and then shared: tests that assert different
-    things about the same run (every method's end-to-end check, the same-seed check, the resume
-    test's uninterrupted run) read one run instead of each launching its own (about 20 s of
-    Flower's and Ray's start-up per run). Asking for a name with another config is an error."""
+    things about the same run (every method's end-to-end check, the resume test's uninterrupted
+    run and same-seed check, the FAB of ``flwr build``, the cohort path's per-client reference)
+    read one run instead of each launching its own (about 20 s of Flower's and Ray's start-up
+    per run). Asking for a name with another config is an error."""
     root = tmp_path_factory.mktemp("simulated")
     runs: dict[str, SimulatedRun] = {}
 
