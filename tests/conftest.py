@@ -64,6 +64,21 @@ def private_cache(tmp_path_factory):
         yield
 
 
+@pytest.fixture(autouse=True, scope="session")
+def one_torch_thread():
+    """What the tests train in this process trains on one torch thread, as every simulated client
+    does (``match_threads_to_cpu_share`` in fl_app/node/node_client.py: one CPU per client). The
+    tests' models are small, so a second thread gains little; and whenever another process wants
+    a core, every operator waits at OpenMP's barrier for a descheduled thread: on the 2-core
+    machine at load 1.6-3.7, 161 in-process tests took 182 s on two threads and 22 s on one (a
+    single cross-entropy of 32 examples: 9 ms instead of 0.01 ms). Simulations and deployments
+    started by the tests choose their own threads. Restored at the end of the session."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(autouse=True)
 def environment_restored():
     """Whatever a test (or code it calls, such as the runner's ``os.environ.setdefault``) does
@@ -156,9 +171,10 @@ class SimulatedRun:
 def simulated(sim, tmp_path_factory):
     """``simulated(name, config, num_supernodes)``: the run ``name`` through the session's
     simulation, launched at its first request and then shared: tests that assert different
-    things about the same run (every method's end-to-end check, the same-seed check, the resume
-    test's uninterrupted run) read one run instead of each launching its own (about 20 s of
-    Flower's and Ray's start-up per run). Asking for a name with another config is an error."""
+    things about the same run (every method's end-to-end check, the resume test's uninterrupted
+    run and same-seed check, the FAB of ``flwr build``, the cohort path's per-client reference)
+    read one run instead of each launching its own (about 20 s of Flower's and Ray's start-up
+    per run). Asking for a name with another config is an error."""
     root = tmp_path_factory.mktemp("simulated")
     runs: dict[str, SimulatedRun] = {}
 

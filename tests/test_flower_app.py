@@ -5,21 +5,25 @@
   ``flwr.app``), wherever the installed flwr offers them there; the legacy ``Strategy``,
   ``NumPyClient`` and their message types keep their only home;
 - ``flwr build`` (the command, as a publisher runs it) makes a FAB with the publisher, the
-  license and its file, and that FAB, unpacked, runs on a fresh SuperLink: two rounds, four
-  clients, the small model on a small MNIST sample.
+  license and its file; unpacked, that FAB builds again to the same bytes, the bytes that
+  ``flwr run`` ships from the checkout: the app that the session's shared FedAvg run
+  (``simulated`` in conftest.py) ran to the end on its private SuperLink.
 """
 
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib
+import re
 import subprocess
 import tomllib
 import zipfile
+from pathlib import Path
 
 from fl_app.common.run_files import read_metrics
 from runner.processes import exe
-from tests.conftest import ROOT, local_simulation
+from tests.conftest import ROOT
 
 CODE = ("fl_app", "clients", "strategies", "tasks", "protocol", "runner", "tests", "bench", "scripts",
         "run_simulation.py")
@@ -48,15 +52,28 @@ def test_the_app_classes_come_from_flowers_current_modules():
     assert not old_home_imports(), "\n".join(old_home_imports())
 
 
-def test_flwr_build_makes_a_fab_that_a_fresh_superlink_runs(tmp_path, mnist_sample):
-    """The publisher's ``flwr build --app <checkout>``: one FAB, named by the publisher, with
-    the license file and a pyproject that says both; unpacked, it is the app a fresh private
-    SuperLink runs to the end."""
-    built = subprocess.run([exe("flwr"), "build", "--app", str(ROOT)], cwd=tmp_path, capture_output=True,
+def flwr_build(app: Path, out: Path) -> Path:
+    """``flwr build --app <app>`` run in ``out``, as a publisher runs it; the FAB it made."""
+    out.mkdir(parents=True, exist_ok=True)
+    built = subprocess.run([exe("flwr"), "build", "--app", str(app)], cwd=out, capture_output=True,
                            text=True, timeout=300)
     assert built.returncode == 0, built.stdout + built.stderr
-    (fab,) = tmp_path.glob("*.fab")
-    assert fab.name.startswith("fl-drift.fl-drift.0-1-0."), fab.name  # <publisher>.<name>.<version>.<hash>
+    (fab,) = out.glob("*.fab")
+    return fab
+
+
+def test_flwr_build_makes_the_fab_that_flwr_run_ships_and_runs(tmp_path, simulated, request):
+    """The publisher's ``flwr build --app <checkout>``: one FAB, named by the publisher, with
+    the license file and a pyproject that says both. Unpacked, it is a Flower app that builds
+    to the same bytes again (what ``flwr run <unpacked>`` would ship), and those bytes, by
+    their SHA-256 in the name Flower installs an app under, are the app that the session's
+    shared FedAvg run installed on its private SuperLink and ran to the end (a run of its own
+    would run the same bytes at the cost of another simulation's start, about 30 s)."""
+    from tests.test_simulation import SUPERNODES, simulated_config
+
+    fab = flwr_build(ROOT, tmp_path / "checkout")
+    digest = hashlib.sha256(fab.read_bytes()).hexdigest()
+    assert fab.name == f"fl-drift.fl-drift.0-1-0.{digest[:8]}.fab", fab.name  # <publisher>.<name>.<version>.<hash>
     app = tmp_path / "app"
     with zipfile.ZipFile(fab) as package:
         names = package.namelist()
@@ -66,11 +83,11 @@ def test_flwr_build_makes_a_fab_that_a_fresh_superlink_runs(tmp_path, mnist_samp
     meta = tomllib.loads((app / "pyproject.toml").read_text())
     assert meta["project"]["license"] == "Apache-2.0" and meta["project"]["license-files"] == ["LICENSE"]
     assert meta["tool"]["flwr"]["app"]["publisher"] == "fl-drift"
-    cfg = {"strategy": "fedavg", "dataset": "mnist", "model": "cnn-small", "num-server-rounds": 2,
-           "partitioner": "iid", "fraction-fit": 1.0, "data-dir": str(mnist_sample(600, 200)),
-           "results-dir": str(tmp_path / "results"), "run-name": "fab"}
-    lines: list[str] = []
-    with local_simulation(app_dir=app) as sim:
-        assert sim.run(cfg, num_supernodes=4, on_line=lines.append) == 0, "\n".join(lines[-40:])
-    rows = read_metrics(tmp_path / "results" / "fab")
-    assert [r["round"] for r in rows] == [1, 2] and all(r["num_clients"] == 4 for r in rows), "\n".join(lines[-40:])
+    assert flwr_build(app, tmp_path / "unpacked").read_bytes() == fab.read_bytes()
+
+    run = simulated("fedavg", simulated_config("fedavg", request), SUPERNODES)
+    assert run.rc == 0, "\n".join(run.lines[-30:])
+    installed = [m.group(1) for line in run.lines if (m := re.search(r"Successfully installed \S+ to (\S+?)\.?$", line))]
+    assert [Path(folder).name for folder in installed] == [f"fl-drift.fl-drift.0.1.0.{digest[:8]}"], run.lines[:20]
+    rows = read_metrics(run.run_dir)
+    assert len(rows) == simulated_config("fedavg", request)["num-server-rounds"] and all(r["num_clients"] for r in rows)

@@ -11,7 +11,6 @@ import functools
 
 import numpy as np
 import pytest
-import torch
 from flwr.common import (
     ndarrays_to_parameters,
 )
@@ -85,19 +84,9 @@ def final_accuracy(data_dir: str, faults: str, screening: str) -> tuple[float, .
     return accs
 
 
-@pytest.fixture
-def one_thread():
-    """One torch thread: with several processes on few cores, torch's thread pool oversubscribes
-    them (a run took 10x longer)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("attack", ["scale:0:100", "flip:0:100"])
-def test_one_attacker_of_ten_is_contained(attack, shared_data, one_thread):
+def test_one_attacker_of_ten_is_contained(attack, shared_data):
     data_dir = str(shared_data)
     clean = final_accuracy(data_dir, "", "none")[-1]
     assert clean > 0.8
@@ -109,7 +98,7 @@ def test_one_attacker_of_ten_is_contained(attack, shared_data, one_thread):
 
 
 @pytest.mark.slow
-def test_screening_costs_nothing_without_an_attacker(shared_data, one_thread):
+def test_screening_costs_nothing_without_an_attacker(shared_data):
     data_dir = str(shared_data)
     clean = final_accuracy(data_dir, "", "none")
     assert final_accuracy(data_dir, "", "reject") == clean  # no honest update exceeds 3 x the median

@@ -94,9 +94,10 @@ def test_drift_per_class_accuracy_and_tensorboard_on_mnist(sim, shared_data, met
 METHODS_V2 = ("fedrs", "fedlc", "feddecorr", "fedacg", "fedexp", "feddc", "fedspeed")
 SIMULATED = ("fedavg", "scaffold", "fedbn", "dp-fedavg", "fedyogi", *METHODS_V2)
 SUPERNODES = 4
-# The fedavg and scaffold runs are also the same-seed check's first run (below) and the resume
-# test's uninterrupted runs (tests/test_reliability.py): they go 6 rounds, not 2 (a synthetic
-# round after the first takes about 0.3 s; a run's start about 20 s).
+# The fedavg and scaffold runs are also the resume test's uninterrupted runs, against which it
+# makes the same-seed check too (tests/test_reliability.py), and the fedavg run is the one that
+# tests/test_flower_app.py finds the FAB of `flwr build` installed and run: they go 6 rounds,
+# not 2 (a synthetic round after the first takes about 0.3 s; a run's start about 20 s).
 ROUNDS = {"fedavg": 6, "scaffold": 6}
 
 
@@ -160,6 +161,9 @@ def test_runner_writes_comparison_files(tmp_path):
     assert len(read_metrics(tmp_path / "runs" / "fedavg-seed0")) == 2
 
 
+@pytest.mark.slow  # a run of its own; test_resume_matches_uninterrupted[scaffold] (tests/test_reliability.py) checks
+# the same in the default run: its crashed run's rounds 1-3 against the shared uninterrupted run, every column but the
+# timings, on SCAFFOLD (client state too)
 def test_same_seed_same_run(simulated, sim, tmp_path, request):
     """Same config and seed: the same metrics.csv to the last digit, every column but the
     timings (same partitions and sampled clients give the same per-client metrics). The first
