@@ -30,7 +30,7 @@ NEEDS = {
 }
 
 
-@pytest.mark.slow  # FedProx through `flwr run`: test_runner's runs; MNIST learning through Flower: the faults and FedBN runs
+@pytest.mark.slow  # FedProx trains in process (test_every_method); flwr run, MNIST and Flower: the FedBN and faults runs
 def test_flwr_run_fedprox_on_mnist(sim, mnist_sample, tmp_path):
     """The foundation acceptance run, scaled down: 2 rounds of FedProx on 10 Dirichlet clients
     of a 12,000-image sample of MNIST (0.61 test accuracy after round 2; on full MNIST 0.87 in
