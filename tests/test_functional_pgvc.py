@@ -29,7 +29,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from flwr.app import RecordDict
-from flwr.common import FitIns, ndarrays_to_parameters, parameters_to_ndarrays
 from torch import nn
 
 from clients import fedavg, fedpgvc
@@ -37,7 +36,6 @@ from clients.base import DriftClient
 from clients.fedpgvc import authors_rescale, fedpgvc_finish
 from fl_app.common.execution_checks import cohort_problem
 from fl_app.node.cohort_client import CohortClient
-from fl_app.node.cohort_wire import bundle_instructions, split_replies
 from fl_app.node.node_client import NodeClient
 from fl_app.registry import METHODS, validate_config
 from tasks.catalogue import InputShape
@@ -50,7 +48,7 @@ from tests.conftest import fake_context, make_client
 from tests.helpers_baselines import client_batches
 from tests.helpers_cohort import assert_cohort_client_equals
 from tests.helpers_module import module_fit
-from tests.test_cohort_wire import reply_as_fitres
+from tests.test_cohort_node import N, assert_close, assert_same_reply, cohort_fit
 
 FEDPGVC, FEDAVG = fedpgvc.UPDATE, fedavg.UPDATE
 SHAPE = InputShape(1, 8, 10)
@@ -200,7 +198,6 @@ def test_authors_client_equals_the_module_based_training(chunk, monkeypatch):
         assert all(np.array_equal(u, v) for u, v in zip(got, want))
 
 
-N = 5  # partitions of the run's data
 
 
 def seeded_partition(partition: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -237,45 +234,12 @@ def global_model() -> list[np.ndarray]:
     return get_weights(build_model("lenet", input_shape("mnist"), seed=0))
 
 
-def assert_close(got: list[np.ndarray], want: list[np.ndarray], rel: float) -> None:
-    """Arrays of the same shapes and dtypes, each within ``rel`` of its largest magnitude
-    (exactly equal when ``rel`` is 0)."""
-    assert len(got) == len(want)
-    for u, v in zip(got, want):
-        assert u.shape == v.shape and u.dtype == v.dtype
-        if rel == 0:
-            assert np.array_equal(u, v)
-        else:
-            assert np.abs(u - v).max() <= rel * max(np.abs(v).max(), 1e-12)
-
-
-def assert_same_reply(res, want, rel: float) -> None:
-    """A virtual client's FitRes against its per-client (arrays, num_examples, metrics)."""
-    arrays, num_examples, metrics = want
-    assert not isinstance(res, str), res
-    assert res.num_examples == num_examples
-    assert_close(parameters_to_ndarrays(res.parameters), arrays, rel)
-    got = {k: v for k, v in res.metrics.items() if k != "fit_seconds"}
-    want = {k: v for k, v in metrics.items() if k != "fit_seconds"}
-    assert set(got) == set(want)
-    for key, value in want.items():
-        assert got[key] == (value if rel == 0 or isinstance(value, int) else pytest.approx(value, rel=rel)), key
-
-
 def per_client_fit(cfg: dict, partition: int, arrays: list[np.ndarray], server_round: int):
     """(arrays, num_examples, metrics) of ``partition``'s per-client node, as ``client_fn`` builds it."""
     context = fake_context()
     context.node_config = {"partition-id": partition, "num-partitions": N}
     return NodeClient(DriftClient(FEDPGVC, cfg, context, partition, N)).fit([a.copy() for a in arrays],
                                                                            {"server-round": server_round})
-
-
-def cohort_fit(node: CohortClient, arrays: list[np.ndarray], partitions: list[int], config: dict):
-    """The cohort node's fit on the bundle the server would send (through the wire), split back."""
-    ins = FitIns(ndarrays_to_parameters(arrays), {**config, "num-partitions": N})
-    bundle = bundle_instructions([(p, ins) for p in partitions])
-    ret = node.fit(parameters_to_ndarrays(bundle.parameters), dict(bundle.config))
-    return dict(split_replies(reply_as_fitres(ret)))
 
 
 def cohort_against_per_client(variant, partitions, rel, optimizer, momentum):
