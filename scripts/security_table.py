@@ -6,9 +6,11 @@ Usage (the data folder holds mnist/{train,test}.parquet; without it the Hugging 
     python scripts/security_table.py --data-dir DATA --attackers 3        # runs, then writes the page
     python scripts/security_table.py --data-dir DATA --attackers 3 1      # f = 3 first, then f = 1
     python scripts/security_table.py --data-dir DATA --seeds 0 1 2        # seed by seed
+    python scripts/security_table.py --data-dir DATA --partitioner dirichlet --alpha 0.3   # label-skewed clients
     python scripts/security_table.py --render                             # the page from kept runs only
 
-Each run is one seeded run (the seed sets the IID split, the test images drawn, the model's
+Each run is one seeded run (the seed sets the split (IID, or Dirichlet(alpha) over the labels with
+``--partitioner dirichlet``), the test images drawn, the model's
 initial weights and the clients' batch order), driven in this process (no Ray, no SuperLink) with the project's
 own pieces: every client is the method's real client behind ``NodeClient`` (which applies
 ``inject-faults``), the server is the method's strategy inside ``DriftServer`` (its ``fit``, which
@@ -18,13 +20,15 @@ sampled every round; the attackers are partitions 0 .. f-1. Attacks: ``scale-x10
 0.9 x the screening bound, fl_app/node/attacks.py). Defences: every screening the method supports
 (fl_app/server/screening.py), with ``screen-attackers`` = f; Bulyan only where 10 >= 4f + 3.
 
-Each finished run is kept as one JSON file in ``docs/results/security/``, named by method, f,
-attack, screening and seed (a run already kept is not run again, so an interrupted table
+Each finished run is kept as one JSON file in ``docs/results/security/`` (IID clients) or
+``docs/results/security/dirichlet-<alpha>/``, named by method, f, attack, screening and seed (a run already kept is not run again, so an interrupted table
 resumes), and the page is generated from those files only: nothing in it is typed by hand,
 except the text below ``HAND_WRITTEN`` in the page, which regenerating keeps as it is.
 
-The page pairs runs by seed: a cell's loss is clean - attacked on the same seed (same split,
-test images and initial weights), in points, shown as the mean over the kept seeds with its 95%
+The page has a part per split (IID, then each Dirichlet alpha kept) and pairs runs by seed: a
+cell's loss is clean - attacked on the same seed (same split, test images and initial weights),
+in points; the "no attack" row is what a screening costs an honest run (clean without screening
+minus clean with it), shown as the mean over the kept seeds with its 95%
 Student t interval (``runner.results.stats.paired_difference``). The acceptance asks, for every
 attack, a screening whose mean loss over at least ``SEEDS_NEEDED`` seeds is at most
 ``TOLERANCE``; with fewer seeds kept it is not decided. Kept runs of different settings (other
@@ -96,8 +100,20 @@ def cells(strategy: str, attackers: int) -> list[tuple[str, str]]:
     out = [("clean", "none")] + [(attack, "none") for attack in ATTACKS]
     mine = defences(strategy, attackers)
     for d in sorted(mine, key=lambda m: RUN_ORDER.index(m)):
-        out += [(attack, d) for attack in ATTACKS]
+        out += [("clean", d)] + [(attack, d) for attack in ATTACKS]
     return out
+
+
+def split_name(partitioner: str, alpha: float) -> str:
+    """'iid', or 'dirichlet-0.3': the name of a split's part of the page and of its kept folder."""
+    return "iid" if partitioner == "iid" else f"{partitioner}-{alpha:g}"
+
+
+def kept_folder(partitioner: str, alpha: float) -> Path:
+    """Where one split's runs are kept: ``KEPT`` for IID clients (where they always were), a
+    folder per other split inside it."""
+    name = split_name(partitioner, alpha)
+    return KEPT if name == "iid" else KEPT / name
 
 
 def run_name(strategy: str, attackers: int, attack: str, screening: str, seed: int) -> str:
@@ -107,7 +123,7 @@ def run_name(strategy: str, attackers: int, attack: str, screening: str, seed: i
 def run_config(strategy: str, attackers: int, attack: str, screening: str, seed: int, args) -> dict:
     faults = ",".join(ATTACKS[attack].format(k=k) for k in range(attackers)) if attack != "clean" else ""
     return validate_config({
-        **SETTING, "seed": seed, "strategy": strategy, "data-dir": args.data_dir, "num-server-rounds": args.rounds,
+        **SETTING, "partitioner": args.partitioner, "alpha": args.alpha, "seed": seed, "strategy": strategy, "data-dir": args.data_dir, "num-server-rounds": args.rounds,
         "fraction-fit": 1.0, "min-fit-clients": CLIENTS, "min-available-clients": CLIENTS,
         "inject-faults": faults, "screening": screening, "screen-attackers": attackers,
         "min-fit-fraction": 0.0,  # a wrecked model's clients may all send NaN: the run goes on
@@ -116,9 +132,11 @@ def run_config(strategy: str, attackers: int, attack: str, screening: str, seed:
 
 
 def load_data(args, seed: int):
-    """Each client's first ``--per-client`` images of the seed's IID split, and the first
-    ``--test`` images of the test split as the seed shuffles it."""
-    spec = PartitionSpec("mnist", CLIENTS, partitioner="iid", data_dir=args.data_dir, seed=seed)
+    """Each client's first ``--per-client`` images of the seed's split (IID, or Dirichlet over the
+    labels: the partitioner shuffles each client's rows, so its first images keep its label mix),
+    and the first ``--test`` images of the test split as the seed shuffles it."""
+    spec = PartitionSpec("mnist", CLIENTS, partitioner=args.partitioner, alpha=args.alpha, data_dir=args.data_dir,
+                         seed=seed)
     parts = [tuple(t[: args.per_client] for t in load_partition(spec, k)) for k in range(CLIENTS)]
     x, y = load_test_split("mnist", args.data_dir, seed)
     return parts, (x[: args.test], y[: args.test])
@@ -157,20 +175,22 @@ def run_table(strategy: str, attackers: int, seed: int, args, data) -> None:
     """Runs (and keeps) every cell of one table and seed not kept yet; with ``--shard i/n`` only
     the cells whose position in ``cells`` is i modulo n (for n processes side by side); with
     ``--screenings`` only those screenings (and the clean run)."""
-    KEPT.mkdir(parents=True, exist_ok=True)
+    folder = kept_folder(args.partitioner, args.alpha)
+    folder.mkdir(parents=True, exist_ok=True)
     part, parts = args.shard
     for position, (attack, screening) in enumerate(cells(strategy, attackers)):
         if position % parts != part:
             continue
         if args.screenings and attack != "clean" and screening not in args.screenings:
             continue
-        path = KEPT / f"{run_name(strategy, attackers, attack, screening, seed)}.json"
+        path = folder / f"{run_name(strategy, attackers, attack, screening, seed)}.json"
         if path.exists():
             continue
         cfg = run_config(strategy, attackers, attack, screening, seed, args)
         result = one_run(cfg, *data)
-        setting = {k: cfg[k] for k in (*SETTING, "num-server-rounds", "inject-faults", "screening",
-                                       "screen-attackers")}
+        keys = (*SETTING, *(("alpha",) if args.partitioner != "iid" else ()),  # IID records as before
+                "num-server-rounds", "inject-faults", "screening", "screen-attackers")
+        setting = {k: cfg[k] for k in keys}
         record = {"strategy": strategy, "attackers": attackers, "attack": attack, "screening": screening,
                   "clients": CLIENTS, "per_client": args.per_client, "test_images": args.test,
                   "setting": setting, **result}
@@ -184,7 +204,22 @@ PER_RUN = ("seed", "inject-faults", "screening", "screen-attackers")  # what dif
 
 
 def load_kept(folder: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+    """Every kept run: IID ones in ``folder``, other splits' in its sub-folders."""
+    paths = sorted(folder.glob("*.json")) + sorted(folder.glob("*/*.json"))
+    return [json.loads(p.read_text()) for p in paths]
+
+
+def split_of(record: dict) -> str:
+    """The split a kept run was made on ('iid' for runs kept before splits were recorded)."""
+    setting = record["setting"]
+    return split_name(setting.get("partitioner", "iid"), setting.get("alpha", 0.0))
+
+
+def split_title(name: str) -> str:
+    if name == "iid":
+        return "IID clients"
+    partitioner, _, alpha = name.partition("-")
+    return f"{partitioner.capitalize()}({alpha}) clients"
 
 
 def seed_of(record: dict) -> int:
@@ -244,6 +279,9 @@ def table_lines(records: list[dict], strategy: str, attackers: int) -> list[str]
     accuracy = sum(clean.values()) / len(clean)
     lines.append(f"| clean (accuracy) | {accuracy:.3f} over seeds {', '.join(map(str, sorted(clean)))} |"
                  + " |" * (len(columns) - 1))
+    cost = [points(loss(records, "clean", c)) for c in columns[1:]]
+    if any(cost):
+        lines.append("| no attack (the screening's cost) | | " + " | ".join(cost) + " |")
     for attack in ATTACKS:
         values = []
         for c in columns:
@@ -298,11 +336,13 @@ def verdict_lines(records: list[dict], strategy: str, attackers: int) -> list[st
     lines.append("")
     for d in defences(strategy, attackers):
         kept = {a: p for a in ATTACKS if (p := loss(records, a, d)).n > 0}
-        if not kept:
+        cost = loss(records, "clean", d)
+        if not kept and not cost.n:
             continue
         fails = [f"{a} ({p.mean * 100:.1f} points)" for a, p in kept.items() if p.mean > TOLERANCE + 1e-12]
         holds = [a for a, p in kept.items() if p.mean <= TOLERANCE + 1e-12]
-        lines.append(f"- `{d}` fails against: {', '.join(fails) or 'none'}; holds against: "
+        costs = f"costs {points(cost)} points without attack; " if cost.n else ""
+        lines.append(f"- `{d}` {costs}fails against: {', '.join(fails) or 'none'}; holds against: "
                      f"{', '.join(holds) or 'none'}")
     verdict = ("NOT met" if "NOT within" in statuses else
                "met" if all(s == "within" for s in statuses) else "not decided (runs missing)")
@@ -313,7 +353,7 @@ def verdict_lines(records: list[dict], strategy: str, attackers: int) -> list[st
 
 def section(records: list[dict], strategy: str, attackers: int) -> list[str]:
     mine = [r for r in records if r["strategy"] == strategy and r["attackers"] == attackers]
-    lines = [f"## {NAMES[strategy]}, f = {attackers} of {CLIENTS}", ""]
+    lines = [f"### {NAMES[strategy]}, f = {attackers} of {CLIENTS}", ""]
     if not finals(mine, "clean", "none"):
         return lines + ["The clean run is not kept yet: no loss to show.", ""]
     lines += table_lines(mine, strategy, attackers) + [""]
@@ -335,24 +375,35 @@ def render_page(records: list[dict], hand_written: str = "") -> str:
     if not records:
         lines.append("No runs are kept yet.")
     else:
-        check_one_setting(records)
-        r0 = records[0]
-        setting = ", ".join(f"{k} = {v}" for k, v in r0["setting"].items() if k not in PER_RUN)
-        seeds = sorted({seed_of(r) for r in records})
-        seconds = sum(r["seconds"] for r in records)
-        lines += [f"Setting: {r0['clients']} clients, all sampled every round, {r0['per_client']} training images "
-                  f"each (IID), test accuracy on {r0['test_images']} MNIST test images after the last round; "
-                  f"{setting}. Seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}: the seed sets the split, the test images "
-                  "drawn, the initial weights and the batch order; the attackers are partitions 0 .. f-1. "
-                  f"{len(records)} runs, {seconds / 60:.0f} minutes in all on a shared 2-core CPU machine.", "",
-                  *ABOUT, ""]
-        for attackers in sorted({r["attackers"] for r in records}, reverse=True):
-            for strategy in STRATEGIES:
-                if any(r["strategy"] == strategy and r["attackers"] == attackers for r in records):
-                    lines += section(records, strategy, attackers)
+        lines += [*ABOUT, ""]
+        splits = sorted({split_of(r) for r in records}, key=lambda name: (name != "iid", name))
+        for name in splits:
+            lines += split_part([r for r in records if split_of(r) == name], name)
     lines.append(HAND_WRITTEN)
     text = "\n".join(lines) + "\n"
     return text + hand_written.lstrip("\n") if hand_written.strip() else text
+
+
+def split_part(records: list[dict], name: str) -> list[str]:
+    """One split's part of the page: its setting, then per (f, method) the table and verdicts."""
+    check_one_setting(records)
+    r0 = records[0]
+    setting = ", ".join(f"{k} = {v}" for k, v in r0["setting"].items() if k not in PER_RUN)
+    seeds = sorted({seed_of(r) for r in records})
+    seconds = sum(r["seconds"] for r in records)
+    how = ("IID" if name == "iid" else f"{split_title(name).removesuffix(' clients')} over the labels: the "
+           "partitioner shuffles each client's rows, so its first images keep its label mix")
+    lines = [f"## {split_title(name)}", "",
+             f"Setting: {r0['clients']} clients, all sampled every round, {r0['per_client']} training images "
+             f"each ({how}), test accuracy on {r0['test_images']} MNIST test images after the last round; "
+             f"{setting}. Seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}: the seed sets the "
+             "split, the test images drawn, the initial weights and the batch order; the attackers are partitions "
+             f"0 .. f-1. {len(records)} runs, {seconds / 60:.0f} minutes in all on a shared 2-core CPU machine.", ""]
+    for attackers in sorted({r["attackers"] for r in records}, reverse=True):
+        for strategy in STRATEGIES:
+            if any(r["strategy"] == strategy and r["attackers"] == attackers for r in records):
+                lines += section(records, strategy, attackers)
+    return lines
 
 
 def hand_written_part(page: str) -> str:
@@ -382,8 +433,11 @@ ABOUT = [
     "variate open to the attackers.",
     "",
     "What this rests on: the attackers poison the model update only (SCAFFOLD's delta c_i is sent as "
-    "computed); the server is told the true f (`screen-attackers`); every client is sampled every round and "
-    "the split is IID, so honest updates resemble each other. Who can reach a deployment at all, and "
+    "computed); the server is told the true f (`screen-attackers`); every client is sampled every round. With "
+    "IID clients honest updates resemble each other, which is what the rules that judge updates against each "
+    "other assume; with label-skewed (Dirichlet) clients they do not, and the second part measures what the "
+    "screening buys, and costs without attack, there. The acceptance bar is the IID promise; the Dirichlet part "
+    "is measured against the same bar so the gap is visible. Who can reach a deployment at all, and "
     "what that rests on, is [Deploy on real devices](deployment.md)'s subject.",
 ]
 
@@ -403,6 +457,9 @@ def main(argv=None) -> int:
     parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--per-client", type=int, default=400, help="training images per client")
+    parser.add_argument("--partitioner", choices=("iid", "dirichlet"), default="iid",
+                        help="the clients' split: IID, or Dirichlet(--alpha) over the labels")
+    parser.add_argument("--alpha", type=float, default=0.3, help="the Dirichlet concentration (with dirichlet)")
     parser.add_argument("--test", type=int, default=2000, help="test images")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--shard", type=shard, default=(0, 1), help="i/n: run every n-th cell from the i-th")
@@ -415,6 +472,8 @@ def main(argv=None) -> int:
     for f in args.attackers:
         if not 1 <= f < CLIENTS / 2:
             parser.error(f"--attackers {f} is invalid: f must be in [1, {CLIENTS // 2 - 1}] for {CLIENTS} clients")
+    if not args.alpha > 0:
+        parser.error(f"--alpha {args.alpha} is invalid: the Dirichlet concentration must be > 0")
     for seed in args.seeds:
         if seed < 0:
             parser.error(f"--seeds {seed} is invalid: a seed must be >= 0")

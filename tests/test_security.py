@@ -133,8 +133,10 @@ def test_table_cells_follow_each_method_and_f():
     assert defences("fedavg", 1)[-1] == "bulyan"  # 10 >= 4f + 3 only for f = 1
     assert defences("scaffold", 3) == ["clip", "reject", "krum", "multi-krum"]
     assert cells("scaffold", 3)[:2] == [("clean", "none"), ("scale-x10", "none")]
-    assert len(cells("fedavg", 3)) == 1 + 3 * 7 and len(cells("scaffold", 1)) == 1 + 3 * 5
-    assert cells("fedavg", 3)[4:7] == [(a, "multi-krum") for a in ("scale-x10", "sign-flip", "adaptive")]
+    # clean, each attack unscreened, then per screening: clean (its cost) and each attack
+    assert len(cells("fedavg", 3)) == 1 + 3 + 6 * 4 and len(cells("scaffold", 1)) == 1 + 3 + 4 * 4
+    assert cells("fedavg", 3)[4:8] == [("clean", "multi-krum")] + [
+        (a, "multi-krum") for a in ("scale-x10", "sign-flip", "adaptive")]
     assert sorted(cells("fedavg", 1)) == sorted(set(cells("fedavg", 1)))  # each run once
 
 
@@ -196,7 +198,8 @@ def test_page_verdicts_come_from_the_kept_runs():
     assert "- `clip` fails against: scale-x10 (40.0 points), sign-flip (40.0 points), adaptive (40.0 points)" in page
     assert "- `krum` fails against: scale-x10 (4.0 points); holds against: none" in page
     assert "**met**" in page
-    assert "8 of 48 runs (every cell on seeds 0, 1, 2) are not kept yet" in page  # krum: 2 seeds of scale-x10, 3+3
+    # 20 cells a seed; missing: clean under each of 4 screenings (12), krum: 2 seeds of scale-x10, 3 + 3 (8)
+    assert "20 of 60 runs (every cell on seeds 0, 1, 2) are not kept yet" in page
     # adaptive's multi-krum loses 4 points on average: other screenings could still hold (krum not run)
     for r in records:
         if r["attack"] == "adaptive" and r["screening"] == "multi-krum":
@@ -276,3 +279,26 @@ def test_an_interval_inside_the_bar_says_nothing_more():
     assert ("- adaptive: best screening `multi-krum`, loss 1.0 points [1.0, 1.0] over 3 seeds, mean accuracy 0.900: "
             "within 3 points\n") in page
     assert "**met**" in page and "above 3 points" not in page
+
+
+def test_each_split_has_its_part_and_the_screenings_cost_without_attack():
+    from scripts.security_table import KEPT, kept_folder, render_page
+
+    assert kept_folder("iid", 0.3) == KEPT and kept_folder("dirichlet", 0.3) == KEPT / "dirichlet-0.3"
+    iid = _scaffold_table([0.90, 0.90, 0.90], {("sign-flip", "krum"): [0.89] * 3})
+    skewed = [_record("clean", "none", acc, seed=s, partitioner="dirichlet", alpha=0.3)
+              for s, acc in enumerate([0.80, 0.84, 0.82])]
+    skewed += [_record("clean", "krum", acc, seed=s, partitioner="dirichlet", alpha=0.3)
+               for s, acc in enumerate([0.70, 0.80, 0.75])]
+    skewed.append(_record("sign-flip", "krum", 0.60, seed=0, partitioner="dirichlet", alpha=0.3))
+    page = render_page(iid + skewed)  # two splits: two parts, not refused as two settings
+    head, _, tail = page.partition("## Dirichlet(0.3) clients")
+    assert "## IID clients" in head and tail and "partitioner = dirichlet, alpha = 0.3" in tail
+    assert "0.900 over seeds 0, 1, 2" in head and "0.820 over seeds 0, 1, 2" in tail
+    # by hand: clean - clean under krum = 0.10, 0.04, 0.07 -> mean 7.0 points, sd 3.0, 4.303 * 3 / sqrt(3) = 7.5
+    assert "| no attack (the screening's cost) | |  |  | 7.0 [-0.5, 14.5] |  |" in tail
+    assert "- `krum` costs 7.0 [-0.5, 14.5] points without attack; fails against: sign-flip (20.0 points)" in tail
+    assert "no attack" not in head  # no clean run under a screening kept for IID here
+    with pytest.raises(ValueError, match="learning-rate"):  # inside one split, settings still must agree
+        render_page(skewed + [_record("clean", "clip", 0.8, seed=1, partitioner="dirichlet", alpha=0.3,
+                                      **{"learning-rate": 0.1})])
