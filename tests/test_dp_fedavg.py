@@ -7,7 +7,15 @@ import numpy as np
 import pytest
 from flwr.app import Message
 from flwr.app.message_type import MessageType
-from flwr.common import FitIns, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import (
+    Code,
+    FitIns,
+    GetPropertiesIns,
+    GetPropertiesRes,
+    Status,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
 from flwr.compat.common import recorddict_compat as compat
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -93,6 +101,24 @@ def test_client_mode_mod_clips_and_wrapper_sends_norm(monkeypatch):
     new = parameters_to_ndarrays(params)
     np.testing.assert_allclose(new[0] - w_t[0], (clipped[0] + other[0]) / 2 - w_t[0], atol=1e-5)
     assert _norm([new[0] - w_t[0]]) <= C
+
+
+def test_client_mode_answers_the_servers_partition_question(monkeypatch):
+    """The server asks each node for its partition id (get_properties) to sample by seed; with
+    the clipping mod on every message that came back as an error (0 ArrayRecords), the nodes
+    were sampled by random node id and two runs of one seed trained different clients."""
+    for attr in ("_run_id", "_node_id", "_task_id"):
+        monkeypatch.setattr(TaskIdentity, attr, 0)
+    question = Message(content=compat.getpropertiesins_to_recorddict(GetPropertiesIns(config={})), dst_node_id=0,
+                       message_type=MessageType.QUERY)
+    answer = GetPropertiesRes(Status(Code.OK, ""), {"partition-id": 3, "num-partitions": 4})
+
+    def call_next(m, ctx):
+        return Message(content=compat.getpropertiesres_to_recorddict(answer), reply_to=m)
+
+    out = client_app.method_mods(question, fake_context({"strategy": "dp-fedavg", "dp-mode": "client"}), call_next)
+    assert not out.has_error(), out.error
+    assert compat.recorddict_to_getpropertiesres(out.content).properties == answer.properties
 
 
 def test_rdp_epsilon_full_participation_closed_form():
