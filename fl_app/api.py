@@ -53,12 +53,17 @@ from tasks.partition_figure import LABEL_COUNTS_FILE, read_label_counts, write_c
 from tasks.partitioning import PartitionSpec, check_data
 from tasks.train import accuracy_spread, min_batch_of
 
-__all__ = [  # what this module hands on from the rooms below; what it defines itself follows
+__all__ = [
+    # handed on from the rooms below
     "BUILDERS", "CHECKPOINT", "FINGERPRINT_FILE", "FINGERPRINT_KEY", "FLAT_MODELS", "LABEL_COUNTS_FILE",
     "METRICS_FILE", "MODELS", "PER_CLASS_FILE", "SUMMARY_FILE", "CheckpointError", "ConfigError",
     "DataUnavailableError", "Execution", "PartitionError", "accuracy_spread", "atomic_write_text", "build_model",
     "code_revision", "cohort_node_count", "input_shape", "parquet_rows", "read_metrics", "read_summary",
     "replacing", "resolve_data_dir", "with_app_digest",
+    # defined here
+    "Checked", "RunFacts", "RunRecord", "changed_data", "changed_runs", "check_checkpoints", "check_configs",
+    "check_report", "check_splits", "describe_data", "execution_for", "fingerprint_of", "preflight", "read_run",
+    "recorded_fingerprint", "with_label_counts", "write_run_config",
 ]
 
 
