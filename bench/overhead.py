@@ -468,21 +468,27 @@ def print_start_phases(events: dict[str, float]) -> None:
         print(f"    seconds before round 1's first fit: {first_fit:.2f} (target <= 5)", flush=True)
 
 
+def plain_pass(args: argparse.Namespace, report: dict) -> None:
+    """(a) once per thread count asked for, into ``report``: every run, and the fastest (the
+    compute floor) as ``plain``."""
+    report["plain_runs"] = []
+    for threads in [int(t) for t in str(args.plain_threads).split(",")]:
+        load = loadavg()
+        a = run_plain_child(argparse.Namespace(**{**vars(args), "plain_threads": threads}))
+        a["load_before"] = load
+        report["plain_runs"].append(a)
+        rounds_a = sum(r["round_s"] for r in a["rounds"])
+        print(f"(a) plain PyTorch: {a['wall_s']:.1f} s wall (setup {a['setup_s']:.1f} s, rounds {rounds_a:.1f} s),"
+              f" {a['torch_threads']} torch threads, final accuracy {a['final_accuracy']:.4f}, peak RSS {a['peak_rss_mib']:.0f} MiB"
+              f" (PSS {a['peak_pss_mib']:.0f}; sampler {a['sampler_cpu_s']:.1f} s CPU), load {load:.2f}", flush=True)
+    report["plain"] = min(report["plain_runs"], key=lambda r: r["wall_s"])  # the compute floor
+
+
 def one_pass(args: argparse.Namespace) -> dict:
     """(a) and/or (b) once; with both, the ratio b / a."""
     report: dict = {}
     if args.mode in ("both", "plain"):
-        report["plain_runs"] = []
-        for threads in [int(t) for t in str(args.plain_threads).split(",")]:
-            load = loadavg()
-            a = run_plain_child(argparse.Namespace(**{**vars(args), "plain_threads": threads}))
-            a["load_before"] = load
-            report["plain_runs"].append(a)
-            rounds_a = sum(r["round_s"] for r in a["rounds"])
-            print(f"(a) plain PyTorch: {a['wall_s']:.1f} s wall (setup {a['setup_s']:.1f} s, rounds {rounds_a:.1f} s),"
-                  f" {a['torch_threads']} torch threads, final accuracy {a['final_accuracy']:.4f}, peak RSS {a['peak_rss_mib']:.0f} MiB"
-                  f" (PSS {a['peak_pss_mib']:.0f}; sampler {a['sampler_cpu_s']:.1f} s CPU), load {load:.2f}", flush=True)
-        report["plain"] = min(report["plain_runs"], key=lambda r: r["wall_s"])  # the compute floor
+        plain_pass(args, report)
     if args.mode in ("both", "sim"):
         executions = [e.strip() for e in args.execution.split(",") if e.strip()]
         for execution in executions[1:]:  # the other paths first: (b) below is the first one

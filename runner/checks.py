@@ -6,18 +6,15 @@ error) of one line, raised before a SuperLink starts."""
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 from pathlib import Path
 
-from fl_app.common.run_files import FINGERPRINT_FILE
+from fl_app.api import RunFacts, check_configs, check_report, check_splits, preflight
+from fl_app.api import changed_data as changed_data  # a kept run's data against the data asked for now
 from fl_app.config import ConfigError
-from fl_app.registry import check_method, method_names, parse_override, resolve, validate_config
-from fl_app.registry import spec as config_keys
-from fl_app.server.checkpoint import CHECKPOINT, load_checkpoint
-from fl_app.server.preflight import check_data_dir, check_nodes
-from runner.launch import execution_for
+from fl_app.registry import method_names, parse_override
+from runner.launch import visible_gpus
 from runner.parallel import check_workers
 from runner.plan import (
     check_axes,
@@ -28,19 +25,17 @@ from runner.plan import (
     resolve_rows,
     run_name,
 )
-from runner.results.report import read_summary
 from runner.tuning import SEARCH_FOLDER, SearchPlan
-from tasks.datasets import resolve_data_dir
-from tasks.partition_figure import write_check_splits
-from tasks.partitioning import PartitionSpec, check_data
-from tasks.train import min_batch_of
 
 
-def build_configs(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str, int, dict]]:
-    """Validate every (label, seed) config up front; raises ConfigError before any launch.
+def planned_configs(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str, int, dict]]:
+    """Every (label, seed) run config as the command line and the experiment file ask for it,
+    unchecked (``build_configs`` checks them); a ConfigError for the grid and the rows.
 
     Precedence (later wins; see runner/plan.py): the file's [run-config], its
-    [methods.<label>] keys, its grids, the command line (flags and --set), --grid."""
+    [methods.<label>] keys, its grids, the command line (flags and --set), --grid. A relative
+    ``data-dir`` of an experiment file is taken from the folder the sweep was started in
+    (``args.cwd``)."""
     experiment = getattr(args, "experiment", {}) or {}
     base: dict = dict(experiment.get("run-config", {}))
     per_method: dict = experiment.get("methods", {})
@@ -67,14 +62,25 @@ def build_configs(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str, i
                 raw = {**base, **keys, **command_line, **point, "strategy": strategy, "seed": seed,
                        "results-dir": str(runs_dir), "run-name": run_name(row, seed)}
                 given = str(raw.get("data-dir", ""))
-                given = str(Path(args.cwd or ".", given)) if given and args.cwd else given
-                raw["data-dir"] = resolve_data_dir(given, args.env_data_dir)
-                raw, _ = execution_for(raw, args.clients, cluster=bool(getattr(args, "ray_address", None)))
-                cfg = check_method(raw)
-                check_data_dir(cfg)
-                check_nodes(cfg, args.clients)
+                raw["data-dir"] = str(Path(args.cwd or ".", given)) if given and args.cwd else given
                 configs.append((row, seed, raw))
     return configs
+
+
+def where_to_run(args: argparse.Namespace) -> dict:
+    """What the checks of ``fl_app.api`` need to know of this launcher: the ``$FL_DATA_DIR`` the
+    sweep reads (``env_data_dir``), the GPUs it may use, whether it runs on a Ray cluster."""
+    return {"env_data_dir": args.env_data_dir, "gpus": visible_gpus(os.environ.get("CUDA_VISIBLE_DEVICES")),
+            "cluster": bool(getattr(args, "ray_address", None))}
+
+
+def build_configs(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str, int, dict]]:
+    """Every (label, seed) config (``planned_configs``), checked up front as it is launched
+    (``fl_app.api.check_configs``: its data-dir resolved, its path, its method, data folder and
+    federation size); raises ConfigError before any launch."""
+    planned = planned_configs(args, runs_dir)
+    checked = check_configs([raw for _, _, raw in planned], args.clients, **where_to_run(args))
+    return [(row, seed, c.raw) for (row, seed, _), c in zip(planned, checked)]
 
 
 def command_line_keys(args: argparse.Namespace) -> dict:
@@ -94,65 +100,14 @@ def command_line_keys(args: argparse.Namespace) -> dict:
     return command_line
 
 
-# by design: continuation flag; the folder may move; the target only reads the accuracies afterwards
-IGNORED_ON_RERUN = {"resume", "results-dir", "target-accuracy"}
-
-
-def as_read_now(recorded: dict) -> dict:
-    """A run's recorded config as this code reads it: a key added since the run was made takes
-    its default (a new key's default is the behaviour before it existed), so asking for another
-    value of it is a change too; keys removed since are kept as recorded. A recorded config
-    this code refuses is compared as it stands."""
-    keys = config_keys()
-    try:
-        return {**recorded, **validate_config({k: v for k, v in recorded.items() if k in keys})}
-    except ConfigError:
-        return recorded
-
-
 def changed_runs(configs: list[tuple[str, int, dict]], runs_dir: Path, env_data_dir: str | None = None,
                  clients: int | None = None) -> list[str]:
-    """Runs in ``runs_dir`` (finished, or started and checkpointed) whose recorded config
-    differs from what is asked now, or whose recorded data fingerprint differs from the data
-    asked for now (``changed_data``: same folder, other files): keeping or continuing them would
+    """Runs in ``runs_dir`` (finished, or started and checkpointed) whose recorded config or data
+    differs from what is asked now (``fl_app.api.changed_runs``): keeping or continuing them would
     mix two experiments."""
-    problems = []
-    for _, _, raw in configs:
-        run_dir = runs_dir / raw["run-name"]
-        summary = read_summary(run_dir)
-        started = run_dir / "run-config.json"
-        recorded = summary["config"] if summary else json.loads(started.read_text()) if started.exists() else None
-        if recorded is None:
-            continue
-        wanted = validate_config(raw)
-        recorded = {**as_read_now(recorded), "data-dir": resolve_data_dir(recorded.get("data-dir", ""), env_data_dir)}
-        diff = [f"{k} {recorded[k]!r} -> {wanted[k]!r}" for k in wanted
-                if k in recorded and k not in IGNORED_ON_RERUN and recorded[k] != wanted[k]]
-        if diff:
-            problems.append(f"{run_dir} was run with a different config ({'; '.join(diff)})")
-        elif (data := changed_data(run_dir, wanted, clients)) is not None:
-            problems.append(data)
-    return problems
+    from fl_app.api import changed_runs as changed
 
-
-def changed_data(run_dir: Path, wanted: dict, clients: int | None) -> str | None:
-    """One line when ``run_dir`` recorded a data fingerprint (fl_app/server/provenance.py) that
-    the data asked for now does not have, or when it is a started run (a checkpoint, no summary)
-    that recorded none: continuing it would train on data that cannot be shown to be the data it
-    started on (the server refuses it too, ``provenance.resumed_fingerprint``). None when it
-    matches, or for a finished run that recorded none (made before fingerprints were recorded:
-    kept, not guessed). The fingerprint is computed only when there is one to compare."""
-    from fl_app.server.provenance import data_fingerprint
-    from runner.results.fingerprint import data_change, recorded_fingerprint
-
-    recorded = recorded_fingerprint(run_dir)
-    if recorded is None and read_summary(run_dir) is None and (run_dir / CHECKPOINT).exists():
-        return (f"{run_dir} would continue from a checkpoint that carries no data fingerprint, and its "
-                f"{FINGERPRINT_FILE} is missing: the data it started on is unknown")
-    if recorded is None:
-        return None
-    now = data_fingerprint(wanted, clients or (recorded.get("partition") or {}).get("num-partitions"))
-    return data_change(str(run_dir), recorded, now)
+    return changed([raw for _, _, raw in configs], runs_dir, env_data_dir, clients)
 
 
 def check_resources(args: argparse.Namespace) -> None:
@@ -175,68 +130,39 @@ def check_resources(args: argparse.Namespace) -> None:
                               " (check CUDA_VISIBLE_DEVICES and the torch build); use --gpus-per-client 0")
 
 
-def check_checkpoints(configs: list[tuple[str, int, dict]], runs_dir: Path) -> None:
-    """Every unfinished run's checkpoint that a re-run would continue from is checked now
-    (readable, its SHA-256, written for this model): ``CheckpointError`` before any launch."""
-    from tasks.datasets import input_shape
-    from tasks.models import build_model, get_weights
-
-    for _, _, raw in configs:
-        run_dir = runs_dir / raw["run-name"]
-        if read_summary(run_dir) is None and (run_dir / CHECKPOINT).exists():
-            cfg = validate_config(raw)
-            shapes = [w.shape for w in get_weights(build_model(cfg["model"], input_shape(cfg["dataset"])))]
-            load_checkpoint(run_dir, cfg["model"], shapes)
-
-
 def validate(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str, int, dict]]:
     """Step 2: every check that can fail before anything is launched or written (resources,
-    configs, data, checkpoints, runs made with another config); raises the first problem."""
+    configs, data, checkpoints, runs made with another config: ``fl_app.api.preflight``), as
+    launched; raises the first problem."""
     check_resources(args)
     check_workers(getattr(args, "parallel", None))
-    configs = build_configs(args, runs_dir)
-    for spec, model in {(PartitionSpec.from_config(cfg, args.clients), cfg["model"])
-                        for cfg in (validate_config(c) for _, _, c in configs)}:
-        check_data(spec, min_batch_of(model, spec.dataset))  # each client at least one batch the model trains on
-    check_checkpoints(configs, runs_dir)
-    changed = changed_runs(configs, runs_dir, args.env_data_dir, args.clients)
+    planned = planned_configs(args, runs_dir)
+    checked, changed = preflight([raw for _, _, raw in planned], args.clients, runs_dir, **where_to_run(args))
     if changed:
         raise ConfigError("finished or started runs would be kept or continued although config or data changed:\n  "
                           + "\n  ".join(changed) + "\nrun the changed config with another --out"
                           " (the runs there are kept as they are)")
-    return configs
+    return [(row, seed, c.raw) for (row, seed, _), c in zip(planned, checked)]
 
 
-def rounds_left(cfg: dict, run_dir: Path) -> int:
-    """Rounds a launch would still train for this run: 0 once it has finished (it is kept),
-    the rounds after its checkpoint when it continues from one, else all of them."""
-    if read_summary(run_dir) is not None:
-        return 0
-    ckpt = load_checkpoint(run_dir)
-    return cfg["num-server-rounds"] - (ckpt.round if ckpt else 0)
-
-
-def print_check(configs: list[tuple[str, int, dict]], runs_dir: Path, clients: int) -> None:
+def print_check(configs: list[tuple[str, int, dict]], runs_dir: Path, clients: int, facts: list[RunFacts]) -> None:
     """`--check`'s report: one line per run saying whether a launch would run it, continue it
     or keep it, and on which execution path; each path's reason once; the estimated time of
     what is left (finished runs cost nothing; a continued run costs its start and its
-    remaining rounds)."""
+    remaining rounds). ``facts``: each run's, from ``fl_app.api.check_report``."""
     from runner.estimate import describe
 
     left, step_costs, paths, reasons = [], [], [], {}
-    for row, seed, raw in configs:
-        (cfg, method), run_dir = resolve(raw), runs_dir / raw["run-name"]
-        asked = {k: v for k, v in raw.items() if k != "num-virtual-clients"}  # that key is the runner's own
-        _, execution = execution_for(asked, clients)  # the path the run takes, and why
-        rounds = rounds_left(cfg, run_dir)
+    for (row, seed, raw), run in zip(configs, facts):
+        cfg, execution, rounds = run.cfg, run.execution, run.rounds_left
         status = ("finished, kept" if rounds == 0 else
                   f"continues after round {cfg['num-server-rounds'] - rounds}" if rounds < cfg["num-server-rounds"]
                   else "to run")
-        print(f"ok: {row} seed {seed} -> {run_dir} ({status}; {execution.path})")
+        print(f"ok: {row} seed {seed} -> {runs_dir / raw['run-name']} ({status}; {execution.path})")
         reasons[execution.path, execution.reason] = reasons.get((execution.path, execution.reason), 0) + 1
         if rounds:
             left.append({**cfg, "num-server-rounds": rounds})
-            step_costs.append(method.update.step_cost)
+            step_costs.append(run.step_cost)
             paths.append(execution.path)
     for (path, reason), runs in reasons.items():  # each reason once, however many runs it explains
         print(f"{path} ({runs} of {len(configs)} runs): {reason}")
@@ -244,13 +170,18 @@ def print_check(configs: list[tuple[str, int, dict]], runs_dir: Path, clients: i
 
 
 def print_checks(args: argparse.Namespace, search: SearchPlan | None, configs: list, out: Path) -> int:
-    """``--check``'s report of the tuning search (when the file has one) and the table; 0."""
+    """``--check``'s report of the tuning search (when the file has one) and the table
+    (``print_check``), then a line per picture of the table's splits, written in ``out``; 0."""
+    groups = ([(search.configs, out / SEARCH_FOLDER / "runs")] if search else []) + [(configs, out / "runs")]
+    runs = [(runs_dir / raw["run-name"], raw) for group, runs_dir in groups for _, _, raw in group]
+    facts = check_report(runs, args.clients, visible_gpus(os.environ.get("CUDA_VISIBLE_DEVICES")))
+    splits = check_splits([raw for _, _, raw in configs], out, args.clients)
     if search:
         print(f"tuning search ({search.protocol.describe(search.rounds)}):")
-        print_check(search.configs, out / SEARCH_FOLDER / "runs", args.clients)
+        print_check(search.configs, groups[0][1], args.clients, facts[:len(search.configs)])
         print("the table (its tuned rows run the values the search chooses):")
-    print_check(configs, out / "runs", args.clients)
-    print("\n".join(write_check_splits([validate_config(c) for _, _, c in configs], out, args.clients)))
+    print_check(configs, out / "runs", args.clients, facts[-len(configs):] if configs else [])
+    print("\n".join(splits))
     return 0
 
 

@@ -41,13 +41,13 @@ import json
 import os
 from pathlib import Path
 
+from fl_app.api import resolve_data_dir
 from fl_app.config import ConfigError
 from fl_app.registry import DEFAULT_METHOD, method_names
 from fl_app.registry import spec as config_keys
 from runner.experiment import read_experiment
 from runner.listing import WHAT as LISTINGS
 from runner.plan import check_distinct
-from tasks.datasets import resolve_data_dir
 
 
 def build_parser() -> argparse.ArgumentParser:

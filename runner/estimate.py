@@ -60,7 +60,7 @@ def split_sizes(cfg: dict) -> tuple[int, int] | None:
     if cfg["dataset"] == "synthetic":
         return None
     if cfg.get("data-dir"):
-        from tasks.datasets import parquet_rows
+        from fl_app.api import parquet_rows
 
         rows = [parquet_rows(Path(cfg["data-dir"]) / cfg["dataset"] / f"{s}.parquet") for s in ("train", "test")]
         if all(rows):
@@ -93,8 +93,7 @@ def measure(cfg: dict, steps: int = 5) -> Probe:
     inputs of the configured batch size, and one forward pass of 256 examples; one thread."""
     import torch
 
-    from tasks.datasets import input_shape
-    from tasks.models import build_model
+    from fl_app.api import build_model, input_shape
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -34,7 +34,8 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from fl_app.common.execution_path import Execution, cohort_node_count, launch_execution
+from fl_app.api import Execution, cohort_node_count
+from fl_app.api import execution_for as launch_decision
 from runner.processes import (
     Managed,
     exe,
@@ -260,23 +261,12 @@ def visible_gpus(cuda_visible_devices: str | None) -> int:
 
 
 def execution_for(raw: dict, clients: int, cluster: bool = False) -> tuple[dict, Execution]:
-    """The runner's choice of path for the run config ``raw`` of ``clients`` partitions
-    (``fl_app.common.execution_path.launch_execution``: ``auto`` takes the cohort path on CUDA for a
-    method and settings that support it), and ``raw`` as it is launched: with
+    """The runner's choice of path for the run config ``raw`` of ``clients`` partitions on the GPUs
+    this process may use (``fl_app.api.execution_for``: ``auto`` takes the cohort path on CUDA for
+    a method and settings that support it), and ``raw`` as it is launched: with
     ``num-virtual-clients`` = ``clients`` on the cohort path (the server and ClientApp then
     take it, ``LocalSimulation.run`` starts cohort nodes). A refused cohort raises ConfigError."""
-    from fl_app.config import ConfigError
-    from fl_app.server_app import resolve
-
-    if "num-virtual-clients" in raw:
-        raise ConfigError(f"run-config key 'num-virtual-clients' = {raw['num-virtual-clients']!r} is set by the runner"
-                          " (--clients on the cohort path); leave it out and choose the path with execution")
-    cfg, method = resolve(raw)
-    gpus = visible_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"))
-    execution = launch_execution(cfg, method, clients, cuda=gpus > 0, gpus=gpus, cluster=cluster)
-    if execution.cohort:
-        raw = {**raw, "num-virtual-clients": clients}
-    return raw, execution
+    return launch_decision(raw, clients, visible_gpus(os.environ.get("CUDA_VISIBLE_DEVICES")), cluster)
 
 
 def _toml_number(value: float) -> str:

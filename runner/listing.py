@@ -36,8 +36,8 @@ def methods() -> list[str]:
 
 def models() -> list[str]:
     """One line per model: the first paragraph of its builder's docstring, never cut."""
+    from fl_app.api import BUILDERS, FLAT_MODELS, MODELS
     from fl_app.registry import first_paragraph
-    from tasks.models import BUILDERS, FLAT_MODELS, MODELS
 
     width = max(map(len, MODELS))
     lines = []

@@ -15,12 +15,17 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fl_app.common.files import atomic_write_text
-from fl_app.common.run_files import METRICS_FILE
+from fl_app.api import (
+    CHECKPOINT,
+    METRICS_FILE,
+    DataUnavailableError,
+    PartitionError,
+    atomic_write_text,
+    code_revision,
+    with_app_digest,
+    write_run_config,
+)
 from fl_app.config import ConfigError
-from fl_app.registry import validate_config
-from fl_app.server.checkpoint import CHECKPOINT
-from fl_app.server.provenance import with_app_digest
 from runner.checks import check_out_folder, print_checks, validate
 from runner.cli import runner_record
 from runner.launch import APP_DIR, LocalSimulation
@@ -28,19 +33,18 @@ from runner.parallel import Failed, Machine, Pool, default_workers, say, split
 from runner.processes import FolderInUse, MissingTool, lock_folder, release_folder
 from runner.quiet import HeldTraceback, for_output, is_noise, is_progress, plain
 from runner.results.fingerprint import split_by_data
+from runner.results.records import as_record, read_rows
 from runner.results.report import (
     compare,
     missing_metrics,
     plot,
     plot_curves,
     plot_drift,
-    read_summary,
     terminal_summary,
     write_comparison,
 )
 from runner.snapshot import snapshot_app
 from runner.tuning import SEARCH_FOLDER, SearchPlan, apply_choice, plan_search, read_tuning, tuning_record, write_tuning
-from tasks.datasets import DataUnavailableError, PartitionError
 
 
 @dataclass
@@ -59,8 +63,6 @@ def plan(args: argparse.Namespace, out: Path) -> float:
     (default: 0, or a share of the GPU when CUDA is present)."""
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "runner.json", json.dumps(runner_record(args), indent=1))
-    from fl_app.server.provenance import code_revision
-
     os.environ.setdefault("FL_DRIFT_REVISION", code_revision())  # the installed app has no .git
     if args.gpus_per_client is not None:
         return args.gpus_per_client
@@ -118,7 +120,8 @@ def launch(args: argparse.Namespace, configs: list[tuple[str, int, dict]], runs_
     for i, (row, seed, cfg) in enumerate(configs, 1):
         parts.append(Outcome())
         run_dir = runs_dir / cfg["run-name"]
-        earlier = read_summary(run_dir)
+        kept = as_record(run_dir)
+        earlier = kept.summary
         if earlier is None:
             jobs.append((i, row, seed, cfg))
             continue
@@ -128,7 +131,7 @@ def launch(args: argparse.Namespace, configs: list[tuple[str, int, dict]], runs_
             parts[-1].failed.append(cfg["run-name"])
         elif earlier.get("stopped"):
             parts[-1].stopped.append(cfg["run-name"])
-        if missing_metrics([run_dir]):  # its summary stays a result; the lost per-round record is said
+        if missing_metrics([kept]):  # its summary stays a result; the lost per-round record is said
             parts[-1].incomplete.append(cfg["run-name"])
             how += f", but its {METRICS_FILE} is missing (removed after it finished)"
         say(f"[{i}/{len(configs)}] {row} seed {seed}: {how}, kept")
@@ -174,7 +177,7 @@ def run_all(args: argparse.Namespace, jobs: list[tuple[int, str, int, dict]], to
         if (run_dir / CHECKPOINT).exists():
             cfg = {**cfg, "resume": True}
         run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(run_dir / "run-config.json", json.dumps(validate_config(cfg), indent=1))
+        write_run_config(run_dir, cfg)
         say(f"[{i}/{total}] {row} seed {seed} -> {run_dir}" + (" (resuming)" if cfg.get("resume") else ""))
         tail: list[str] = []
         sim.run(cfg, num_supernodes=args.clients, cpus_per_client=args.cpus_per_client,
@@ -194,7 +197,7 @@ def run_all(args: argparse.Namespace, jobs: list[tuple[int, str, int, dict]], to
 def record_run(row: str, name: str, run_dir: Path, tail: list[str], outcome: Outcome, lead: str = "    ") -> None:
     """After one run: print its result (or why it failed), each line after ``lead``, and file
     it in ``outcome``."""
-    summary = read_summary(run_dir)
+    summary = as_record(run_dir).summary
     if summary is None:
         outcome.failed.append(name)
         causes = [plain(t).split("fl-drift:", 1)[1].strip() for t in tail if "fl-drift:" in t]
@@ -231,9 +234,10 @@ def report(outcome: Outcome, out: Path) -> int:
     run lost its metrics.csv). A row whose runs were made on different data (kept runs beside new
     ones) is split, in the table and the plots alike (``split_by_data``): no mean is taken over
     two data sets."""
-    table = compare(outcome.runs)
+    read = read_rows(outcome.runs)  # each run folder read once, for the table and the plots
+    table = compare(read)
     write_comparison(table, out)
-    runs, _ = split_by_data(outcome.runs)
+    runs, _ = split_by_data(read)
     plot_curves(runs, out / "accuracy.png")
     plot(runs, "ri_mean", "roughness index (mean over clients)", out / "roughness.png")
     plot_drift(runs, out / "drift.png")

@@ -45,7 +45,8 @@ from typing import Any
 from fl_app.config import ConfigError
 from fl_app.registry import spec
 from runner.plan import check_distinct, grid_points, label, run_name
-from runner.results.report import LOST_UPDATES, client_failures, read_summary, tail_accuracy
+from runner.results.records import as_record, as_records
+from runner.results.report import LOST_UPDATES, client_failures, tail_accuracy
 
 METRICS = ("best", "final", "last-5-mean")
 TUNING_FILE = "tuning.json"
@@ -183,11 +184,12 @@ def search_experiment(exp: dict, protocol: Protocol, rounds: int) -> dict:
 def run_score(run_dir: Path, metric: str) -> float | None:
     """One search run's score on the validation split: its best or final accuracy, or the
     mean over its last 5 evaluated rounds; None when it did not finish or trained nothing."""
-    summary = read_summary(run_dir)
+    run = as_record(run_dir)
+    summary = run.summary
     if summary is None or summary.get("rounds") == 0 or summary.get("untrained"):
         return None
     value = {"best": lambda: summary.get("best_accuracy"), "final": lambda: summary.get("final_accuracy"),
-             "last-5-mean": lambda: tail_accuracy(run_dir)}[metric]()
+             "last-5-mean": lambda: tail_accuracy(run)}[metric]()
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
@@ -199,7 +201,7 @@ def score_points(protocol: Protocol, runs_dir: Path) -> dict[str, list[dict]]:
     for row, axes in protocol.grids.items():
         points = []
         for point in grid_points(axes):
-            dirs = [Path(runs_dir) / run_name(label(row, point), seed) for seed in protocol.seeds]
+            dirs = as_records(Path(runs_dir) / run_name(label(row, point), seed) for seed in protocol.seeds)
             scores = {seed: run_score(d, protocol.metric) for seed, d in zip(protocol.seeds, dirs)}
             done = [s for s in scores.values() if s is not None]
             points.append({"values": point, "scores": {str(k): v for k, v in scores.items()},
@@ -279,7 +281,7 @@ def row_protocol(exp: dict, name: str, dirs: list[Path]) -> str:
     protocol the runs recorded (``tuning-protocol``); for runs that recorded none, the file's
     ``[chosen-by]`` statement for the row (or its ``all``), else "not tuned" for a row the
     [tune] table leaves untuned, else "protocol not recorded" (never guessed)."""
-    recorded = {str(((read_summary(d) or {}).get("config") or {}).get("tuning-protocol") or "") for d in dirs}
+    recorded = {str(((d.summary or {}).get("config") or {}).get("tuning-protocol") or "") for d in as_records(dirs)}
     tuned = sorted(r for r in recorded if r)
     if len(tuned) > 1 or (tuned and "" in recorded):
         return "mixed protocols: " + " | ".join(tuned + ([NOT_RECORDED] if "" in recorded else []))

@@ -23,8 +23,10 @@ a cycle cannot hide behind a lazy import. Allowed edges, with no exception:
   ``inject-faults`` and ``tracking``, the checks of ``execution`` and ``screening`` against a
   method, and the decision of a run's path: what the ClientApp needs, so it loads no server
   module). A room imports its own modules and the rooms below it, never one above or beside it;
-- ``runner`` (outside a Flower run: launches runs and deployments, writes reports) imports
-  anything; ``runner.results`` (reading finished runs) imports no other part of the runner.
+- ``runner`` (outside a Flower run: launches runs and deployments, writes reports) reaches what
+  lies below it through fl_app's public entry ``fl_app.api`` and the run-config schema
+  (``fl_app.registry``, ``fl_app.config``) only (``RUNNER_MAY_IMPORT``); ``runner.results``
+  (reading finished runs) imports no other part of the runner.
 
 Within one package the module graph must be acyclic, and a method module never borrows from a
 sibling method module except through the package's shared modules.
@@ -308,3 +310,25 @@ def test_no_function_over_50_lines():
                     if length > 50:
                         long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({length} lines)")
     assert not long, "functions over 50 lines:\n" + "\n".join(long)
+
+
+# What the runner may import of the packages below it: fl_app's public entry and its run-config
+# schema; the process table (a leaf that imports nothing of ours, kept out of fl_app.api's weight
+# so that the runner's watchdog starts without torch and Flower); the plain catalogue of data sets
+# (read before torch is imported, runner/early.py).
+RUNNER_MAY_IMPORT = ("fl_app.api", "fl_app.registry", "fl_app.config", "fl_app.common.procfs", "tasks.catalogue")
+
+
+def test_the_runner_reaches_fl_app_through_its_public_entry():
+    """No module of ``runner`` imports fl_app's rooms (``fl_app.server``, ``fl_app.common``,
+    ``fl_app.node``, the Flower apps) or ``tasks``, ``protocol``, ``strategies``, ``clients``
+    directly: what it needs of them comes through ``fl_app.api`` (or the run-config schema), so
+    fl_app's rooms can move without the runner noticing."""
+    bad = []
+    for module, targets in import_graph().items():
+        if module.split(".")[0] != "runner":
+            continue
+        for target in targets:
+            if target.split(".")[0] != "runner" and target not in RUNNER_MAY_IMPORT:
+                bad.append(f"{module} imports {target}")
+    assert not bad, "the runner reaching past fl_app.api:\n" + "\n".join(sorted(bad))

@@ -123,7 +123,7 @@ def checkpoint_fingerprint(run_dir: Path) -> dict | None:
     """The data fingerprint inside the run's checkpoint, read without loading its arrays; None
     without a checkpoint, without a fingerprint in it, or when it cannot be read. Unchecked:
     ``load_checkpoint`` checks the whole file against its SHA-256 (the runner does that first,
-    ``runner.checks.check_checkpoints``; the resumed server loads it that way)."""
+    ``fl_app.api.check_checkpoints``, before a sweep launches; the resumed server loads it that way)."""
     try:
         with np.load(Path(run_dir) / CHECKPOINT) as data:
             found = _from_json_array(data[FINGERPRINT_ENTRY]) if FINGERPRINT_ENTRY in data.files else None

@@ -21,20 +21,15 @@ last evaluated round; a row's columns are means over its seeds.
 
 from __future__ import annotations
 
-import csv
-import functools
-import json
 import math
-from pathlib import Path
 
 import numpy as np
 
-from tasks.datasets import DataUnavailableError
-from tasks.partition_figure import LABEL_COUNTS_FILE, read_label_counts, write_label_counts
-from tasks.partition_spec import PartitionSpec
-from tasks.train import accuracy_spread
+from fl_app.api import LABEL_COUNTS_FILE as LABEL_COUNTS_FILE  # the run folder's files this view reads
+from fl_app.api import PER_CLASS_FILE as PER_CLASS_FILE
+from fl_app.api import accuracy_spread
+from runner.results.records import Run, as_record, as_records
 
-PER_CLASS_FILE = "per_class_accuracy.csv"
 MIX_COLUMNS = ("client_mix_mean", "client_mix_std", "client_mix_worst10")
 
 
@@ -51,51 +46,22 @@ def label_mix_accuracies(per_class: np.ndarray, counts: np.ndarray) -> np.ndarra
         return np.where(totals > 0, weights @ per_class[scored] / totals, math.nan)
 
 
-def last_per_class(run_dir: Path) -> np.ndarray | None:
-    """The per-class test accuracies of the run's last evaluated round, or None."""
-    path = Path(run_dir) / PER_CLASS_FILE
-    if not path.exists():
-        return None
-    with path.open() as f:
-        rows = [r for r in csv.reader(f)][1:]
-    rows = [r for r in rows if len(r) > 1 and all(v != "" for v in r[1:])]
-    return np.array([float(v) for v in rows[-1][1:]]) if rows else None
-
-
-@functools.lru_cache(maxsize=64)
-def _counts_for(spec: PartitionSpec) -> np.ndarray:
-    from tasks.partitioning import partition_label_counts
-
-    return partition_label_counts(spec)
-
-
-def run_label_counts(run_dir: Path, compute: bool = False) -> np.ndarray | None:
+def run_label_counts(run_dir: Run, compute: bool = False) -> np.ndarray | None:
     """The run's clients' training label counts (clients x classes): read from the run's
     client_label_counts.csv, else, with ``compute``, cut again from the data (the run's
     summary.json config and client count; same partitioner and seed as the run) and written
-    there, so later readers need no data. None when neither is possible."""
-    path = Path(run_dir) / LABEL_COUNTS_FILE
-    if path.exists():
-        return read_label_counts(path)
-    if not compute:
-        return None
-    try:
-        summary = json.loads((Path(run_dir) / "summary.json").read_text())
-        spec = PartitionSpec.from_config(summary["config"], int(summary["num_clients"]))
-        counts = _counts_for(spec)
-    except (OSError, KeyError, TypeError, ValueError, DataUnavailableError):
-        return None  # no summary or client count, no data here, a synthetic run: the column stays empty
-    write_label_counts(path, counts)
-    return counts
+    there, so later readers need no data (``runner.results.records.as_record``). None when
+    neither is possible."""
+    return as_record(run_dir, label_counts=compute).label_counts
 
 
-def client_mix_columns(dirs: list[Path], compute: bool = False) -> dict[str, float]:
+def client_mix_columns(dirs: list[Run], compute: bool = False) -> dict[str, float]:
     """``final_client_mix_mean/_std/_worst10``: the spread over clients at each run's last
     evaluated round, mean over the runs (seeds) that have both inputs; NaN when none has;
     ``final_client_mix_seeds``: how many runs that is."""
     per_seed: dict[str, list[float]] = {c: [] for c in MIX_COLUMNS}
-    for d in dirs:
-        per_class, counts = last_per_class(d), run_label_counts(d, compute)
+    for d in as_records(dirs):
+        per_class, counts = d.per_class, run_label_counts(d, compute)
         if per_class is None or counts is None or counts.shape[1] != per_class.size:
             continue
         mean, std, worst, n = accuracy_spread(label_mix_accuracies(per_class, counts))

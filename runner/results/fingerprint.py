@@ -11,60 +11,13 @@ are labelled so (``data_line``).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
-from pathlib import Path
 
-from fl_app.common.run_files import FINGERPRINT_FILE, FINGERPRINT_KEY, SUMMARY_FILE, read_summary
-from fl_app.server.checkpoint import checkpoint_fingerprint
+from fl_app.api import describe_data as describe
+from fl_app.api import fingerprint_of
+from runner.results.records import Run, as_records
 
 NOT_RECORDED = "data fingerprint not recorded"
-
-
-def fingerprint_of(summary: dict | None) -> dict | None:
-    """A run's recorded data fingerprint, or None when it has none (or only a broken one)."""
-    fp = summary.get(FINGERPRINT_KEY) if isinstance(summary, dict) else None
-    return fp if isinstance(fp, dict) and isinstance(fp.get("digest"), str) else None
-
-
-def recorded_fingerprint(run_dir: Path) -> dict | None:
-    """The fingerprint a run recorded: its summary's when it finished, else its checkpoint's
-    (the data its rounds so far trained on, hashed with the checkpoint), else the one it wrote
-    when it started (``FINGERPRINT_FILE``); None when it recorded none."""
-    found = fingerprint_of(_json(Path(run_dir) / SUMMARY_FILE))
-    found = found or fingerprint_of({FINGERPRINT_KEY: checkpoint_fingerprint(run_dir)})
-    return found or fingerprint_of({FINGERPRINT_KEY: _json(Path(run_dir) / FINGERPRINT_FILE)})
-
-
-def _json(path: Path):
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def data_change(run: str, recorded: dict, now: dict) -> str | None:
-    """One line when a run recorded another fingerprint than the data asked for now, else None."""
-    if recorded["digest"] == now["digest"]:
-        return None
-    return f"{run} was run on data {describe(recorded)}, but the data asked for now is {describe(now)}"
-
-
-def _split(d: dict) -> str:
-    if d.get("source") == "local parquet":
-        text = f"{d.get('bytes')} bytes, sha256 {str(d.get('sha256'))[:12]}"
-    elif d.get("source") == "hub":
-        text = f"hub {d.get('id')}@{d.get('revision') or 'unknown revision'}, {d.get('rows')} rows"
-    else:
-        text = str(d.get("source"))
-    return text + (f", {d['node-local']} nodes with their own data-path" if d.get("node-local") else "")
-
-
-def describe(fp: dict) -> str:
-    """One line: the digest, then the dataset, its train and test splits and the partition."""
-    partition = ", ".join(f"{k} {v}" for k, v in (fp.get("partition") or {}).items())
-    return (f"{fp['digest']} ({fp.get('dataset')}: train {_split(fp.get('train') or {})}; "
-            f"test {_split(fp.get('test') or {})}; {partition})")
 
 
 def by_digest(runs: Iterable[tuple[str, dict | None]]) -> tuple[dict[str, tuple[dict, list[str]]], list[str]]:
@@ -102,16 +55,16 @@ def _runs_on(names: list[str], data: str) -> str:
     return f"{shown} {data}"
 
 
-def split_by_data(runs: dict[str, list[Path]]) -> tuple[dict[str, list[Path]], dict[str, str]]:
+def split_by_data(runs: dict[str, list[Run]]) -> tuple[dict[str, list[Run]], dict[str, str]]:
     """The rows of a comparison with no mean over two data sets: a row whose runs share one data
     set (``mixed_data`` None) as it is; a row whose runs do not, split in place into one row per
     data set, '<row> [data <digest>]' and '<row> [data unknown]' (runs without a fingerprint
     beside runs with one). Also {new row: the one line naming the runs of the row it was split
     from}, for the table to show why."""
-    out: dict[str, list[Path]] = {}
+    out: dict[str, list[Run]] = {}
     why: dict[str, str] = {}
     for row, dirs in runs.items():
-        named = [(Path(d).name, fingerprint_of(read_summary(d))) for d in dirs]
+        named = [(r.name, fingerprint_of(r.summary)) for r in as_records(dirs)]
         mixed = mixed_data(named)
         if mixed is None:
             out[row] = dirs

@@ -1,4 +1,6 @@
-"""Read finished runs' results and write the comparison files and plots."""
+"""Read finished runs' results and write the comparison files and plots. A row's runs are given
+as folders or as their records read already (``runner.results.records``): each folder is read
+once, by the function that is given it."""
 
 from __future__ import annotations
 
@@ -10,10 +12,12 @@ from pathlib import Path
 
 import numpy as np
 
-from fl_app.common.files import atomic_write_text, replacing
-from fl_app.common.run_files import METRICS_FILE, read_metrics, read_summary
+from fl_app.api import atomic_write_text, replacing
+from fl_app.api import read_metrics as read_metrics  # the readers of a run folder, for the callers of this module
+from fl_app.api import read_summary as read_summary
 from runner.results.clientmix import MIX_COLUMNS, client_mix_columns
 from runner.results.fingerprint import split_by_data
+from runner.results.records import Run, as_record, as_records, read_rows
 from runner.results.stats import Paired, fmt_paired, paired_difference
 
 
@@ -24,22 +28,22 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return float(arr.mean()), float(arr.std(ddof=1)) if arr.size > 1 else 0.0
 
 
-def missing_metrics(dirs: list[Path]) -> list[str]:
+def missing_metrics(dirs: list[Run]) -> list[str]:
     """Finished runs (a summary.json) whose metrics.csv is gone (deleted or moved after they
     finished): their per-round columns cannot be computed, so they are named, never skipped."""
-    return [Path(d).name for d in dirs if read_summary(d) is not None and not (Path(d) / METRICS_FILE).exists()]
+    return [r.name for r in as_records(dirs) if r.summary is not None and not r.has_metrics]
 
 
-def update_gaps(dirs: list[Path]) -> list[str]:
+def update_gaps(dirs: list[Run]) -> list[str]:
     """Runs that had rounds with no usable client update (``rounds_without_update`` in their
     summary.json), one text each: '<run>: untrained' (no round had one) or '<run>: rounds [..]'."""
     gaps = []
-    for d in dirs:
-        s = read_summary(d) or {}
+    for d in as_records(dirs):
+        s = d.summary or {}
         if s.get("untrained"):
-            gaps.append(f"{Path(d).name}: untrained (no round used a client update)")
+            gaps.append(f"{d.name}: untrained (no round used a client update)")
         elif s.get("rounds_without_update"):
-            gaps.append(f"{Path(d).name}: no client update used in rounds {s['rounds_without_update']}")
+            gaps.append(f"{d.name}: no client update used in rounds {s['rounds_without_update']}")
     return gaps
 
 
@@ -56,7 +60,7 @@ def _lost_in_round(row: dict) -> tuple[int, int]:
     return int(row["num_failures"]), int(rejected) if isinstance(rejected, (int, float)) else 0
 
 
-def client_failures(dirs: list[Path]) -> list[str]:
+def client_failures(dirs: list[Run]) -> list[str]:
     """Runs in which sampled clients' updates were lost, one text each: '<run>: F failed and J
     rejected client updates in R of N rounds' (either part alone when the other is 0; 'every
     round' when so). Failed: the client raised or timed out (``num_failures`` in metrics.csv);
@@ -66,8 +70,8 @@ def client_failures(dirs: list[Path]) -> list[str]:
     client that fails every round (a data or model problem, not chance) silently makes the
     federation smaller, which a comparison must show."""
     found = []
-    for d in dirs:
-        rounds = [_lost_in_round(r) for r in read_metrics(d) if isinstance(r.get("num_failures"), (int, float))]
+    for d in as_records(dirs):
+        rounds = [_lost_in_round(r) for r in d.metrics if isinstance(r.get("num_failures"), (int, float))]
         lost = [(f, j) for f, j in rounds if f > 0 or j > 0]
         if lost:
             failed, rejected = sum(f for f, _ in lost), sum(j for _, j in lost)
@@ -75,11 +79,11 @@ def client_failures(dirs: list[Path]) -> list[str]:
                                               f"{rejected} rejected" if rejected else "") if t)
             every = " (every round)" if len(lost) == len(rounds) else ""
             noun = "update" if failed + rejected == 1 else "updates"
-            found.append(f"{Path(d).name}: {counts} client {noun} in {len(lost)} of {len(rounds)} rounds{every}")
+            found.append(f"{d.name}: {counts} client {noun} in {len(lost)} of {len(rounds)} rounds{every}")
     return found
 
 
-def compare(runs: dict[str, list[Path]]) -> list[dict]:
+def compare(runs: dict[str, list[Run]]) -> list[dict]:
     """One row per method: final and best accuracy as mean and std over its seeds, what they
     cost (``cost_columns``: rounds to the target accuracy, megabytes per client per round, client
     compute per round), and (with >= 2 seeds) the paired differences to the reference row
@@ -91,9 +95,9 @@ def compare(runs: dict[str, list[Path]]) -> list[dict]:
     or on unknown data beside known, is never averaged: it is split into one row per data set
     (``split_by_data``), each with the line naming the runs in ``data_split``."""
     table = []
-    runs, split = split_by_data(runs)
+    runs, split = split_by_data(read_rows(runs))
     for method, dirs in runs.items():
-        summaries = [s for s in (read_summary(d) for d in dirs) if s is not None]
+        summaries = [d.summary for d in dirs if d.summary is not None]
         trained = [s for s in summaries if not s.get("untrained")]
         final = mean_std([s["final_accuracy"] for s in trained])
         best = mean_std([s["best_accuracy"] for s in trained])
@@ -105,7 +109,7 @@ def compare(runs: dict[str, list[Path]]) -> list[dict]:
             "final_accuracy_mean": final[0], "final_accuracy_std": None if one else final[1],
             "best_accuracy_mean": best[0], "best_accuracy_std": None if one else best[1],
             "seconds_mean": secs[0],
-            **cost_columns([d for d in dirs if not (read_summary(d) or {}).get("untrained")]),
+            **cost_columns([d for d in dirs if not (d.summary or {}).get("untrained")]),
             "tail_rounds": _span(tail_rounds(d) for d in dirs),
             **drift_columns(dirs),
             "untrained_runs": len(summaries) - len(trained), "update_gaps": "; ".join(update_gaps(dirs)),
@@ -131,19 +135,19 @@ TAIL_ROUNDS = 5
 TAIL_KEY = "tail_accuracy"  # accuracy_by_seed's key for tail_accuracy
 
 
-def tail_accuracy(run_dir: Path, rounds: int = TAIL_ROUNDS) -> float | None:
+def tail_accuracy(run_dir: Run, rounds: int = TAIL_ROUNDS) -> float | None:
     """Mean test accuracy over the run's last ``rounds`` evaluated rounds (None without any):
     the end of a run less at the mercy of one round, since a label-skewed run's accuracy swings
     by points from one round to the next."""
-    accs = [r["test_accuracy"] for r in read_metrics(run_dir)
+    accs = [r["test_accuracy"] for r in as_record(run_dir).metrics
             if isinstance(r.get("test_accuracy"), (int, float)) and math.isfinite(r["test_accuracy"])]
     return sum(accs[-rounds:]) / len(accs[-rounds:]) if accs else None
 
 
-def tail_rounds(run_dir: Path, rounds: int = TAIL_ROUNDS) -> int:
+def tail_rounds(run_dir: Run, rounds: int = TAIL_ROUNDS) -> int:
     """How many rounds ``tail_accuracy`` averages for this run: ``rounds``, or fewer when the
     run evaluated fewer (a 3-round run: 3)."""
-    evaluated = [r for r in read_metrics(run_dir)
+    evaluated = [r for r in as_record(run_dir).metrics
                  if isinstance(r.get("test_accuracy"), (int, float)) and math.isfinite(r["test_accuracy"])]
     return min(rounds, len(evaluated))
 
@@ -157,34 +161,34 @@ def _span(values) -> int | str | None:
 COMPUTE_KEY = "client_fit_seconds"  # value_by_seed's key for mean_client_seconds
 
 
-def accuracy_by_seed(dirs: list[Path], key: str = "final_accuracy") -> dict[int, float]:
+def accuracy_by_seed(dirs: list[Run], key: str = "final_accuracy") -> dict[int, float]:
     """{seed: the run's final (or best) accuracy, or with ``TAIL_KEY`` its ``tail_accuracy``}
     (``value_by_seed``)."""
     return value_by_seed(dirs, key)
 
 
-def value_by_seed(dirs: list[Path], key: str = "final_accuracy") -> dict[int, float]:
+def value_by_seed(dirs: list[Run], key: str = "final_accuracy") -> dict[int, float]:
     """{seed: the run's summary value ``key`` (final or best accuracy), its ``tail_accuracy``
     (``TAIL_KEY``) or its mean client compute per round (``COMPUTE_KEY``)} over the finished
     runs of one row; the seed is the run's recorded config seed, else the ``-seed<N>`` ending of
     its folder name (runs whose seed is neither are left out: they cannot be paired; untrained
     runs are no result and are left out too)."""
     out = {}
-    for d in dirs:
-        s = read_summary(d)
+    for d in as_records(dirs):
+        s = d.summary
         if s is None or s.get("untrained"):
             continue
         seed = s.get("config", {}).get("seed")
-        if seed is None and re.search(r"-seed(\d+)$", Path(d).name):
-            seed = re.search(r"-seed(\d+)$", Path(d).name).group(1)
+        if seed is None and re.search(r"-seed(\d+)$", d.name):
+            seed = re.search(r"-seed(\d+)$", d.name).group(1)
         value = (tail_accuracy(d) if key == TAIL_KEY else
-                 mean_column(read_metrics(d), FIT_SECONDS) if key == COMPUTE_KEY else s.get(key))
+                 mean_column(d.metrics, FIT_SECONDS) if key == COMPUTE_KEY else s.get(key))
         if value is not None and seed is not None:
             out[int(seed)] = float(value)
     return out
 
 
-def add_paired_columns(table: list[dict], runs: dict[str, list[Path]]) -> None:
+def add_paired_columns(table: list[dict], runs: dict[str, list[Run]]) -> None:
     """When some row has >= 2 seeds: per row, its final accuracy minus the reference row's
     (``reference_row``), paired by seed, as the mean and its 95% t interval over the seeds
     both ran (``runner.results.stats``), and the same for the mean accuracy over the last
@@ -320,10 +324,10 @@ def tail_header(table: list[dict]) -> str:
 INITIAL = {"test_accuracy": "initial_accuracy", "test_loss": "initial_loss"}
 
 
-def initial_row(run_dir: Path) -> list[dict]:
+def initial_row(run_dir: Run) -> list[dict]:
     """Round 0, the initial model's evaluation, as a metrics row (from summary.json; [] for
     runs without it: unfinished, resumed, or made before it was recorded)."""
-    summary = read_summary(run_dir) or {}
+    summary = as_record(run_dir).summary or {}
     row = {column: summary[key] for column, key in INITIAL.items() if isinstance(summary.get(key), (int, float))}
     return [{"round": 0, **row}] if row else []
 
@@ -336,19 +340,19 @@ def _paired_cell(r: dict, ref: str, prefix: str = "final") -> str:
     return fmt_paired(Paired(r.get("paired_seeds" if prefix == "final" else f"{prefix}_diff_seeds", 0), *nan))
 
 
-def curves(runs: dict[str, list[Path]], column: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def curves(runs: dict[str, list[Run]], column: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Per method: rounds and the mean of ``column`` over seeds (methods lacking it skipped)."""
     return {m: (r, mean) for m, (r, mean, _, _, _) in curve_stats(runs, column).items()}
 
 
-def curve_stats(runs: dict[str, list[Path]], column: str) -> dict[str, tuple]:
+def curve_stats(runs: dict[str, list[Run]], column: str) -> dict[str, tuple]:
     """Per method: (rounds, mean, min, max over seeds, number of seeds with the column)."""
     out = {}
-    for method, dirs in runs.items():
+    for method, dirs in read_rows(runs).items():
         per_round: dict[int, list[float]] = defaultdict(list)
         seeds = 0
         for d in dirs:
-            rows = [r for r in initial_row(d) + read_metrics(d) if isinstance(r.get(column), (int, float))]
+            rows = [r for r in initial_row(d) + d.metrics if isinstance(r.get(column), (int, float))]
             seeds += bool(rows)
             for row in rows:
                 per_round[int(row["round"])].append(float(row[column]))
@@ -365,9 +369,9 @@ MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 FLAT_TOLERANCE = 1e-9  # a curve whose whole range is below this (relative to its size) is flat
 
 
-def setup_title(runs: dict[str, list[Path]]) -> str:
+def setup_title(runs: dict[str, list[Run]]) -> str:
     """The runs' shared setup (values that differ between runs are joined with '/')."""
-    summaries = [s for dirs in runs.values() for s in (read_summary(d) for d in dirs) if s]
+    summaries = [d.summary for dirs in runs.values() for d in as_records(dirs) if d.summary]
     if not summaries:
         return ""
 
@@ -438,7 +442,7 @@ def _draw(ax, stats: dict[str, tuple], ylabel: str) -> None:
     ax.legend(fontsize=7)
 
 
-def plot(runs: dict[str, list[Path]], column: str, ylabel: str, path: Path, title: str = "") -> bool:
+def plot(runs: dict[str, list[Run]], column: str, ylabel: str, path: Path, title: str = "") -> bool:
     """Line plot of ``column`` vs round, one line per method (mean over seeds, min-max band);
     False if no run has it."""
     stats = curve_stats(runs, column)
@@ -470,7 +474,7 @@ def save_figure(fig, path: Path) -> None:
         plt.close(fig)
 
 
-def plot_curves(runs: dict[str, list[Path]], path: Path) -> bool:
+def plot_curves(runs: dict[str, list[Run]], path: Path) -> bool:
     """Test accuracy and test loss side by side, titled with the setup; False without data."""
     acc, loss = curve_stats(runs, "test_accuracy"), curve_stats(runs, "test_loss")
     if not acc:
@@ -529,7 +533,7 @@ def run_target(summary: dict) -> float | None:
     return float(value) if isinstance(value, (int, float)) and value > 0 else None
 
 
-def cost_columns(dirs: list[Path]) -> dict:
+def cost_columns(dirs: list[Run]) -> dict:
     """What one row's runs cost beside their accuracy: ``target_accuracy`` (the runs' own, NaN
     when they differ, None when unset), ``rounds_to_target_mean`` over the ``target_reached_seeds``
     of the ``target_seeds`` runs with a target that reached it; ``mb_down_per_round`` /
@@ -537,11 +541,11 @@ def cost_columns(dirs: list[Path]) -> dict:
     ``client_seconds_per_round_mean`` / ``_std`` (mean client fit seconds per round), each a
     per-run mean over rounds, then the mean over runs; NaN where no run has them."""
     targets, reached, down, up, fit = [], [], [], [], []
-    for d in dirs:
-        summary = read_summary(d)
+    for d in as_records(dirs):
+        summary = d.summary
         if summary is None:
             continue
-        rows = read_metrics(d)
+        rows = d.metrics
         target = run_target(summary)
         if target is not None:
             targets.append(target)
@@ -610,14 +614,14 @@ DIVERSITY = "update_diversity"
 MIN_CLASS = "min_class_accuracy"
 
 
-def drift_columns(dirs: list[Path]) -> dict[str, float]:
+def drift_columns(dirs: list[Run]) -> dict[str, float]:
     """A method's drift and forgetting summary over its seeds: ``update_diversity_mean`` (per
     run the mean of update_diversity over its rounds, NaN rounds left out; then the mean over
     seeds) and ``final_min_class_accuracy_mean`` / ``_std`` (the last round's
     min_class_accuracy). NaN where the runs lack the columns (runs made before they existed)."""
     diversity, final_min = [], []
-    for d in dirs:
-        rows = read_metrics(d)
+    for d in as_records(dirs):
+        rows = d.metrics
         values = [r[DIVERSITY] for r in rows if isinstance(r.get(DIVERSITY), (int, float))]
         values = [v for v in values if math.isfinite(v)]
         if values:
@@ -632,13 +636,13 @@ def drift_columns(dirs: list[Path]) -> dict[str, float]:
 CLIENT_COLUMNS = ("client_accuracy_mean", "client_accuracy_std", "client_accuracy_worst10")
 
 
-def client_columns(dirs: list[Path]) -> dict[str, float]:
+def client_columns(dirs: list[Run]) -> dict[str, float]:
     """The per-client evaluation (``client-test-fraction``) of a row's last evaluated round:
     ``final_<column>`` for the clients' mean, std and worst-10% accuracy, each the mean over
     seeds; NaN where the runs lack the columns (client evaluation off)."""
     per_seed: dict[str, list[float]] = {c: [] for c in CLIENT_COLUMNS}
-    for d in dirs:
-        rows = [r for r in read_metrics(d) if isinstance(r.get(CLIENT_COLUMNS[0]), (int, float))]
+    for d in as_records(dirs):
+        rows = [r for r in d.metrics if isinstance(r.get(CLIENT_COLUMNS[0]), (int, float))]
         for c in CLIENT_COLUMNS:
             if rows and isinstance(rows[-1].get(c), (int, float)):
                 per_seed[c].append(float(rows[-1][c]))
@@ -674,14 +678,14 @@ def client_views(rows) -> list[tuple[str, ...]]:
     return [cols for cols in CLIENT_HEADERS if any(client_cells(r, cols) != "-" for r in rows)]
 
 
-def band_curves(runs: dict[str, list[Path]], column: str) -> dict[str, tuple[np.ndarray, ...]]:
+def band_curves(runs: dict[str, list[Run]], column: str) -> dict[str, tuple[np.ndarray, ...]]:
     """Per method: rounds, and the mean, min and max of ``column`` over seeds at each round
     (non-finite values left out; methods without the column skipped)."""
     out = {}
-    for method, dirs in runs.items():
+    for method, dirs in read_rows(runs).items():
         per_round: dict[int, list[float]] = defaultdict(list)
         for d in dirs:
-            for row in read_metrics(d):
+            for row in d.metrics:
                 value = row.get(column)
                 if isinstance(value, (int, float)) and math.isfinite(value):
                     per_round[int(row["round"])].append(float(value))
@@ -693,7 +697,7 @@ def band_curves(runs: dict[str, list[Path]], column: str) -> dict[str, tuple[np.
     return out
 
 
-def plot_drift(runs: dict[str, list[Path]], path: Path, title: str = "") -> bool:
+def plot_drift(runs: dict[str, list[Run]], path: Path, title: str = "") -> bool:
     """drift.png: update diversity vs round, one line per method (mean over seeds) with a
     band from the lowest to the highest seed; log y (diversity is >= 1 and spans decades when
     clients pull apart). False, and no file, when no run has the column."""
@@ -737,7 +741,7 @@ def plot_drift(runs: dict[str, list[Path]], path: Path, title: str = "") -> bool
     return True
 
 
-def drift_title(runs: dict[str, list[Path]], title: str = "") -> str:
+def drift_title(runs: dict[str, list[Run]], title: str = "") -> str:
     """drift.png's title: what is drawn, the runs' shared setup (as accuracy.png's title) and
     how seeds are summarised."""
     seeds = max(len(d) for d in runs.values())

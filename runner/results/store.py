@@ -21,8 +21,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from fl_app.common.run_files import FINGERPRINT_KEY, METRICS_FILE, SUMMARY_FILE
-from protocol.keys import ConfigError
+from fl_app.api import FINGERPRINT_KEY, METRICS_FILE, SUMMARY_FILE
+from fl_app.config import ConfigError
 from runner.results.fingerprint import fingerprint_of
 
 # the metrics.csv columns every run writes (fl_app/common/run_files.py BASE_COLUMNS' first two)
