@@ -161,11 +161,12 @@ def one_run(cfg: dict, parts, test) -> dict:
         client = DriftClient(method.update, cfg, context, partition_id=k, num_partitions=CLIENTS)
         client._data = parts[k]
         manager.register(InProcessProxy(str(k), NodeClient(client)))
-    server = DriftServer(client_manager=manager, strategy=inner, cfg=cfg, method_class=method.strategy,
-                         run_dir=Path(tempfile.mkdtemp(prefix="fl-drift-security-")))
-    server.set_max_workers(1)  # the clients one after the other, in partition order, as before
-    server.fit(cfg["num-server-rounds"], timeout=None)
-    rows = server.record.rows
+    with tempfile.TemporaryDirectory(prefix="fl-drift-security-") as run_dir:  # the server's files: not kept
+        server = DriftServer(client_manager=manager, strategy=inner, cfg=cfg, method_class=method.strategy,
+                             run_dir=Path(run_dir))
+        server.set_max_workers(1)  # the clients one after the other, in partition order, as before
+        server.fit(cfg["num-server-rounds"], timeout=None)
+        rows = server.record.rows
     return {"accuracy": [r["test_accuracy"] for r in rows],
             "num_rejected": [r["num_rejected"] for r in rows],
             "seconds": round(time.monotonic() - started, 1)}
