@@ -266,8 +266,14 @@ def points(p: Paired) -> str:
     if p.n == 0:
         return ""
     if p.n == 1:
-        return f"{p.mean * 100:.1f} (1 seed)"
-    return f"{p.mean * 100:.1f} [{p.low * 100:.1f}, {p.high * 100:.1f}]"
+        return f"{one(p.mean)} (1 seed)"
+    return f"{one(p.mean)} [{one(p.low)}, {one(p.high)}]"
+
+
+def one(fraction: float) -> str:
+    """A fraction in points with one decimal; a value that rounds to zero reads '0.0', not '-0.0'."""
+    text = f"{fraction * 100:.1f}"
+    return "0.0" if text == "-0.0" else text
 
 
 def table_lines(records: list[dict], strategy: str, attackers: int) -> list[str]:
@@ -311,7 +317,7 @@ def best_screening(records: list[dict], strategy: str, attackers: int, attack: s
     return best, pool[best], "not decided"
 
 
-def verdict_lines(records: list[dict], strategy: str, attackers: int) -> list[str]:
+def verdict_lines(records: list[dict], strategy: str, attackers: int, iid: bool = True) -> list[str]:
     """Per attack the best screening and its loss; per screening the attacks it fails (mean
     loss over its kept seeds above the tolerance); the acceptance over all attacks."""
     lines, statuses = [], []
@@ -347,12 +353,13 @@ def verdict_lines(records: list[dict], strategy: str, attackers: int) -> list[st
                      f"{', '.join(holds) or 'none'}")
     verdict = ("NOT met" if "NOT within" in statuses else
                "met" if all(s == "within" for s in statuses) else "not decided (runs missing)")
-    lines += ["", f"Acceptance (every attack: some screening's mean loss over at least {SEEDS_NEEDED} seeds "
+    lead = "Acceptance" if iid else "The IID acceptance bar applied to these clients"
+    lines += ["", f"{lead} (every attack: some screening's mean loss over at least {SEEDS_NEEDED} seeds "
               f"at most {bar}): **{verdict}**."]
     return lines
 
 
-def section(records: list[dict], strategy: str, attackers: int) -> list[str]:
+def section(records: list[dict], strategy: str, attackers: int, iid: bool = True) -> list[str]:
     mine = [r for r in records if r["strategy"] == strategy and r["attackers"] == attackers]
     lines = [f"### {NAMES[strategy]}, f = {attackers} of {CLIENTS}", ""]
     if not finals(mine, "clean", "none"):
@@ -363,7 +370,7 @@ def section(records: list[dict], strategy: str, attackers: int) -> list[str]:
     if len(mine) < wanted:
         lines += [f"{wanted - len(mine)} of {wanted} runs (every cell on seeds {', '.join(map(str, seeds))}) "
                   "are not kept yet.", ""]
-    lines += verdict_lines(mine, strategy, attackers) + [""]
+    lines += verdict_lines(mine, strategy, attackers, iid) + [""]
     return lines
 
 
@@ -403,7 +410,7 @@ def split_part(records: list[dict], name: str) -> list[str]:
     for attackers in sorted({r["attackers"] for r in records}, reverse=True):
         for strategy in STRATEGIES:
             if any(r["strategy"] == strategy and r["attackers"] == attackers for r in records):
-                lines += section(records, strategy, attackers)
+                lines += section(records, strategy, attackers, iid=name == "iid")
     return lines
 
 

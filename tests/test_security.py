@@ -164,6 +164,13 @@ def _scaffold_table(clean, attacked, seeds=(0, 1, 2)):
     return records
 
 
+def test_points_never_read_minus_zero():
+    from runner.results.stats import Paired
+    from scripts.security_table import points
+
+    assert points(Paired(n=2, mean=-0.0004, low=-0.016, high=0.015)) == "0.0 [-1.6, 1.5]"
+
+
 def test_loss_is_paired_by_seed_with_the_stats_interval():
     from runner.results.stats import paired_difference
     from scripts.security_table import loss, points
@@ -299,6 +306,7 @@ def test_each_split_has_its_part_and_the_screenings_cost_without_attack():
     assert "| no attack (the screening's cost) | |  |  | 7.0 [-0.5, 14.5] |  |" in tail
     assert "- `krum` costs 7.0 [-0.5, 14.5] points without attack; fails against: sign-flip (20.0 points)" in tail
     assert "no attack" not in head  # no clean run under a screening kept for IID here
+    assert "The IID acceptance bar applied to these clients" in tail and "\nAcceptance (" in head
     with pytest.raises(ValueError, match="learning-rate"):  # inside one split, settings still must agree
         render_page(skewed + [_record("clean", "clip", 0.8, seed=1, partitioner="dirichlet", alpha=0.3,
                                       **{"learning-rate": 0.1})])
