@@ -22,6 +22,7 @@ from fl_app.common.procfs import processes_with_env  # noqa: E402
 from fl_app.registry import validate_config  # noqa: E402
 from runner.inprocess import InProcessProxy  # noqa: E402
 from tasks.functional import LocalUpdate  # noqa: E402
+from tests.helpers_deployment import deployment_certs, deployment_runs, has_superlink  # noqa: E402, F401
 
 SHARED_DATA = ROOT.parent / "shared" / "data"
 
@@ -145,6 +146,22 @@ def leftovers(home: Path) -> list[int]:
     while (left := processes_with_env("FLWR_HOME", str(home))) and time.monotonic() < deadline:
         time.sleep(0.5)
     return left
+
+
+@pytest.fixture(autouse=True, scope="session")
+def start_deployments_early(request):
+    """At the session's first test, start the background deployments (``deployment_runs``,
+    tests/helpers_deployment.py) when a selected test reads them and they can run (Flower's
+    SuperLink installed, the offline data present): they then run while the tests before
+    tests/test_deployment.py do, mostly waiting and starting processes, on the core those
+    tests leave free. Best effort: a failure to start is the deployment tests' own error (the
+    fixture's error is kept and raised to each of them), not every test's."""
+    wanted = any("deployment_runs" in item.fixturenames for item in request.session.items)
+    if wanted and has_superlink() and has_data(find_data_dir()):
+        try:
+            request.getfixturevalue("deployment_runs")
+        except Exception:  # noqa: BLE001 - raised again to the tests that read the deployments
+            pass
 
 
 @pytest.fixture(scope="session")
