@@ -150,7 +150,7 @@ def test_runner_writes_comparison_files(tmp_path):
     proc = subprocess.run(
         [sys.executable, "run_simulation.py", "--strategy", "fedavg,fedprox", "--dataset", "synthetic",
          "--set", "model=logreg", "--rounds", "2", "--clients", "4", "--fraction", "0.5",
-         "--seeds", "0", "--out", str(tmp_path), "--quiet"],
+         "--seeds", "0", "--set", "split-picture=false", "--out", str(tmp_path), "--quiet"],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
