@@ -70,6 +70,10 @@ GENERAL_KEYS: dict[str, Key] = {
     "seed": Key(0, non_negative, ">= 0"),
     "results-dir": Key("results"),
     "run-name": Key(""),
+    # The split's picture (tasks/partition_figure.py), drawn once per run; the test suite turns it
+    # off where it does not look at it (drawing it is a matplotlib import and ~0.5 s per run)
+    "split-picture": Key(True, None, "true or false (false: the run writes client_label_counts.csv but not"
+                                     " partitions.png)"),
     "synthetic-alpha": Key(1.0, non_negative, ">= 0"),
     "synthetic-beta": Key(1.0, non_negative, ">= 0"),
     # Training-time augmentation (tasks/augment.py): "none" or a comma list of crop, flip, cutout

@@ -90,15 +90,17 @@ def draw_split(path: Path, counts: np.ndarray, title: str) -> None:
     tmp.replace(path)  # atomic: never half a picture
 
 
-def write_split_files(folder: Path, spec: PartitionSpec, suffix: str = "") -> np.ndarray:
-    """``client_label_counts<suffix>.csv`` and ``partitions<suffix>.png`` of ``spec``'s split in
-    ``folder``; the counts."""
+def write_split_files(folder: Path, spec: PartitionSpec, suffix: str = "", picture: bool = True) -> np.ndarray:
+    """``client_label_counts<suffix>.csv`` and (``picture``) ``partitions<suffix>.png`` of
+    ``spec``'s split in ``folder``; the counts."""
     from tasks.partitioning import cut
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     counts = label_counts(spec)
     write_label_counts(folder / with_suffix(LABEL_COUNTS_FILE, suffix), counts)
+    if not picture:
+        return counts
     what = "generated per device" if spec.dataset == "synthetic" else cut(spec)
     title = f"{spec.dataset}, {spec.num_partitions} clients, {what}, seed {spec.seed}"
     draw_split(folder / with_suffix(FIGURE_FILE, suffix), counts, title)
@@ -133,15 +135,17 @@ def write_check_splits(cfgs: list[dict], folder: Path, num_partitions: int) -> l
 def write_run_split(run_dir: Path, cfg: dict, num_partitions: int | None) -> None:
     """The server's ``write_split_files`` for its run, once: skipped when the run folder has its
     picture already (a resumed run keeps the one it started with) or when the nodes bring their
-    own data (``num_partitions`` None: there is no split of the server's to draw). Best effort:
+    own data (``num_partitions`` None: there is no split of the server's to draw). With
+    ``split-picture`` false only the label counts are written (and kept on resume). Best effort:
     a picture that cannot be made is a warning, never a failed run."""
     import logging
 
     from tasks.datasets import DataUnavailableError, PartitionError
 
-    if not num_partitions or (Path(run_dir) / FIGURE_FILE).exists():
+    picture = cfg["split-picture"]
+    if not num_partitions or (Path(run_dir) / (FIGURE_FILE if picture else LABEL_COUNTS_FILE)).exists():
         return
     try:
-        write_split_files(Path(run_dir), PartitionSpec.from_config(cfg, num_partitions))
+        write_split_files(Path(run_dir), PartitionSpec.from_config(cfg, num_partitions), picture=picture)
     except (OSError, ValueError, RuntimeError, DataUnavailableError, PartitionError) as exc:
         logging.getLogger("flwr.fl_drift").warning("the split's picture (%s) was not written: %s", FIGURE_FILE, exc)

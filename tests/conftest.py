@@ -21,7 +21,9 @@ from fl_app.client_app import client_fn  # noqa: E402
 from fl_app.common.procfs import processes_with_env  # noqa: E402
 from fl_app.registry import validate_config  # noqa: E402
 from runner.inprocess import InProcessProxy  # noqa: E402
+from runner.launch import LocalSimulation  # noqa: E402
 from tasks.functional import LocalUpdate  # noqa: E402
+from tests.helpers_deployment import deployment_certs, deployment_runs, has_superlink  # noqa: E402, F401
 
 SHARED_DATA = ROOT.parent / "shared" / "data"
 
@@ -45,12 +47,31 @@ def data_env() -> dict[str, str]:
     return {"FL_DATA_DIR": str(found)} if has_data(found) else {}
 
 
-def local_simulation(**kwargs):
-    """A ``LocalSimulation`` (not started) whose processes see the offline data folder when
-    there is one (``data_env``); this process's environment is left as it is."""
-    from runner.launch import LocalSimulation
+# The tests' runs leave the split's picture out (``split-picture``: a matplotlib import and ~0.5 s
+# per run, about 20 s of the default run); a test that looks at the picture sets it true.
+# tests/test_partitioners.py's test_a_run_writes_the_split_picture_unless_told_not_to checks a
+# run's picture; test_split_files_draw_and_count_every_client and test_check_draws_the_split_
+# without_training check the drawing and run_simulation.py --check's pictures.
+NO_PICTURE = {"split-picture": False}
 
-    simulation = LocalSimulation(**kwargs)
+
+def without_picture(run_config: dict) -> dict:
+    """``run_config`` with ``split-picture`` false unless it sets the key itself."""
+    return {**NO_PICTURE, **run_config}
+
+
+class SuiteSimulation(LocalSimulation):
+    """A ``LocalSimulation`` whose runs leave the split's picture out unless their config asks
+    for it (``without_picture``)."""
+
+    def run(self, run_config: dict, *args, **kwargs) -> int:
+        return super().run(without_picture(run_config), *args, **kwargs)
+
+
+def local_simulation(**kwargs) -> SuiteSimulation:
+    """A ``SuiteSimulation`` (not started) whose processes see the offline data folder when
+    there is one (``data_env``); this process's environment is left as it is."""
+    simulation = SuiteSimulation(**kwargs)
     simulation.env.update(data_env())
     return simulation
 
@@ -145,6 +166,22 @@ def leftovers(home: Path) -> list[int]:
     while (left := processes_with_env("FLWR_HOME", str(home))) and time.monotonic() < deadline:
         time.sleep(0.5)
     return left
+
+
+@pytest.fixture(autouse=True, scope="session")
+def start_deployments_early(request):
+    """At the session's first test, start the background deployments (``deployment_runs``,
+    tests/helpers_deployment.py) when a selected test reads them and they can run (Flower's
+    SuperLink installed, the offline data present): they then run while the tests before
+    tests/test_deployment.py do, mostly waiting and starting processes, on the core those
+    tests leave free. Best effort: a failure to start is the deployment tests' own error (the
+    fixture's error is kept and raised to each of them), not every test's."""
+    wanted = any("deployment_runs" in item.fixturenames for item in request.session.items)
+    if wanted and has_superlink() and has_data(find_data_dir()):
+        try:
+            request.getfixturevalue("deployment_runs")
+        except Exception:  # noqa: BLE001 - raised again to the tests that read the deployments
+            pass
 
 
 @pytest.fixture(scope="session")
@@ -257,9 +294,11 @@ def serve_in_process(run_config: dict, nodes: int) -> None:
     ``DriftServer``, run as Flower's ServerApp runs it: ``fit``), ``nodes`` new nodes (partition k
     of ``nodes``, empty ``context.state``) served by ``AppProxy``. Exceptions of the server (an
     injected crash, ``RunAborted``) propagate. Clients fit one at a time: in one process they
-    share the cached model (``tasks.models.cached_model``), as the clients of one Ray actor do."""
+    share the cached model (``tasks.models.cached_model``), as the clients of one Ray actor do.
+    The split's picture is left out unless ``run_config`` asks for it (``without_picture``)."""
     from fl_app.server_app import server_fn
 
+    run_config = without_picture(run_config)
     components = server_fn(Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config=run_config))
     server = components.server
     manager = server.client_manager()

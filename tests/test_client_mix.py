@@ -47,11 +47,13 @@ def test_accuracy_spread_by_hand():
     assert math.isnan(accuracy_spread([])[0]) and accuracy_spread([])[3] == 0
 
 
-def test_label_counts_are_the_labels_the_clients_train_on(shared_data):
+def test_label_counts_are_the_labels_the_clients_train_on(small_mnist):
+    """On the session's MNIST sample (6,000 training images): the same check as on the full
+    60,000, in about a third of the time (8 s -> 2.4 s)."""
     spec = PartitionSpec(dataset="mnist", num_partitions=5, partitioner="dirichlet", alpha=0.5,
-                         min_partition_size=10, seed=3, data_dir=str(shared_data))
+                         min_partition_size=10, seed=3, data_dir=str(small_mnist))
     counts = partition_label_counts(spec)
-    assert counts.shape == (5, 10) and counts.sum() == 60_000
+    assert counts.shape == (5, 10) and counts.sum() == 6_000
     for pid in range(5):
         _, y = load_partition(spec, pid)
         assert counts[pid].tolist() == np.bincount(y.numpy(), minlength=10).tolist()

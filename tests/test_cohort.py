@@ -315,8 +315,9 @@ def serve_cohort(run_config: dict, nodes: int) -> None:
     from flwr.app import Context, RecordDict
 
     from fl_app.server_app import server_fn
-    from tests.conftest import AppProxy
+    from tests.conftest import AppProxy, without_picture
 
+    run_config = without_picture(run_config)
     components = server_fn(Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config=run_config))
     server = components.server
     for m in range(nodes):

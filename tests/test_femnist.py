@@ -122,7 +122,8 @@ def test_natural_femnist_trains_two_rounds_through_flower(simulated, femnist_dir
     from runner.results.report import read_metrics
 
     cfg = {"strategy": "fedavg", "dataset": "femnist", "partitioner": "natural", "model": "cnn-small",
-           "num-server-rounds": 2, "fraction-fit": 0.4, "min-fit-clients": 2, "data-dir": str(femnist_dir)}
+           "num-server-rounds": 2, "fraction-fit": 0.4, "min-fit-clients": 2, "data-dir": str(femnist_dir),
+           "split-picture": True}
     run = simulated("partitions-natural-femnist", cfg, len(WRITER_ROWS))
     assert run.rc == 0, "\n".join(run.lines[-30:])
     rows = read_metrics(run.run_dir)

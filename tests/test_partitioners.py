@@ -23,6 +23,7 @@ from tasks.partitioning import (
     partition_label_counts,
     train_rows,
 )
+from tests.conftest import serve_in_process
 
 CLASSES = 10
 
@@ -260,6 +261,25 @@ def test_check_draws_the_split_without_training(small_mnist, tmp_path, capsys):
     assert (out / "partitions-1.png").is_file() and (out / "partitions-2.png").is_file()
 
 
+def test_a_run_writes_the_split_picture_unless_told_not_to(tmp_path):
+    """The server writes its run's picture and label counts (``split-picture`` true, the
+    default); false leaves the picture out and still writes the counts. The tests' runs set it
+    false (``without_picture`` in conftest.py): this is the run that draws."""
+    from PIL import Image
+
+    from tasks.partition_figure import read_label_counts
+
+    cfg = {"strategy": "fedavg", "dataset": "synthetic", "model": "logreg", "num-server-rounds": 1,
+           "fraction-fit": 1.0, "tracking": "none", "results-dir": str(tmp_path)}
+    for name, picture in (("drawn", True), ("counted", False)):
+        serve_in_process({**cfg, "run-name": name, "split-picture": picture}, 3)
+        counts = read_label_counts(tmp_path / name / "client_label_counts.csv")
+        assert counts.shape == (3, 10) and counts.sum() > 0
+        assert (tmp_path / name / "partitions.png").is_file() == picture
+    with Image.open(tmp_path / "drawn" / "partitions.png") as image:
+        assert image.format == "PNG"
+
+
 def test_list_keys_and_partitioners_show_the_new_partitioners(capsys):
     import run_simulation
 
@@ -290,7 +310,7 @@ def test_each_partitioner_trains_two_rounds_through_flower(simulated, small_mnis
     from tasks.partition_figure import read_label_counts
 
     cfg = {"strategy": "fedavg", "dataset": "mnist", "model": "cnn-small", "num-server-rounds": 2,
-           "fraction-fit": 0.5, "data-dir": str(small_mnist), **RUNS[name]}
+           "fraction-fit": 0.5, "data-dir": str(small_mnist), "split-picture": True, **RUNS[name]}
     run = simulated(f"partitions-{name}", cfg, 4)
     assert run.rc == 0, "\n".join(run.lines[-30:])
     rows = read_metrics(run.run_dir)

@@ -13,11 +13,10 @@ import pytest
 
 from fl_app.config import ConfigError
 from fl_app.registry import validate_config
-from runner.launch import LocalSimulation
 from runner.results.report import read_metrics, read_summary
 from tasks.datasets import DataUnavailableError, PartitionError
 from tasks.partitioning import PartitionSpec, check_data
-from tests.conftest import ROOT, serve_in_process
+from tests.conftest import ROOT, local_simulation, serve_in_process
 from tests.test_simulation import SUPERNODES, simulated_config
 
 
@@ -96,8 +95,10 @@ def test_bad_fault_spec_rejected():
 
 # ------------------------------------------------------------------- end-to-end behaviour
 # (`sim`, the session's SuperLink, and `small_mnist` are fixtures in tests/conftest.py)
-def test_raising_and_nan_clients_do_not_corrupt_the_run(sim, small_mnist, tmp_path):
-    """Partition 0 raises every round, partition 1 returns NaN weights every round."""
+def test_raising_and_nan_clients_do_not_corrupt_the_run(small_mnist, sim, tmp_path):
+    """Partition 0 raises every round, partition 1 returns NaN weights every round. (``small_mnist``
+    first: without data the test skips before the session's SuperLink starts, in
+    tests/test_first_hour_v3.py's pytest without a data folder.)"""
     cfg = {"strategy": "fedavg", "dataset": "mnist", "model": "lenet", "num-server-rounds": 2,
            "fraction-fit": 1.0, "learning-rate": 0.05, "data-dir": str(small_mnist),
            "inject-faults": "raise:0,nan:1", "results-dir": str(tmp_path), "run-name": "faults"}
@@ -142,7 +143,7 @@ def test_too_many_failures_stop_the_run(sim, tmp_path):
 # FedAvg's resume takes the same path as SCAFFOLD's (checkpointed weights and sampler draws) without
 # the strategy and client state, and is checked in one process (tests/test_resume.py) with them.
 @pytest.mark.parametrize("method", [pytest.param("fedavg", marks=pytest.mark.slow), "scaffold"])
-def test_resume_matches_uninterrupted(simulated, method, tmp_path, request):
+def test_resume_matches_uninterrupted(simulated, sim, method, tmp_path, request):
     """Crash a 6-round run after round 3 (injected server crash: synthetic rounds are too fast
     to interrupt from outside at a known point), resume it, and compare rounds 4-6 with an
     uninterrupted run: the method's run of tests/test_simulation.py (same config, the session's
@@ -157,9 +158,8 @@ def test_resume_matches_uninterrupted(simulated, method, tmp_path, request):
     full = read_metrics(full.run_dir)
     cfg = {**cfg, "results-dir": str(tmp_path), "run-name": "cut"}
 
-    lines: list[str] = []
-    with LocalSimulation() as sim:
-        sim.run({**cfg, "inject-faults": "crash-after:3"}, num_supernodes=SUPERNODES, on_line=lines.append)
+    lines: list[str] = []  # the crash on the session's SuperLink (its start paid once), the resume on a fresh one
+    sim.run({**cfg, "inject-faults": "crash-after:3"}, num_supernodes=SUPERNODES, on_line=lines.append)
     assert any("injected crash after round 3" in line for line in lines)  # the ServerApp's error reaches the user
     assert read_summary(tmp_path / "cut") is None
     cut = read_metrics(tmp_path / "cut")
@@ -168,9 +168,9 @@ def test_resume_matches_uninterrupted(simulated, method, tmp_path, request):
     if method == "scaffold":  # client state was mirrored for the resume
         assert any((tmp_path / "cut" / "client-state").rglob("round-*.npz"))
 
-    with LocalSimulation() as sim:  # a fresh SuperLink: nothing survives in memory
-        assert sim.run({**cfg, "resume": True}, num_supernodes=SUPERNODES) == 0
-    assert not sim.home.exists()  # its temporary FLWR_HOME is deleted after good runs
+    with local_simulation() as fresh:  # a fresh SuperLink: nothing survives in memory
+        assert fresh.run({**cfg, "resume": True}, num_supernodes=SUPERNODES) == 0
+    assert not fresh.home.exists()  # its temporary FLWR_HOME is deleted after good runs
     resumed = read_metrics(tmp_path / "cut")
     assert [r["round"] for r in resumed] == [1, 2, 3, 4, 5, 6]
     for a, b in zip(full[3:], resumed[3:]):

@@ -131,13 +131,16 @@ def test_every_method_runs_through_flower(simulated, method, request):
     assert rows[-1]["test_loss"] < read_summary(run.run_dir)["initial_loss"]  # learnt, not diverged
 
 
-def test_runner_rejects_bad_input_before_launching():
+# In process (run_simulation.main, as test_partitioners.py calls it): the script's exit status is its
+# main()'s, checked as a subprocess by test_runner_reports_missing_data_before_training (test_reliability.py)
+def test_runner_rejects_bad_input_before_launching(capsys):
+    import run_simulation
+
     for args in (["--strategy", "nosuch"], ["--set", "learning-rate=-0.5"], ["--set", "strategy=nosuch"]):
-        proc = subprocess.run([sys.executable, "run_simulation.py", *args], cwd=ROOT,
-                              capture_output=True, text=True, timeout=60)
-        assert proc.returncode != 0
-        assert "invalid" in proc.stderr
-    assert all(name in proc.stderr for name in method_names())
+        assert run_simulation.main(args) != 0
+        err = capsys.readouterr().err
+        assert "invalid" in err and len(err.splitlines()) == 1, err
+    assert all(name in err for name in method_names())
 
 
 def test_runner_writes_comparison_files(tmp_path):
@@ -147,7 +150,7 @@ def test_runner_writes_comparison_files(tmp_path):
     proc = subprocess.run(
         [sys.executable, "run_simulation.py", "--strategy", "fedavg,fedprox", "--dataset", "synthetic",
          "--set", "model=logreg", "--rounds", "2", "--clients", "4", "--fraction", "0.5",
-         "--seeds", "0", "--out", str(tmp_path), "--quiet"],
+         "--seeds", "0", "--set", "split-picture=false", "--out", str(tmp_path), "--quiet"],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
