@@ -45,7 +45,7 @@ from tasks.functional.core import plain_direction
 from tasks.functional.update import LocalUpdate
 
 
-def clip_train_messages(msg: Message, context, call_next) -> Message:
+def train_only_fixedclipping_mod(msg: Message, context, call_next) -> Message:
     """Flower's ``fixedclipping_mod`` on training messages only. The mod of ``flwr.clientapp``
     (Message API) checks every message for one ArrayRecord, so a legacy ``get_properties``
     (the server's question for the node's partition id, fl_app/server/sampling.py) came back as
@@ -60,7 +60,7 @@ def dp_client_mods(cfg) -> tuple:
     """Flower's ``fixedclipping_mod`` with ``dp-mode = "client"``: the client clips its own update
     to the norm the strategy wrapper sends. A mod acts on one client's message, which keeps
     DP-FedAvg off the cohort path (K clients trained in one call would bypass it)."""
-    return (clip_train_messages,) if cfg["dp-mode"] == "client" else ()
+    return (train_only_fixedclipping_mod,) if cfg["dp-mode"] == "client" else ()
 
 
 # FedAvg's step; clipping and noise are Flower's (this mod and the strategy wrapper).
