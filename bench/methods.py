@@ -254,6 +254,9 @@ WEIGHT_PASSES = {
     "fedsmoo": 11,  # as SAM, plus v = g - mu_i - s (2), mu_i += shat - s (2), FedDyn's dual (2)
     "fedgam": 6,  # as SAM, plus G = g + alpha rho g_adv
     "fedgam-cv": 7,  # FedGAM plus c - c_i
+    "fedacg": 2,  # FedProx's term, beta (w - w_t)
+    "feddc": 3,  # FedDyn's term (2) plus SCAFFOLD's c - c_i
+    "fedspeed": 7,  # SAM's 5 plus FedDyn's 2 (FedSMOO's dual held at zero: not computed)
 }
 
 
@@ -264,6 +267,8 @@ STATE_ROUND_TRIPS = {
     "fedgam-cv": 1,  # c_i
     "feddyn": 1,  # g_k
     "fedsmoo": 2,  # g_k (FedDyn's) and mu_i
+    "feddc": 2,  # c_i and h_i
+    "fedspeed": 1,  # g_k (FedDyn's)
 }
 
 
@@ -280,6 +285,7 @@ def calibrated(cfg: dict, costs: dict, fedavg_per_sample: float, n_k: float) -> 
         "fedsam": costs["second_pass"],
         "fedasam": costs["second_pass"],
         "fedsmoo": costs["second_pass"],
+        "fedspeed": costs["second_pass"],  # FedSMOO's step under smoo-s = none
         "fedgam": gam_passes * costs["second_pass"],
         "fedgam-cv": gam_passes * costs["second_pass"],
         "ri-fedavg": ri_evals * costs["ri"] / (cfg["local-epochs"] * n_k),
