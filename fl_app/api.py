@@ -23,6 +23,7 @@ It offers:
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import functools
 import json
@@ -285,8 +286,6 @@ def read_run(run_dir: Path) -> RunRecord:
 
 def last_per_class(run_dir: Path) -> np.ndarray | None:
     """The per-class test accuracies of the run's last evaluated round, or None."""
-    import csv
-
     path = Path(run_dir) / PER_CLASS_FILE
     if not path.exists():
         return None

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from fl_app.api import RunFacts, check_configs, check_report, check_splits, preflight
 from fl_app.api import changed_data as changed_data  # a kept run's data against the data asked for now
+from fl_app.api import changed_runs as changed_in
 from fl_app.config import ConfigError
 from fl_app.registry import method_names, parse_override
 from runner.launch import visible_gpus
@@ -105,9 +106,7 @@ def changed_runs(configs: list[tuple[str, int, dict]], runs_dir: Path, env_data_
     """Runs in ``runs_dir`` (finished, or started and checkpointed) whose recorded config or data
     differs from what is asked now (``fl_app.api.changed_runs``): keeping or continuing them would
     mix two experiments."""
-    from fl_app.api import changed_runs as changed
-
-    return changed([raw for _, _, raw in configs], runs_dir, env_data_dir, clients)
+    return changed_in([raw for _, _, raw in configs], runs_dir, env_data_dir, clients)
 
 
 def check_resources(args: argparse.Namespace) -> None:

@@ -22,6 +22,7 @@ from fl_app.api import (
     PartitionError,
     atomic_write_text,
     code_revision,
+    read_summary,
     with_app_digest,
     write_run_config,
 )
@@ -197,7 +198,7 @@ def run_all(args: argparse.Namespace, jobs: list[tuple[int, str, int, dict]], to
 def record_run(row: str, name: str, run_dir: Path, tail: list[str], outcome: Outcome, lead: str = "    ") -> None:
     """After one run: print its result (or why it failed), each line after ``lead``, and file
     it in ``outcome``."""
-    summary = as_record(run_dir).summary
+    summary = read_summary(run_dir)  # only the summary: the report reads the rest once
     if summary is None:
         outcome.failed.append(name)
         causes = [plain(t).split("fl-drift:", 1)[1].strip() for t in tail if "fl-drift:" in t]
