@@ -112,7 +112,11 @@ def split_name(partitioner: str, alpha: float) -> str:
 def kept_folder(partitioner: str, alpha: float) -> Path:
     """Where one split's runs are kept: ``KEPT`` for IID clients (where they always were), a
     folder per other split inside it."""
-    name = split_name(partitioner, alpha)
+    return split_folder(split_name(partitioner, alpha))
+
+
+def split_folder(name: str) -> Path:
+    """The kept folder of the split named ``name`` (``split_name``)."""
     return KEPT if name == "iid" else KEPT / name
 
 
@@ -244,7 +248,7 @@ def check_one_setting(records: list[dict]) -> None:
             raise ValueError(
                 f"kept runs of two settings: {describe(first)} and {describe(r)} differ in "
                 + ", ".join(f"{k} ({a.get(k)!r} vs {b.get(k)!r})" for k in keys)
-                + f"; move one setting's runs out of {KEPT.relative_to(ROOT)}")
+                + f"; move one setting's runs out of {split_folder(split_of(first)).relative_to(ROOT)}")
 
 
 def describe(r: dict) -> str:
