@@ -30,10 +30,10 @@ trains from that look-ahead point with a proximal term anchored at it (Kim, Kim,
   BatchNorm buffers take the plain mean of the replies and are sent without look-ahead (the
   code moves every state_dict entry, but its GroupNorm ResNet-18 has no buffers). Not
   reproduced from the code: its per-local-epoch lr decay (0.998 per epoch within a round; the
-  product has only `lr-decay` per round), mixed precision, and the gradient clip at norm 10
-  it applies to every method. A round whose aggregate is not finite leaves m unchanged (the
-  server keeps its model). w_t for the drift columns and update screening is the look-ahead
-  point the clients started from.
+  product has only `lr-decay` per round) and mixed precision; its gradient clip at norm 10 on
+  every method is the run-wide `local-clip-norm = 10` (off by default). A round whose
+  aggregate is not finite leaves m unchanged (the server keeps its model). w_t for the drift
+  columns and update screening is the look-ahead point the clients started from.
 
 Summary: client + β (w − θ̃) at the look-ahead θ̃ | server unweighted mean + momentum m, sends
 θ + λ m | client state - | server state m | traffic -

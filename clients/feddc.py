@@ -38,8 +38,9 @@ Decoupling and Correction", CVPR 2022).
   the client's own steps, as the product's SCAFFOLD, so FedDC against SCAFFOLD stays like for
   like; the code divides by the initial lr and a nominal step count E⌈mean n/B⌉). Not
   reproduced: the code's size weights ω_i = n_i N / Σ n (1 on its equal-size partitions,
-  `inner-dirichlet` with `size-sigma = 0`), its clip at norm 10 on every method (off by
-  default here, so that FedDC is not the only clipped row), its Bernoulli client sampling.
+  `inner-dirichlet` with `size-sigma = 0`) and its Bernoulli client sampling; its clip at
+  norm 10 on every method is the run-wide `local-clip-norm = 10` (off by default;
+  `feddc-clip-norm` clips FedDC alone, the same operation on the same direction).
   The reported model is θ_{t+1}, the one the next round starts from. h_i, the penalty and H
   cover the trainable parameters; BatchNorm buffers take the plain mean.
 

@@ -34,7 +34,8 @@ Generalization Accuracy", ICLR 2023).
   runs the text); the server's H is the mean of h_i over all N clients, not the paper's mean
   of the uploaded w_K + h_i over the participants (the same under full participation; the
   paper-text server is not implemented); the clip at norm 10, applied by the code to every
-  method, is off by default so that FedSpeed is not the only clipped row; the SAM norm's ε
+  method, is off by default (`local-clip-norm = 10` clips every row, `fedspeed-clip-norm`
+  FedSpeed alone); the SAM norm's ε
   is the product's 1e-12 (the code's 1e-7); BatchNorm statistics are those of the first pass
   (the code's second pass updates them again; its GroupNorm ResNet-18 has none); the code's
   Bernoulli client sampling is not reproduced.

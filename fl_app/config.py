@@ -52,6 +52,10 @@ GENERAL_KEYS: dict[str, Key] = {
     "momentum": Key(0.0, lambda v: 0 <= v < 1, "in [0, 1)"),
     "weight-decay": Key(0.0, non_negative, ">= 0"),
     "lr-decay": Key(1.0, unit_interval, "in (0, 1] (factor applied to the lr each round)"),
+    "local-clip-norm": Key(0.0, non_negative, ">= 0 (every local step's direction, the method's whole gradient, scaled"
+                                              " to at most this norm over the trained weights before the optimiser"
+                                              " step, as clip_grad_norm_ in the FedDyn, FedDC, FedSMOO and FedACG"
+                                              " authors' codes, which clip every method at 10; 0 = off)"),
     "model": Key("cnn", choices=MODELS),
     "dataset": Key("mnist", choices=DATASETS),
     "data-dir": Key(""),

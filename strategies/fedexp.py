@@ -33,7 +33,7 @@
   `inner-dirichlet` with `size-sigma = 0`); the norms over the trainable parameters (the code's
   GroupNorm ResNet-18 has no buffers; fluke and the FedDecorr repository's port extrapolate
   the BatchNorm statistics too, which is not done here). The code's gradient clip at norm 10
-  is not reproduced.
+  on every method is the run-wide `local-clip-norm = 10` (off by default).
 
 Summary: client - | server step η_g ≥ 1 along the mean update, average of the last two models
 evaluated | client state - | server state - | traffic -

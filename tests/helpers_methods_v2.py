@@ -54,7 +54,7 @@ FLAT = InputShape(0, 12, 5)  # 12 features, 5 classes: an mlp cohort runs in abo
 
 
 def assert_cohort_matches(update: LocalUpdate, keys: dict, states=None, server=None,
-                          sizes=(14, 6, 12), model_name: str = "mlp") -> None:
+                          sizes=(14, 6, 12), model_name: str = "mlp", clip_norm: float = 0.0) -> None:
     """A cohort of len(sizes) clients of different sizes (one vmap per step) against each
     client's own ``local_round``: within 1e-5 relative (float32), and a cohort of one exactly.
     ``states(names, k)`` / ``server(names)`` build client k's state and the server's message
@@ -68,7 +68,7 @@ def assert_cohort_matches(update: LocalUpdate, keys: dict, states=None, server=N
     client_states = [states(shapes, k) if states else {} for k in range(len(sizes))]
     sent = {"buffers": {}, **(server(shapes) if server else {})}
     skeleton = build_model(model_name, FLAT).to("meta")
-    hp = Hyper(lr=0.05, momentum=0.9, weight_decay=5e-4, keys=keys)
+    hp = Hyper(lr=0.05, momentum=0.9, weight_decay=5e-4, keys=keys, clip_norm=clip_norm)
     for members, rel in ((list(range(len(sizes))), 1e-5), ([0], 0)):
         sub = {n: p[members] for n, p in params.items()}
         subb = {n: b[members] for n, b in buffers.items()}

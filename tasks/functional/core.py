@@ -121,12 +121,15 @@ CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s
 class Hyper:
     """What a local update reads besides tensors: the round's learning rate, the optimiser
     (``tasks.optim``'s keys: ``sgd`` with ``momentum`` and ``weight_decay``, ``adam``,
-    ``adamw``) and the method's own keys (``keys``, e.g. ``{"proximal-mu": 0.01}``)."""
+    ``adamw``), the run-wide clip of each step's direction (``clip_norm``, run-config
+    ``local-clip-norm``, 0 = off; ``tasks.functional.rounds.make_step``) and the method's own
+    keys (``keys``, e.g. ``{"proximal-mu": 0.01}``)."""
 
     lr: float
     optimizer: str = "sgd"
     momentum: float = 0.0
     weight_decay: float = 0.0
+    clip_norm: float = 0.0
     keys: Mapping[str, float] = field(default_factory=dict)
     # Set by ``cohort_round`` for K > 1: the step runs inside ``vmap`` (``grad_and_loss``).
     vmapped: bool = False
@@ -135,7 +138,8 @@ class Hyper:
     def from_config(cls, cfg: Mapping, lr: float, key_names: Iterable[str] = ()) -> Hyper:
         """The run config's optimiser keys and the method keys ``key_names``, at rate ``lr``."""
         return cls(lr=float(lr), optimizer=cfg["optimizer"], momentum=float(cfg["momentum"]),
-                   weight_decay=float(cfg["weight-decay"]), keys={k: cfg[k] for k in key_names})
+                   weight_decay=float(cfg["weight-decay"]), clip_norm=float(cfg["local-clip-norm"]),
+                   keys={k: cfg[k] for k in key_names})
 
 
 def module_state(model: nn.Module) -> tuple[Tree, Tree]:
@@ -222,6 +226,7 @@ def plain_direction(model, params, buffers, x, y, w_t, ctx, carry, hp):
 def clipped(d: Tree, clip: float) -> Tree:
     """``d`` scaled to norm at most ``clip`` over the whole tree, as ``clip_grad_norm_`` does
     (coefficient clip / (||d|| + CLIP_EPS), never above 1; no branch on a tensor, so vmap
-    batches it). The one local-gradient clip (FedSMOO, FedSpeed and FedDC's authors' codes)."""
+    batches it). The one local-gradient clip: the run-wide ``local-clip-norm`` of every step
+    (``tasks.functional.rounds.make_step``) and FedSMOO's, FedSpeed's and FedDC's own keys."""
     coef = torch.clamp(clip / (tree_norm(d.values()) + CLIP_EPS), max=1.0)
     return {n: g * coef for n, g in d.items()}

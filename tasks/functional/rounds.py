@@ -36,7 +36,7 @@ import torch
 from torch import nn
 from torch.func import vmap
 
-from tasks.functional.core import Hyper, Tree
+from tasks.functional.core import Hyper, Tree, clipped
 from tasks.functional.optim import opt_init, opt_step
 from tasks.functional.update import LocalUpdate
 from tasks.train import batches, min_train_batch
@@ -56,9 +56,16 @@ class RoundResult:
 
 def make_step(update: LocalUpdate, model: nn.Module, hp: Hyper, t: int) -> Callable:
     """The local step t (1-based) as a pure function
-    (params, buffers, carry, opt_state, x, y, w_t, ctx) -> (params', buffers', carry', opt_state', loss)."""
+    (params, buffers, carry, opt_state, x, y, w_t, ctx) -> (params', buffers', carry', opt_state', loss).
+
+    With ``hp.clip_norm`` > 0 (``local-clip-norm``) the method's direction, its whole gradient
+    with every term it adds, is scaled to at most that norm over the trained weights before the
+    optimiser adds weight decay and momentum: where ``clip_grad_norm_`` sits between
+    ``backward`` and ``optimizer.step`` in the authors' codes."""
     def step(params, buffers, carry, opt_state, x, y, w_t, ctx):
         direction, new_buffers, new_carry, loss = update.direction(model, params, buffers, x, y, w_t, ctx, carry, hp)
+        if hp.clip_norm > 0:
+            direction = clipped(direction, hp.clip_norm)
         new_params, new_opt = opt_step(params, direction, opt_state, hp, t)
         return new_params, new_buffers, new_carry, new_opt, loss
     return step

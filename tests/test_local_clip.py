@@ -1,0 +1,81 @@
+"""The run-wide clip of each local step (run-config ``local-clip-norm``,
+``tasks.functional.rounds.make_step``): the authors' codes of FedDyn, FedDC, FedSMOO and FedACG
+call ``clip_grad_norm_(max_norm=10)`` between ``backward`` and ``optimizer.step`` for every
+method they run. Checked by hand on the one-weight-matrix model (float64), on a method's whole
+direction (FedDC's, penalty and correction included), before weight decay, on the cohort path,
+and from the run config to the client's ``Hyper``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from clients import fedavg, feddc
+from fl_app.config import ConfigError
+from fl_app.registry import validate_config
+from tasks.functional import Hyper, local_round
+from tests.helpers_methods_v2 import X1, Y1, assert_cohort_matches, linear_round, values, weight
+
+THETA = (0.2, -0.1)
+LR = 0.5
+
+
+def _grad(w) -> np.ndarray:
+    """The cross-entropy gradient of the hand model at w (x = [1], y = 0): softmax(w) - e_0."""
+    p = np.exp(np.array(w)) / np.exp(np.array(w)).sum()
+    return p - np.array([1.0, 0.0])
+
+
+def _fedavg(clip: float, epochs: int = 1, weight_decay: float = 0.0):
+    hp = Hyper(lr=LR, weight_decay=weight_decay, clip_norm=clip)
+    model = torch.nn.Linear(1, 2, bias=False).double()
+    return local_round(fedavg.UPDATE, model, weight(THETA), {}, {}, {"buffers": {}}, hp, X1, Y1, 1, epochs,
+                       torch.Generator().manual_seed(0))
+
+
+def test_two_clipped_steps_by_hand():
+    g1 = _grad(THETA)  # (-0.5744425168, 0.5744425168): norm 0.8124
+    w1 = np.array(THETA) - LR * g1 * 0.3 / (np.linalg.norm(g1) + 1e-6)
+    g2 = _grad(w1)
+    w2 = w1 - LR * g2 * min(1.0, 0.3 / (np.linalg.norm(g2) + 1e-6))
+    assert values(_fedavg(0.3, epochs=2).params) == pytest.approx(w2, abs=1e-12)
+    assert np.linalg.norm(w1 - np.array(THETA)) == pytest.approx(LR * 0.3, rel=1e-5)
+
+
+def test_a_clip_above_the_norm_and_zero_change_nothing():
+    plain = linear_round(fedavg.UPDATE, {}, THETA)
+    assert torch.equal(_fedavg(0.0, epochs=2).params["weight"], plain.params["weight"])
+    assert torch.equal(_fedavg(10.0, epochs=2).params["weight"], plain.params["weight"])
+
+
+def test_weight_decay_is_added_after_the_clip():
+    g = _grad(THETA)
+    want = np.array(THETA) - LR * (g * 0.3 / (np.linalg.norm(g) + 1e-6) + 0.1 * np.array(THETA))
+    assert values(_fedavg(0.3, weight_decay=0.1).params) == pytest.approx(want, abs=1e-12)
+
+
+def test_it_clips_the_methods_whole_direction():
+    """FedDC's own clip (feddc-clip-norm) acts on its whole direction g + alpha (w - theta + h_i)
+    + c - c_i: the run-wide clip at the same norm gives the same round, bit for bit."""
+    keys = {"feddc-alpha": 0.1, "feddc-clip-norm": 0.0}
+    state, server = {"h": weight((0.04, -0.02)), "ci": weight((-0.02, 0.04))}, {"c": weight((0.03, -0.01))}
+    own = linear_round(feddc.UPDATE, {**keys, "feddc-clip-norm": 0.3}, THETA, state=state, server=server)
+    model = torch.nn.Linear(1, 2, bias=False).double()
+    run_wide = local_round(feddc.UPDATE, model, weight(THETA), {}, state, {"buffers": {}, **server},
+                           Hyper(lr=LR, keys=keys, clip_norm=0.3), X1, Y1, 1, 2, torch.Generator().manual_seed(0))
+    unclipped = linear_round(feddc.UPDATE, keys, THETA, state=state, server=server)
+    assert torch.equal(run_wide.params["weight"], own.params["weight"])
+    assert not torch.equal(run_wide.params["weight"], unclipped.params["weight"])
+
+
+def test_cohort_matches_per_client_with_the_clip():
+    assert_cohort_matches(fedavg.UPDATE, {}, clip_norm=0.05)
+
+
+def test_the_run_config_reaches_the_clients_hyper_and_bad_values_are_refused():
+    cfg = validate_config({"dataset": "synthetic", "model": "logreg", "local-clip-norm": 10})
+    assert Hyper.from_config(cfg, 0.1).clip_norm == 10.0
+    assert Hyper.from_config(validate_config({"dataset": "synthetic", "model": "logreg"}), 0.1).clip_norm == 0.0
+    with pytest.raises(ConfigError, match="local-clip-norm"):
+        validate_config({"local-clip-norm": -1.0})
