@@ -70,7 +70,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from fl_app.config import ConfigError  # noqa: E402
-from fl_app.registry import method_names, validate_config  # noqa: E402
+from fl_app.registry import method_names, spec, validate_config  # noqa: E402
 from runner.experiment import read_experiment  # noqa: E402
 from runner.plan import check_axes, grid_points, label, resolve_rows, run_name  # noqa: E402
 from runner.results.clientmix import LABEL_COUNTS_FILE, PER_CLASS_FILE, client_mix_columns, run_label_counts  # noqa: E402
@@ -203,12 +203,20 @@ def setting_problems(run_dir: Path, summary: dict, expected: dict[str, dict], so
 
 def earlier_setting(summary: dict, want: dict) -> str | None:
     """The keys a kept run recorded with another value than the experiment file now fixes, as
-    "key = recorded, the file fixes want" joined by "; "; None when the run matches. A key the run did not
-    record is not compared (every run in the store was checked in full by --collect when it
-    came in); the seed is not a setting."""
+    "key = recorded, the file fixes want" joined by "; "; None when the run matches. A run
+    records its whole validated config (``num-server-rounds`` among it), so a run-config key
+    it did not record did not exist when it ran, and the run had what the key's default does
+    (a key is added with a default that keeps the earlier behaviour, as ``local-clip-norm``'s
+    0): it is compared as that default, so a file that now sets the new key never shows the
+    older runs as its result. Anything else not recorded is not compared, nor a record that
+    is not a whole config (hand-written ones); the seed is not a setting."""
     recorded = recorded_setting(summary)
-    differ = [f"{key} = {recorded[key]!r}, the file fixes {value!r}" for key, value in want.items()
-              if key != "seed" and recorded.get(key) is not None and recorded[key] != value]
+    whole = "num-server-rounds" in summary.get("config", {})
+    defaults = {key: spec_key.default for key, spec_key in spec().items()} if whole else {}
+    then = {key: recorded[key] if recorded.get(key) is not None else defaults.get(key) for key in want}
+    differ = [f"{key} = {then[key]!r}{'' if recorded.get(key) is not None else ' (not a key then)'}, "
+              f"the file fixes {value!r}" for key, value in want.items()
+              if key != "seed" and then[key] is not None and then[key] != value]
     return "; ".join(differ) or None
 
 

@@ -490,6 +490,29 @@ def test_runs_of_an_earlier_budget_are_counted_apart(tmp_path):
     assert line.split(" | ")[4] == "1 not run yet"  # the claim fedgam > fedavg has no fedgam run of this setting
 
 
+def test_a_key_added_after_a_run_counts_as_its_default_for_that_run(tmp_path):
+    """A run made before a run-config key existed did not record it and ran with what its
+    default does: a file that now sets the key to another value never shows that run as its
+    result (feddc-mnist-dir03's runs before local-clip-norm = 10), one that sets the default
+    still does."""
+    exps, results = tmp_path / "experiments", tmp_path / "results"
+    exps.mkdir()
+    runs = results / "g" / "runs"
+    for method in ("fedavg", "fedgam"):
+        write_run(runs, method, 0, [0.5, 0.6, 0.7])
+        summary = json.loads((runs / f"{method}-seed0" / "summary.json").read_text())
+        summary["config"]["num-server-rounds"] = 3  # a whole config, made before the key existed
+        (runs / f"{method}-seed0" / "summary.json").write_text(json.dumps(summary))
+    base = GHOST.replace('name = "ghost"', 'name = "g"') + "\n[run-config]\nnum-server-rounds = 3\n"
+    (exps / "g.toml").write_text(base + "local-clip-norm = 10.0\n")
+    sec = section(mr.make_results(exps, results, tmp_path / "r.md"), "g")
+    assert "**Earlier setting.** All 2 kept runs were made with an earlier setting" in sec
+    assert "local-clip-norm = 0.0 (not a key then), the file fixes 10.0" in sec
+    (exps / "g.toml").write_text(base + "local-clip-norm = 0.0\n")
+    sec = section(mr.make_results(exps, results, tmp_path / "r.md"), "g")
+    assert "Earlier setting" not in sec and "Left out" not in sec
+
+
 def test_a_section_whose_runs_all_predate_the_files_setting_shows_them_as_such(tmp_path):
     """A raised budget not yet re-run: the earlier runs are the only results there are; the
     section shows them, under a line that says they are not a result of the plan."""
