@@ -69,6 +69,7 @@ from typing import NamedTuple
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from fl_app.api import as_read_now  # noqa: E402
 from fl_app.config import ConfigError  # noqa: E402
 from fl_app.registry import method_names, spec, validate_config  # noqa: E402
 from runner.experiment import read_experiment  # noqa: E402
@@ -203,20 +204,19 @@ def setting_problems(run_dir: Path, summary: dict, expected: dict[str, dict], so
 
 def earlier_setting(summary: dict, want: dict) -> str | None:
     """The keys a kept run recorded with another value than the experiment file now fixes, as
-    "key = recorded, the file fixes want" joined by "; "; None when the run matches. A run
-    records its whole validated config (``num-server-rounds`` among it), so a run-config key
-    it did not record did not exist when it ran, and the run had what the key's default does
-    (a key is added with a default that keeps the earlier behaviour, as ``local-clip-norm``'s
-    0): it is compared as that default, so a file that now sets the new key never shows the
-    older runs as its result. Anything else not recorded is not compared, nor a record that
+    "key = recorded, the file fixes want" joined by "; "; None when the run matches. A run's
+    whole recorded config (``num-server-rounds`` among it) is read as the runner reads it
+    (``fl_app.api.as_read_now``: a key added since the run takes its default, the behaviour
+    before it existed), so a file that now sets a new key, as ``local-clip-norm = 10``, never
+    shows the older runs as its result. A key not recorded is not compared in a record that
     is not a whole config (hand-written ones); the seed is not a setting."""
+    config = summary.get("config", {})
     recorded = recorded_setting(summary)
-    whole = "num-server-rounds" in summary.get("config", {})
-    defaults = {key: spec_key.default for key, spec_key in spec().items()} if whole else {}
-    then = {key: recorded[key] if recorded.get(key) is not None else defaults.get(key) for key in want}
-    differ = [f"{key} = {then[key]!r}{'' if recorded.get(key) is not None else ' (not a key then)'}, "
+    if "num-server-rounds" in config:
+        recorded = {**recorded, **as_read_now(config)}
+    differ = [f"{key} = {recorded[key]!r}{' (not a key then)' if key not in config and key in spec() else ''}, "
               f"the file fixes {value!r}" for key, value in want.items()
-              if key != "seed" and then[key] is not None and then[key] != value]
+              if key != "seed" and recorded.get(key) is not None and recorded[key] != value]
     return "; ".join(differ) or None
 
 
