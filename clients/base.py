@@ -33,6 +33,7 @@ from flwr.app import ArrayRecord, Context
 from flwr.client import NumPyClient
 from torch import nn
 
+from protocol.layout import all_finite
 from tasks.augment import Augment
 from tasks.datasets import input_shape
 from tasks.functional import Hyper, RoundResult, local_round
@@ -251,19 +252,27 @@ class DriftClient(NumPyClient):
     def finish_round(self, job: Round, result: RoundResult) -> tuple[list[np.ndarray], int, dict]:
         """Everything after the loop: the update's ``finish`` step, the declared state and
         ``personal`` entries kept in ``context.state``, then the reply (the trained weights, then
-        the declared ``sends``), the number of training examples and the fit metrics."""
+        the declared ``sends``), the number of training examples and the fit metrics. The state is
+        kept only when the reply and the state are finite: a reply with NaN or Inf is left out by
+        the server, and the client's state then stays that of its last counted round."""
         update = self.update
         if update.finish is not None:
             result = update.finish(job, result)
-        for key, arrays in update.state.items():
-            if key in result.state:
-                self.save_state(arrays.record, tensors_to_arrays(result.state[key], self.names(arrays)))
+        kept = {arrays.record: tensors_to_arrays(result.state[key], self.names(arrays))
+                for key, arrays in update.state.items() if key in result.state}
         trained = {**result.params, **result.buffers}
         if update.personal is not None:
-            self.save_state(update.personal.record, tensors_to_arrays(trained, self.names(update.personal)))
+            kept[update.personal.record] = tensors_to_arrays(trained, self.names(update.personal))
         reply = tensors_to_arrays(trained, list(self.model.state_dict()))
         for key, arrays in update.sends.items():
             reply += tensors_to_arrays(result.reply[key], self.names(arrays))
+        if all_finite(reply) and all(all_finite(a) for a in kept.values()):
+            for name, arrays in kept.items():
+                self.save_state(name, arrays)
+        # else: the server leaves this reply out (``fl_app.server.recording.check_reply``), so the
+        # client keeps the state it had: a c_i or h_i moved by an update the server never counted
+        # would be out of step with the server's c or h from then on (and a non-finite one would
+        # poison every later round of this client).
         return reply, len(job.x), dict(result.metrics)
 
     def evaluate(self, parameters: list[np.ndarray], config: dict) -> tuple[float, int, dict]:

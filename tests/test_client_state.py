@@ -114,3 +114,36 @@ def test_simulation_with_disk_state_matches_memory_state(method, tmp_path):
 def test_disk_state_without_the_run_folder_fails_clearly(in_simulation, tmp_path):
     with pytest.raises(RuntimeError, match="needs the run folder"):
         run_rounds(ScaffoldClient, "disk", tmp_path / "not-here", rounds=1)
+
+
+@pytest.mark.parametrize("client_cls", [ScaffoldClient, FedDynClient], ids=["scaffold", "feddyn"])
+def test_a_non_finite_round_keeps_the_state_of_the_last_counted_round(client_cls):
+    """The server leaves out a reply with NaN or Inf; the client must then keep the state it had
+    (SCAFFOLD's c_i, FedDyn's h_i), or its state would count an update the server never counted
+    and, non-finite, poison all its later rounds. Round 2 gets a global model with a NaN: its
+    reply is non-finite and the state after it is the state after round 1, bit for bit."""
+    x, y = _data()
+    context = fake_context()
+    weights = get_weights(build_model("logreg", input_shape("synthetic"), seed=0))
+    extra = [np.zeros_like(a) for a in weights] if client_cls is ScaffoldClient else []
+    cfg = {"learning-rate": 0.1, "batch-size": 8}
+
+    def state_now():
+        return {k: [a.copy() for a in r.to_numpy_ndarrays()] for k, r in context.state.array_records.items()}
+
+    reply, _, _ = make_client(client_cls, cfg, x, y, context=context).fit([a.copy() for a in weights] + extra,
+                                                                            {"server-round": 1})
+    after_one = state_now()
+    assert after_one and all(np.isfinite(a).all() and np.any(a) for v in after_one.values() for a in v)
+    poisoned = [a.copy() for a in reply[: len(weights)]]
+    poisoned[0].flat[0] = np.nan
+    reply2, _, _ = make_client(client_cls, cfg, x, y, context=context).fit(poisoned + extra, {"server-round": 2})
+    assert not all(np.isfinite(a).all() for a in reply2)  # the reply the server will leave out
+    after_two = state_now()
+    assert set(after_two) == set(after_one)
+    for key in after_one:
+        for a, b in zip(after_two[key], after_one[key]):
+            np.testing.assert_array_equal(a, b)
+    reply3, _, _ = make_client(client_cls, cfg, x, y, context=context).fit([a.copy() for a in reply[: len(weights)]]
+                                                                            + extra, {"server-round": 3})
+    assert all(np.isfinite(a).all() for a in reply3)  # the next sound round trains from the kept state

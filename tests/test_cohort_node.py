@@ -301,3 +301,32 @@ def test_augmented_cohort_equals_per_client(monkeypatch, partitions, rel):
         assert_same_reply(got[p], want, rel=rel)
         unaugmented = per_client(plain, "fedavg", p, RecordDict()).fit([a.copy() for a in arrays], {})
         assert not np.allclose(unaugmented[0][0], want[0][0])  # the augmentation really acted
+
+
+def test_non_finite_virtual_client_keeps_its_state_the_others_move_on():
+    """In a cohort, a client whose reply has NaN (the server leaves it out) keeps the state of its
+    last counted round, as on the per-client path (tests/test_client_state.py); the client beside
+    it in the same vmapped round keeps what its per-client node keeps."""
+    cfg = config_of(strategy="scaffold")
+    node_state, state0 = RecordDict(), RecordDict()
+    arrays = initial(cfg, "scaffold")
+    cohort_fit(cohort_node(cfg, "scaffold", node_state), arrays, [3, 0], {"server-round": 1})
+    per_client(cfg, "scaffold", 0, state0).fit([a.copy() for a in arrays], {"server-round": 1})
+    before = {k: [a.copy() for a in r.to_numpy_ndarrays()] for k, r in node_state.array_records.items()
+              if k.startswith(state_prefix(3))}
+    assert before  # c_3 was kept in round 1
+    poisoned = [a.copy() for a in arrays]
+    poisoned[0].flat[0] = np.nan
+    config = {"server-round": 2, "num-partitions": N}
+    bundle = bundle_instructions([(3, FitIns(ndarrays_to_parameters(poisoned), config)),
+                                  (0, FitIns(ndarrays_to_parameters(arrays), config))])
+    node = cohort_node(cfg, "scaffold", node_state)
+    got = dict(split_replies(reply_as_fitres(node.fit(parameters_to_ndarrays(bundle.parameters),
+                                                      dict(bundle.config)))))
+    assert not all(np.isfinite(a).all() for a in parameters_to_ndarrays(got[3].parameters))
+    for key, want in before.items():
+        for a, b in zip(node_state[key].to_numpy_ndarrays(), want):
+            np.testing.assert_array_equal(a, b)
+    want0 = per_client(cfg, "scaffold", 0, state0).fit([a.copy() for a in arrays], {"server-round": 2})
+    assert_same_reply(got[0], want0, rel=1e-5)
+    assert_same_state(node_state, 0, state0, rel=1e-5)

@@ -39,17 +39,13 @@ from fl_app.common.files import atomic_write_text
 from fl_app.common.run_files import BASE_COLUMNS, FINGERPRINT_KEY, SUMMARY_FILE, write_metrics
 from fl_app.server.checkpoint import Checkpoint
 from fl_app.server.provenance import DataChanged, record_fingerprint, resumed_fingerprint, run_facts
+from protocol.layout import all_finite
 from tasks.train import accuracy_spread
 
 log = logging.getLogger("flwr.fl_drift")
 
 # Client metrics that are bookkeeping, not method metrics.
 _SKIP_CLIENT_METRICS = {"train_loss", "num_steps"}
-
-
-def all_finite(arrays: list[np.ndarray]) -> bool:
-    """No NaN or Inf in any numeric array (a reply or an aggregate that has one is refused)."""
-    return all(np.isfinite(a).all() for a in arrays if np.issubdtype(a.dtype, np.number))
 
 
 def array_views(parameters: Parameters) -> list[np.ndarray]:

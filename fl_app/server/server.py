@@ -56,7 +56,6 @@ from fl_app.server.participation import Participation, RunAborted
 from fl_app.server.placement import record_ray_nodes
 from fl_app.server.recording import (
     RunRecord,
-    all_finite,
     array_views,
     check_reply,
     client_accuracy_stats,
@@ -68,6 +67,7 @@ from fl_app.server.recording import (
 )
 from fl_app.server.screening import Screening
 from fl_app.server.tracking import RunTracker
+from protocol.layout import all_finite
 from tasks.partition_figure import write_run_split
 
 log = logging.getLogger("flwr.fl_drift")
