@@ -36,11 +36,12 @@ def weight(values) -> dict[str, torch.Tensor]:
 
 
 def linear_round(update: LocalUpdate, keys: dict, w_t, *, lr: float = 0.5, epochs: int = 2, state=None,
-                 server=None):
+                 server=None, **options):
     """One round of ``update`` on the hand-computation model from w_t (two numbers): batch 1,
-    ``epochs`` steps, SGD without momentum or weight decay (``local_round``)."""
+    ``epochs`` steps, SGD without momentum or weight decay unless ``options`` (more ``Hyper``
+    fields: ``weight_decay``, ``clip_norm``, ...) say otherwise (``local_round``)."""
     model = nn.Linear(1, 2, bias=False).double()
-    hp = Hyper(lr=lr, keys=keys)
+    hp = Hyper(lr=lr, keys=keys, **options)
     return local_round(update, model, weight(w_t), {}, state or {}, {"buffers": {}, **(server or {})}, hp, X1, Y1,
                        1, epochs, torch.Generator().manual_seed(0))
 

@@ -14,8 +14,8 @@ import torch
 from clients import fedavg, feddc
 from fl_app.config import ConfigError
 from fl_app.registry import validate_config
-from tasks.functional import Hyper, local_round
-from tests.helpers_methods_v2 import X1, Y1, assert_cohort_matches, linear_round, values, weight
+from tasks.functional import Hyper
+from tests.helpers_methods_v2 import assert_cohort_matches, linear_round, values, weight
 
 THETA = (0.2, -0.1)
 LR = 0.5
@@ -28,10 +28,7 @@ def _grad(w) -> np.ndarray:
 
 
 def _fedavg(clip: float, epochs: int = 1, weight_decay: float = 0.0):
-    hp = Hyper(lr=LR, weight_decay=weight_decay, clip_norm=clip)
-    model = torch.nn.Linear(1, 2, bias=False).double()
-    return local_round(fedavg.UPDATE, model, weight(THETA), {}, {}, {"buffers": {}}, hp, X1, Y1, 1, epochs,
-                       torch.Generator().manual_seed(0))
+    return linear_round(fedavg.UPDATE, {}, THETA, lr=LR, epochs=epochs, weight_decay=weight_decay, clip_norm=clip)
 
 
 def test_two_clipped_steps_by_hand():
@@ -61,9 +58,7 @@ def test_it_clips_the_methods_whole_direction():
     keys = {"feddc-alpha": 0.1, "feddc-clip-norm": 0.0}
     state, server = {"h": weight((0.04, -0.02)), "ci": weight((-0.02, 0.04))}, {"c": weight((0.03, -0.01))}
     own = linear_round(feddc.UPDATE, {**keys, "feddc-clip-norm": 0.3}, THETA, state=state, server=server)
-    model = torch.nn.Linear(1, 2, bias=False).double()
-    run_wide = local_round(feddc.UPDATE, model, weight(THETA), {}, state, {"buffers": {}, **server},
-                           Hyper(lr=LR, keys=keys, clip_norm=0.3), X1, Y1, 1, 2, torch.Generator().manual_seed(0))
+    run_wide = linear_round(feddc.UPDATE, keys, THETA, state=state, server=server, clip_norm=0.3)
     unclipped = linear_round(feddc.UPDATE, keys, THETA, state=state, server=server)
     assert torch.equal(run_wide.params["weight"], own.params["weight"])
     assert not torch.equal(run_wide.params["weight"], unclipped.params["weight"])
