@@ -16,6 +16,7 @@ import numpy as np
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 
 from protocol.keys import Key
+from protocol.layout import all_finite
 from strategies.arrays import cast_like
 from strategies.base import MEAN_OF_WEIGHTS, DriftFedAvg, trainable_mask
 
@@ -79,7 +80,7 @@ class FedACGStrategy(DriftFedAvg):
             previous = self.m[i] if self.m is not None else np.zeros(ref.shape)
             m.append(self.lam * previous + (mean - ref.astype(np.float64)) if self.trainable[i]
                      else np.zeros(ref.shape))
-        if all(np.isfinite(a).all() for a in m):
+        if all_finite(m):
             self.m = m
         norm = float(np.sqrt(sum(float((a**2).sum()) for a in (self.m or []))))
         return ndarrays_to_parameters(new), {"fedacg_m_norm": norm}
