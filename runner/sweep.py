@@ -45,7 +45,16 @@ from runner.results.report import (
     write_comparison,
 )
 from runner.snapshot import snapshot_app
-from runner.tuning import SEARCH_FOLDER, SearchPlan, apply_choice, plan_search, read_tuning, tuning_record, write_tuning
+from runner.tuning import (
+    SEARCH_FOLDER,
+    SearchPlan,
+    apply_choice,
+    edge_choices,
+    plan_search,
+    read_tuning,
+    tuning_record,
+    write_tuning,
+)
 
 
 @dataclass
@@ -316,6 +325,9 @@ def run_search(args: argparse.Namespace, search: SearchPlan, out: Path, gpus: fl
     record = tuning_record(search.protocol, search.rounds, runs)
     print(f"tuning: wrote {write_tuning(out, record)}; chosen: " + "; ".join(
         f"{row} {entry['chosen']}" for row, entry in record["rows"].items()), flush=True)
+    for line in edge_choices(record):  # said now, not only in docs/results.md: the table is about to cost more
+        print(f"tuning: not bracketed: {line}; a better value may lie outside it: widen the file's [tune] grid"
+              " past it and run again (the kept search runs are reused)", flush=True)
     args.experiment = apply_choice(args.experiment, record)
     return validate(args, out / "runs")
 

@@ -240,6 +240,28 @@ def tuning_record(protocol: Protocol, rounds: int, runs_dir: Path) -> dict:
             "untuned": list(protocol.untuned), "rows": rows}
 
 
+def edge_choices(record: dict | None) -> list[str]:
+    """One line per tuned row whose chosen value of a numeric axis is the lowest or highest of
+    its grid (of two or more values), e.g. "fedavg: learning-rate = 0.1 is the highest value of
+    its grid (0.003, 0.01, 0.03, 0.1)": the search did not bracket that choice, so a better
+    value may lie outside the grid and the row is not known to be tuned as well as one chosen
+    inside it. Empty when every choice is inside its grid, or without a record. The runner
+    prints these after its search and docs/results.md lists them (scripts/make_results.py)."""
+    if not record:
+        return []
+    lines = []
+    for row, entry in record["rows"].items():
+        for key, value in (entry.get("chosen") or {}).items():
+            grid = [p["values"].get(key) for p in entry["points"]]
+            if len(set(grid)) < 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in grid):
+                continue
+            end = "highest" if value == max(grid) else "lowest" if value == min(grid) else None
+            if end:
+                lines.append(f"{row}: {key} = {value:g} is the {end} value of its grid "
+                             f"({', '.join(f'{v:g}' for v in sorted(set(grid)))})")
+    return lines
+
+
 def write_tuning(out: Path, record: dict) -> Path:
     path = Path(out) / TUNING_FILE
     path.write_text(json.dumps(record, indent=1) + "\n")

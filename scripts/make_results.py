@@ -112,6 +112,7 @@ from runner.tuning import (  # noqa: E402
     TUNING_FILE,
     apply_choice,
     comparable,
+    edge_choices,
     read_tuning,
     row_protocol,
     tuning_lines,
@@ -509,23 +510,9 @@ def protocol_legend(protocols: dict[str, str], labels: list[str]) -> tuple[dict[
 
 
 def edge_lines(record: dict | None) -> list[str]:
-    """A warning per tuned row whose chosen value of a numeric axis is the lowest or highest of
-    its grid (of two or more values): the search did not bracket the choice, so a better value
-    may lie outside the grid, and the row is not known to be tuned as well as a row chosen inside
-    its grid. Nothing when every choice is inside its grid, or without a tuning record."""
-    if not record:
-        return []
-    lines = []
-    for row, entry in record["rows"].items():
-        chosen = entry.get("chosen") or {}
-        for key, value in chosen.items():
-            grid = [p["values"].get(key) for p in entry["points"]]
-            if len(set(grid)) < 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in grid):
-                continue
-            end = "highest" if value == max(grid) else "lowest" if value == min(grid) else None
-            if end:
-                lines.append(f"- {row}: {key} = {value:g} is the {end} value of its grid "
-                             f"({', '.join(f'{v:g}' for v in sorted(set(grid)))})")
+    """The tuned rows whose choice is at the edge of its grid (``runner.tuning.edge_choices``),
+    as a warning list under the section's tuning lines; nothing when every choice is inside."""
+    lines = [f"- {line}" for line in edge_choices(record)]
     if not lines:
         return []
     return (["**Choices at the edge of their grid** (the search did not bracket them: a better value may lie "

@@ -491,3 +491,31 @@ def test_check_validates_and_estimates_the_search_and_the_table(tmp_path, tiny_m
     assert "tuning search (tuned on a validation split (0.2 of the training data), seeds 0 1, 2 of 8 rounds" in printed
     assert "ok: fedprox[learning-rate=0.1,proximal-mu=0.1] seed 1 -> " in printed and "ok: fedavg-fixed seed 5" in printed
     assert printed.count("estimated run time") == 2 and non_split_files(out) == []
+
+
+def test_the_runner_says_after_its_search_which_choices_its_grid_did_not_bracket(tmp_path, monkeypatch, capsys):
+    """After the search, before the table is run, the runner prints one line per choice at the
+    edge of its grid (the same test as docs/results.md's, runner.tuning.edge_choices) and how to
+    widen it; a choice inside its grid prints none. Launching is replaced: only the lines after
+    the search are under test."""
+    from types import SimpleNamespace
+
+    import runner.sweep as sweep
+
+    def entry(chosen, grid):
+        return {"chosen": {"learning-rate": chosen},
+                "points": [{"values": {"learning-rate": v}, "mean": 0.5} for v in grid]}
+
+    record = {"rows": {"fedavg": entry(0.1, [0.01, 0.03, 0.1]), "fedprox": entry(0.03, [0.01, 0.03, 0.1])}}
+    monkeypatch.setattr(sweep, "launch", lambda *a, **k: [])
+    monkeypatch.setattr(sweep, "report", lambda *a, **k: None)
+    monkeypatch.setattr(sweep, "tuning_record", lambda *a, **k: record)
+    monkeypatch.setattr(sweep, "apply_choice", lambda exp, rec: exp)
+    monkeypatch.setattr(sweep, "validate", lambda args, runs: [])
+    search = SimpleNamespace(args=None, configs=[], rounds=10,
+                             protocol=SimpleNamespace(describe=lambda rounds: "a protocol"))
+    sweep.run_search(SimpleNamespace(experiment={}), search, tmp_path, 0.0, None)
+    lines = [line for line in capsys.readouterr().out.splitlines() if "not bracketed" in line]
+    assert lines == ["tuning: not bracketed: fedavg: learning-rate = 0.1 is the highest value of its grid (0.01, 0.03,"
+                     " 0.1); a better value may lie outside it: widen the file's [tune] grid past it and run again"
+                     " (the kept search runs are reused)"]
