@@ -30,8 +30,9 @@ KDD 2021).
   established which one the paper's tables used. FedRepo's head has no bias and scales
   h Wᵀ; the heads here have a bias and the whole logit w_cᵀh + b_c is scaled (fluke, the
   FedDecorr authors, Flower). "Missing" is n_c = 0 (the paper, FedRepo; fluke's configurable
-  threshold is not a key here). FedRepo clips the gradient norm at 100 (rarely binding) and
-  counts local steps (at least 5) rather than epochs: neither is reproduced.
+  threshold is not a key here). FedRepo clips the gradient norm at 100 (rarely binding):
+  `local-clip-norm = 100` does it run-wide (experiments/fedrs-cifar10-c2.toml sets it). It
+  counts local steps (at least 5) rather than epochs: not reproduced.
 
 Summary: client CE on restricted logits s ⊙ z | server - | client state - | server state - |
 traffic -
