@@ -245,10 +245,13 @@ def edge_choices(record: dict | None) -> list[str]:
     its grid (of two or more values), e.g. "fedavg: learning-rate = 0.1 is the highest value of
     its grid (0.003, 0.01, 0.03, 0.1)": the search did not bracket that choice, so a better
     value may lie outside the grid and the row is not known to be tuned as well as one chosen
-    inside it. Empty when every choice is inside its grid, or without a record. The runner
-    prints these after its search and docs/results.md lists them (scripts/make_results.py)."""
+    inside it. A choice at the end of what its key allows (FedRS's alpha 0, a momentum of 0:
+    ``beyond_allowed``) has nothing outside it to try and is not listed. Empty when every
+    choice is inside its grid or at such an end, or without a record. The runner prints these
+    after its search and docs/results.md lists them (scripts/make_results.py)."""
     if not record:
         return []
+    keys = spec()
     lines = []
     for row, entry in record["rows"].items():
         for key, value in (entry.get("chosen") or {}).items():
@@ -256,10 +259,25 @@ def edge_choices(record: dict | None) -> list[str]:
             if len(set(grid)) < 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in grid):
                 continue
             end = "highest" if value == max(grid) else "lowest" if value == min(grid) else None
-            if end:
+            if end and not beyond_allowed(keys.get(key), value, +1 if end == "highest" else -1):
                 lines.append(f"{row}: {key} = {value:g} is the {end} value of its grid "
                              f"({', '.join(f'{v:g}' for v in sorted(set(grid)))})")
     return lines
+
+
+def beyond_allowed(key: Any, value: float, direction: int) -> bool:
+    """True when ``key`` (a ``protocol.keys.Key``) refuses every value just past ``value`` in
+    ``direction`` (+1 up, -1 down): ``value`` is the end of the key's allowed range, so a grid
+    ending there is bracketed in effect. Probed through the key's own check (the one place its
+    range is written) a relative 1e-9 past the value; an unknown key or one without a check
+    allows anything."""
+    if key is None or key.check is None:
+        return False
+    step = max(abs(value) * 1e-9, 1e-12)
+    try:
+        return not key.check(value + direction * step)
+    except (TypeError, ValueError):
+        return False
 
 
 def write_tuning(out: Path, record: dict) -> Path:

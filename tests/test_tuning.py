@@ -10,6 +10,7 @@ import argparse
 import csv
 import importlib.util
 import io
+import itertools
 import json
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from runner.tuning import (
     Protocol,
     apply_choice,
     choose,
+    edge_choices,
     plan_search,
     read_protocol,
     score_points,
@@ -368,6 +370,36 @@ def test_every_tune_grid_brackets_the_value_its_row_ran_before():
                 assert min(values) < before < max(values), (path.name, row, key, before, values)
                 checked += 1
     assert checked >= 8 * 8  # the four FedPGVC files and their paper settings, 8 tuned rows each
+
+
+def test_a_choice_at_the_end_of_its_keys_allowed_range_is_not_called_unbracketed():
+    """FedRS's alpha 0 (its key allows [0, 1]) or a momentum of 0 chosen at the low end of a grid
+    has no value outside the grid to try, so it is not listed as unbracketed (the old code listed
+    it and told the user to widen a grid that cannot be widened); a learning rate or FedProx's mu
+    at the low end still is (smaller values are allowed), and alpha at 0.9 on top of a grid that
+    stops below 1 still is."""
+    def entry(chosen, grids):
+        points = [{"values": dict(zip(grids, combo)), "mean": 0.5}
+                  for combo in itertools.product(*grids.values())]
+        return {"chosen": chosen, "points": points}
+
+    record = {"rows": {
+        "fedrs": entry({"learning-rate": 0.01, "fedrs-alpha": 0.0},
+                       {"learning-rate": [0.003, 0.01, 0.03], "fedrs-alpha": [0.0, 0.1, 0.5, 0.9]}),
+        "fedrs-top": entry({"learning-rate": 0.01, "fedrs-alpha": 1.0},
+                           {"learning-rate": [0.003, 0.01, 0.03], "fedrs-alpha": [0.5, 1.0]}),
+        "fedrs-high": entry({"learning-rate": 0.01, "fedrs-alpha": 0.9},
+                            {"learning-rate": [0.003, 0.01, 0.03], "fedrs-alpha": [0.5, 0.9]}),
+        "fedavgm": entry({"learning-rate": 0.003, "momentum": 0.0},
+                         {"learning-rate": [0.003, 0.01], "momentum": [0.0, 0.9]}),
+        "fedprox": entry({"learning-rate": 0.01, "proximal-mu": 0.0001},
+                         {"learning-rate": [0.003, 0.01, 0.03], "proximal-mu": [0.0001, 0.001]}),
+    }}
+    assert edge_choices(record) == [
+        "fedrs-high: fedrs-alpha = 0.9 is the highest value of its grid (0.5, 0.9)",
+        "fedavgm: learning-rate = 0.003 is the lowest value of its grid (0.003, 0.01)",
+        "fedprox: proximal-mu = 0.0001 is the lowest value of its grid (0.0001, 0.001)",
+    ]
 
 
 # ---- make_results: claims only between rows tuned alike -------------------------------------
