@@ -20,6 +20,7 @@ from runner.parallel import check_workers
 from runner.plan import (
     check_axes,
     check_command_line_keys,
+    check_run_names,
     grid_points,
     label,
     parse_grid,
@@ -65,6 +66,7 @@ def planned_configs(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str,
                 given = str(raw.get("data-dir", ""))
                 raw["data-dir"] = str(Path(args.cwd or ".", given)) if given and args.cwd else given
                 configs.append((row, seed, raw))
+    check_run_names([row for row, _, _ in configs])
     return configs
 
 

@@ -29,7 +29,8 @@ An output folder's finished runs are never re-run: re-running the same command c
 
 `--resume DIR` continues an interrupted comparison in DIR with the arguments it was started
 with (saved in DIR/runner.json): finished runs are kept, unfinished ones continue from their
-last checkpoint (run-config `resume = true`), missing ones start.
+last checkpoint (run-config `resume = true`), missing ones start. Beside it only `--quiet`,
+`--check`, `--parallel` and `--verbose` are taken; a flag that would change the runs is refused.
 """
 
 # This module's docstring is the runner's usage: ``run_simulation.py --help`` prints it.
@@ -109,15 +110,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.list:
         return args
     if args.resume:
+        check_resume_flags(args, p)
         args = argparse.Namespace(**{"grid": [], "verbose": False, "list": None, "tune": None, "parallel": None,
                                      "env_data_dir": None, "cwd": None, **read_runner_record(args.resume, p),
                                      "resume": args.resume, "out": args.resume, "quiet": args.quiet,
-                                     "check": args.check,
+                                     "check": args.check, **({"verbose": True} if args.verbose else {}),
                                      **({"parallel": args.parallel} if args.parallel is not None else {})})
     else:
         args.env_data_dir = resolve_data_dir("")  # recorded in runner.json: a new shell may differ
         args.cwd = os.getcwd()  # relative data-dir values resolve against it, on --resume too
     return resolve_experiment(args, p)
+
+
+RESUME_FLAGS = ("resume", "quiet", "check", "parallel", "verbose")  # what --resume reads now; the rest is runner.json's
+
+
+def check_resume_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Refuse ``--resume DIR`` given with a flag that would change the runs (``--rounds``,
+    ``--set``, ``--strategy``, ``--seeds``, ...): a resume continues the comparison saved in
+    DIR/runner.json as it was started, so such a flag could only be dropped (it was, silently:
+    ``--resume DIR --rounds 5`` said "finished, kept" and ran no round). Only ``--quiet``,
+    ``--check``, ``--parallel`` and ``--verbose``, which change how it runs, are taken."""
+    given = [f"--{'set' if dest == 'overrides' else dest.replace('_', '-')}" for dest, value in vars(args).items()
+             if dest not in RESUME_FLAGS and value != parser.get_default(dest)]
+    if given:
+        refuse(parser, f"--resume {args.resume} with {', '.join(given)} is invalid: a resume continues the comparison"
+                       f" with the arguments saved in {Path(args.resume) / 'runner.json'}, so these would be ignored;"
+                       " to change the runs start a new comparison (its command with the new flags and another"
+                       " --out); --resume takes only --quiet, --check, --parallel and --verbose")
 
 
 def refuse(parser: argparse.ArgumentParser, message: str) -> None:

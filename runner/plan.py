@@ -103,8 +103,27 @@ def label(name: str, point: dict[str, Any]) -> str:
 
 def run_name(row_label: str, seed: int) -> str:
     """A folder name for one (label, seed): ``fedavg-seed0``, ``fedavg_learning-rate=0.05-seed0``."""
-    safe = re.sub(r"[^A-Za-z0-9._=+-]+", "_", row_label).strip("_")
-    return f"{safe}-seed{seed}"
+    return f"{folder_stem(row_label)}-seed{seed}"
+
+
+def folder_stem(row_label: str) -> str:
+    """The part of a run folder's name that ``row_label`` gives: every run of characters other
+    than letters, digits and ``._=+-`` becomes one ``_``."""
+    return re.sub(r"[^A-Za-z0-9._=+-]+", "_", row_label).strip("_")
+
+
+def check_run_names(rows: list[str]) -> None:
+    """Refuse two labels that ``run_name`` cleans to one folder name (``"a/b"`` and ``"a_b"``
+    both give ``a_b-seed0``): the second run would "resume" the first one's folder and report
+    its result under its own label, or overwrite its record. Named both, before anything runs."""
+    seen: dict[str, str] = {}
+    for row in dict.fromkeys(rows):
+        folder = folder_stem(row)
+        if folder in seen:
+            raise ConfigError(f"labels {seen[folder]!r} and {row!r} are invalid together: both are stored in the run"
+                              f" folders {folder}-seed<seed> (characters other than letters, digits and ._=+- become"
+                              " _); rename one of them")
+        seen[folder] = row
 
 
 def resolve_rows(names: list[str], per_method: dict, methods: tuple[str, ...]) -> list[tuple[str, str, dict, dict]]:

@@ -27,7 +27,7 @@ from fl_app.api import (
     write_run_config,
 )
 from fl_app.config import ConfigError
-from runner.checks import check_out_folder, print_checks, validate
+from runner.checks import changed_runs, check_out_folder, print_checks, validate
 from runner.cli import runner_record
 from runner.launch import APP_DIR, LocalSimulation
 from runner.parallel import Failed, Machine, Pool, default_workers, say, split
@@ -184,6 +184,12 @@ def run_all(args: argparse.Namespace, jobs: list[tuple[int, str, int, dict]], to
     def work(worker: tuple[LocalSimulation, float], job: tuple[int, str, int, dict]) -> None:
         (sim, gpus_per_client), (i, row, seed, cfg) = worker, job
         run_dir, lead = runs_dir / cfg["run-name"], "    " if n == 1 else f"  [{i}/{total}] "
+        # checked again now, not only before the sweep: a folder another run of this sweep wrote meanwhile,
+        # or one made by hand, is refused, never resumed or overwritten under this run's settings
+        if changed := changed_runs([(row, seed, cfg)], runs_dir, getattr(args, "env_data_dir", None), args.clients):
+            parts[i - 1].failed.append(cfg["run-name"])
+            say(f"{lead}run refused, its folder kept as it is: {changed[0]}", sys.stderr)
+            return
         if (run_dir / CHECKPOINT).exists():
             cfg = {**cfg, "resume": True}
         run_dir.mkdir(parents=True, exist_ok=True)
