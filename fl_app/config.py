@@ -19,7 +19,7 @@ from typing import Any
 
 from fl_app.common.faults import FAULT_FORMS, parse_faults
 from fl_app.common.trackers import parse_tracking
-from protocol.keys import ConfigError, Key, at_least, non_negative, positive, unit_interval
+from protocol.keys import ConfigError, Key, at_least, between, non_negative, positive, unit_interval
 from tasks.catalogue import DATASET_NAMES as DATASETS
 from tasks.catalogue import DATASETS as IMAGE_DATASETS
 from tasks.catalogue import PARTITIONERS as PARTITIONER_SETTINGS
@@ -36,6 +36,9 @@ def did_you_mean(value: object, choices) -> str:
 PARTITIONERS = tuple(PARTITIONER_SETTINGS)
 SCREENING_MODES = ("none", "clip", "reject", "median", "trimmed-mean", "krum", "multi-krum", "bulyan")
 EXECUTIONS = ("auto", "per-client", "cohort")
+# inner-dirichlet's lognormal size spread: at sigma 5 two clients' sizes already differ by e^10 at
+# +-1 standard deviation; above it a draw overflows or gives all but one client nothing
+MAX_SIZE_SIGMA = 5.0
 
 # General keys. ``strategy`` (its choices are the registered methods) and the method-specific
 # keys (prefixed by the method, e.g. ``ri-lambda``, declared as ``CONFIG_KEYS`` of the method's
@@ -66,8 +69,9 @@ GENERAL_KEYS: dict[str, Key] = {
     "min-partition-size": Key(10, non_negative, ">= 0 (dirichlet and quantity redraw until every client has"
                                                 " this many)"),
     "classes-per-client": Key(2, at_least(1), ">= 1 (pathological: distinct labels per client, NIID-Bench's #C = k)"),
-    "size-sigma": Key(0.0, non_negative, ">= 0 (inner-dirichlet: client sizes lognormal with this sigma, FedDyn's"
-                                         " unbalanced_sgm; 0 = equal sizes)"),
+    "size-sigma": Key(0.0, between(0, MAX_SIZE_SIGMA), f"0 to {MAX_SIZE_SIGMA:g} (inner-dirichlet: client sizes"
+                      " lognormal with this sigma, FedDyn's unbalanced_sgm 0.3; 0 = equal sizes; a draw that leaves a"
+                      " client no example is refused)"),
     "noise-sigma": Key(0.0, non_negative, ">= 0 (feature noise: client i of N gets Gaussian noise of variance"
                                           " noise-sigma * i / N on its inputs, NIID-Bench's noise-based feature"
                                           " imbalance; 0 = off)"),

@@ -56,3 +56,8 @@ def unit_interval(v: float) -> bool:
 
 def at_least(n: int) -> Callable[[Any], bool]:
     return lambda v: v >= n
+
+
+def between(low: float, high: float) -> Callable[[Any], bool]:
+    """[low, high] (NaN and infinities refused)."""
+    return lambda v: low <= v <= high

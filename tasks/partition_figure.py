@@ -41,6 +41,19 @@ def label_counts(spec: PartitionSpec) -> np.ndarray:
                      for i in range(spec.num_partitions)])
 
 
+def unheld_labels(spec: PartitionSpec, counts: np.ndarray) -> str | None:
+    """One line when some classes are held by no client of the split (``pathological`` with
+    k = 1 and 4 clients leaves labels 4-9 to nobody): the model never trains on them, and its
+    test accuracy on them measures nothing it learnt. None when every class is held."""
+    from tasks.partitioning import cut
+
+    missing = [c for c in range(counts.shape[1]) if counts[:, c].sum() == 0]
+    if not missing:
+        return None
+    return (f"{len(missing)} of {counts.shape[1]} labels are held by no client ({spec.dataset}, {spec.num_partitions}"
+            f" clients, {cut(spec)}, seed {spec.seed}): {', '.join(map(str, missing))}; no client trains on them")
+
+
 def write_label_counts(path: Path, counts: np.ndarray) -> None:
     """``client_label_counts.csv`` (header and one row per client), written whole or not at all."""
     out = io.StringIO()
@@ -129,6 +142,8 @@ def write_check_splits(cfgs: list[dict], folder: Path, num_partitions: int) -> l
         what = "generated per device" if spec.dataset == "synthetic" else cut(spec)
         lines.append(f"split: {Path(folder) / with_suffix(FIGURE_FILE, suffix)} ({spec.dataset}, seed {spec.seed},"
                      f" {what}; client sizes {int(counts.sum(axis=1).min())} to {int(counts.sum(axis=1).max())})")
+        if unheld := unheld_labels(spec, counts):
+            lines.append(f"warning: {unheld}")
     return lines
 
 
@@ -137,7 +152,8 @@ def write_run_split(run_dir: Path, cfg: dict, num_partitions: int | None) -> Non
     picture already (a resumed run keeps the one it started with) or when the nodes bring their
     own data (``num_partitions`` None: there is no split of the server's to draw). With
     ``split-picture`` false only the label counts are written (and kept on resume). Best effort:
-    a picture that cannot be made is a warning, never a failed run."""
+    a picture that cannot be made is a warning, never a failed run. Classes that no client holds
+    are said in one warning line (``unheld_labels``), which the runner shows."""
     import logging
 
     from tasks.datasets import DataUnavailableError, PartitionError
@@ -145,7 +161,12 @@ def write_run_split(run_dir: Path, cfg: dict, num_partitions: int | None) -> Non
     picture = cfg["split-picture"]
     if not num_partitions or (Path(run_dir) / (FIGURE_FILE if picture else LABEL_COUNTS_FILE)).exists():
         return
+    log = logging.getLogger("flwr.fl_drift")
     try:
-        write_split_files(Path(run_dir), PartitionSpec.from_config(cfg, num_partitions), picture=picture)
+        spec = PartitionSpec.from_config(cfg, num_partitions)
+        counts = write_split_files(Path(run_dir), spec, picture=picture)
     except (OSError, ValueError, RuntimeError, DataUnavailableError, PartitionError) as exc:
-        logging.getLogger("flwr.fl_drift").warning("the split's picture (%s) was not written: %s", FIGURE_FILE, exc)
+        log.warning("the split's picture (%s) was not written: %s", FIGURE_FILE, exc)
+        return
+    if unheld := unheld_labels(spec, counts):
+        log.warning("fl-drift: %s", unheld)

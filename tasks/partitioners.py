@@ -15,6 +15,8 @@ caller, the sizes:
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from tasks.catalogue import DatasetInfo
@@ -22,6 +24,16 @@ from tasks.datasets import PartitionError
 from tasks.partition_spec import PartitionSpec
 
 SIZE_DRAWS = 1000  # Dirichlet size draws tried before a quantity split is refused
+
+
+def hide_unused_classes_warning() -> None:
+    """Hide flwr-datasets' own multi-line warning when a pathological split leaves classes to no
+    client: fl-drift says it in one line naming the classes (``tasks.partition_figure.unheld_labels``,
+    in ``--check`` and at the run's start), and the library's text names a keyword argument
+    fl-drift does not expose. Only that warning; registered where the partitioner is made (a
+    filter set at import would be lost to a caller's ``catch_warnings``)."""
+    warnings.filterwarnings("ignore", message=r"Classes: .* will NOT be used", category=UserWarning,
+                            module=r"flwr_datasets\.partitioner\.pathological_partitioner")
 
 
 def make_partitioner(spec: PartitionSpec, info: DatasetInfo, rows: int):
@@ -47,6 +59,7 @@ def make_partitioner(spec: PartitionSpec, info: DatasetInfo, rows: int):
     if spec.partitioner == "iid":
         return IidPartitioner(num_partitions=n)
     if spec.partitioner == "pathological":
+        hide_unused_classes_warning()
         # "first-deterministic": client i gets class i mod C, then k - 1 more at random: NIID-Bench's #C = k
         return PathologicalPartitioner(num_partitions=n, partition_by=label,
                                        num_classes_per_partition=spec.classes_per_client,
@@ -84,14 +97,23 @@ def quantity_sizes(spec: PartitionSpec, rows: int) -> list[int]:
 def inner_dirichlet_sizes(spec: PartitionSpec, rows: int) -> list[int]:
     """Client sizes of the FedDyn paper's split: ``rows`` // N each when ``size-sigma`` is 0
     (balanced), else lognormal(log(rows / N), size-sigma) shares of the ``rows`` rows (its
-    ``unbalanced_sgm``), seeded by the run's seed; every client keeps at least one example and
-    the sizes add up to at most ``rows``."""
+    ``unbalanced_sgm``), seeded by the run's seed; the sizes add up to at most ``rows``. A draw
+    that gives a client less than one example (or overflows: size-sigma 1e6 gave inf/inf, NaN,
+    and every client 1 example) is a ``PartitionError`` naming the key and its value, not a
+    client silently given one example."""
     n = spec.num_partitions
     if rows < n:
         raise PartitionError(f"inner-dirichlet: {rows} examples cannot fill {n} clients")
     if not spec.size_sigma:
         return [rows // n] * n
     rng = np.random.default_rng(spec.seed)
-    shares = rng.lognormal(mean=np.log(rows / n), sigma=spec.size_sigma, size=n)
-    sizes = np.maximum(1, (shares / shares.sum() * (rows - n)).astype(int))
-    return [int(s) for s in sizes]
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused below, in one line
+        shares = rng.lognormal(mean=np.log(rows / n), sigma=spec.size_sigma, size=n)
+        drawn = shares / shares.sum() * (rows - n)
+    if not np.all(np.isfinite(drawn)) or drawn.min() < 1:
+        smallest = "a non-finite size" if not np.all(np.isfinite(drawn)) else f"{drawn.min():.3g} examples"
+        raise PartitionError(
+            f"run-config key 'size-sigma' = {spec.size_sigma:g} is invalid for {n} inner-dirichlet clients of {rows}"
+            f" examples: its lognormal size draw (seed {spec.seed}) gives a client {smallest}; lower size-sigma"
+            " (FedDyn's unbalanced setting is 0.3) or use fewer clients")
+    return [int(s) for s in drawn.astype(int)]

@@ -12,7 +12,8 @@ from fl_app.config import ConfigError
 from fl_app.registry import validate_config
 from tasks.catalogue import DATASETS
 from tasks.datasets import PartitionError
-from tasks.partitioners import quantity_sizes
+from tasks.partition_figure import unheld_labels, write_check_splits
+from tasks.partitioners import inner_dirichlet_sizes, quantity_sizes
 from tasks.partitioning import (
     PartitionSpec,
     check_data,
@@ -97,6 +98,56 @@ def test_inner_dirichlet_keeps_the_sizes_and_skews_the_labels(small_mnist):
     assert total_variation(counts).mean() > 0.4
     unequal = partition_label_counts(spec_of(small_mnist, "inner-dirichlet", alpha=0.1, size_sigma=0.5)).sum(axis=1)
     assert unequal.std() > 0.1 * unequal.mean() and unequal.sum() <= rows
+
+
+@pytest.mark.parametrize("sigma", [0.3, 0.5, 1.0])
+def test_inner_dirichlet_sizes_are_the_lognormal_draw(sigma):
+    """Where every client gets at least one example, the sizes are the lognormal draw's floor:
+    the same list the earlier code (which raised each size to at least 1) gave."""
+    spec = PartitionSpec(dataset="mnist", num_partitions=20, partitioner="inner-dirichlet", size_sigma=sigma, seed=3)
+    shares = np.random.default_rng(3).lognormal(mean=np.log(60_000 / 20), sigma=sigma, size=20)
+    assert inner_dirichlet_sizes(spec, 60_000) == (shares / shares.sum() * (60_000 - 20)).astype(int).tolist()
+
+
+def test_a_degenerate_inner_dirichlet_size_draw_is_refused_naming_the_key():
+    """size-sigma 5 over 100 clients drew a client 6e-6 examples, silently raised to 1 (and
+    size-sigma 1e6 overflowed to NaN, every client 1 example, 10 in all: `--check` passed)."""
+    spec = PartitionSpec(dataset="mnist", num_partitions=100, partitioner="inner-dirichlet", size_sigma=5.0)
+    with pytest.raises(PartitionError, match=r"run-config key 'size-sigma' = 5 is invalid for 100 inner-dirichlet"
+                                             r" clients of 60000 examples: .* gives a client [0-9.e-]+ examples"):
+        inner_dirichlet_sizes(spec, 60_000)
+
+
+@pytest.mark.parametrize("sigma", [1e6, -0.1, float("inf"), float("nan")])
+def test_size_sigma_outside_its_range_is_refused(sigma):
+    with pytest.raises(ConfigError, match=r"'size-sigma' = .* is invalid: (must be 0 to 5|expected a float)"):
+        validate_config({"partitioner": "inner-dirichlet", "size-sigma": sigma})
+
+
+def test_labels_no_client_holds_are_said_in_one_line():
+    spec = PartitionSpec(dataset="mnist", num_partitions=3, partitioner="pathological", classes_per_client=1)
+    counts = np.zeros((3, CLASSES), dtype=int)
+    counts[0, 0], counts[1, 1], counts[2, 7] = 5, 6, 7
+    line = unheld_labels(spec, counts)
+    assert line.startswith("7 of 10 labels are held by no client (mnist, 3 clients, pathological partitions")
+    assert line.endswith(": 2, 3, 4, 5, 6, 8, 9; no client trains on them") and "\n" not in line
+    counts[:, 2:] = 1
+    assert unheld_labels(spec, counts) is None
+
+
+def test_check_warns_of_labels_no_client_holds(small_mnist, tmp_path):
+    """`pathological` with k = 1 and 4 clients left labels 4-9 to no client, said only in
+    flwr-datasets' multi-line warning."""
+    import warnings
+
+    spec = spec_of(small_mnist, "pathological", n=4, classes_per_client=1)
+    cfg = {"dataset": "mnist", "partitioner": "pathological", "classes-per-client": 1, "data-dir": str(small_mnist)}
+    with warnings.catch_warnings(record=True) as caught:
+        federated_dataset.cache_clear()
+        lines = write_check_splits([validate_config(cfg)], tmp_path, spec.num_partitions)
+    assert lines[-1] == "warning: 6 of 10 labels are held by no client (mnist, 4 clients, pathological partitions" \
+                        " (classes-per-client=1), seed 0): 4, 5, 6, 7, 8, 9; no client trains on them"
+    assert not [w for w in caught if "will NOT be used" in str(w.message)]  # the library's text is not shown too
 
 
 # ------------------------------------------------------------------ seeded reproducibility
