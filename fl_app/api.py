@@ -8,8 +8,9 @@ It offers:
 
 - ``preflight``: every check of a sweep's run configs before anything is launched or written, in
   one call (``check_configs``: path, method, data folder, federation size; then the clients' data
-  sizes, the checkpoints a re-run would continue from, and the kept or started runs made with
-  another config or on other data, ``changed_runs``). A refusal is one line (``ConfigError``,
+  sizes and local test splits, every image of the local files decodable, the checkpoints a re-run
+  would continue from, and the kept or started runs made with another config or on other data,
+  ``changed_runs``). A refusal is one line (``ConfigError``,
   ``DataUnavailableError``, ``PartitionError``, ``CheckpointError``);
 - ``check_report``: what ``run_simulation.py --check`` shows of each run and the pictures of its
   splits;
@@ -118,14 +119,16 @@ def check_configs(raws: list[dict], clients: int, *, env_data_dir: str | None = 
 def preflight(raws: list[dict], clients: int, runs_dir: Path, *, env_data_dir: str | None = None, gpus: int = 0,
               cluster: bool = False) -> tuple[list[Checked], list[str]]:
     """Every check that can fail before a sweep launches anything: ``check_configs``; every
-    client of each distinct partitioning holds at least one batch its model trains on
-    (``check_data``); every checkpoint a re-run would continue from is sound
+    client of each distinct partitioning holds at least one batch its model trains on, also
+    after its local test split (``client-test-fraction``), and every image of its local files
+    decodes (``check_data``); every checkpoint a re-run would continue from is sound
     (``check_checkpoints``). The checked configs, and one line per kept or started run whose
     config or data differ from what is asked now (``changed_runs``: the caller refuses them).
     ``runs_dir``: the folder of the runs (``results-dir``), each in its ``run-name``."""
     checked = check_configs(raws, clients, env_data_dir=env_data_dir, gpus=gpus, cluster=cluster)
-    for part, model in {(PartitionSpec.from_config(c.valid, clients), c.valid["model"]) for c in checked}:
-        check_data(part, min_batch_of(model, part.dataset))  # each client at least one batch the model trains on
+    for part, model, held in {(PartitionSpec.from_config(c.valid, clients), c.valid["model"],
+                                c.valid["client-test-fraction"]) for c in checked}:
+        check_data(part, min_batch_of(model, part.dataset), held)  # each client at least one batch to train on
     launched = [c.raw for c in checked]
     check_checkpoints(launched, runs_dir)
     return checked, changed_runs(launched, runs_dir, env_data_dir, clients)

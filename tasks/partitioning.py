@@ -29,6 +29,7 @@ from tasks.datasets import (
     local_parquet_files,
     to_tensors,
 )
+from tasks.decoded import check_images
 from tasks.feature_noise import with_feature_noise
 from tasks.partition_cache import (
     checked_partitioning,
@@ -169,14 +170,33 @@ def load_client_split(spec: PartitionSpec, partition_id: int, test_fraction: flo
     if spec.dataset == "synthetic":
         return split_tensors(*load_partition(spec, partition_id), test_fraction, spec.seed)
     rows = _partition_rows(spec, partition_id)
-    if len(rows) < 2:
-        raise PartitionError(f"partition {partition_id} has {len(rows)} example(s): too few for a local test "
-                             f"split (client-test-fraction = {test_fraction}); raise min-partition-size")
+    if local_split_sizes(len(rows), test_fraction)[0] < 1:  # check_data refuses it before launch
+        raise PartitionError(too_few_for_local_split(partition_id, len(rows), test_fraction)
+                             + "; raise min-partition-size or lower client-test-fraction")
     parts = rows.train_test_split(test_size=test_fraction, seed=spec.seed)
     info = DATASETS[spec.dataset]
     (x, y), (x_test, y_test) = to_tensors(parts["train"], info), to_tensors(parts["test"], info)
     return ((with_feature_noise(x, spec, partition_id, info), y),
             (with_feature_noise(x_test, spec, partition_id, info, stream=1), y_test))
+
+
+def local_split_sizes(rows: int, test_fraction: float) -> tuple[int, int]:
+    """(examples trained on, examples held out) of a ``rows``-example partition whose client holds
+    ``test_fraction`` of it out as its local test split, as ``load_client_split`` cuts it
+    (``Dataset.train_test_split(test_size=test_fraction)``: ceil(test_fraction x rows) held out,
+    the rest trained on; it refuses a cut that leaves none to train on)."""
+    held = math.ceil(test_fraction * rows) if test_fraction > 0 else 0
+    return rows - held, held
+
+
+def too_few_for_local_split(partition_id: int, rows: int, test_fraction: float, least: int = 1) -> str:
+    """'partition 6 has 1 example(s): too few for a local test split (client-test-fraction = 0.5
+    holds out 1 and leaves 0 to train on)': the refusal of ``check_local_splits`` and of the
+    client (``load_client_split``). ``least``: the fewest examples the client must train on."""
+    train, held = local_split_sizes(rows, test_fraction)
+    short = f", fewer than the smallest batch the model trains on ({least})" if train and least > 1 else ""
+    return (f"partition {partition_id} has {rows} example(s): too few for a local test split (client-test-fraction"
+            f" = {test_fraction} holds out {held} and leaves {train} to train on{short})")
 
 
 def split_tensors(x: torch.Tensor, y: torch.Tensor, test_fraction: float, seed: int) -> tuple[tuple, tuple]:
@@ -337,15 +357,18 @@ def check_natural_count(spec: PartitionSpec) -> None:
             f" (flwr run: --federation-config num-supernodes={ids}; run_simulation.py: --clients {ids})")
 
 
-def check_data(spec: PartitionSpec, min_size: int = 1) -> None:
+def check_data(spec: PartitionSpec, min_size: int = 1, test_fraction: float = 0.0) -> None:
     """Fail fast, before any training, on a missing source, wrong columns, labels outside the
     dataset's classes (local files, ``check_labels``: checked every time, it reads one column),
-    or a partitioning that leaves a client with fewer than ``min_size`` examples (at least one;
+    a partitioning that leaves a client with fewer than ``min_size`` examples (at least one;
     the runner and the server pass the smallest batch the run's model trains on,
-    ``tasks.train.min_batch_of``), naming the client and its size. Nothing is decoded, but
-    cutting the partitions reads the label column (a second or two for MNIST); a partitioning
-    of local files that passed once is remembered on disk (``checked_partitioning``), so the
-    server does not redo the runner's check."""
+    ``tasks.train.min_batch_of``), naming the client and its size, or, with a local test split
+    (``test_fraction``: the run's ``client-test-fraction``), fewer than that left to train on
+    (``check_local_splits``); then, for local files, on an image that cannot be decoded
+    (``tasks.decoded.check_images``: every image decoded once per file and kept, seconds for
+    MNIST the first time, a header read after). Cutting the partitions reads the label column
+    (a second or two for MNIST); a partitioning of local files that passed once is remembered on
+    disk (``checked_partitioning``), so the server does not redo the runner's check."""
     if spec.dataset == "synthetic":
         return
     files = local_parquet_files(spec.dataset, spec.data_dir)
@@ -362,6 +385,27 @@ def check_data(spec: PartitionSpec, min_size: int = 1) -> None:
         check_sizes(spec, sizes, 1)
         remember_partitioning(spec, sizes, fds.partitioners["train"])
     check_sizes(spec, sizes, min_size)
+    check_local_splits(spec, sizes, test_fraction, min_size)
+    if files is not None:  # last: the first check of a file decodes all of it
+        check_images(spec.dataset, files)
+
+
+def check_local_splits(spec: PartitionSpec, sizes: list[int], test_fraction: float, min_size: int = 1) -> None:
+    """With ``test_fraction`` > 0 each client holds that share of its partition out as its local
+    test split (``load_client_split``) and trains on the rest, which must hold at least
+    ``min_size`` examples (and one): ``PartitionError`` naming the smallest such partition, its
+    size and the keys, from the partition sizes alone (nothing read)."""
+    if test_fraction <= 0:
+        return
+    least = max(1, min_size)
+    small = [i for i, n in enumerate(sizes) if local_split_sizes(n, test_fraction)[0] < least]
+    if not small:
+        return
+    worst = min(small, key=lambda i: sizes[i])
+    raise PartitionError(
+        f"{too_few_for_local_split(worst, sizes[worst], test_fraction, least)}: {len(small)} of"
+        f" {spec.num_partitions} {spec.partitioner} partitions too small ({settings(spec)}); raise"
+        " min-partition-size, lower client-test-fraction or use fewer clients")
 
 
 def check_sizes(spec: PartitionSpec, sizes: list[int], min_size: int) -> None:

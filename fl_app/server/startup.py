@@ -135,7 +135,7 @@ class ServerStartup:
         cm = self.client_manager
         spec = PartitionSpec.from_config(self.cfg, cm.num_partitions or cm.num_available())
         check_fault_partitions(self.cfg, spec.num_partitions)
-        check_data(spec, min_batch_of(self.cfg["model"], self.cfg["dataset"]))
+        check_data(spec, min_batch_of(self.cfg["model"], self.cfg["dataset"]), self.cfg["client-test-fraction"])
         return spec
 
 
