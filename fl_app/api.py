@@ -16,7 +16,8 @@ It offers:
   splits;
 - the run folder: its file names, ``read_run`` (a finished run's records, read once),
   ``write_run_config``, the data fingerprint a run recorded (``recorded_fingerprint``), the
-  clients' label counts (``label_counts``);
+  clients' label counts (``label_counts``), and whether the run diverged (``run_divergence``,
+  from ``divergence``: one pure function of its rounds, the server's and every reader's);
 - provenance (``code_revision``, ``with_app_digest``), file writes that are whole or absent
   (``atomic_write_text``, ``replacing``), and the model and data facts the runner's estimate
   and listing print.
@@ -33,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fl_app.common.divergence import divergence
 from fl_app.common.execution_path import Execution, cohort_node_count, launch_execution
 from fl_app.common.files import atomic_write_text, replacing
 from fl_app.common.run_files import (
@@ -61,11 +63,11 @@ __all__ = [
     "METRICS_FILE", "MODELS", "PER_CLASS_FILE", "SUMMARY_FILE", "CheckpointError", "ConfigError",
     "DataUnavailableError", "Execution", "PartitionError", "accuracy_spread", "atomic_write_text", "build_model",
     "code_revision", "cohort_node_count", "input_shape", "parquet_rows", "read_metrics", "read_summary",
-    "replacing", "resolve_data_dir", "with_app_digest",
+    "divergence", "replacing", "resolve_data_dir", "with_app_digest",
     # defined here
     "Checked", "RunFacts", "RunRecord", "changed_data", "changed_runs", "check_checkpoints", "check_configs",
     "check_report", "check_splits", "describe_data", "execution_for", "fingerprint_of", "preflight", "read_run",
-    "recorded_fingerprint", "with_label_counts", "write_run_config",
+    "recorded_fingerprint", "run_divergence", "with_label_counts", "write_run_config",
 ]
 
 
@@ -285,6 +287,23 @@ def read_run(run_dir: Path) -> RunRecord:
     counts = run_dir / LABEL_COUNTS_FILE
     return RunRecord(run_dir, read_summary(run_dir), read_metrics(run_dir), (run_dir / METRICS_FILE).exists(),
                      last_per_class(run_dir), read_label_counts(counts) if counts.exists() else None)
+
+
+def run_divergence(record: RunRecord) -> dict | None:
+    """Why the run of ``record`` diverged, or None (``fl_app/common/divergence.py``): computed from
+    its metrics.csv rows and its dataset's classes with this code's bounds, so a kept run made
+    before summary.json said so is judged like a new one; the summary's own ``diverged`` where
+    the rows are gone or its dataset is unknown here."""
+    summary = record.summary or {}
+    dataset = (summary.get("config") or {}).get("dataset")
+    if record.metrics and dataset:
+        try:
+            classes = input_shape(dataset).classes
+        except KeyError:
+            classes = None
+        if classes:
+            return divergence(record.metrics, classes)
+    return summary.get("diverged") or None
 
 
 def last_per_class(run_dir: Path) -> np.ndarray | None:

@@ -49,6 +49,7 @@ from runner.tuning import (
     SEARCH_FOLDER,
     SearchPlan,
     apply_choice,
+    diverged_points,
     edge_choices,
     plan_search,
     read_tuning,
@@ -228,6 +229,8 @@ def record_run(row: str, name: str, run_dir: Path, tail: list[str], outcome: Out
     if summary.get("stopped") and not trained_nothing(summary):
         outcome.stopped.append(name)
         say(f"{lead}stopped after {summary['rounds']} rounds: {summary['stopped']}")
+    if summary.get("status") == "diverged" and summary.get("diverged"):
+        say(f"{lead}diverged in round {summary['diverged'].get('round')}: {summary['diverged'].get('text')}")
     say(f"{lead}final accuracy {_fmt(summary['final_accuracy'])}, best {_fmt(summary['best_accuracy'])},"
         f" {summary['total_seconds']:.0f}s")
     outcome.runs.setdefault(row, []).append(run_dir)
@@ -334,6 +337,9 @@ def run_search(args: argparse.Namespace, search: SearchPlan, out: Path, gpus: fl
     for line in edge_choices(record):  # said now, not only in docs/results.md: the table is about to cost more
         print(f"tuning: not bracketed: {line}; a better value may lie outside it: widen the file's [tune] grid"
               " past it and run again (the kept search runs are reused)", flush=True)
+    for line in diverged_points(record):
+        if line:
+            print(f"tuning: {line}", flush=True)
     args.experiment = apply_choice(args.experiment, record)
     return validate(args, out / "runs")
 

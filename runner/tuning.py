@@ -46,7 +46,7 @@ from fl_app.config import ConfigError
 from fl_app.registry import spec
 from runner.plan import check_distinct, grid_points, label, run_name
 from runner.results.records import as_record, as_records
-from runner.results.report import LOST_UPDATES, client_failures, tail_accuracy
+from runner.results.report import LOST_UPDATES, client_failures, diverged_runs, tail_accuracy
 
 METRICS = ("best", "final", "last-5-mean")
 TUNING_FILE = "tuning.json"
@@ -195,8 +195,9 @@ def run_score(run_dir: Path, metric: str) -> float | None:
 
 def score_points(protocol: Protocol, runs_dir: Path) -> dict[str, list[dict]]:
     """Per tuned row, every grid point with its score per search seed and their mean (None
-    unless every seed finished: a point is compared on all seeds or not at all), and the runs
-    in which sampled clients failed (``client_failures``: a score then comes from fewer clients)."""
+    unless every seed finished: a point is compared on all seeds or not at all), the runs
+    in which sampled clients failed (``client_failures``: a score then comes from fewer clients),
+    and the runs that diverged (``diverged_runs``: ``choose`` takes such a point last)."""
     table = {}
     for row, axes in protocol.grids.items():
         points = []
@@ -206,18 +207,23 @@ def score_points(protocol: Protocol, runs_dir: Path) -> dict[str, list[dict]]:
             done = [s for s in scores.values() if s is not None]
             points.append({"values": point, "scores": {str(k): v for k, v in scores.items()},
                            "mean": sum(done) / len(done) if len(done) == len(scores) else None,
-                           "client-failures": client_failures(dirs)})
+                           "client-failures": client_failures(dirs), "diverged": diverged_runs(dirs)})
         table[row] = points
     return table
 
 
 def choose(points: list[dict]) -> dict | None:
-    """The values of the point with the highest mean score (the first in grid order on a tie);
-    None when no point finished on every seed."""
+    """The values of the point with the highest mean score (the first in grid order on a tie)
+    among the points none of whose search runs diverged (a point's ``diverged``); only when every
+    finished point diverged, the best of those (``tuning_lines`` and the runner say so). None
+    when no point finished on every seed. A diverged point is never chosen over one that did not
+    diverge: a rate that blows up on one seed is not a rate to run a table with, whatever its
+    mean (a search run that peaked before blowing up scores well on ``best``)."""
     done = [p for p in points if p["mean"] is not None]
     if not done:
         return None
-    return max(done, key=lambda p: p["mean"])["values"]  # max keeps the first of equal keys
+    steady = [p for p in done if not p.get("diverged")] or done
+    return max(steady, key=lambda p: p["mean"])["values"]  # max keeps the first of equal keys
 
 
 def tuning_record(protocol: Protocol, rounds: int, runs_dir: Path) -> dict:
@@ -344,7 +350,8 @@ def comparable(a: str, b: str) -> bool:
 
 def tuning_lines(record: dict | None) -> list[str]:
     """docs/results.md's account of a tuning record: the protocol, and per row the chosen
-    values and every grid point's mean score (validation accuracy, the protocol's metric)."""
+    values and every grid point's mean score (validation accuracy, the protocol's metric), a
+    point whose search runs diverged marked "(diverged)" and its runs listed."""
     if not record:
         return []
     lines = [f"Tuning (`tuning.json`): {record['protocol']}; scores are {record['metric']} accuracy on the "
@@ -355,13 +362,34 @@ def tuning_lines(record: dict | None) -> list[str]:
             values = ", ".join(f"{k}={v}" for k, v in p["values"].items())
             score = "-" if p["mean"] is None else f"{p['mean']:.4f}"
             score += " (!)" if p.get("client-failures") else ""
+            score += " (diverged)" if p.get("diverged") else ""
             cells.append(f"**{values}: {score}**" if p["values"] == entry.get("chosen") else f"{values}: {score}")
         lines.append(f"- {row}: " + "; ".join(cells))
     failed = [text for entry in record["rows"].values() for p in entry["points"]
               for text in p.get("client-failures", [])]
     if failed:
         lines += ["", f"(!) search runs that lost client updates ({LOST_UPDATES}): " + "; ".join(failed)]
+    lines += diverged_points(record, "(diverged) ")
     return lines + [""]
+
+
+def diverged_points(record: dict | None, lead: str = "") -> list[str]:
+    """The search runs that diverged, in one line after ``lead`` (none: []), and, for a row
+    whose every finished point diverged, a line saying its choice is such a point: the search
+    then chose a rate that blows up, and the grid wants smaller values. The runner prints these
+    after its search; ``tuning_lines`` writes them into docs/results.md."""
+    if not record:
+        return []
+    runs = [text for entry in record["rows"].values() for p in entry["points"] for text in p.get("diverged") or []]
+    if not runs:
+        return []
+    lines = ["", f"{lead}search runs that diverged (never chosen over a point that did not): " + "; ".join(runs)]
+    for row, entry in record["rows"].items():
+        chosen = [p for p in entry["points"] if p["values"] == entry.get("chosen")]
+        if chosen and chosen[0].get("diverged"):
+            lines.append(f"{row}: every finished grid point diverged on some seed; the chosen one too: extend the"
+                         " grid to smaller step sizes")
+    return lines
 
 
 # ---- the runner: the search before the table ------------------------------------------------

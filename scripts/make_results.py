@@ -88,6 +88,8 @@ from runner.results.report import (  # noqa: E402
     client_views,
     compute_cell,
     cost_columns,
+    diverged_cell,
+    diverged_runs,
     drift_columns,
     mb_cell,
     mean_std,
@@ -397,6 +399,7 @@ def method_row(method: str, dirs: list[Path], target: float | None, paper_value:
         "rounds": sorted({int(s["rounds"]) for s in summaries}),
         "final": final, "best": best,
         "reached": reached, "paper": paper_value, "stopped": stopped,
+        "diverged": diverged_runs(dirs) if dirs else [],
         "min_class": (drift.get("final_min_class_accuracy_mean", math.nan),
                       drift.get("final_min_class_accuracy_std", math.nan)),
         **(client_columns(dirs) if dirs else {}),
@@ -598,6 +601,11 @@ def section(path: Path, exp: dict, kept: KeptRuns, figures: Path, md_dir: Path) 
         lines += ["Runs stopped before their last round (final accuracy = the last round reached; a "
                   "round where too few clients return a finite update stops the run, see "
                   "`min-fit-fraction`):", ""] + stops + [""]
+    diverged = [f"- {row}: {text}" for row in labels for text in rows[row]["diverged"]]
+    if diverged:
+        lines += ["Runs that diverged (training loss or a method's state norm past its bound, or accuracy back at "
+                  "chance after clearly exceeding it: `fl_app/common/divergence.py`; their final accuracy is a "
+                  "blow-up, most often a step size too big for the method, not its level):", ""] + diverged + [""]
     failed = [f"- {row}: {text}" for row in labels for text in client_failures(dirs[row])]
     if failed:
         lines += [f"Runs in which sampled clients' updates were lost ({LOST_UPDATES}):", ""] + failed + [""]
@@ -703,7 +711,8 @@ def results_table(exp: dict, table: list[tuple[str, str, str]], rows: dict[str, 
                          f"| {r.get('tuning', '-')} |{spread}")
             continue
         rounds = "/".join(str(x) for x in r["rounds"])
-        final = fmt_acc(r["final"], r["seeds"]) + (f" (stopped: {len(r['stopped'])}/{r['seeds']} seeds)" if r["stopped"] else "")
+        final = (fmt_acc(r["final"], r["seeds"]) + (f" (stopped: {len(r['stopped'])}/{r['seeds']} seeds)" if r["stopped"]
+                                                    else "") + diverged_cell(len(r["diverged"]), r["seeds"]))
         lines.append(f"| {name_cell} | {final} | {fmt_acc(r['best'], r['seeds'])} | "
                      f"{fmt_rounds_to_target(r)} | {mb_cell(r)} | {compute_cell(r)} | "
                      f"{fmt_acc(r['min_class'], r['seeds'])} | {pv} | {r['seeds']} | {rounds} "

@@ -35,11 +35,13 @@ import numpy as np
 from flwr.common import FitRes, Parameters, parameters_to_ndarrays
 from flwr.server.client_proxy import ClientProxy
 
+from fl_app.common.divergence import divergence
 from fl_app.common.files import atomic_write_text
 from fl_app.common.run_files import BASE_COLUMNS, FINGERPRINT_KEY, SUMMARY_FILE, write_metrics
 from fl_app.server.checkpoint import Checkpoint
 from fl_app.server.provenance import DataChanged, record_fingerprint, resumed_fingerprint, run_facts
 from protocol.layout import all_finite
+from tasks.datasets import input_shape
 from tasks.train import accuracy_spread
 
 log = logging.getLogger("flwr.fl_drift")
@@ -215,7 +217,15 @@ class RunRecord:
         sampled client failed or was rejected, which ``min-fit-fraction = 0`` lets a run
         survive): the global model did not change in them. ``untrained`` is true when that
         holds for every round, so the accuracies are the initial model's and not a result
-        (``runner/results/report.py`` leaves such runs out of the comparison's means)."""
+        (``runner/results/report.py`` leaves such runs out of the comparison's means).
+
+        ``status`` is "completed", "stopped" (``stopped`` says why) or "diverged": its rounds show
+        a blow-up (``fl_app/common/divergence.py``: the training loss, a method's state norm or
+        the accuracy back at chance after clearly exceeding it), whose reason (signal, round,
+        values, one-line ``text``) is ``diverged`` (None otherwise); a run the server stopped
+        for lack of usable (finite) updates is "diverged" when its rounds say so, ``stopped``
+        keeping the stop's reason."""
+        diverged = divergence(self.rows, run_classes(self.cfg))
         empty = [r["round"] for r in self.rows if r.get("num_clients") == 0]
         accs = [r["test_accuracy"] for r in self.rows if isinstance(r.get("test_accuracy"), float)]
         finite = [a for a in accs if math.isfinite(a)]
@@ -229,6 +239,8 @@ class RunRecord:
             "total_seconds": self.elapsed(),
             **self.initial,
             "stopped": stopped,
+            "status": "diverged" if diverged else "stopped" if stopped else "completed",
+            "diverged": diverged,
             "rounds_without_update": empty,
             "untrained": bool(self.rows) and len(empty) == len(self.rows),
             **run_facts(self.cfg, num_clients(client_manager)),
@@ -236,6 +248,11 @@ class RunRecord:
             **self.facts,
         }
         atomic_write_text(self.folder() / SUMMARY_FILE, json.dumps(summary, indent=2))
+
+
+def run_classes(cfg: dict) -> int:
+    """The number of classes of the run's dataset (what chance accuracy is 1 over)."""
+    return input_shape(cfg["dataset"]).classes
 
 
 def num_clients(client_manager) -> int | None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fl_app.api import atomic_write_text, replacing
+from fl_app.api import atomic_write_text, replacing, run_divergence
 from fl_app.api import read_metrics as read_metrics  # the readers of a run folder, for the callers of this module
 from fl_app.api import read_summary as read_summary
 from runner.results.clientmix import MIX_COLUMNS, client_mix_columns
@@ -45,6 +45,26 @@ def update_gaps(dirs: list[Run]) -> list[str]:
         elif s.get("rounds_without_update"):
             gaps.append(f"{d.name}: no client update used in rounds {s['rounds_without_update']}")
     return gaps
+
+
+def diverged_runs(dirs: list[Run]) -> list[str]:
+    """The runs that diverged (``fl_app.api.run_divergence``: training loss or a method's state
+    norm past its bound, or accuracy back at chance after clearly exceeding it), one text each:
+    '<run>: diverged in round R: <reason>'. Such a run is a result (the method at that step size
+    blew up), kept in the means, but it is not a method that "does not work": the row says so."""
+    found = []
+    for d in as_records(dirs):
+        if d.summary is None:
+            continue
+        why = run_divergence(d)
+        if why:
+            found.append(f"{d.name}: diverged in round {why['round']}: {why['text']}")
+    return found
+
+
+def diverged_cell(diverged: int, seeds) -> str:
+    """' (diverged: k/n seeds)' after a row's final accuracy when k of its runs diverged, else ''."""
+    return f" (diverged: {diverged}/{seeds} seeds)" if diverged else ""
 
 
 # Why a lost client update matters, worded once for every page that lists such runs.
@@ -91,7 +111,10 @@ def compare(runs: dict[str, list[Run]]) -> list[dict]:
     runs (summary ``untrained``: every round without a usable client update) are not a result:
     they are left out of the means and counted in ``untrained_runs``; ``update_gaps`` names the
     runs with such rounds and ``client_failures`` the runs in which sampled clients failed (both
-    shown under comparison.md, the row marked (!)). A row whose runs were made on different data,
+    shown under comparison.md, the row marked (!)); ``diverged_runs`` counts the runs that
+    diverged (``diverged_runs``: their final accuracy is a blow-up, not the method's level) and
+    ``diverged`` names them with the reason (comparison.md: '(diverged: k/n seeds)' after the
+    final accuracy, (!) and a list under the table). A row whose runs were made on different data,
     or on unknown data beside known, is never averaged: it is split into one row per data set
     (``split_by_data``), each with the line naming the runs in ``data_split``."""
     table = []
@@ -103,6 +126,7 @@ def compare(runs: dict[str, list[Run]]) -> list[dict]:
         best = mean_std([s["best_accuracy"] for s in trained])
         secs = mean_std([s["total_seconds"] for s in summaries])
         one = len(trained) < 2  # no spread from a single seed: std left empty, not 0
+        diverged = diverged_runs(dirs)
         table.append({
             "method": method, "seeds": len(trained),
             "rounds": max((s["rounds"] for s in summaries), default=0),
@@ -114,6 +138,7 @@ def compare(runs: dict[str, list[Run]]) -> list[dict]:
             **drift_columns(dirs),
             "untrained_runs": len(summaries) - len(trained), "update_gaps": "; ".join(update_gaps(dirs)),
             "client_failures": "; ".join(client_failures(dirs)),
+            "diverged_runs": len(diverged), "diverged": "; ".join(diverged),
             "data_split": split.get(method, ""),
             "missing_metrics": "; ".join(missing_metrics(dirs)),
             **client_columns(dirs),
@@ -221,6 +246,10 @@ def _pm(mean: float, std: float | None) -> str:
 
 # The warnings under comparison.md: a row's column -> the heading of the runs it lists.
 WARNINGS = {
+    "diverged": "**Warning: runs that diverged** (training loss or a method's state norm grew past its bound, or"
+                " the accuracy fell back to chance after clearly exceeding it: `fl_app/common/divergence.py`): their"
+                " final accuracy is a blow-up, most often a step size too big for the method, not its level; try a"
+                " smaller learning rate (or clipping) before reading the row as a method that does not work:",
     "update_gaps": "**Warning: rounds without any usable client update** (every sampled client failed or was"
                    " rejected; `min-fit-fraction = 0` let the run go on). Untrained runs are left out of the"
                    " accuracies above, and a row with none left shows `no result`:",
@@ -259,7 +288,7 @@ def write_comparison(table: list[dict], out: Path) -> None:
         lines.append(
             f"| {r['method']}{' (!)' if any(r.get(k) for k in WARNINGS) else ''} | {r['seeds']} |"
             f" {r['rounds']} | "
-            f"{_pm(r['final_accuracy_mean'], r['final_accuracy_std'])} | "
+            f"{_pm(r['final_accuracy_mean'], r['final_accuracy_std'])}{_diverged(r)} | "
             f"{_pm(r['best_accuracy_mean'], r['best_accuracy_std'])} | {r['seconds_mean']:.1f} |"
             + _drift_cells(r) + _cost_cells(r) + "".join(f" {client_cells(r, v)} |" for v in views)
             + (f" {_paired_cell(r, ref)} | {_paired_cell(r, ref, 'tail')} | {_paired_cell(r, ref, 'compute')} |"
@@ -296,8 +325,8 @@ def terminal_summary(table: list[dict], out: Path) -> str:
     for r in table:
         mc, sd = r.get("final_min_class_accuracy_mean", math.nan), r.get("final_min_class_accuracy_std", math.nan)
         lines.append(
-            f"| {r['method']}{' (!)' if r.get('update_gaps') or r.get('client_failures') else ''} | {r['seeds']} | "
-            f"{_pm(r['final_accuracy_mean'], r['final_accuracy_std'])} | "
+            f"| {r['method']}{' (!)' if r.get('update_gaps') or r.get('client_failures') or r.get('diverged') else ''}"
+            f" | {r['seeds']} | {_pm(r['final_accuracy_mean'], r['final_accuracy_std'])}{_diverged(r)} | "
             f"{_pm(r['best_accuracy_mean'], r['best_accuracy_std'])} | "
             f"{_pm(mc, sd if r.get('seeds', 1) > 1 else None) if math.isfinite(mc) else '-'} |"
             + (f" {_paired_cell(r, ref)} |" if ref else ""))
@@ -307,6 +336,11 @@ def terminal_summary(table: list[dict], out: Path) -> str:
             lines += ["", heading] + [f"- {r['method']}: {r[key]}" for r in flagged]
     return "\n".join(lines + ["", f"all columns (run time, cost, drift, client views) and their notes: "
                                   f"{Path(out) / 'comparison.md'}"])
+
+
+def _diverged(r: dict) -> str:
+    """The row's '(diverged: k/n seeds)' (``diverged_cell``), counted over its finished runs."""
+    return diverged_cell(r.get("diverged_runs") or 0, r["seeds"] + (r.get("untrained_runs") or 0))
 
 
 def tail_header(table: list[dict]) -> str:
