@@ -65,6 +65,9 @@ GENERAL_KEYS: dict[str, Key] = {
     "partitioner": Key("dirichlet", choices=PARTITIONERS),
     "alpha": Key(0.3, positive, "> 0 (Dirichlet concentration: of the label mix for dirichlet and inner-dirichlet,"
                                 " of the client sizes for quantity; NIID-Bench's beta)"),
+    "dirichlet-balance": Key(False, None, "true or false (dirichlet: NIID-Bench's and Flower's niid_bench rule,"
+                                          " a client holding N/n or more examples gets no more of the later labels;"
+                                          " false = flwr-datasets' unbalanced split)"),
     "shards-per-client": Key(2, at_least(1), ">= 1"),
     "min-partition-size": Key(10, non_negative, ">= 0 (dirichlet and quantity redraw until every client has"
                                                 " this many)"),

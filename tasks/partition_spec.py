@@ -26,6 +26,7 @@ class PartitionSpec:
     classes_per_client: int = 2  # pathological: the k of NIID-Bench's #C = k
     size_sigma: float = 0.0  # inner-dirichlet: lognormal spread of the client sizes (0 = equal)
     noise_sigma: float = 0.0  # feature noise: client i of N gets variance noise_sigma * (i + 1) / N
+    dirichlet_balance: bool = False  # dirichlet: NIID-Bench's balancing (tasks.partitioners.balanced_dirichlet_indices)
 
     @classmethod
     def from_config(cls, cfg: dict, num_partitions: int) -> PartitionSpec:
@@ -45,6 +46,7 @@ class PartitionSpec:
             classes_per_client=cfg.get("classes-per-client", cls.classes_per_client),
             size_sigma=cfg.get("size-sigma", cls.size_sigma),
             noise_sigma=cfg.get("noise-sigma", cls.noise_sigma),
+            dirichlet_balance=cfg.get("dirichlet-balance", cls.dirichlet_balance),
         )
 
     def identity(self) -> dict:
@@ -64,6 +66,8 @@ class PartitionSpec:
             out["noise-sigma"] = float(self.noise_sigma)
         if self.partitioner in ("dirichlet", "quantity"):
             out.update({"alpha": float(self.alpha), "min-partition-size": self.min_partition_size})
+            if self.partitioner == "dirichlet" and self.dirichlet_balance:  # left out when off, as noise-sigma
+                out["dirichlet-balance"] = True
         elif self.partitioner == "shard":
             out["shards-per-client"] = self.shards_per_client
         elif self.partitioner == "pathological":
