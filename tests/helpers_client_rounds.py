@@ -35,9 +35,10 @@ def initial_weights(client: DriftClient, seed: int = 0) -> list:
 def assert_cohort_equals_per_client(clients: list[DriftClient], weights: list, rel: float = 1e-5,
                                     float64: bool = False) -> None:
     """Every client's round of ``weights`` through the cohort path (all in one ``train_cohort``)
-    against its own ``local_round``: weights and buffers within ``rel`` of the largest
-    magnitude, the same steps, the fit metrics within ``rel`` (1e-6 at least: both drivers sum
-    the steps' losses in float32); both in float64 when asked
+    against its own ``local_round``: weights, buffers, the client's new state and its reply
+    beyond the weights, each array within ``rel`` of its largest magnitude; the same steps; the
+    fit metrics within ``rel`` (1e-6 at least: both drivers sum the steps' losses in float32);
+    both in float64 when asked
     (``in_float64``). Each path prepares its own rounds (a round's batch-order generator is
     consumed by training)."""
     config = {"server-round": 3}
@@ -46,8 +47,11 @@ def assert_cohort_equals_per_client(clients: list[DriftClient], weights: list, r
     for client, cohort in zip(clients, together):
         alone = local_round(*convert([client.prepare_round(weights, config)])[0].local_round_args())
         assert cohort.metrics["num_steps"] == alone.metrics["num_steps"]
-        for name, v in {**alone.params, **alone.buffers}.items():
-            u = {**cohort.params, **cohort.buffers}[name]
+        pairs = [(name, {**cohort.params, **cohort.buffers}[name], v)
+                 for name, v in {**alone.params, **alone.buffers}.items()]
+        pairs += [(f"state {s}.{n}", cohort.state[s][n], v) for s in alone.state for n, v in alone.state[s].items()]
+        pairs += [(f"reply {r}.{n}", cohort.reply[r][n], v) for r in alone.reply for n, v in alone.reply[r].items()]
+        for name, u, v in pairs:
             assert torch.isfinite(u).all(), name
             assert (u - v).abs().max() <= rel * v.abs().max().clamp_min(1e-12), name
         for key, value in alone.metrics.items():  # both drivers sum the losses in float32

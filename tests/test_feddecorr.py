@@ -43,6 +43,20 @@ def test_decorrelation_loss_and_gradient_by_hand():
     assert decorrelation_loss(torch.ones(1, 3)).item() == 0.0  # one sample: no statistics, no term
 
 
+def test_a_constant_feature_contributes_nothing():
+    """Z with a third column constant at 0.25 (exact in binary, so centring it gives exact zeros):
+    its variance is 0 and eps keeps it at Z_hat = 0 / sqrt(1e-8) = 0, as in the authors' code, so
+    G = [[2, -1, 0], [-1, 2, 0], [0, 0, 0]]. L = ((-1)^2 + (-1)^2 + 4 * 0) / 6 / 3 = 1/9, a third of
+    the two-column loss (the mean now runs over 6 off-diagonal entries, not 2), dL/dZ a third of
+    its gradient, and no gradient on the constant column."""
+    z = torch.tensor([row + [0.25] for row in Z], dtype=torch.float64, requires_grad=True)
+    loss = decorrelation_loss(z)
+    loss.backward()
+    assert loss.item() == pytest.approx(1 / 9, abs=1e-7)
+    np.testing.assert_allclose(z.grad.numpy(), [[1 / 3, 0, 0], [0, 1 / 3, 0], [-1 / 3, -1 / 3, 0]], atol=1e-6)
+    assert torch.equal(z.grad[:, 2], torch.zeros(3, dtype=torch.float64))
+
+
 def two_layer_model() -> Classifier:
     """body Linear(2, 2) at W = I, b = 0 (no activation: Z = x at the start); head Linear(2, 3) at 0."""
     model = Classifier(nn.Linear(2, 2), nn.Linear(2, 3)).double()
