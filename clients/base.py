@@ -245,7 +245,8 @@ class DriftClient(NumPyClient):
         job = Round(self.update, self.model, params, buffers, self.kept_state(), {"buffers": buffers, **received},
                     Hyper.from_config(self.cfg, lr, self.update.key_names()), x, y, self.cfg["batch-size"],
                     self.cfg["local-epochs"], self.round_generator(server_round),
-                    Augment.for_round(self.cfg, self.device, self.partition_id, server_round),
+                    Augment.for_round(self.cfg, self.device, self.partition_id, server_round,
+                                      None if self.data_path else self.num_partitions),
                     self.cfg["seed"], self.partition_id, server_round)
         return self.update.prepare(job) if self.update.prepare is not None else job
 

@@ -6,8 +6,8 @@ trains from that look-ahead point with a proximal term anchored at it (Kim, Kim,
   momentum m^{t−1} (zeros at first): it sends the look-ahead model θ̃^t = θ^{t−1} + λ m^{t−1}
   instead of θ^{t−1}.
 - Client: starts at the received θ̃^t and minimises f(w) + (β/2) ‖w − θ̃^t‖², so
-  d = g + β (w − θ̃^t) on every trainable parameter: FedProx's step (`proximal_direction`)
-  with μ = β, anchored at the received point.
+  d = g + β (w − θ̃^t) on every trainable parameter: FedProx's proximal term
+  (`tasks.functional.terms.proximal`) with μ = β, anchored at the received point.
 - Server, after the round, over the clients S_t that replied:
 
   ```
@@ -41,22 +41,14 @@ Summary: client + β (w − θ̃) at the look-ahead θ̃ | server unweighted mea
 
 from __future__ import annotations
 
-import dataclasses
-
-from clients.fedprox import proximal_direction
 from protocol.keys import Key, non_negative
+from tasks.functional.core import plain_direction
+from tasks.functional.terms import proximal
 from tasks.functional.update import LocalUpdate
 
-
-def acg_direction(model, params, buffers, x, y, w_t, ctx, carry, hp):
-    """d = g + beta (w - w_t), w_t the received look-ahead point: FedProx's step with
-    mu = ``fedacg-beta``."""
-    prox = dataclasses.replace(hp, keys={"proximal-mu": hp.keys["fedacg-beta"]})
-    return proximal_direction(model, params, buffers, x, y, w_t, ctx, carry, prox)
-
-
+# d = g + beta (w - w_t), w_t the received look-ahead point
 UPDATE = LocalUpdate(
-    "fedacg", acg_direction,
+    "fedacg", plain_direction, terms=(proximal("fedacg-beta"),),
     keys={"fedacg-beta": Key(0.002, non_negative, ">= 0 (proximal coefficient beta of beta (w - w_t); "
                                                    "the code's prox weight x 2)")},
     module=__name__)

@@ -13,8 +13,10 @@ Decoupling and Correction", CVPR 2022).
   the gradient of f_i(w) + (α/2) ‖w + h_i − θ‖² + ⟨w, c − c_i⟩; the run's weight decay and
   momentum act on d as usual. After the K steps: h_i ← h_i + (w_K − θ), and c_i, Δc_i as
   SCAFFOLD's (the [control-variate rules](#control-variates), option II,
-  c_i⁺ = c_i − c + (θ − w_K) / (η K_eff)). The penalty is FedDyn's step with g_k = −α h_i
-  (`clients.feddyn`), the correction SCAFFOLD's (`clients.scaffold`).
+  c_i⁺ = c_i − c + (θ − w_K) / (η K_eff)). The penalty is the proximal term anchored at
+  θ − h_i (`tasks.functional.terms.proximal`), the correction SCAFFOLD's
+  (`clients.control_variates`); both are in the loss in the authors' code, so a clip
+  (`feddc-clip-norm`, `local-clip-norm`) clips all of d.
 - Server (`strategies/feddc.py`), over the clients S_t that replied, N the number of clients:
 
   ```
@@ -50,42 +52,28 @@ h_i, c_i | server state H, c | traffic c down, Δc_i up
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
-from clients.feddyn import feddyn_begin, feddyn_direction
-from clients.scaffold import control_variate_arrays, control_variate_begin, control_variate_end, control_variate_names
+from clients.control_variates import (
+    CORRECTION,
+    control_variate_arrays,
+    control_variate_begin,
+    control_variate_end,
+    control_variate_names,
+)
 from protocol.keys import Key, non_negative
 from protocol.layout import trainable_param_names
-from tasks.functional.core import Hyper, Tree, clipped, tree_norm
+from tasks.functional.core import Hyper, Tree, plain_direction, tree_norm
+from tasks.functional.terms import proximal
 from tasks.functional.update import Arrays, LocalUpdate
 
 
-def _feddyn_hp(hp: Hyper) -> Hyper:
-    """``hp`` as FedDyn's functions read it: alpha = ``feddc-alpha``."""
-    return dataclasses.replace(hp, keys={"feddyn-alpha": hp.keys["feddc-alpha"]})
-
-
 def feddc_begin(w_t: Tree, state: dict, server: dict, hp: Hyper) -> dict:
-    """SCAFFOLD's c, c_i and correction c - c_i; h_i (zeros at first); FedDyn's offset for
-    g_k = -alpha h_i, i.e. alpha (w_t - h_i), fixed for the round."""
+    """SCAFFOLD's c, c_i and correction c - c_i; h_i (zeros at first) and the penalty's anchor
+    theta - h_i, fixed for the round."""
     ctx = control_variate_begin(w_t, state, server, hp)
     h = state.get("h") or {n: torch.zeros_like(v) for n, v in ctx["c"].items()}
-    alpha = hp.keys["feddc-alpha"]
-    dyn = feddyn_begin(w_t, {"grad": {n: -alpha * h[n] if n in h else torch.zeros_like(w) for n, w in w_t.items()}},
-                       server, _feddyn_hp(hp))
-    return {**ctx, "h": h, "offset": dyn["offset"]}
-
-
-def feddc_direction(model, params, buffers, x, y, w_t, ctx, carry, hp):
-    """d = g + alpha (w - w_t + h_i) (FedDyn's step) + c - c_i, clipped to ``feddc-clip-norm``
-    when > 0."""
-    d, new_buffers, carry, loss = feddyn_direction(model, params, buffers, x, y, w_t, ctx, carry, _feddyn_hp(hp))
-    corr = ctx["corr"]
-    d = {n: g.add(corr[n]) if n in corr else g for n, g in d.items()}
-    clip = hp.keys["feddc-clip-norm"]
-    return (clipped(d, clip) if clip > 0 else d), new_buffers, carry, loss
+    return {**ctx, "h": h, "anchor": {n: w_t[n] - h[n] if n in h else w_t[n] for n in w_t}}
 
 
 def feddc_end(w_t, params, buffers, carry, steps, ctx, state, hp):
@@ -98,9 +86,10 @@ def feddc_end(w_t, params, buffers, carry, steps, ctx, state, hp):
 
 CV = control_variate_arrays(trainable_param_names)  # c_i (record cv-ci), c down, delta c_i up
 H = Arrays(control_variate_names(trainable_param_names), record="feddc-h")
+# d = g + alpha (w - (theta - h_i)) + (c - c_i), all in the loss (the code's), so clipped whole.
 # feddc-alpha is FedDCStrategy's (the server's FedDyn part keeps h = -alpha H for checkpoints).
 UPDATE = LocalUpdate(
-    "feddc", feddc_direction, feddc_begin, feddc_end,
+    "feddc", plain_direction, feddc_begin, feddc_end, terms=(proximal("feddc-alpha", anchor="anchor"), CORRECTION),
     keys={"feddc-clip-norm": Key(0.0, non_negative, ">= 0 (local gradient clipping norm; 0 = off)")},
-    reads=("feddc-alpha",), state={**CV["state"], "h": H}, receives=CV["receives"], sends=CV["sends"],
-    module=__name__)
+    clip_key="feddc-clip-norm", reads=("feddc-alpha",), state={**CV["state"], "h": H}, receives=CV["receives"],
+    sends=CV["sends"], module=__name__)

@@ -22,7 +22,10 @@ objectives agree with those of the global one (Acar et al., ICLR 2021, Algorithm
   `context.state`), h on the server. Nothing travels besides the model. Fit metric
   `feddyn_grad_norm` (‖g_k‖), server metric `feddyn_h_norm` (‖h‖).
 - Keys: `feddyn-alpha` α (0.01, > 0).
-- Readings: the mean is the paper's unweighted one. h covers the trainable parameters; buffers
+- Readings: the mean is the paper's unweighted one. With a clip (`local-clip-norm`), α w is
+  added after it, as the authors' code adds it through SGD's `weight_decay` after
+  `clip_grad_norm_` (`clients/dynamic.py`); −(g_k + α w_t) is clipped with the gradient.
+  h covers the trainable parameters; buffers
   (BN statistics) take the plain mean without correction, since no client gradient memory
   exists for them. N is read when the round's clients are sampled.
 
@@ -32,40 +35,22 @@ server state h | traffic -
 
 from __future__ import annotations
 
-import torch
-
+from clients.dynamic import GRAD, dynamic_context, dynamic_terms, dynamic_update, grad_norm
 from tasks.functional.core import Hyper, Tree, plain_direction
-from tasks.functional.update import Arrays, LocalUpdate
+from tasks.functional.update import LocalUpdate
 
 
 def feddyn_begin(w_t: Tree, state: dict, server: dict, hp: Hyper) -> dict:
     """g_k (``state["grad"]``, zeros at first) and the offset g_k + alpha w_t, fixed for the round."""
-    alpha = hp.keys["feddyn-alpha"]
-    g = state.get("grad") or {n: torch.zeros_like(w) for n, w in w_t.items()}
-    return {"grad": g, "offset": {n: g[n] + alpha * w_t[n] for n in w_t}}
-
-
-def feddyn_direction(model, params, buffers, x, y, w_t, ctx, carry, hp):
-    """d = g - (g_k + alpha w_t) + alpha w (nothing added at alpha = 0, where g_k stays 0)."""
-    grads, new_buffers, carry, loss = plain_direction(model, params, buffers, x, y, w_t, ctx, carry, hp)
-    alpha = hp.keys["feddyn-alpha"]
-    if alpha != 0:
-        grads = {n: g.sub(ctx["offset"][n]).add(params[n], alpha=alpha) for n, g in grads.items()}
-    return grads, new_buffers, carry, loss
+    return dynamic_context(w_t, state.get("grad"), hp.keys["feddyn-alpha"])
 
 
 def feddyn_end(w_t, params, buffers, carry, steps, ctx, state, hp):
     """g_k <- g_k - alpha (w_k - w_t); metric ``feddyn_grad_norm`` = ||g_k||."""
-    alpha = hp.keys["feddyn-alpha"]
-    new = {n: g - alpha * (params[n] - w_t[n]) for n, g in ctx["grad"].items()}
-    return {"grad": new}, {}, {"feddyn_grad_norm": torch.sqrt(sum((g**2).sum() for g in new.values()))}
+    new = dynamic_update(ctx["grad"], params, w_t, hp.keys["feddyn-alpha"])
+    return {"grad": new}, {}, {"feddyn_grad_norm": grad_norm(new)}
 
 
-def all_param_names(model, cfg) -> list[str]:
-    """Every parameter, in ``named_parameters`` order (FedDyn's g_k, FedSMOO's h_i)."""
-    return [n for n, _ in model.named_parameters()]
-
-
-GRAD = Arrays(all_param_names, record="feddyn-grad")  # g_k, kept per client (FedSMOO keeps it too)
-UPDATE = LocalUpdate("feddyn", feddyn_direction, feddyn_begin, feddyn_end, reads=("feddyn-alpha",),
-                     state={"grad": GRAD}, module=__name__)
+# d = g - (g_k + alpha w_t), clipped, then + alpha w (the authors' weight_decay)
+UPDATE = LocalUpdate("feddyn", plain_direction, feddyn_begin, feddyn_end, terms=dynamic_terms("feddyn-alpha"),
+                     reads=("feddyn-alpha",), state={"grad": GRAD}, module=__name__)

@@ -21,22 +21,20 @@ traffic c down, Δc_i up
 
 from __future__ import annotations
 
-from clients.fedgam import GAM_KEYS, gam_gradient
-from clients.scaffold import control_variate_arrays, control_variate_begin, control_variate_end
+from clients.control_variates import CORRECTION, control_variate_arrays, control_variate_begin, control_variate_end
+from clients.gam import GAM_KEYS, gam_gradient
 from protocol.keys import Key, non_negative
 from protocol.layout import trainable_param_names
 from tasks.functional.update import LocalUpdate
 
 
 def gam_cv_direction(model, params, buffers, x, y, w_t, ctx, carry, hp):
-    """d = G - c_i + c (G with alpha = ``gam-cv-alpha``) on the parameters with control
-    variates, G elsewhere (the correction of ``methods.control_variate_direction``)."""
+    """G, FedGAM's gradient with alpha = ``gam-cv-alpha``; the correction c - c_i is its term."""
     grads, new_buffers, loss = gam_gradient(model, params, buffers, x, y, hp, hp.keys["gam-cv-alpha"])
-    corr = ctx["corr"]
-    return {n: g.add(corr[n]) if n in corr else g for n, g in grads.items()}, new_buffers, carry, loss
+    return grads, new_buffers, carry, loss
 
 
-# The GAM gradient with gam-cv-alpha, corrected by c - c_i; c, c_i and delta c_i as SCAFFOLD's.
-UPDATE = LocalUpdate("fedgam-cv", gam_cv_direction, control_variate_begin, control_variate_end,
+# d = G + (c - c_i); c, c_i and delta c_i as SCAFFOLD's.
+UPDATE = LocalUpdate("fedgam-cv", gam_cv_direction, control_variate_begin, control_variate_end, terms=(CORRECTION,),
                      keys={**GAM_KEYS, "gam-cv-alpha": Key(0.4, non_negative, ">= 0 (FedGAM-CV trade-off alpha)")},
                      **control_variate_arrays(trainable_param_names), step_cost=2.0, module=__name__)

@@ -15,17 +15,9 @@ fit config
 from __future__ import annotations
 
 from tasks.functional.core import plain_direction
+from tasks.functional.terms import proximal
 from tasks.functional.update import LocalUpdate
 
-
-def proximal_direction(model, params, buffers, x, y, w_t, ctx, carry, hp):
-    """d = g + mu (w - w_t) on every parameter (mu = ``proximal-mu``; mu = 0 is FedAvg)."""
-    grads, new_buffers, carry, loss = plain_direction(model, params, buffers, x, y, w_t, ctx, carry, hp)
-    mu = hp.keys["proximal-mu"]
-    if mu != 0:
-        grads = {n: g.add(params[n] - w_t[n], alpha=mu) for n, g in grads.items()}
-    return grads, new_buffers, carry, loss
-
-
-# proximal-mu is declared on FedProxStrategy (Flower's FedProx sends it too); the step reads it.
-UPDATE = LocalUpdate("fedprox", proximal_direction, reads=("proximal-mu",), module=__name__)
+# d = g + mu (w - w_t); proximal-mu is declared on FedProxStrategy (Flower's FedProx sends it too).
+UPDATE = LocalUpdate("fedprox", plain_direction, terms=(proximal("proximal-mu"),), reads=("proximal-mu",),
+                     module=__name__)

@@ -14,15 +14,12 @@ Summary: client + c − c_i on the last layers | server c update | client state 
 
 from __future__ import annotations
 
-from clients.scaffold import (
-                     control_variate_arrays,
-                     control_variate_begin,
-                     control_variate_direction,
-                     control_variate_end,
-)
+from clients.control_variates import CORRECTION, control_variate_arrays, control_variate_begin, control_variate_end
 from protocol.layout import pvr_param_names
+from tasks.functional.core import plain_direction
 from tasks.functional.update import LocalUpdate
 
-# SCAFFOLD's update on the last ``pvr-layers`` Linear layers (pvr-layers is FedPVRStrategy's key).
-UPDATE = LocalUpdate("fedpvr", control_variate_direction, control_variate_begin, control_variate_end,
+# SCAFFOLD's update, d = g + (c - c_i), on the last ``pvr-layers`` Linear layers (pvr-layers is
+# FedPVRStrategy's key).
+UPDATE = LocalUpdate("fedpvr", plain_direction, control_variate_begin, control_variate_end, terms=(CORRECTION,),
                      **control_variate_arrays(pvr_param_names), module=__name__)

@@ -42,10 +42,11 @@ vector.
   s = ρ · mean_i μ_i / ‖mean_i μ_i‖. `"none"` holds s and μ_i at zero (the client replies zeros):
   plain SAM inside FedDyn. The authors' code also clips d at norm 10 (`smoo-clip-norm = 10`);
   the default leaves it off.
-- Reused, not rewritten: SAM's ascent step is `tasks.functional.core.sam_eps`, the dynamic
-  regulariser is FedDyn's (its begin and end; h_i is kept as FedDyn's g_k = −α h_i in
-  `context.state`: α h_i is all the local step uses), the transport of s is the control-variate
-  one; the whole local update is `clients.fedsmoo.UPDATE`.
+- Reused, not rewritten: SAM's ascent step is `tasks.functional.core.sam_eps`, the dual-pulled
+  perturbation `clients.sharpness` (shared with FedSpeed), the dynamic regulariser FedDyn's
+  (`clients.dynamic`: h_i is kept as FedDyn's g_k = −α h_i in `context.state`, α h_i is all
+  the local step uses; its α w is added after the clip, as the authors' `weight_decay`), the
+  transport of s is the control-variate one; the whole local update is `clients.fedsmoo.UPDATE`.
 - Reductions: ρ = 0 gives exactly the FedDyn client and server (for α > 0); α = 0 with
   `smoo-s = "none"` gives exactly the FedSAM client's local update (the server still adds H, so
   the global model differs from FedSAM's from round 2 on; both reductions are tested in
@@ -61,31 +62,21 @@ h_i, μ_i | server state H, s | traffic s down, s̃_i up
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
-from clients.feddyn import GRAD, feddyn_begin, feddyn_end
+from clients.dynamic import GRAD, dynamic_context, dynamic_terms, dynamic_update, grad_norm
+from clients.sharpness import dual_carry, dual_sam_gradient
 from protocol.keys import Key, non_negative
 from protocol.layout import cv_names_in_state_order, trainable_param_names
-from tasks.functional.core import Hyper, Tree, clipped, grad_and_loss, perturbed_copy, sam_step, tree_norm
+from tasks.functional.core import Hyper, Tree, tree_norm
 from tasks.functional.update import Arrays, LocalUpdate
-
-# Optional entry of the keys smoo_direction reads: the weight of the perturbed gradient gtil against
-# the plain one (FedSpeed's merge alpha, clients/fedspeed.py); absent (FedSMOO) it is 1, gtil alone.
-MERGE = "merge"
-
-
-def _feddyn_hp(hp: Hyper) -> Hyper:
-    """``hp`` as FedDyn's functions read it: alpha = ``smoo-alpha``."""
-    return dataclasses.replace(hp, keys={"feddyn-alpha": hp.keys["smoo-alpha"]})
 
 
 def smoo_begin(w_t: Tree, state: dict, server: dict, hp: Hyper) -> dict:
     """FedDyn's g_k and offset g_k + alpha w_t (``state["grad"]`` = -alpha h_i), s
     (``server["s"]``, zeros when absent) and the round's starting dual mu_i (``state["mu"]``;
     zeros when none is kept, and always under ``smoo-s = "none"``)."""
-    ctx = feddyn_begin(w_t, state, server, _feddyn_hp(hp))
+    ctx = dynamic_context(w_t, state.get("grad"), hp.keys["smoo-alpha"])
     zeros = {n: torch.zeros_like(w, memory_format=torch.contiguous_format) for n, w in w_t.items()}
     mu = state.get("mu") if hp.keys["smoo-s"] != "none" else None
     return {**ctx, "s": server.get("s") or zeros, "mu": mu or zeros}
@@ -94,35 +85,16 @@ def smoo_begin(w_t: Tree, state: dict, server: dict, hp: Hyper) -> dict:
 def smoo_carry(w_t: Tree, ctx: dict, hp: Hyper) -> Tree:
     """The dual mu_i (the kept one, ``ctx["mu"]``) and the last step's perturbation shat (zeros),
     both changing at every step."""
-    return {"mu": ctx["mu"], "shat": {n: torch.zeros_like(m) for n, m in ctx["mu"].items()}}
+    return dual_carry(ctx["mu"])
 
 
 def smoo_direction(model, params, buffers, x, y, w_t, ctx, carry, hp):
-    """g = grad f(w); v = g - mu_i - s; shat = rho v/(||v|| + NORM_EPS); mu_i <- mu_i + shat - s
-    (``smoo-s = "none"``: shat = SAM's eps of g, mu_i stays 0); gtil = grad f(w + shat);
-    d = gtil - (g_k + alpha w_t) (= gtil + alpha (h_i - w_t)), clipped to norm ``smoo-clip-norm``
-    as ``clip_grad_norm_`` does when > 0, then + alpha w (nothing added at alpha = 0). With a
-    ``MERGE`` entry m != 1 in the keys (FedSpeed), gtil is replaced by (1 - m) g + m gtil."""
-    keys = hp.keys
-    rho, alpha, clip = keys["smoo-rho"], keys["smoo-alpha"], keys["smoo-clip-norm"]
-    grads, loss, new_buffers = grad_and_loss(model, params, buffers, x, y, hp)
-    mu = carry["mu"]
-    if keys["smoo-s"] == "none":
-        shat = sam_step(grads, rho)
-    else:
-        s = ctx["s"]
-        shat = sam_step({n: g - mu[n] - s[n] for n, g in grads.items()}, rho)
-        mu = {n: m + shat[n] - s[n] for n, m in mu.items()}
-    d, _, _ = grad_and_loss(model, perturbed_copy(params, shat), new_buffers, x, y, hp)
-    merge = keys.get(MERGE, 1.0)
-    if merge != 1:  # FedSpeed's text: (1 - merge) g + merge gtil (a Python float, not a tensor: vmap-safe)
-        d = {n: g.mul(merge).add(grads[n], alpha=1 - merge) for n, g in d.items()}
-    if alpha != 0:
-        d = {n: g.sub(ctx["offset"][n]) for n, g in d.items()}
-    if clip > 0:
-        d = clipped(d, clip)
-    if alpha != 0:
-        d = {n: g.add(params[n], alpha=alpha) for n, g in d.items()}
+    """gtil, the gradient at w + shat with shat pulled towards s by the dual mu_i
+    (``clients.sharpness.dual_sam_gradient``; ``smoo-s = "none"``: SAM's shat, mu_i stays 0).
+    FedDyn's terms follow (``UPDATE.terms``): - (g_k + alpha w_t), the clips, + alpha w."""
+    none = hp.keys["smoo-s"] == "none"
+    d, new_buffers, mu, shat, loss = dual_sam_gradient(model, params, buffers, x, y, hp, hp.keys["smoo-rho"],
+                                                       carry["mu"], None if none else ctx["s"])
     return d, new_buffers, {"mu": mu, "shat": shat}, loss
 
 
@@ -130,7 +102,7 @@ def smoo_end(w_t, params, buffers, carry, steps, ctx, state, hp):
     """FedDyn's g_k <- g_k - alpha (w_K - w_t), i.e. h_i <- h_i + (w_K - w_t), and mu_i kept
     (not under ``smoo-s = "none"``); sent: ``paper`` stil_i = mu_i - shat_last, ``code`` mu_i,
     ``none`` zeros; metrics ``feddyn_grad_norm`` and ``smoo_mu_norm``."""
-    dyn_state, _, metrics = feddyn_end(w_t, params, buffers, carry, steps, ctx, state, _feddyn_hp(hp))
+    grad = dynamic_update(ctx["grad"], params, w_t, hp.keys["smoo-alpha"])
     mode, mu, shat = hp.keys["smoo-s"], carry["mu"], carry["shat"]
     if mode == "paper":
         sent = {n: m - shat[n] for n, m in mu.items()}
@@ -138,8 +110,8 @@ def smoo_end(w_t, params, buffers, carry, steps, ctx, state, hp):
         sent = mu
     else:
         sent = {n: torch.zeros_like(m) for n, m in mu.items()}
-    new_state = {**dyn_state, **({"mu": mu} if mode != "none" else {})}
-    return new_state, {"stil": sent}, {**metrics, "smoo_mu_norm": tree_norm(mu.values())}
+    new_state = {"grad": grad, **({"mu": mu} if mode != "none" else {})}
+    return new_state, {"stil": sent}, {"feddyn_grad_norm": grad_norm(grad), "smoo_mu_norm": tree_norm(mu.values())}
 
 
 def smoo_names(model, cfg) -> list[str]:
@@ -155,7 +127,7 @@ def smoo_names(model, cfg) -> list[str]:
 S = Arrays(smoo_names)
 # smoo-rho, smoo-alpha and smoo-s, read by the server too, are FedSMOOStrategy's keys.
 UPDATE = LocalUpdate(
-    "fedsmoo", smoo_direction, smoo_begin, smoo_end,
+    "fedsmoo", smoo_direction, smoo_begin, smoo_end, terms=dynamic_terms("smoo-alpha"), clip_key="smoo-clip-norm",
     keys={"smoo-clip-norm": Key(0.0, non_negative, ">= 0 (local gradient clipping norm; 0 = off)")},
     reads=("smoo-rho", "smoo-alpha", "smoo-s"),
     state={"grad": GRAD, "mu": Arrays(smoo_names, record="smoo-mu")},  # h_i as FedDyn's g_k; the dual mu_i

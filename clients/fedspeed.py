@@ -24,9 +24,10 @@ Generalization Accuracy", ICLR 2023).
 - Keys: `fedspeed-rho` ρ (0.1, ≥ 0), `fedspeed-prox` c (0.1, ≥ 0; the code's `lamb`, named so
   it is not read as the paper's λ = 1/c), `fedspeed-merge` m (1.0, in [0, 1]; 1 is the code),
   `fedspeed-clip-norm` (0 = off; the code clips at 10).
-- Reused, not rewritten: the whole local step is FedSMOO's (`clients.fedsmoo`) with `smoo-s =
-  none` (s = μ_i = 0, so the perturbation is SAM's), `smoo-alpha = c`, `smoo-rho = ρ`,
-  `smoo-clip-norm` the clip, plus the merge weight; the server is FedDyn's. So FedSpeed as the
+- Reused, not rewritten: the perturbed gradient is FedSMOO's (`clients.sharpness`) without s
+  (s = μ_i = 0, so the perturbation is SAM's) plus the merge weight, the regulariser FedDyn's
+  (`clients.dynamic`: −(g_k + c w_t) before the clip, c w after it, as the code's
+  `weight_decay`); the server is FedDyn's. So FedSpeed as the
   code runs it is FedSMOO with `smoo-s = none` without s travelling; ρ = 0 gives the FedDyn
   client (`feddyn-alpha = c`), c = 0 the FedSAM client (`sam-rho = ρ`).
 - Readings (authors' code woodenchild95/FL-Simulator, which made the README's table): no merge
@@ -46,49 +47,47 @@ server state H | traffic -
 
 from __future__ import annotations
 
-import dataclasses
+import torch
 
-from clients.feddyn import GRAD
-from clients.fedsmoo import MERGE, smoo_begin, smoo_carry, smoo_direction, smoo_end
+from clients.dynamic import GRAD, dynamic_context, dynamic_terms, dynamic_update, grad_norm
+from clients.sharpness import dual_carry, dual_sam_gradient
 from protocol.keys import Key, non_negative
 from tasks.functional.core import Hyper, Tree
 from tasks.functional.update import LocalUpdate
 
 
-def smoo_hp(hp: Hyper) -> Hyper:
-    """``hp`` as FedSMOO's functions read it: ``smoo-s = none``, alpha = ``fedspeed-prox``, rho,
-    the clip, and the merge weight."""
-    keys = hp.keys
-    return dataclasses.replace(hp, keys={
-        "smoo-rho": keys["fedspeed-rho"], "smoo-alpha": keys["fedspeed-prox"], "smoo-s": "none",
-        "smoo-clip-norm": keys["fedspeed-clip-norm"], MERGE: keys["fedspeed-merge"]})
-
-
 def speed_begin(w_t: Tree, state: dict, server: dict, hp: Hyper) -> dict:
-    """FedSMOO's begin under ``none``: g_k = -c h_i and FedDyn's offset g_k + c w_t."""
-    return smoo_begin(w_t, state, server, smoo_hp(hp))
+    """FedDyn's g_k = -c h_i and offset g_k + c w_t (c = ``fedspeed-prox``), and the dual held at
+    zero (FedSMOO's ``none``)."""
+    ctx = dynamic_context(w_t, state.get("grad"), hp.keys["fedspeed-prox"])
+    return {**ctx, "mu": {n: torch.zeros_like(w, memory_format=torch.contiguous_format) for n, w in w_t.items()}}
 
 
 def speed_carry(w_t: Tree, ctx: dict, hp: Hyper) -> Tree:
-    """FedSMOO's carry (its dual and last perturbation, both held at zero under ``none``)."""
-    return smoo_carry(w_t, ctx, smoo_hp(hp))
+    """The dual and the last perturbation, both held at zero (kept for FedSMOO's shape of carry)."""
+    return dual_carry(ctx["mu"])
 
 
 def speed_direction(model, params, buffers, x, y, w_t, ctx, carry, hp):
-    """FedSMOO's step under ``none`` with the merge weight (module docstring)."""
-    return smoo_direction(model, params, buffers, x, y, w_t, ctx, carry, smoo_hp(hp))
+    """gtil = the gradient at SAM's perturbed point, merged as (1 - m) g + m gtil
+    (``clients.sharpness.dual_sam_gradient`` without s); FedDyn's terms follow."""
+    keys = hp.keys
+    d, new_buffers, mu, shat, loss = dual_sam_gradient(model, params, buffers, x, y, hp, keys["fedspeed-rho"],
+                                                       carry["mu"], None, keys["fedspeed-merge"])
+    return d, new_buffers, {"mu": mu, "shat": shat}, loss
 
 
 def speed_end(w_t, params, buffers, carry, steps, ctx, state, hp):
     """h_i <- h_i + (w_K - w_t) (FedDyn's g_k <- g_k - c (w_K - w_t)); nothing sent; metric
     ``feddyn_grad_norm``."""
-    new_state, _, metrics = smoo_end(w_t, params, buffers, carry, steps, ctx, state, smoo_hp(hp))
-    return new_state, {}, {"feddyn_grad_norm": metrics["feddyn_grad_norm"]}
+    grad = dynamic_update(ctx["grad"], params, w_t, hp.keys["fedspeed-prox"])
+    return {"grad": grad}, {}, {"feddyn_grad_norm": grad_norm(grad)}
 
 
 # fedspeed-prox, which the server's FedDyn part reads too, is FedSpeedStrategy's key.
 UPDATE = LocalUpdate(
-    "fedspeed", speed_direction, speed_begin, speed_end,
+    "fedspeed", speed_direction, speed_begin, speed_end, terms=dynamic_terms("fedspeed-prox"),
+    clip_key="fedspeed-clip-norm",
     keys={
         "fedspeed-rho": Key(0.1, non_negative, ">= 0 (SAM radius rho; 0 = FedDyn)"),
         "fedspeed-merge": Key(1.0, lambda v: 0 <= v <= 1, "in [0, 1] (weight of the perturbed gradient; 1 = the code)"),

@@ -29,7 +29,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from clients import feddyn, scaffold
+from clients import control_variates, feddyn, scaffold
 from clients.base import DriftClient
 from fl_app.registry import METHODS, get_method, validate_config
 from tasks.catalogue import InputShape
@@ -336,9 +336,9 @@ def test_control_variate_update_after_no_step_keeps_c_i(momentum):
     kept one, which the caller may go on writing)."""
     gen = torch.Generator().manual_seed(7)
     w_t, c, ci = ({"w": torch.randn(3, 2, generator=gen)} for _ in range(3))
-    new = scaffold.control_variate_update(w_t, w_t, c, ci, 0, 0.05, momentum)
+    new = control_variates.control_variate_update(w_t, w_t, c, ci, 0, 0.05, momentum)
     assert torch.equal(new["w"], ci["w"]) and new["w"].data_ptr() != ci["w"].data_ptr()
-    moved = scaffold.control_variate_update(w_t, {"w": w_t["w"] - 0.1}, c, ci, 1, 0.05, momentum)
+    moved = control_variates.control_variate_update(w_t, {"w": w_t["w"] - 0.1}, c, ci, 1, 0.05, momentum)
     torch.testing.assert_close(moved["w"], ci["w"] - c["w"] + 0.1 / 0.05)  # one step: K_eff = 1
 
 

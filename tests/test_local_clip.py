@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from clients import fedavg, feddc
+from clients import fedavg, feddc, feddyn
 from fl_app.config import ConfigError
 from fl_app.registry import validate_config
 from tasks.functional import Hyper
@@ -74,3 +74,50 @@ def test_the_run_config_reaches_the_clients_hyper_and_bad_values_are_refused():
     assert Hyper.from_config(validate_config({"dataset": "synthetic", "model": "logreg"}), 0.1).clip_norm == 0.0
     with pytest.raises(ConfigError, match="local-clip-norm"):
         validate_config({"local-clip-norm": -1.0})
+
+
+# ---- a term's place in the step: FedDyn's alpha w after the clip, as the authors' weight_decay --------
+
+def _authors_dynamic_step(alpha: float, g_k, clip: float, weight_decay: float = 0.0) -> np.ndarray:
+    """One step of alpemreacar/FedDyn's (and FL-Simulator's FedDyn/FedSMOO/FedSpeed's) client by
+    hand: the loss f(w) + <w, -(g_k + alpha w_t)> back-propagated, clip_grad_norm_ at ``clip``
+    (coefficient clip / (norm + 1e-6), never above 1), then SGD with weight_decay = alpha + wd."""
+    w = np.array(THETA)
+    d = _grad(THETA) - (np.array(g_k) + alpha * w)
+    d = d * min(1.0, clip / (np.linalg.norm(d) + 1e-6))
+    return w - LR * (d + (alpha + weight_decay) * w)
+
+
+@pytest.mark.parametrize("method", ["feddyn", "fedsmoo", "fedspeed"])
+def test_a_binding_clip_leaves_fedDyn_alpha_w_out_as_the_authors_code_does(method):
+    """`local-clip-norm` (and the methods' own clip keys) clip the gradient and FedDyn's linear
+    term, then alpha w is added: the authors' order. The earlier code clipped alpha w too (one
+    round 69-79% off the authors' on the same batches at clip 0.3). rho = 0 makes FedSMOO's and
+    FedSpeed's perturbed gradient the plain one, so the three share the hand step."""
+    from clients import fedsmoo, fedspeed
+
+    alpha, g_k = 0.4, (0.05, -0.15)
+    state = {"grad": weight(g_k)}
+    keys = {"feddyn": {"feddyn-alpha": alpha},
+            "fedsmoo": {"smoo-alpha": alpha, "smoo-rho": 0.0, "smoo-s": "none", "smoo-clip-norm": 0.0},
+            "fedspeed": {"fedspeed-prox": alpha, "fedspeed-rho": 0.0, "fedspeed-merge": 1.0,
+                         "fedspeed-clip-norm": 0.0}}[method]
+    update = {"feddyn": feddyn.UPDATE, "fedsmoo": fedsmoo.UPDATE, "fedspeed": fedspeed.UPDATE}[method]
+    run = linear_round(update, keys, THETA, state=state, epochs=1, clip_norm=0.3, weight_decay=0.01)
+    want = _authors_dynamic_step(alpha, g_k, 0.3, weight_decay=0.01)
+    assert values(run.params) == pytest.approx(want, abs=1e-12)
+    clipped_whole = np.array(THETA) - LR * 0.3 * (d := _grad(THETA) - np.array(g_k) + alpha * (np.array(THETA)
+                                                  - np.array(THETA))) / (np.linalg.norm(d) + 1e-6)
+    assert values(run.params) != pytest.approx(clipped_whole, abs=1e-3)  # the order matters here
+    if method != "feddyn":  # the method's own clip key sits where local-clip-norm does
+        own = {"fedsmoo": "smoo-clip-norm", "fedspeed": "fedspeed-clip-norm"}[method]
+        by_key = linear_round(update, {**keys, own: 0.3}, THETA, state=state, epochs=1, weight_decay=0.01)
+        assert torch.equal(by_key.params["weight"], run.params["weight"])
+
+
+def test_without_a_clip_the_place_of_alpha_w_changes_nothing():
+    """No clip: d = g - (g_k + alpha w_t) + alpha w whatever the place of alpha w."""
+    alpha, g_k = 0.4, (0.05, -0.15)
+    run = linear_round(feddyn.UPDATE, {"feddyn-alpha": alpha}, THETA, state={"grad": weight(g_k)}, epochs=1)
+    want = np.array(THETA) - LR * (_grad(THETA) - np.array(g_k) + alpha * (np.array(THETA) - np.array(THETA)))
+    assert values(run.params) == pytest.approx(want, abs=1e-12)

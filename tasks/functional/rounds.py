@@ -38,6 +38,7 @@ from torch.func import vmap
 
 from tasks.functional.core import Hyper, Tree, clipped
 from tasks.functional.optim import opt_init, opt_step
+from tasks.functional.terms import DECAY, GRADIENT, add_terms
 from tasks.functional.update import LocalUpdate
 from tasks.train import batches, min_train_batch
 
@@ -58,15 +59,21 @@ def make_step(update: LocalUpdate, model: nn.Module, hp: Hyper, t: int) -> Calla
     """The local step t (1-based) as a pure function
     (params, buffers, carry, opt_state, x, y, w_t, ctx) -> (params', buffers', carry', opt_state', loss).
 
-    With ``hp.clip_norm`` > 0 (``local-clip-norm``) the method's direction, its whole gradient
-    with every term it adds, is scaled to at most that norm over the trained weights before the
-    optimiser adds weight decay and momentum: where ``clip_grad_norm_`` sits between
-    ``backward`` and ``optimizer.step`` in the authors' codes."""
+    The method's direction, then its gradient terms; the clips (``LocalUpdate.clips``: the
+    method's clip key, then ``local-clip-norm``), each scaling the direction to at most that
+    norm over the trained weights, where ``clip_grad_norm_`` sits between ``backward`` and
+    ``optimizer.step`` in the authors' codes; then its decay terms (FedDyn's alpha w, which
+    those codes add through SGD's weight_decay, after the clip); then the optimiser's step,
+    weight decay and momentum (``tasks.functional.terms``)."""
+    clips = update.clips(hp)
+
     def step(params, buffers, carry, opt_state, x, y, w_t, ctx):
-        direction, new_buffers, new_carry, loss = update.direction(model, params, buffers, x, y, w_t, ctx, carry, hp)
-        if hp.clip_norm > 0:
-            direction = clipped(direction, hp.clip_norm)
-        new_params, new_opt = opt_step(params, direction, opt_state, hp, t)
+        d, new_buffers, new_carry, loss = update.direction(model, params, buffers, x, y, w_t, ctx, carry, hp)
+        d = add_terms(d, update.terms, GRADIENT, params, w_t, ctx, hp)
+        for clip in clips:
+            d = clipped(d, clip)
+        d = add_terms(d, update.terms, DECAY, params, w_t, ctx, hp)
+        new_params, new_opt = opt_step(params, d, opt_state, hp, t)
         return new_params, new_buffers, new_carry, new_opt, loss
     return step
 

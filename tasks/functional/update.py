@@ -24,6 +24,9 @@ declaration says, besides the three step functions of ``tasks.functional``'s con
   ``end``; masked per client in a cohort like the weights.
 - ``prepare``: run on the prepared ``Round`` before the loop (RI-FedAvg measures its roughness
   index); ``finish``: run on the round's result after it (FedPGVC's authors' rescale).
+- ``terms``: what the method adds to its own gradient, each term once with its coefficient and
+  its place in the step (``tasks.functional.terms``: before the clip, or after it as weight
+  decay); ``clip_key``: the method's own clip-norm key, applied where ``local-clip-norm`` is.
 - ``step_cost`` (a step's cost relative to one SGD step, for the run-time estimate),
   ``client_mods`` (Flower client mods the method's messages need, DP-FedAvg's clipping) and
   ``module`` (the module whose docstring documents the method: its listing, README row and
@@ -32,7 +35,8 @@ declaration says, besides the three step functions of ``tasks.functional``'s con
 The step functions' signatures:
 
 - ``begin(w_t, state, server, hp) -> ctx``;
-- ``direction(model, params, buffers, x, y, w_t, ctx, carry, hp) -> (d, buffers', carry', loss)``;
+- ``direction(model, params, buffers, x, y, w_t, ctx, carry, hp) -> (d, buffers', carry', loss)``,
+  the method's own gradient before its ``terms`` are added;
 - ``end(w_t, params, buffers, carry, steps, ctx, state, hp) -> (state', sends, metrics)``.
 
 ``server`` holds the declared ``receives`` and, always, ``"buffers"``: the global model's buffers
@@ -49,6 +53,7 @@ import torch
 from torch import nn
 
 from tasks.functional.core import Hyper, Tree
+from tasks.functional.terms import Term
 
 Begin = Callable[[Tree, dict, dict, Hyper], dict]
 Direction = Callable[..., tuple[Tree, Tree, Tree, torch.Tensor]]
@@ -138,10 +143,19 @@ class LocalUpdate:
     step_cost: float = 1.0
     client_mods: Callable[[Mapping], tuple] = no_mods
     module: str = ""
+    terms: tuple[Term, ...] = ()
+    clip_key: str = ""
 
     def key_names(self) -> tuple[str, ...]:
         """Every run-config key the update reads (``Hyper.keys``): its own, then ``reads``."""
         return (*self.keys, *(k for k in self.reads if k not in self.keys))
+
+    def clips(self, hp: Hyper) -> tuple[float, ...]:
+        """The norms the step clips its direction to, in order: the method's own clip key
+        (``clip_key``, FedDC's, FedSMOO's, FedSpeed's), then the run-wide ``local-clip-norm``;
+        0 = off."""
+        own = hp.keys[self.clip_key] if self.clip_key else 0.0
+        return tuple(c for c in (own, hp.clip_norm) if c > 0)
 
     def initial_carry(self, w_t: Tree, ctx: dict, hp: Hyper) -> Tree:
         """The carry a round starts with ({} for an update that declares none)."""

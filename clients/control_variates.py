@@ -1,0 +1,77 @@
+"""The control-variate family's client maths, shared by the methods built on it (SCAFFOLD,
+FedPVR, FedGAM-CV, FedDC): c and c_i at the start of a round, the correction c − c_i added to
+every step (``CORRECTION``, a gradient term), option II's c_i⁺ and the reply Δc_i at its end,
+and the arrays that travel (``control_variate_arrays``). The server side is
+``strategies.scaffold.ControlVariateStrategy``; the rules are in docs/methods.md, "control
+variates"."""
+
+from __future__ import annotations
+
+import torch
+
+from protocol.layout import cv_names_in_state_order
+from tasks.functional.core import Hyper, Tree, tree_norm
+from tasks.functional.terms import constant
+from tasks.functional.update import Arrays
+from tasks.optim import effective_steps
+
+
+def control_variate_begin(w_t: Tree, state: dict, server: dict, hp: Hyper) -> dict:
+    """c (``server["c"]``) and c_i (``state["ci"]``), zeros when absent (the first round), on
+    the parameters that carry control variates (all of them unless ``server["c"]`` names fewer),
+    and the step's correction c - c_i, constant over the round."""
+    c = server.get("c") or {n: torch.zeros_like(w, memory_format=torch.contiguous_format) for n, w in w_t.items()}
+    ci = state.get("ci") or {n: torch.zeros_like(v) for n, v in c.items()}
+    return {"c": c, "ci": ci, "corr": {n: c[n] - ci[n] for n in c}}
+
+
+def control_variate_update(w_t: Tree, params: Tree, c: Tree, ci: Tree, steps: int, lr: float,
+                           momentum: float) -> Tree:
+    """SCAFFOLD option II: c_i+ = c_i - c + (w_t - w) / (lr K_eff), K_eff the momentum-corrected
+    count of the round's ``steps`` (``tasks.optim.effective_steps``); c_i unchanged after no step.
+    The one place of this rule: SCAFFOLD, FedPVR and FedGAM-CV end their rounds with it."""
+    if steps == 0:  # no local step: nothing was learned about this client's direction
+        return {n: v.clone() for n, v in ci.items()}
+    scale = 1.0 / (lr * effective_steps(steps, momentum))
+    return {n: ci[n] - c[n] + (w_t[n] - params[n]) * scale for n in ci}
+
+
+def control_variate_end(w_t, params, buffers, carry, steps, ctx, state, hp):
+    """state c_i+, reply delta c_i = c_i+ - c_i, metric ``ci_norm`` = ||c_i+||."""
+    ci_new = control_variate_update(w_t, params, ctx["c"], ctx["ci"], steps, hp.lr, hp.momentum)
+    delta = {n: ci_new[n] - ctx["ci"][n] for n in ci_new}
+    return {"ci": ci_new}, {"delta_c": delta}, {"ci_norm": tree_norm(ci_new.values())}
+
+
+def control_variate_names(select):
+    """The model entries that carry control variates, in state_dict order (the order c, c_i and
+    delta c_i travel and are kept in), from ``select(model, cfg)``."""
+    def names(model, cfg):
+        return cv_names_in_state_order(model, select(model, cfg))
+    return names
+
+
+def control_variate_arrays(select) -> dict:
+    """The declarations every control-variate method shares (SCAFFOLD, FedPVR, FedGAM-CV), the
+    client side of the protocol whose server side is ``strategies.scaffold.ControlVariateStrategy``:
+
+    - c_i, kept per client under record ``cv-ci``, zero until the client first trains;
+    - c, received after the model's state arrays, one array per parameter that carries a
+      control variate (``select``: every trainable parameter, or FedPVR's last Linear layers),
+      in state_dict order;
+    - delta c_i = c_i+ - c_i sent after the trained weights, the same count and shapes.
+
+    The rule for c_i+ is ``control_variate_update`` (K_eff, not K, with momentum: dividing by K
+    over-counts a momentum client's direction by about 1/(1 - beta), which feeds back through c
+    over the rounds until the run diverges; the FedSOL authors' SCAFFOLD divides the same way).
+    Option II needs a step linear in the gradient, so these methods refuse ``optimizer``
+    adam/adamw before training (``ControlVariateStrategy.resolve_config``)."""
+    names = control_variate_names(select)
+    return {"state": {"ci": Arrays(names, record="cv-ci")}, "receives": {"c": Arrays(names)},
+            "sends": {"delta_c": Arrays(names)}}
+
+
+# + (c - c_i), the round's constant correction ``ctx["corr"]``, on the parameters with control
+# variates, before the clip (the correction is part of the corrected gradient in SCAFFOLD's
+# Algorithm 1 and in the codes that clip it)
+CORRECTION = constant("corr")
