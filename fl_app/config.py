@@ -36,6 +36,10 @@ def did_you_mean(value: object, choices) -> str:
 PARTITIONERS = tuple(PARTITIONER_SETTINGS)
 SCREENING_MODES = ("none", "clip", "reject", "median", "trimmed-mean", "krum", "multi-krum", "bulyan")
 EXECUTIONS = ("auto", "per-client", "cohort")
+# noise-sigma's two readings (tasks/feature_noise.py): the NIID-Bench paper's words (variance
+# sigma * i / N, drawn once per client) or its code (std sigma * p / (N - 1) for partition p,
+# drawn anew for every batch)
+NOISE_READINGS = ("paper", "code")
 # inner-dirichlet's lognormal size spread: at sigma 5 two clients' sizes already differ by e^10 at
 # +-1 standard deviation; above it a draw overflows or gives all but one client nothing
 MAX_SIZE_SIGMA = 5.0
@@ -77,7 +81,9 @@ GENERAL_KEYS: dict[str, Key] = {
                       " client no example is refused)"),
     "noise-sigma": Key(0.0, non_negative, ">= 0 (feature noise: client i of N gets Gaussian noise of variance"
                                           " noise-sigma * i / N on its inputs, NIID-Bench's noise-based feature"
-                                          " imbalance; 0 = off)"),
+                                          " imbalance; with noise-reading 'code' std noise-sigma * (i - 1) / (N - 1),"
+                                          " drawn per batch; 0 = off)"),
+    "noise-reading": Key("paper", choices=NOISE_READINGS),
     "seed": Key(0, non_negative, ">= 0"),
     "results-dir": Key("results"),
     "run-name": Key(""),

@@ -11,7 +11,13 @@ The run-config key ``augment`` is ``"none"`` (the default) or a comma list of
   image and the square clipped at the borders (so holes near an edge are smaller), applied
   after normalisation as in the FedSOL authors' code.
 
-The ops run in that order (crop, flip, cutout) whatever the order in the list. The papers'
+The ops run in that order (crop, flip, cutout) whatever the order in the list.
+
+The feature noise of NIID-Bench's code (``noise-sigma`` with ``noise-reading = "code"``,
+``tasks/feature_noise.py``) is drawn here too, as one more op, ``noise``, that the key
+``augment`` does not name: Gaussian noise of the client's pixel-unit std (sigma * p / (N - 1)
+for partition p of N) over the dataset's per-channel std, drawn anew for every batch, after
+crop and flip (NIID-Bench's transform adds it after its random crop and flip) and before cutout. The papers'
 recipes: FedSOL (Lee et al., CVPR 2024, Appendix B) CIFAR-10 ``crop,flip,cutout``, MNIST
 ``crop,flip`` (its code adds cutout on MNIST too); a flipped digit is another glyph, so
 ``crop`` alone is the safer choice for digits.
@@ -57,24 +63,38 @@ def augment_seed(seed: int, partition_id: int, server_round: int) -> int:
 class Augment:
     """Callable that augments an NCHW batch; the identity when no op is chosen."""
 
-    def __init__(self, ops: tuple[str, ...], fill: torch.Tensor, generator: torch.Generator | None):
+    def __init__(self, ops: tuple[str, ...], fill: torch.Tensor, generator: torch.Generator | None,
+                 noise: torch.Tensor | None = None):
         self.ops = ops
         self.fill = fill.view(1, -1, 1, 1)  # per-channel padding value for crop
         self.generator = generator
+        self.noise = noise.view(1, -1, 1, 1) if noise is not None else None  # op "noise": per-channel std
 
     @classmethod
-    def for_round(cls, cfg: dict, device: torch.device, partition_id: int, server_round: int) -> Augment:
-        """The run's ``augment`` ops for one client's round, seeded from (seed, partition, round)."""
+    def for_round(cls, cfg: dict, device: torch.device, partition_id: int, server_round: int,
+                  num_partitions: int | None = None) -> Augment:
+        """The run's ``augment`` ops for one client's round, seeded from (seed, partition, round),
+        and the op ``noise`` when the run draws the code's feature noise per batch
+        (``noise-reading = "code"``, ``noise-sigma`` > 0) for a partition of ``num_partitions``
+        (None: the client trains on data of its own, ``data-path``, which gets no noise)."""
         ops = parse_augment(cfg["augment"])
+        std = 0.0
+        if num_partitions is not None and cfg.get("noise-reading", "paper") == "code" and cfg.get("noise-sigma"):
+            from tasks.feature_noise import noise_std
+
+            std = noise_std(float(cfg["noise-sigma"]), "code", partition_id, num_partitions)
+        if std > 0:  # partition 0 is clean under the code's reading: no op
+            ops = (*ops, "noise")
         if not ops:
             return cls((), torch.zeros(1), None)
         from tasks.catalogue import DATASETS
 
         info = DATASETS[cfg["dataset"]]
         fill = -torch.tensor(info.mean) / torch.tensor(info.std)
+        noise = (std / torch.tensor(info.std)).to(device) if std > 0 else None
         generator = torch.Generator(device=device)
         generator.manual_seed(augment_seed(cfg["seed"], partition_id, server_round))
-        return cls(ops, fill.to(device), generator)
+        return cls(ops, fill.to(device), generator, noise)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if not self.ops:
@@ -85,6 +105,8 @@ class Augment:
             x = self.crop(x)
         if "flip" in self.ops:
             x = self.flip(x)
+        if "noise" in self.ops:
+            x = self.add_noise(x)
         if "cutout" in self.ops:
             x = self.cutout(x)
         return x
@@ -104,6 +126,10 @@ class Augment:
         # one gather over the flattened padded image (5x faster on CPU than 4-D indexing)
         idx = (rows[:, :, None] * wp + cols[:, None, :]).view(n, 1, h * w).expand(n, c, h * w)
         return padded.view(n, c, hp * wp).gather(2, idx).view(n, c, h, w)
+
+    def add_noise(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` plus fresh Gaussian noise of the client's per-channel std (op ``noise``)."""
+        return x + torch.randn(x.shape, generator=self.generator, device=x.device, dtype=x.dtype) * self.noise
 
     def flip(self, x: torch.Tensor) -> torch.Tensor:
         flip = torch.rand(x.shape[0], generator=self.generator, device=x.device) < 0.5

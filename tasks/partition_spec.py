@@ -26,6 +26,7 @@ class PartitionSpec:
     classes_per_client: int = 2  # pathological: the k of NIID-Bench's #C = k
     size_sigma: float = 0.0  # inner-dirichlet: lognormal spread of the client sizes (0 = equal)
     noise_sigma: float = 0.0  # feature noise: client i of N gets variance noise_sigma * (i + 1) / N
+    noise_reading: str = "paper"  # feature noise: the paper's words or NIID-Bench's code (tasks/feature_noise.py)
     dirichlet_balance: bool = False  # dirichlet: NIID-Bench's balancing (tasks.partitioners.balanced_dirichlet_indices)
 
     @classmethod
@@ -46,6 +47,7 @@ class PartitionSpec:
             classes_per_client=cfg.get("classes-per-client", cls.classes_per_client),
             size_sigma=cfg.get("size-sigma", cls.size_sigma),
             noise_sigma=cfg.get("noise-sigma", cls.noise_sigma),
+            noise_reading=cfg.get("noise-reading", cls.noise_reading),
             dirichlet_balance=cfg.get("dirichlet-balance", cls.dirichlet_balance),
         )
 
@@ -64,6 +66,8 @@ class PartitionSpec:
             out["validation-fraction"] = float(self.validation_fraction)
         if self.noise_sigma:  # left out at 0, as validation-fraction
             out["noise-sigma"] = float(self.noise_sigma)
+            if self.noise_reading != "paper":  # left out at its default, so kept runs keep their identity
+                out["noise-reading"] = self.noise_reading
         if self.partitioner in ("dirichlet", "quantity"):
             out.update({"alpha": float(self.alpha), "min-partition-size": self.min_partition_size})
             if self.partitioner == "dirichlet" and self.dirichlet_balance:  # left out when off, as noise-sigma

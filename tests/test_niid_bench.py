@@ -99,3 +99,74 @@ def test_dirichlet_balance_through_flwr_datasets(small_mnist):
     off = PartitionSpec.from_config({**cfg, "dirichlet-balance": False}, 6)
     assert "dirichlet-balance" not in off.identity()
     assert not np.array_equal(partition_label_counts(off), counts)
+
+
+# ------------------------------------------------------------------ noise-reading
+@pytest.mark.parametrize("reading,stds", [("paper", [(0.1 * (i + 1)) ** 0.5 for i in range(4)]),
+                                          ("code", [0.0, 0.4 / 3, 0.8 / 3, 0.4])])
+def test_noise_std_per_client_under_both_readings(reading, stds):
+    """sigma 0.4, 4 clients: the paper's variance 0.4 (i + 1) / 4 (std sqrt(0.1 (i + 1))); the
+    code's std 0.4 i / 3, partition 0 clean and the last one 0.4."""
+    from tasks.feature_noise import noise_std, noise_variance
+
+    spec = PartitionSpec(dataset="mnist", num_partitions=4, noise_sigma=0.4, noise_reading=reading)
+    assert [noise_std(0.4, reading, i, 4) for i in range(4)] == pytest.approx(stds)
+    assert [noise_variance(spec, i) for i in range(4)] == pytest.approx([noise_std(0.4, reading, i, 4) ** 2
+                                                                         for i in range(4)])
+
+
+def code_noise_cfg(data_dir, **keys) -> dict:
+    return validate_config({"data-dir": str(data_dir), "partitioner": "iid", "noise-sigma": 0.4,
+                            "noise-reading": "code", "model": "cnn-small", **keys})
+
+
+def test_code_noise_is_drawn_per_batch_with_the_codes_std(small_mnist):
+    """Under the code's reading the partition's tensors are clean (the paper's reading noises
+    them once), and each client's augmentation adds noise of pixel std 0.4 p / 3 to every batch,
+    a fresh draw each time (two batches of the same images differ), seeded by (seed, partition,
+    round); partition 0 gets no noise op at all."""
+    import torch
+
+    from tasks.augment import Augment
+    from tasks.catalogue import DATASETS
+    from tasks.partitioning import load_partition
+
+    cfg = code_noise_cfg(small_mnist)
+    clean = PartitionSpec.from_config({**cfg, "noise-sigma": 0.0}, 4)
+    code = PartitionSpec.from_config(cfg, 4)
+    assert code.identity()["noise-reading"] == "code"
+    assert torch.equal(load_partition(code, 2)[0], load_partition(clean, 2)[0])
+    std = DATASETS["mnist"].std[0]
+    x = torch.zeros(512, 1, 28, 28)
+    assert Augment.for_round(cfg, torch.device("cpu"), 0, 1, 4).ops == ()
+    for pid in (1, 2, 3):
+        augment = Augment.for_round(cfg, torch.device("cpu"), pid, 1, 4)
+        first, second = augment(x), augment(x)
+        assert (first * std).std().item() == pytest.approx(0.4 * pid / 3, rel=0.01)
+        assert not torch.equal(first, second)
+        assert torch.equal(Augment.for_round(cfg, torch.device("cpu"), pid, 1, 4)(x), first)
+        assert not torch.equal(Augment.for_round(cfg, torch.device("cpu"), pid, 2, 4)(x), first)
+    assert Augment.for_round(cfg, torch.device("cpu"), 3, 1, None).ops == ()  # a node's own data: no noise
+
+
+def test_code_noise_reaches_both_execution_paths(small_mnist):
+    """A virtual client on a cohort node and the per-client node of the same partition prepare
+    the same augmentation callable (op noise, the same draws), which the cohort node keeps."""
+    import torch
+
+    from clients import fedavg
+    from clients.base import DriftClient
+    from fl_app.node.cohort_client import CohortClient
+    from fl_app.node.cohort_wire import NUM_PARTITIONS
+    from tasks.models import get_weights
+    from tests.conftest import fake_context
+
+    cfg = code_noise_cfg(small_mnist)
+    node = CohortClient(cfg, fake_context(cfg), fedavg.UPDATE, 0, 1)
+    virtual = node.virtual_client(3, {NUM_PARTITIONS: 4})
+    alone = DriftClient(fedavg.UPDATE, cfg, fake_context(cfg), 3, 4)
+    weights = get_weights(alone.model)
+    jobs = [c.prepare_round(weights, {"server-round": 2}) for c in (virtual, alone)]
+    assert [j.augment.ops for j in jobs] == [("noise",), ("noise",)]
+    x = virtual.data[0][:64]
+    assert torch.equal(jobs[0].augment(x), jobs[1].augment(x)) and not torch.equal(jobs[0].augment(x), x)
