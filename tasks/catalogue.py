@@ -11,9 +11,15 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class InputShape:
+    """What a model is sized from. ``pixel_mean`` / ``pixel_std``: the per-channel normalisation
+    the inputs arrive with ((pixel - mean) / std, pixels in [0, 1]; ``tasks.datasets.input_shape``
+    fills them from the dataset, empty: unknown), for a model that undoes it (``simple-cnn``)."""
+
     channels: int  # 0 for flat feature vectors
     size: int  # image side, or the feature dimension for flat inputs
     classes: int
+    pixel_mean: tuple[float, ...] = ()
+    pixel_std: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)

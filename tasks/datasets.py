@@ -8,6 +8,7 @@ neither can be read, one ``DataUnavailableError`` says what was tried.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -46,11 +47,14 @@ def resolve_data_dir(configured: str, fallback: str | None = None) -> str:
 
 
 def input_shape(dataset: str) -> InputShape:
+    """The shape a model for ``dataset`` is built from, with the normalisation its inputs arrive
+    with (``InputShape.pixel_mean`` / ``pixel_std``)."""
     if dataset == "synthetic":
         from tasks.synthetic import SYNTHETIC_SHAPE
 
         return SYNTHETIC_SHAPE
-    return DATASETS[dataset].shape
+    info = DATASETS[dataset]
+    return dataclasses.replace(info.shape, pixel_mean=info.mean, pixel_std=info.std)
 
 
 def local_parquet_files(name: str, data_dir: str) -> dict[str, str] | None:

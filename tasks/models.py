@@ -71,6 +71,47 @@ def _lenet(shape: InputShape, bn: bool = False) -> Classifier:
     return Classifier(body, nn.Linear(84, shape.classes))
 
 
+class RawPixels(nn.Module):
+    """Undoes the dataset's input normalisation: (x - mean) / std -> x * std + mean, the pixels in
+    [0, 1] that ``ToTensor`` gives, for a model whose authors feed it unnormalised images.
+    No parameters and no buffers (nothing to send or average); the identity when the shape
+    carries no normalisation (``InputShape.pixel_mean`` empty)."""
+
+    def __init__(self, mean: tuple[float, ...], std: tuple[float, ...]):
+        super().__init__()
+        self.mean, self.std = tuple(mean), tuple(std)
+        self._constants: dict = {}  # (device, dtype) -> (std, mean) tensors, made once
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.mean:
+            return x
+        key = (x.device, x.dtype)
+        if key not in self._constants:
+            self._constants[key] = tuple(torch.tensor(v, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
+                                         for v in (self.std, self.mean))
+        std, mean = self._constants[key]
+        return x * std + mean
+
+
+def _simple_cnn(shape: InputShape) -> Classifier:
+    """NIID-Bench's simple CNN (Li, Diao, Chen, He, ICDE 2022; its ``SimpleCNN`` and
+    ``SimpleCNNMNIST``, also Flower's ``baselines/niid_bench``): conv 6 and conv 16 (5x5, no
+    padding), each with ReLU and 2x2 max-pool, FC 120, FC 84 (ReLU), head. 28x28 inputs flatten
+    16 x 4 x 4 = 256, 32x32 ones 16 x 5 x 5 = 400 (on 32x32 it is ``lenet``'s layers; on 28x28
+    ``lenet`` pads its first conv). Its inputs are raw [0, 1] pixels, as NIID-Bench's MNIST, FMNIST
+    and CIFAR-10 loaders give them (``ToTensor`` only, no ``Normalize``): ``RawPixels`` undoes
+    fl-drift's per-dataset normalisation first. PyTorch's default initialisation, as NIID-Bench."""
+    side = ((shape.size - 4) // 2 - 4) // 2
+    body = nn.Sequential(
+        RawPixels(shape.pixel_mean, shape.pixel_std),
+        nn.Conv2d(shape.channels, 6, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(16 * side * side, 120), nn.ReLU(),
+        nn.Linear(120, 84), nn.ReLU(),
+    )
+    return Classifier(body, nn.Linear(84, shape.classes))
+
+
 class BasicBlock(nn.Module):
     """ResNet basic block: two 3x3 convs with a norm after each; a 1x1 conv + norm shortcut
     when the shape changes (He et al. 2016, option B)."""
@@ -188,6 +229,7 @@ BUILDERS = {
     "cnn-small": _cnn_small,
     "lenet": _lenet,
     "lenet-bn": _lenet_bn,
+    "simple-cnn": _simple_cnn,
     "cnn-bn": _cnn_bn,
     "resnet18": _resnet18,
     "resnet18-bn": _resnet18_bn,

@@ -170,3 +170,47 @@ def test_code_noise_reaches_both_execution_paths(small_mnist):
     assert [j.augment.ops for j in jobs] == [("noise",), ("noise",)]
     x = virtual.data[0][:64]
     assert torch.equal(jobs[0].augment(x), jobs[1].augment(x)) and not torch.equal(jobs[0].augment(x), x)
+
+
+# ------------------------------------------------------------------ simple-cnn
+def test_simple_cnn_parameter_counts_match_a_hand_count():
+    """NIID-Bench's SimpleCNNMNIST (28x28, 1 channel): conv1 1*6*25 + 6 = 156, conv2 6*16*25 + 16 =
+    2,416, fc1 (16*4*4 = 256)*120 + 120 = 30,840, fc2 120*84 + 84 = 10,164, fc3 84*10 + 10 = 850:
+    44,426. Its SimpleCNN (32x32, 3 channels): conv1 3*6*25 + 6 = 456, conv2 2,416, fc1
+    (16*5*5 = 400)*120 + 120 = 48,120, fc2 10,164, fc3 850: 62,006. No buffers either way."""
+    from tasks.datasets import input_shape
+    from tasks.models import build_model
+
+    for dataset, count in (("mnist", 44_426), ("fashion_mnist", 44_426), ("cifar10", 62_006)):
+        model = build_model("simple-cnn", input_shape(dataset))
+        assert sum(p.numel() for p in model.parameters()) == count
+        assert not list(model.buffers())
+
+
+@pytest.mark.parametrize("dataset", ["mnist", "cifar10"])
+def test_simple_cnn_sees_raw_pixels(dataset):
+    """fl-drift hands every model normalised inputs; simple-cnn undoes it, so on 32x32 inputs
+    (where its layers are lenet's, the same draws initialising them) it gives on the normalised
+    images what lenet gives on the raw [0, 1] pixels, as NIID-Bench's ToTensor-only loaders."""
+    import torch
+
+    from tasks.catalogue import DATASETS
+    from tasks.datasets import input_shape
+    from tasks.models import build_model
+
+    info, shape = DATASETS[dataset], input_shape(dataset)
+    raw = torch.rand(5, shape.channels, shape.size, shape.size)
+    mean, std = (torch.tensor(v).view(1, -1, 1, 1) for v in (info.mean, info.std))
+    model = build_model("simple-cnn", shape, seed=0)
+    torch.testing.assert_close(model.body[0]((raw - mean) / std), raw)
+    if dataset == "cifar10":
+        lenet = build_model("lenet", shape, seed=0)
+        torch.testing.assert_close(model((raw - mean) / std), lenet(raw))
+
+
+def test_simple_cnn_trains_alike_in_a_cohort_and_alone():
+    """The cohort's vmap over simple-cnn (its RawPixels first) equals each client's own round."""
+    from tasks.datasets import input_shape
+    from tests.test_functional import _compare
+
+    _compare("fedavg", "simple-cnn", [12, 6], 4, rel=1e-5, shape=input_shape("mnist"))
