@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from flwr.common import ArrayRecord
 
 import fl_app.node.node_client as node
 from clients import feddyn, scaffold
@@ -24,17 +25,23 @@ def _data():
     return torch.randn(24, 60, generator=g), torch.randint(0, 10, (24,), generator=g)
 
 
-def run_rounds(client_cls, mode: str, run_dir, rounds=3):
+def run_rounds(client_cls, mode: str, run_dir, rounds=3, forget: bool = False):
     """One client fitted ``rounds`` times, a fresh client object per round (as in simulation)
-    on one node context; returns (replies, metrics, state arrays left in context.state)."""
+    on one node context; returns (replies, metrics, state arrays left in context.state).
+    ``forget``: each round on a new node context and run folder, so no state is kept."""
     x, y = _data()
     context = fake_context()
     weights = get_weights(build_model("logreg", input_shape("synthetic"), seed=0))
     cfg = {"client-state": mode, "learning-rate": 0.1, "batch-size": 8}
     replies, metrics, held = [], [], []
     for r in range(1, rounds + 1):
+        if forget:
+            context, folder = fake_context(), run_dir / f"forgot-{r}"
+            folder.mkdir(parents=True)
+        else:
+            folder = run_dir
         client = make_client(client_cls, cfg, x, y, context=context)
-        config = {"server-round": r, "run-dir": str(run_dir), "checkpoint-every": 0, "checkpoint-round": 0}
+        config = {"server-round": r, "run-dir": str(folder), "checkpoint-every": 0, "checkpoint-round": 0}
         extra = [np.zeros_like(a) for a in weights] if client_cls is ScaffoldClient else []
         reply, _, m = node.NodeClient(client).fit([a.copy() for a in weights] + extra, config)
         replies.append(reply)
@@ -66,6 +73,54 @@ def test_disk_state_gives_the_same_rounds_and_holds_nothing_in_memory(client_cls
     files = sorted(p.name for p in (tmp_path / "disk" / "client-state" / "partition-0").iterdir())
     assert files == ["round-3.npz"]  # one file per client: older rounds are removed
     assert not (tmp_path / "mem" / "client-state").exists()
+
+
+@pytest.mark.parametrize("mode", ["memory", "disk"])
+@pytest.mark.parametrize("client_cls", [ScaffoldClient, FedDynClient], ids=["scaffold", "feddyn"])
+def test_round_two_trains_from_the_kept_state(client_cls, mode, in_simulation, tmp_path):
+    """Round 2 of a client that kept its round-1 state (SCAFFOLD's c_i, FedDyn's g_k; in
+    context.state, or on disk) differs from round 2 of the same client from the same global
+    model without it: the kept state is read back and used, not only stored."""
+    (tmp_path / "kept").mkdir()
+    kept, _, _ = run_rounds(client_cls, mode, tmp_path / "kept", rounds=2)
+    forgot, _, _ = run_rounds(client_cls, mode, tmp_path / "forgot", rounds=2, forget=True)
+    for a, b in zip(kept[0], forgot[0]):  # round 1: no state either way
+        np.testing.assert_array_equal(a, b)
+    assert not all(np.allclose(a, b, rtol=0, atol=1e-6) for a, b in zip(kept[1], forgot[1]))
+
+
+@pytest.mark.parametrize("client_cls", [ScaffoldClient, FedDynClient], ids=["scaffold", "feddyn"])
+def test_the_round_starts_from_the_state_kept_in_context_state(client_cls):
+    """What round 1 leaves in ``context.state`` is what round 2's local update is given (the
+    round's ``state``, bit for bit), and it alone carries round 1 into round 2: a new node
+    context holding a copy of those records trains round 2 identically, an empty one does not."""
+    x, y = _data()
+    context = fake_context()
+    weights = get_weights(build_model("logreg", input_shape("synthetic"), seed=0))
+    extra = [np.zeros_like(a) for a in weights] if client_cls is ScaffoldClient else []
+    cfg = {"learning-rate": 0.1, "batch-size": 8}
+    reply, _, _ = make_client(client_cls, cfg, x, y, context=context).fit([a.copy() for a in weights] + extra,
+                                                                          {"server-round": 1})
+    w1 = [a.copy() for a in reply[: len(weights)]] + extra
+    (key, arrays), = client_cls.state.items()
+    stored = context.state[arrays.record].to_numpy_ndarrays()
+    assert stored and all(np.any(a) for a in stored)
+    client = make_client(client_cls, cfg, x, y, context=context)
+    job = client.prepare_round([a.copy() for a in w1], {"server-round": 2})
+    given = job.state[key]
+    assert list(given) == client.names(arrays)
+    for name, a in zip(given, stored):
+        np.testing.assert_array_equal(given[name].numpy(), a)
+
+    def round_two(ctx):
+        return make_client(client_cls, cfg, x, y, context=ctx).fit([a.copy() for a in w1], {"server-round": 2})[0]
+
+    copied = fake_context()
+    copied.state[arrays.record] = ArrayRecord(numpy_ndarrays=[a.copy() for a in stored])
+    kept, same, fresh = round_two(context), round_two(copied), round_two(fake_context())
+    for a, b in zip(kept, same):
+        np.testing.assert_array_equal(a, b)
+    assert not all(np.allclose(a, b, rtol=0, atol=1e-6) for a, b in zip(kept, fresh))
 
 
 def test_deployed_supernode_keeps_context_state(monkeypatch, tmp_path):

@@ -100,6 +100,38 @@ def test_server_h_model_and_c_by_hand():
     np.testing.assert_array_equal(restored.c[0], strategy.c[0])
 
 
+def test_server_built_as_the_app_builds_it_divides_c_by_all_clients():
+    """The strategy as the ServerApp builds it (``fl_app.registry.resolve``, then
+    ``strategies.base.build_strategy``: the registered class's ``from_config``), not through
+    its constructor's defaults: one round with 1 of 4 clients replying moves c by delta c_i / 4
+    (SCAFFOLD's 1/N, the authors' code), H by (w_i - w_t) / 4 and the model to w_i + H. A class
+    divisor of the round's participants would move c by delta c_i itself, 4x too far."""
+    from fl_app.registry import resolve
+    from strategies.base import build_strategy
+
+    cfg, method = resolve({"strategy": "feddc", "dataset": "synthetic", "model": "logreg", "fraction-fit": 0.25,
+                           "min-available-clients": 4})
+    gen = np.random.default_rng(0)
+    w_t = [a.astype(np.float32) for a in drift_client(feddc.UPDATE, {}, torch.zeros(1, 60),
+                                                      torch.zeros(1, dtype=torch.long)).get_parameters({})]
+    w_t = [(a + gen.normal(0, 0.1, a.shape)).astype(np.float32) for a in w_t]
+    strategy = build_strategy(method.strategy, cfg, ndarrays_to_parameters(w_t))
+    assert type(strategy) is FedDCStrategy
+    instructions = strategy.configure_fit(1, ndarrays_to_parameters(w_t), FakeManager(4))
+    assert len(instructions) == 1
+    sent = parameters_to_ndarrays(instructions[0][1].parameters)
+    assert len(sent) == 2 * len(w_t) and all(not c.any() for c in sent[len(w_t):])  # c starts at zero
+    w_i = [(a + gen.normal(0, 0.1, a.shape)).astype(np.float32) for a in w_t]
+    delta_c = [gen.normal(0, 0.1, a.shape).astype(np.float32) for a in w_t]
+    params, _ = strategy.aggregate_fit(1, [(instructions[0][0], fit_res(w_i + delta_c, 7))], [])
+    for c, d in zip(strategy.c, delta_c):
+        np.testing.assert_allclose(c, d.astype(np.float64) / 4, rtol=1e-6, atol=1e-9)
+    for new, h, wi, wt in zip(parameters_to_ndarrays(params), strategy.H, w_i, w_t):
+        drift = (wi.astype(np.float64) - wt) / 4
+        np.testing.assert_allclose(h, drift, rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(new, wi + drift, rtol=1e-6, atol=1e-7)
+
+
 def test_h_and_ci_carried_across_rounds_through_context_state():
     gen = torch.Generator().manual_seed(3)
     x, y = torch.randn(9, 60, generator=gen), torch.randint(0, 10, (9,), generator=gen)

@@ -83,6 +83,25 @@ def test_hard_restriction_round_by_hand():
     assert abs(fedavg_b[2] - b[2]) > 0.05  # the restriction is visible
 
 
+@pytest.mark.parametrize("alpha,bias,missing_row,losses", [
+    (0.3, [0.0398648, 0.0398648, 0.9760811], [-0.0119594, -0.0119594], [1.208918, 1.169890]),
+    (0.0, [0.0330533, 0.0330533, 1.0], [0.0, 0.0], [np.log(3), 1.065558]),
+])
+def test_hard_restriction_at_asymmetric_alpha_by_hand(alpha, bias, missing_row, losses):
+    """alpha != 1 - alpha: s = (1, 1, alpha), the missing class scaled by alpha itself (at 0.5
+    alpha and 1 - alpha agree, so the 0.5 case cannot tell them apart). At alpha = 0 the missing
+    class's logit is 0: its row and bias do not move and the first loss is ln 3."""
+    assert restriction(torch.tensor([16.0, 1.0, 0.0], dtype=torch.float64), alpha, "hard").tolist() == [1.0, 1.0, alpha]
+    result = hand_round("fedrs", {"fedrs-alpha": alpha, "fedrs-scaling": "hard"})
+    W, b, hand_losses = adjusted_round64(np.array([1.0, 1.0, alpha]), np.zeros(3))
+    np.testing.assert_allclose(b, bias, atol=1e-7)  # the worked numbers
+    np.testing.assert_allclose(W[2], missing_row, atol=1e-7)
+    np.testing.assert_allclose(hand_losses, losses, atol=1e-6)
+    np.testing.assert_allclose(result.params["head.weight"].numpy(), W, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(result.params["head.bias"].numpy(), b, rtol=0, atol=1e-12)
+    assert result.metrics["train_loss"] == pytest.approx(np.mean(hand_losses), rel=1e-6)
+
+
 def test_count_restriction_round_by_hand():
     """FedRepo's factor: s = (1, 0.53125, 0.5); the rare observed class 1 is damped too."""
     result = hand_round("fedrs", {"fedrs-alpha": 0.5, "fedrs-scaling": "count"})

@@ -48,6 +48,38 @@ def test_merge_mixes_the_plain_and_the_perturbed_gradient_by_hand():
     assert [-g / C for g in values(result.state["grad"])] == pytest.approx((0.4250234387, -0.3979484387), abs=1e-9)
 
 
+def speed_round64(merge: float, steps: int = 2) -> tuple[np.ndarray, np.ndarray]:
+    """The hand case written out in float64 (logits w x at x = 1, label 0, lr 0.5): each step
+    g = softmax(w) - e_0, e = rho g / ||g||, gtil = the same at w + e, merged (1 - m) g + m gtil,
+    then w <- w - lr (gtil + c (w - w_t + h_i)); (w_K, h_i + w_K - w_t)."""
+    w_t, h, w = np.array(W_T), np.array(H), np.array(W_T)
+
+    def grad(v):
+        p = np.exp(v - v.max())
+        return p / p.sum() - np.array([1.0, 0.0])
+
+    for _ in range(steps):
+        g = grad(w)
+        gtil = grad(w + KEYS["fedspeed-rho"] * g / (np.linalg.norm(g) + 1e-12))
+        gtil = (1 - merge) * g + merge * gtil
+        w = w - 0.5 * (gtil + C * (w - w_t + h))
+    return w, h + (w - w_t)
+
+
+@pytest.mark.parametrize("merge", [1.0, 0.5, 0.3])
+def test_merge_weight_is_that_of_the_perturbed_gradient_by_hand(merge):
+    """m = 0.3 weighs the perturbed gradient 0.3 and the plain one 0.7, (1 - m) g + m gtil: at
+    0.5 the two readings agree, so only an m != 1/2 tells (1 - m) g + m gtil from (1 - m) gtil + m g.
+    The written-out round reproduces the note's numbers at m = 1 and 0.5."""
+    w_k, h_new = speed_round64(merge)
+    worked = {1.0: (W_K, H_NEW), 0.5: ((0.5750234387, -0.4779484387), (0.4250234387, -0.3979484387)),
+              0.3: ((0.5693172322, -0.4722422322), (0.4193172322, -0.3922422322))}[merge]
+    assert w_k == pytest.approx(worked[0], abs=1e-9) and h_new == pytest.approx(worked[1], abs=1e-9)
+    result = _round(keys={**KEYS, "fedspeed-merge": merge})
+    assert values(result.params) == pytest.approx(w_k, abs=1e-12)
+    assert [-g / C for g in values(result.state["grad"])] == pytest.approx(h_new, abs=1e-12)
+
+
 def test_clip_scales_the_step_down_never_up():
     d1 = np.array([-0.45543821, 0.45843821])  # step 1's d (note), norm 0.6462; c w added after the clip
     clip = 0.5
