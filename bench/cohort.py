@@ -59,7 +59,7 @@ from vmap import sync, timed  # noqa: E402
 
 from clients import fedavg, feddyn, fedprox, fedsam, scaffold  # noqa: E402
 from tasks.datasets import input_shape  # noqa: E402
-from tasks.functional import Hyper, cohort_round, local_round, module_state  # noqa: E402
+from tasks.functional import Hyper, Round, cohort_round, local_round, module_state  # noqa: E402
 from tasks.functional.rounds import stack_trees, unstack_tree  # noqa: E402
 from tasks.models import build_model, default_device, set_cuda_precision  # noqa: E402
 
@@ -104,7 +104,7 @@ def run_module(model, states, data, args) -> None:
 
 
 def run_sequential(update, skeleton, states, data, args, hp) -> list:
-    return [local_round(update, skeleton, p, b, {}, {}, hp, x, y, args.batch_size, args.epochs, gen)
+    return [local_round(Round(update, skeleton, p, b, {}, {}, hp, x, y, args.batch_size, args.epochs, gen))
             for (p, b), (x, y), gen in zip(states, data, generators(len(data)))]
 
 

@@ -226,7 +226,7 @@ class DriftClient(NumPyClient):
         """One round of the method's local training from the received global model w_t:
         ``prepare_round``, ``tasks.functional.local_round``, ``finish_round``."""
         job = self.prepare_round(parameters, config)
-        return self.finish_round(job, local_round(*job.local_round_args()))
+        return self.finish_round(job, local_round(job))
 
     def round_generator(self, server_round: int) -> torch.Generator:
         """The client's batch-order generator for ``server_round``, seeded from (seed, partition, round)."""

@@ -45,7 +45,7 @@ def assert_cohort_equals_per_client(clients: list[DriftClient], weights: list, r
     convert = in_float64 if float64 else list
     together = train_cohort(convert([c.prepare_round(weights, config) for c in clients]))
     for client, cohort in zip(clients, together):
-        alone = local_round(*convert([client.prepare_round(weights, config)])[0].local_round_args())
+        alone = local_round(convert([client.prepare_round(weights, config)])[0])
         assert cohort.metrics["num_steps"] == alone.metrics["num_steps"]
         pairs = [(name, {**cohort.params, **cohort.buffers}[name], v)
                  for name, v in {**alone.params, **alone.buffers}.items()]

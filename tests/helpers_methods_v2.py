@@ -19,7 +19,7 @@ from clients.base import DriftClient
 from fl_app.registry import validate_config
 from runner.results.report import read_metrics
 from tasks.catalogue import InputShape
-from tasks.functional import Hyper, cohort_round, local_round, module_state
+from tasks.functional import Hyper, Round, cohort_round, local_round, module_state
 from tasks.functional.rounds import stack_trees, unstack_tree
 from tasks.functional.update import LocalUpdate
 from tasks.models import build_model
@@ -42,8 +42,8 @@ def linear_round(update: LocalUpdate, keys: dict, w_t, *, lr: float = 0.5, epoch
     fields: ``weight_decay``, ``clip_norm``, ...) say otherwise (``local_round``)."""
     model = nn.Linear(1, 2, bias=False).double()
     hp = Hyper(lr=lr, keys=keys, **options)
-    return local_round(update, model, weight(w_t), {}, state or {}, {"buffers": {}, **(server or {})}, hp, X1, Y1,
-                       1, epochs, torch.Generator().manual_seed(0))
+    return local_round(Round(update, model, weight(w_t), {}, state or {}, {"buffers": {}, **(server or {})}, hp, X1, Y1,
+                       1, epochs, torch.Generator().manual_seed(0)))
 
 
 def values(tree: dict) -> list[float]:
@@ -77,8 +77,8 @@ def assert_cohort_matches(update: LocalUpdate, keys: dict, states=None, server=N
                                 [data[k] for k in members], 4, 2,
                                 [torch.Generator().manual_seed(10 + k) for k in members])
         for j, k in enumerate(members):
-            alone = local_round(update, skeleton, unstack_tree(sub, j), unstack_tree(subb, j), client_states[k],
-                                sent, hp, *data[k], 4, 2, torch.Generator().manual_seed(10 + k))
+            alone = local_round(Round(update, skeleton, unstack_tree(sub, j), unstack_tree(subb, j), client_states[k],
+                                sent, hp, *data[k], 4, 2, torch.Generator().manual_seed(10 + k)))
             assert_cohort_client_equals(together, j, alone, rel)
             assert list(together.metrics[j]) == list(alone.metrics)
 

@@ -12,7 +12,7 @@ from torch import nn
 
 from clients.feddecorr import decorrelation_loss
 from fl_app.registry import get_method
-from tasks.functional import Hyper, local_round, module_state
+from tasks.functional import Hyper, Round, local_round, module_state
 from tasks.models import Classifier
 from tests.helpers_client_rounds import assert_cohort_equals_per_client, drift_client, initial_weights
 
@@ -70,8 +70,8 @@ def two_layer_model() -> Classifier:
 def run(method: str, keys: dict, x, y, batch_size: int, epochs: int = 2):
     model = two_layer_model()
     params, buffers = module_state(model)
-    return local_round(get_method(method).update, model, params, buffers, {}, {"buffers": buffers},
-                       Hyper(lr=0.1, keys=keys), x, y, batch_size, epochs, torch.Generator().manual_seed(0))
+    return local_round(Round(get_method(method).update, model, params, buffers, {}, {"buffers": buffers},
+                       Hyper(lr=0.1, keys=keys), x, y, batch_size, epochs, torch.Generator().manual_seed(0)))
 
 
 def test_two_steps_by_hand():

@@ -33,7 +33,7 @@ from clients import control_variates, feddyn, scaffold
 from clients.base import DriftClient
 from fl_app.registry import METHODS, get_method, validate_config
 from tasks.catalogue import InputShape
-from tasks.functional import Hyper, LocalUpdate, cohort_round, local_round, module_state, tree_norm
+from tasks.functional import Hyper, LocalUpdate, Round, cohort_round, local_round, module_state, tree_norm
 from tasks.functional.optim import opt_init, opt_step
 from tasks.functional.rounds import stack_trees, unstack_tree
 from tasks.models import build_model
@@ -143,8 +143,8 @@ def test_functional_round_equals_module_loop(name, model_name):
     if name == "feddyn":
         state, ctx = {"grad": dict(zip(names, extra))}, {"grad": extra}
     hp = Hyper(lr=0.05, momentum=0.9, weight_decay=5e-4, keys=KEYS)
-    result = local_round(UPDATES[name], copy.deepcopy(model), params, buffers, state, server, hp,
-                         x, y, 4, 2, torch.Generator().manual_seed(3))
+    result = local_round(Round(UPDATES[name], copy.deepcopy(model), params, buffers, state, server, hp,
+                         x, y, 4, 2, torch.Generator().manual_seed(3)))
     loss = module_round(name, model, x, y, hp, 4, 2, 3, ctx)
     assert result.metrics["train_loss"] == loss and result.metrics["num_steps"] == 6
     for n, p in model.named_parameters():
@@ -275,8 +275,8 @@ def _compare(name, model_name, sizes, batch_size, rel, shape=SHAPE):
     together = cohort_round(update, skeleton, params, buffers, states, server, hp, data, batch_size, 2,
                             [torch.Generator().manual_seed(10 + k) for k in range(k_all)])
     for k in range(k_all):
-        alone = local_round(update, skeleton, unstack_tree(params, k), unstack_tree(buffers, k), states[k], server,
-                            hp, *data[k], batch_size, 2, torch.Generator().manual_seed(10 + k))
+        alone = local_round(Round(update, skeleton, unstack_tree(params, k), unstack_tree(buffers, k), states[k], server,
+                            hp, *data[k], batch_size, 2, torch.Generator().manual_seed(10 + k)))
         assert_cohort_client_equals(together, k, alone, rel)
 
 
@@ -353,8 +353,8 @@ def test_scaffold_round_without_a_local_step_keeps_c_i():
     update = UPDATES["scaffold"]
     together = cohort_round(update, skeleton, params, buffers, states, server, hp, data, 8, 2,
                             [torch.Generator().manual_seed(10 + k) for k in range(2)])
-    alone = local_round(update, skeleton, unstack_tree(params, 0), unstack_tree(buffers, 0), states[0], server, hp,
-                        *data[0], 8, 2, torch.Generator().manual_seed(10))
+    alone = local_round(Round(update, skeleton, unstack_tree(params, 0), unstack_tree(buffers, 0), states[0], server, hp,
+                        *data[0], 8, 2, torch.Generator().manual_seed(10)))
     ci = states[0]["ci"]
     for result in (alone, together.client(0)):
         assert result.metrics["num_steps"] == 0

@@ -24,7 +24,7 @@ from clients.ri_fedavg import ri_begin
 from fl_app.registry import get_method
 from protocol.layout import bn_indices, pvr_param_names
 from tasks.catalogue import InputShape
-from tasks.functional import Hyper, cohort_round, local_round, module_state
+from tasks.functional import Hyper, Round, cohort_round, local_round, module_state
 from tasks.functional.rounds import stack_trees, unstack_tree
 from tasks.models import build_model
 from tests.conftest import make_client
@@ -62,8 +62,8 @@ def flat_round(name: str, state: dict, server: dict, lr: float = 0.5, epochs: in
     x, y = torch.randn(6, FLAT.size, generator=gen), torch.randint(0, FLAT.classes, (6,), generator=gen)
     model = build_model("logreg", FLAT, seed=1)
     params, buffers = module_state(model)
-    result = local_round(UPDATES[name], model, params, buffers, state, server, Hyper(lr=lr, keys=KEYS),
-                         x, y, 64, epochs, torch.Generator().manual_seed(1))
+    result = local_round(Round(UPDATES[name], model, params, buffers, state, server, Hyper(lr=lr, keys=KEYS),
+                         x, y, 64, epochs, torch.Generator().manual_seed(1)))
     return params, x.double().numpy(), y.numpy(), result
 
 
@@ -117,8 +117,8 @@ def test_fedpvr_two_rounds_by_hand():
     ci = {n: np.zeros_like(c64[n]) for n in head}
     state = {}
     for _ in range(2):  # two rounds
-        result = local_round(UPDATES["fedpvr"], model, params, buffers, state, {"c": c}, Hyper(lr=lr),
-                             x, y, 64, 2, torch.Generator().manual_seed(1))
+        result = local_round(Round(UPDATES["fedpvr"], model, params, buffers, state, {"c": c}, Hyper(lr=lr),
+                             x, y, 64, 2, torch.Generator().manual_seed(1)))
         w_t = w
         for _ in range(2):
             g = mlp_grad(w, x.double().numpy(), y.numpy())
@@ -310,8 +310,8 @@ def _compare(name: str, model_name: str, sizes: list[int], rel: float):
     together = cohort_round(update, skeleton, params, buffers, states, server, hp, data, 4, 2,
                             [torch.Generator().manual_seed(10 + k) for k in range(len(sizes))])
     for k in range(len(sizes)):
-        alone = local_round(update, skeleton, unstack_tree(params, k), unstack_tree(buffers, k), states[k], server,
-                            hp, *data[k], 4, 2, torch.Generator().manual_seed(10 + k))
+        alone = local_round(Round(update, skeleton, unstack_tree(params, k), unstack_tree(buffers, k), states[k], server,
+                            hp, *data[k], 4, 2, torch.Generator().manual_seed(10 + k)))
         assert_cohort_client_equals(together, k, alone, rel)
         assert list(together.metrics[k]) == list(alone.metrics)
 

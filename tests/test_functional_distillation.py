@@ -27,7 +27,7 @@ from torch import nn
 from clients import fedavg, fedntd, moon
 from clients.fedntd import not_true, ntd_loss
 from tasks.catalogue import InputShape
-from tasks.functional import Hyper, cohort_round, local_round, module_state
+from tasks.functional import Hyper, Round, cohort_round, local_round, module_state
 from tasks.functional.rounds import stack_trees, unstack_tree
 from tasks.models import Classifier, build_model, set_weights
 from tests.conftest import make_client
@@ -61,7 +61,7 @@ def test_fedntd_round_by_hand():
     params, buffers = module_state(model)
     lr, beta, tau = 0.4, KEYS["ntd-beta"], KEYS["ntd-tau"]
     hp = Hyper(lr=lr, keys=KEYS)
-    result = local_round(FEDNTD, model, params, buffers, {}, {}, hp, x, y, 6, 2, torch.Generator().manual_seed(1))
+    result = local_round(Round(FEDNTD, model, params, buffers, {}, {}, hp, x, y, 6, 2, torch.Generator().manual_seed(1)))
     # by hand: z = x W^T + b; drop column y; KL(q_g || q_l) = sum q_g (log q_g - log q_l)
     W0, b0 = params["head.weight"].double(), params["head.bias"].double()
     W, b = W0.clone(), b0.clone()
@@ -86,7 +86,7 @@ def test_fedntd_round_by_hand():
     assert result.metrics["train_loss"] == pytest.approx(sum(losses) / 2, rel=1e-6)
     assert result.state == {} and result.reply == {}
     # the distillation term acts: plain cross-entropy steps end elsewhere
-    plain = local_round(FEDAVG, model, params, buffers, {}, {}, hp, x, y, 6, 2, torch.Generator().manual_seed(1))
+    plain = local_round(Round(FEDAVG, model, params, buffers, {}, {}, hp, x, y, 6, 2, torch.Generator().manual_seed(1)))
     assert (plain.params["head.weight"] - result.params["head.weight"]).abs().max() > 1e-3
 
 
@@ -104,15 +104,15 @@ def test_moon_rounds_by_hand_and_state():
     hp = Hyper(lr=lr, keys=KEYS)
 
     # (c) round 1, no previous model: exactly FedAvg's round; the state is the final weights
-    r1 = local_round(MOON, model, params, buffers, {}, {}, hp, x, y, 3, 1, torch.Generator().manual_seed(3))
-    plain = local_round(FEDAVG, model, params, buffers, {}, {}, hp, x, y, 3, 1, torch.Generator().manual_seed(3))
+    r1 = local_round(Round(MOON, model, params, buffers, {}, {}, hp, x, y, 3, 1, torch.Generator().manual_seed(3)))
+    plain = local_round(Round(FEDAVG, model, params, buffers, {}, {}, hp, x, y, 3, 1, torch.Generator().manual_seed(3)))
     assert r1.metrics == plain.metrics
     for n in params:
         assert torch.equal(r1.params[n], plain.params[n]) and torch.equal(r1.state["prev"][n], r1.params[n])
 
     # round 2 from another w_t, the previous model r1's: one full-batch step, by hand in float64
     w_t = {n: p + 0.1 * torch.randn(p.shape, generator=gen) for n, p in r1.params.items()}
-    r2 = local_round(MOON, model, w_t, buffers, r1.state, {}, hp, x, y, 6, 1, torch.Generator())
+    r2 = local_round(Round(MOON, model, w_t, buffers, r1.state, {}, hp, x, y, 6, 1, torch.Generator()))
     w = {n: p.double().requires_grad_() for n, p in w_t.items()}
     g = {n: p.double() for n, p in w_t.items()}
     prev = {n: p.double() for n, p in r1.params.items()}
@@ -215,7 +215,7 @@ def test_frozen_model_without_its_buffers_is_refused():
     params, buffers = module_state(model)
     x, y = torch.randn(4, 1, 8, 8), torch.arange(4)
     with pytest.raises(RuntimeError, match="[Mm]issing key"):
-        local_round(FEDNTD, model, params, buffers, {}, {}, Hyper(lr=0.1, keys=KEYS), x, y, 4, 1, torch.Generator())
+        local_round(Round(FEDNTD, model, params, buffers, {}, {}, Hyper(lr=0.1, keys=KEYS), x, y, 4, 1, torch.Generator()))
 
 
 def _ntd_by_hand(local: np.ndarray, glob: np.ndarray, y: np.ndarray, tau: float) -> tuple[float, np.ndarray]:
@@ -297,8 +297,8 @@ def _compare(name, model_name, sizes, rel, moon_prev=(0, 2)):
     together = cohort_round(update, skeleton, params, buffers, states, server, hp, data, 4, 2,
                             [torch.Generator().manual_seed(10 + k) for k in range(k_all)])
     for k in range(k_all):
-        alone = local_round(update, skeleton, unstack_tree(params, k), unstack_tree(buffers, k), states[k],
-                            server, hp, *data[k], 4, 2, torch.Generator().manual_seed(10 + k))
+        alone = local_round(Round(update, skeleton, unstack_tree(params, k), unstack_tree(buffers, k), states[k],
+                            server, hp, *data[k], 4, 2, torch.Generator().manual_seed(10 + k)))
         assert_cohort_client_equals(together, k, alone, rel)
 
 

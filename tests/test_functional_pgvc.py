@@ -67,8 +67,8 @@ def test_one_step_by_hand():
     x, y = torch.randn(n, 4, generator=gen) * 2, torch.randint(0, 3, (n,), generator=gen)
     model = tiny_model()
     params, buffers = module_state(model)
-    result = local_round(FEDPGVC, model, params, buffers, {}, {}, Hyper(lr=lr, keys=KEYS), x, y, n, 1,
-                         torch.Generator())
+    result = local_round(Round(FEDPGVC, model, params, buffers, {}, {}, Hyper(lr=lr, keys=KEYS), x, y, n, 1,
+                         torch.Generator()))
     assert result.metrics["num_steps"] == 1 and result.state == {} and result.reply == {}
     w = {k: v.double().requires_grad_() for k, v in params.items()}
 
@@ -274,8 +274,8 @@ def by_the_functions(variant: str, arrays: list[np.ndarray], partition: int) -> 
     params, buffers = module_state(model)
     lr = cfg["learning-rate"]  # round 1: no decay yet
     hp = Hyper.from_config(cfg, lr, FEDPGVC.key_names())
-    result = local_round(FEDPGVC, model, params, buffers, {}, {"buffers": buffers}, hp, x, y, len(x), 1,
-                         torch.Generator())
+    result = local_round(Round(FEDPGVC, model, params, buffers, {}, {"buffers": buffers}, hp, x, y, len(x), 1,
+                         torch.Generator()))
     metrics = dict(result.metrics)
     if variant == "authors":
         params, metrics["pgvc_rescale"] = authors_rescale(model, result.params, result.buffers, x, y, lr, 1024)
@@ -303,7 +303,7 @@ def functions_alone_and_as_a_cohort(variant: str, partitions: list[int]) -> None
 
     jobs = [Round(FEDPGVC, model, params, buffers, {}, server, hp, x, y, cfg["batch-size"], 1, gen, None)
             for (x, y), gen in zip(data, generators())]
-    alone = [fedpgvc_finish(job, local_round(*job.local_round_args())) for job in jobs]
+    alone = [fedpgvc_finish(job, local_round(job)) for job in jobs]
     stacked = {n: p.contiguous() for n, p in stack_trees([params] * len(jobs)).items()}
     cohort = cohort_round(FEDPGVC, model, stacked, stack_trees([buffers] * len(jobs)), [{}] * len(jobs), server, hp,
                           data, cfg["batch-size"], 1, generators())
@@ -372,8 +372,8 @@ def _compare(sizes, rel):
                             [torch.Generator().manual_seed(10 + k) for k in range(len(sizes))])
     for k in range(len(sizes)):
         args = (skeleton, unstack_tree(params, k), unstack_tree(buffers, k), {}, {}, hp, *data[k], 4, 2)
-        alone = local_round(FEDPGVC, *args, torch.Generator().manual_seed(10 + k))
-        plain = local_round(FEDAVG, *args, torch.Generator().manual_seed(10 + k))
+        alone = local_round(Round(FEDPGVC, *args, torch.Generator().manual_seed(10 + k)))
+        plain = local_round(Round(FEDAVG, *args, torch.Generator().manual_seed(10 + k)))
         assert together.metrics[k]["num_steps"] == alone.metrics["num_steps"]
         for n in alone.params:
             u, v = together.params[n][k], alone.params[n]

@@ -34,7 +34,7 @@ from clients.fedasam import asam_eps, asam_scaled
 from clients.fedsol import fedsol_direction, fedsol_end
 from tasks.catalogue import InputShape
 from tasks.datasets import input_shape
-from tasks.functional import Hyper, cohort_round, local_round, module_state
+from tasks.functional import Hyper, Round, cohort_round, local_round, module_state
 from tasks.functional.rounds import stack_trees, unstack_tree
 from tasks.models import build_model
 from tests.conftest import make_client
@@ -71,8 +71,8 @@ def _logreg_step(update, keys, seed=0, lr=0.4, n=7, state=None, server=None, par
     model = build_model("logreg", input_shape("synthetic"), seed=seed)
     start, buffers = module_state(model)
     params = params or start
-    result = local_round(update, model, params, buffers, state or {}, server or {}, Hyper(lr=lr, keys=keys),
-                         x, y, 64, 1, torch.Generator().manual_seed(1))
+    result = local_round(Round(update, model, params, buffers, state or {}, server or {}, Hyper(lr=lr, keys=keys),
+                         x, y, 64, 1, torch.Generator().manual_seed(1)))
     assert result.metrics["num_steps"] == 1
     f64 = [params[n].double().numpy() for n in LOGREG]
     new = [result.params[n].numpy() for n in LOGREG]
@@ -280,8 +280,8 @@ def test_fedsol_client_round_runs_as_a_cohort_with_a_masked_first_step():
     together = cohort_round(job.update, job.model, params, stack_trees([job.buffers] * 2), [{}, {}], job.server,
                             job.hp, data, 4, 1, gens)
     for k, (xk, yk) in enumerate(data):
-        alone = local_round(job.update, job.model, job.params, job.buffers, {}, job.server, job.hp, xk, yk, 4, 1,
-                            torch.Generator().manual_seed(k))
+        alone = local_round(Round(job.update, job.model, job.params, job.buffers, {}, job.server, job.hp, xk, yk, 4, 1,
+                            torch.Generator().manual_seed(k)))
         assert_cohort_client_equals(together, k, _without(alone, "prox_loss"), 1e-5)
         assert_prox_sums_close(together, k, alone, 1e-5)
     assert together.metrics[0]["prox_loss"] > 1e-6  # the long client's later steps are off w_g: L_p acts
@@ -304,8 +304,8 @@ def test_fedsmoo_clip_scales_the_step_down_never_up(clip):
     w_t, buffers = module_state(model)
     g_k, s, mu = ({n: 0.05 * torch.randn(p.shape, generator=gen, dtype=torch.float64) for n, p in w_t.items()}
                   for _ in range(3))
-    result = local_round(FEDSMOO, model, w_t, buffers, {"grad": g_k, "mu": mu}, {"s": s},
-                         Hyper(lr=lr, keys=keys), x, y, 64, 1, torch.Generator().manual_seed(1))
+    result = local_round(Round(FEDSMOO, model, w_t, buffers, {"grad": g_k, "mu": mu}, {"s": s},
+                         Hyper(lr=lr, keys=keys), x, y, 64, 1, torch.Generator().manual_seed(1)))
     assert result.metrics["num_steps"] == 1
 
     xn, yn = x.numpy(), y.numpy()
@@ -531,8 +531,8 @@ def test_update_equals_the_module_loop(name, model_name):
     update, keys = CASES[name]
     hp = Hyper(lr=0.05, momentum=0.9, weight_decay=5e-4, keys={**KEYS, **keys})
     state, server, buffers, ctx = _inputs_for(name, model, gen, hp.keys)
-    result = local_round(update, copy.deepcopy(model), params, buffers, state, server, hp,
-                         x, y, 4, 2, torch.Generator().manual_seed(3))
+    result = local_round(Round(update, copy.deepcopy(model), params, buffers, state, server, hp,
+                         x, y, 4, 2, torch.Generator().manual_seed(3)))
     loss = module_round(MODULE_STEPS[name], model, x, y, hp, 4, 2, 3, ctx)
     assert result.metrics["train_loss"] == loss and result.metrics["num_steps"] == 6
     for n, p in model.named_parameters():
@@ -575,8 +575,8 @@ def _compare(name, sizes, rel):
     together = cohort_round(update, skeleton, params, buffers, states, server, hp, data, 4, 1,
                             [torch.Generator().manual_seed(10 + k) for k in range(k_all)])
     for k in range(k_all):
-        alone = local_round(update, skeleton, unstack_tree(params, k), unstack_tree(buffers, k), states[k], server,
-                            hp, *data[k], 4, 1, torch.Generator().manual_seed(10 + k))
+        alone = local_round(Round(update, skeleton, unstack_tree(params, k), unstack_tree(buffers, k), states[k], server,
+                            hp, *data[k], 4, 1, torch.Generator().manual_seed(10 + k)))
         if "prox_loss" in alone.metrics:  # FedSOL's: compared as a sum (assert_prox_sums_close)
             assert_prox_sums_close(together, k, alone, rel)
             alone = _without(alone, "prox_loss")

@@ -103,7 +103,7 @@ def handed_round(old: OldClient, x, y, w_t: dict[str, np.ndarray], by_name: dict
     for key, arrays in old.update.state.items():
         job.state[key] = {n: torch.empty_like(entries[n]).copy_(torch.as_tensor(a))
                           for n, a in by_name[arrays.record].items()}
-    reply, _, metrics = c.finish_round(job, local_round(*job.local_round_args()))
+    reply, _, metrics = c.finish_round(job, local_round(job))
     return reply, metrics
 
 

@@ -121,7 +121,7 @@ def train(jobs: list[Round]) -> list[RoundResult]:
     groups: list[list[int]] = []
     for i, job in enumerate(jobs):
         if len(job.x) == 0:
-            results[i] = local_round(*job.local_round_args())
+            results[i] = local_round(job)
             continue
         for group in groups:
             if same_cohort(jobs[group[0]], job):

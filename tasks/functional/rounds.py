@@ -1,6 +1,7 @@
-"""Drivers of a round of local training: one client (``local_round``) or K clients in one
-``torch.func.vmap`` (``cohort_round``), both running a ``LocalUpdate``'s step functions. The
-one generic client (``clients.base.DriftClient``) calls ``local_round``; a cohort node
+"""The one driver of a round of local training, ``cohort_round``: K clients in one
+``torch.func.vmap`` per step, running a ``LocalUpdate``'s step functions; ``local_round`` is
+that loop for a cohort of one (its steps unbatched). The one generic client
+(``clients.base.DriftClient``) calls ``local_round``; a cohort node
 (``fl_app.node.cohort_client``) calls ``cohort_round`` on the same prepared rounds.
 
 Per-client batch order: every epoch is ``tasks.train.batches`` with the client's generator
@@ -39,7 +40,7 @@ from torch.func import vmap
 from tasks.functional.core import Hyper, Tree, clipped
 from tasks.functional.optim import opt_init, opt_step
 from tasks.functional.terms import DECAY, GRADIENT, add_terms
-from tasks.functional.update import LocalUpdate
+from tasks.functional.update import LocalUpdate, Round
 from tasks.train import batches, min_train_batch
 
 
@@ -78,32 +79,17 @@ def make_step(update: LocalUpdate, model: nn.Module, hp: Hyper, t: int) -> Calla
     return step
 
 
-def local_round(update: LocalUpdate, model: nn.Module, params: Tree, buffers: Tree, state: dict,
-                server: dict, hp: Hyper, x: torch.Tensor, y: torch.Tensor, batch_size: int,
-                epochs: int, generator: torch.Generator,
-                augment: Callable[[torch.Tensor], torch.Tensor] | None = None) -> RoundResult:
-    """One client's round from w_t = ``params``: ``epochs`` shuffled passes over (x, y), each
-    batch augmented by ``augment`` (when given) before its step (a last batch too small for
-    the model to train on skipped, ``tasks.train.min_train_batch``); ``model`` is put in
-    training mode and used as a skeleton only."""
-    model.train()
-    min_size = min_train_batch(model)
-    w_t = params
-    ctx = update.begin(w_t, state, server, hp)
-    carry = update.initial_carry(w_t, ctx, hp)
-    opt_state = opt_init(params, hp)
-    loss_sum, steps = torch.zeros((), device=x.device), 0
-    for _ in range(epochs):
-        for xb, yb in batches(x, y, batch_size, generator, min_size):
-            xb = augment(xb) if augment is not None else xb
-            step = make_step(update, model, hp, steps + 1)
-            params, buffers, carry, opt_state, loss = step(params, buffers, carry, opt_state, xb, yb, w_t, ctx)
-            loss_sum += loss
-            steps += 1
-    new_state, reply, method_metrics = update.end(w_t, params, buffers, carry, steps, ctx, state, hp)
-    metrics = {"train_loss": loss_sum.item() / max(steps, 1), "num_steps": steps}
-    metrics.update({k: float(v) for k, v in method_metrics.items()})
-    return RoundResult(params, buffers, new_state, reply, metrics)
+def local_round(job: Round) -> RoundResult:
+    """One client's round, ``job`` prepared (``tasks.functional.update.Round``): the cohort loop
+    (``cohort_round``) on a cohort of one, which runs each step unbatched, on the client's own
+    weights' layout: so the per-client path and a cohort are one loop, and a cohort of one
+    equals this exactly. ``job.epochs`` shuffled passes over (x, y), each batch augmented by
+    ``job.augment`` (when given) before its step (a last batch too small for the model to train
+    on skipped, ``tasks.train.min_train_batch``); the model is a skeleton only."""
+    result = cohort_round(job.update, job.model, stack_trees([job.params]), stack_trees([job.buffers]), [job.state],
+                          job.server, job.hp, [(job.x, job.y)], job.batch_size, job.epochs, [job.generator],
+                          [job.augment])
+    return result.client(0)
 
 
 def batch_schedule(sizes: Sequence[int], batch_size: int, epochs: int,
@@ -218,11 +204,14 @@ def cohort_round(update: LocalUpdate, model: nn.Module, params: Tree, buffers: T
     ``local_round`` calls within rounding (module docstring). ``model`` is a skeleton (a copy
     on the meta device will do)."""
     sizes = [len(x) for x, _ in data]
-    if min(sizes) == 0:
+    if len(sizes) > 1 and min(sizes) == 0:
         raise ValueError(f"cohort clients need data: sizes {sizes}; train an empty client on its own")
     schedule = batch_schedule(sizes, batch_size, epochs, generators, min_train_batch(model))
     offsets = torch.tensor([0, *sizes[:-1]]).cumsum(0).tolist()
-    x_all, y_all = torch.cat([x for x, _ in data]), torch.cat([y for _, y in data])
+    if len(data) == 1:  # one client's own tensors, not a copy
+        x_all, y_all = data[0]
+    else:
+        x_all, y_all = torch.cat([x for x, _ in data]), torch.cat([y for _, y in data])
     model.train()
     w_t, k_all = params, len(data)
     servers = [server] * k_all if isinstance(server, dict) else list(server)

@@ -94,8 +94,8 @@ class Arrays:
 
 @dataclass
 class Round:
-    """One client's round, prepared: what ``local_round`` takes, in its order (``cohort_round``
-    takes the same per client, stacked), and who the client is (``seed``, ``partition``,
+    """One client's round, prepared: what ``local_round`` takes (``cohort_round`` takes the same
+    per client, stacked), and who the client is (``seed``, ``partition``,
     ``server_round``: what a ``prepare`` step seeds its own draws with). ``model`` is the
     client's model, used as a skeleton only; ``params`` / ``buffers`` are w_t as received (less
     ``personal`` entries, which are the client's own); ``server`` is what arrived besides them."""
@@ -112,15 +112,10 @@ class Round:
     batch_size: int
     epochs: int
     generator: torch.Generator
-    augment: Any
+    augment: Any = None
     seed: int = 0
     partition: int = 0
     server_round: int = 1
-
-    def local_round_args(self) -> tuple:
-        """The positional arguments of ``local_round`` for this round."""
-        return (self.update, self.model, self.params, self.buffers, self.state, self.server, self.hp,
-                self.x, self.y, self.batch_size, self.epochs, self.generator, self.augment)
 
 
 @dataclass(frozen=True)
