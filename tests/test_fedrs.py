@@ -15,7 +15,7 @@ from torch import nn
 
 from clients.fedrs import restriction
 from fl_app.registry import get_method
-from tasks.functional import Hyper, local_round, module_state
+from tasks.functional import Hyper, Round, local_round, module_state
 from tasks.models import Classifier
 from tests.helpers_client_rounds import assert_cohort_equals_per_client, drift_client, initial_weights
 
@@ -55,9 +55,9 @@ def hand_round(method: str, keys: dict):
     ``prepare`` step leaves them in the round's state)."""
     model = hand_model()
     params, buffers = module_state(model)
-    return local_round(get_method(method).update, model, params, buffers, {"label_counts": torch.tensor(COUNTS)},
+    return local_round(Round(get_method(method).update, model, params, buffers, {"label_counts": torch.tensor(COUNTS)},
                        {"buffers": buffers}, Hyper(lr=0.1, keys=keys), torch.tensor(X), torch.tensor(Y), 2, 2,
-                       torch.Generator().manual_seed(0))
+                       torch.Generator().manual_seed(0)))
 
 
 def test_restriction_factors_by_hand():
