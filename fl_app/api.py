@@ -264,9 +264,9 @@ def check_splits(raws: list[dict], folder: Path, clients: int) -> list[str]:
 # ------------------------------------------------------------------ the run folder
 @dataclass(frozen=True)
 class RunRecord:
-    """A run folder's records, read once (``read_run``): its summary (None: unfinished or
-    failed), its metrics rows ([] without metrics.csv; ``has_metrics`` says whether the file is
-    there), the per-class test accuracies of its last evaluated round and its clients' label
+    """A run folder's records, read once (``read_run``; ``fl_app.server.recording.RunRecorder``
+    writes them): its summary (None: unfinished or failed), its metrics rows ([] without
+    metrics.csv; ``has_metrics`` says whether the file is there), the per-class test accuracies of its last evaluated round and its clients' label
     counts (None where the run has no such file)."""
 
     path: Path

@@ -103,9 +103,9 @@ def test_the_kept_unclipped_feddc_run_that_fell_in_its_last_two_rounds_is_flagge
 
 def summary_of(tmp_path: Path, name: str, rows: list[dict], stopped: str | None = None) -> dict:
     from fl_app.registry import validate_config
-    from fl_app.server.recording import RunRecord
+    from fl_app.server.recording import RunRecorder
 
-    record = RunRecord(validate_config({"dataset": "mnist", "model": "lenet"}), tmp_path / name)
+    record = RunRecorder(validate_config({"dataset": "mnist", "model": "lenet"}), tmp_path / name)
     record.fingerprint = {}  # no data here: not recorded
     for row in rows:
         record.write_row(row)

@@ -1,7 +1,7 @@
 """What a result was made with: data source, number of clients, software versions, code revision,
 and a fingerprint of the data it trained and tested on.
 
-``RunRecord.write_summary`` (fl_app/server/recording.py) adds ``run_facts`` and ``data_fingerprint`` to every
+``RunRecorder.write_summary`` (fl_app/server/recording.py) adds ``run_facts`` and ``data_fingerprint`` to every
 ``summary.json``; the fingerprint is also written when a run starts (``record_fingerprint``) and
 carried inside every checkpoint, which a resume checks against the data it reads now
 (``resumed_fingerprint``).

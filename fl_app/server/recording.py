@@ -1,4 +1,4 @@
-"""The run's record: one metrics.csv row per round and summary.json (``RunRecord``), and the
+"""The run's record: one metrics.csv row per round and summary.json (``RunRecorder``), and the
 checks every reply passes before screening (``check_reply``, ``in_node_order``).
 
 Per round ``fl_app/server/server.py`` writes one row to ``<results-dir>/<run-name>/metrics.csv``: round,
@@ -139,12 +139,13 @@ def in_node_order(results: list[tuple[ClientProxy, FitRes]], client_manager) -> 
     return sorted(results, key=lambda r: rank[r[0].cid])
 
 
-class RunRecord:
-    """metrics.csv and summary.json of one run. ``row`` is the round in progress: the server's
-    steps fill it and ``write_row`` appends it; a resumed run starts from the rows of the
-    rounds its checkpoint covers (``resume``). The run folder is made by the first file written
-    into it (``folder``), not before: a run that fails before it has anything to record leaves
-    no empty folder in the results."""
+class RunRecorder:
+    """Writes metrics.csv and summary.json of one run (``fl_app.api.RunRecord`` reads them
+    back). ``row`` is the round in progress: the server's steps fill it and ``write_row``
+    appends it; a resumed run starts from the rows of the rounds its checkpoint covers
+    (``resume``). The run folder is made by the first file written into it (``folder``), not
+    before: a run that fails before it has anything to record leaves no empty folder in the
+    results."""
 
     def __init__(self, cfg: dict, run_dir: Path):
         self.cfg = cfg

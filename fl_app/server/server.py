@@ -5,7 +5,7 @@ written down in order: the start-up before round 1, then every round
 
 each step a method of its own below, calling the small parts that do the work:
 ``Participation`` (drop-outs, too few successes), ``check_reply`` and ``Screening`` (which
-replies the method sees, and how), ``round_drift`` (the drift columns), ``RunRecord``
+replies the method sees, and how), ``round_drift`` (the drift columns), ``RunRecorder``
 (metrics.csv, summary.json), ``RunTracker`` (per-class file, trackers) and the checkpoint
 functions. The method's own ``Strategy`` is called for what a Flower strategy does
 (``configure_fit``, ``aggregate_fit``, ``evaluate``, ``configure_evaluate``,
@@ -55,7 +55,7 @@ from fl_app.server.drift import round_drift
 from fl_app.server.participation import Participation, RunAborted
 from fl_app.server.placement import record_ray_nodes
 from fl_app.server.recording import (
-    RunRecord,
+    RunRecorder,
     array_views,
     check_reply,
     client_accuracy_stats,
@@ -97,7 +97,7 @@ class DriftServer(Server):
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.num_rounds = cfg["num-server-rounds"]  # of the whole run, resumed or not
-        self.record = RunRecord(cfg, run_dir)
+        self.record = RunRecorder(cfg, run_dir)
         self.tracker = RunTracker(self.run_dir, cfg)
         self.screening = Screening(cfg)
         self.participation = Participation(cfg)
@@ -156,7 +156,7 @@ class DriftServer(Server):
         """Before round 1: the initial parameters, the test split and the data checks
         (``complete_start_up``), the initial model's evaluation (round 0; not on resume: the
         checkpoint's model is already recorded), then the data fingerprint, the run folder's
-        first file (``RunRecord.folder``: a run refused by its start-up, for no data or a
+        first file (``RunRecorder.folder``: a run refused by its start-up, for no data or a
         partitioning that cannot be cut, leaves no folder behind), and round 0 to the trackers.
         False when a resumed run has no round left (its summary is then written)."""
         log.info("fl-drift: execution %s (%s)", self.execution.path, self.execution.reason)
