@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import tempfile
 from pathlib import Path
 
 from fl_app.api import RunFacts, check_configs, check_report, check_splits, preflight
@@ -172,11 +173,14 @@ def print_check(configs: list[tuple[str, int, dict]], runs_dir: Path, clients: i
 
 def print_checks(args: argparse.Namespace, search: SearchPlan | None, configs: list, out: Path) -> int:
     """``--check``'s report of the tuning search (when the file has one) and the table
-    (``print_check``), then a line per picture of the table's splits, written in ``out``; 0."""
+    (``print_check``), then a line per picture of the table's splits; 0. ``out`` is only named:
+    a check creates no results folder and writes nothing into one (with or without ``--out``);
+    its pictures go into a new folder of the system's temporary directory (``check_folder``),
+    which the split lines name."""
     groups = ([(search.configs, out / SEARCH_FOLDER / "runs")] if search else []) + [(configs, out / "runs")]
     runs = [(runs_dir / raw["run-name"], raw) for group, runs_dir in groups for _, _, raw in group]
     facts = check_report(runs, args.clients, visible_gpus(os.environ.get("CUDA_VISIBLE_DEVICES")))
-    splits = check_splits([raw for _, _, raw in configs], out, args.clients)
+    splits = check_splits([raw for _, _, raw in configs], check_folder(), args.clients) if configs else []
     if search:
         print(f"tuning search ({search.protocol.describe(search.rounds)}):")
         print_check(search.configs, groups[0][1], args.clients, facts[:len(search.configs)])
@@ -184,6 +188,13 @@ def print_checks(args: argparse.Namespace, search: SearchPlan | None, configs: l
     print_check(configs, out / "runs", args.clients, facts[-len(configs):] if configs else [])
     print("\n".join(splits))
     return 0
+
+
+def check_folder() -> Path:
+    """Where ``--check`` draws its splits: a new folder ``fl-drift-check-*`` in the system's
+    temporary directory (``$TMPDIR``), never the results folder, so that a check leaves no
+    ``results/compare-<time>`` behind and adds nothing to an ``--out`` a sweep will use."""
+    return Path(tempfile.mkdtemp(prefix="fl-drift-check-"))
 
 
 def check_out_folder(out: Path) -> None:

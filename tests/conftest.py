@@ -312,13 +312,10 @@ def serve_in_process(run_config: dict, nodes: int) -> None:
 
 
 def non_split_files(out: Path) -> list[str]:
-    """The names in ``out`` other than what ``--check`` writes there: the picture and label
-    counts of each split it cut (``tasks/partition_figure.write_check_splits``). A ``--check``
-    writes no run, no record and no result: this list is what it must leave unchanged."""
-    import re
-
-    split_files = re.compile(r"(partitions(-\d+)?\.png|client_label_counts(-\d+)?\.csv)")
-    return sorted(p.name for p in out.iterdir() if not split_files.fullmatch(p.name)) if out.exists() else []
+    """The names in ``out``: a ``--check`` writes nothing there (no run, no record, no result,
+    not even the pictures of its splits, which go to a temporary folder: runner/checks.py
+    ``check_folder``), so this list is what it must leave unchanged."""
+    return sorted(p.name for p in out.iterdir()) if out.exists() else []
 
 
 def load_make_results():

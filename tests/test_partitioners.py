@@ -296,20 +296,29 @@ def test_split_files_draw_and_count_every_client(small_mnist, tmp_path):
     assert read_label_counts(tmp_path / "old.csv").tolist() == counts.tolist()
 
 
-def test_check_draws_the_split_without_training(small_mnist, tmp_path, capsys):
-    """--check writes partitions.png (one per distinct split) and trains nothing."""
+def test_check_draws_the_split_without_training(small_mnist, tmp_path, capsys, monkeypatch):
+    """--check writes partitions.png (one per distinct split) and trains nothing; the pictures go
+    into a new folder of the temporary directory: no --out folder, no results/compare-<time>."""
+    import tempfile
+
     import run_simulation
 
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.chdir(tmp_path)
     out = tmp_path / "out"
     args = ["--check", "--strategy", "fedavg", "--dataset", "mnist", "--data-dir", str(small_mnist), "--clients", "4",
-            "--rounds", "2", "--set", "model=cnn-small", "--set", "partitioner=pathological", "--out", str(out)]
-    assert run_simulation.main(args) == 0
-    assert (out / "partitions.png").is_file() and (out / "client_label_counts.csv").is_file()
-    assert f"split: {out / 'partitions.png'} (mnist, seed 0, pathological partitions (classes-per-client=2)" in \
+            "--rounds", "2", "--set", "model=cnn-small", "--set", "partitioner=pathological"]
+    assert run_simulation.main([*args, "--out", str(out)]) == 0
+    assert not out.exists()
+    [drawn] = (tmp_path / "tmp").glob("fl-drift-check-*")
+    assert (drawn / "partitions.png").is_file() and (drawn / "client_label_counts.csv").is_file()
+    assert f"split: {drawn / 'partitions.png'} (mnist, seed 0, pathological partitions (classes-per-client=2)" in \
         capsys.readouterr().out
-    assert not (out / "runs").exists()
-    assert run_simulation.main([*args, "--seeds", "0", "1"]) == 0  # two seeds: two splits
-    assert (out / "partitions-1.png").is_file() and (out / "partitions-2.png").is_file()
+    assert run_simulation.main([*args, "--seeds", "0", "1"]) == 0  # two seeds: two splits; no --out
+    assert not (tmp_path / "results").exists() and not out.exists()
+    [second] = set((tmp_path / "tmp").glob("fl-drift-check-*")) - {drawn}
+    assert (second / "partitions-1.png").is_file() and (second / "partitions-2.png").is_file()
 
 
 def test_a_run_writes_the_split_picture_unless_told_not_to(tmp_path):
