@@ -34,6 +34,7 @@ from flwr.client import NumPyClient
 from torch import nn
 
 from protocol.layout import all_finite
+from protocol.traffic import append_groups, split_groups
 from tasks.augment import Augment
 from tasks.datasets import input_shape
 from tasks.functional import Hyper, RoundResult, local_round
@@ -201,15 +202,10 @@ class DriftClient(NumPyClient):
         the server sent only the weights); any other count refused in one line."""
         if not extra:
             return {}
-        sizes = {key: self.names(arrays) for key, arrays in self.update.receives.items()}
-        if len(extra) != sum(len(names) for names in sizes.values()):
-            raise ValueError(f"{self.update.name}: the server sent {len(extra)} arrays after the weights, expected "
-                             f"{' + '.join(f'{len(v)} ({k})' for k, v in sizes.items()) or 0}")
-        out, start = {}, 0
-        for key, names in sizes.items():
-            out[key] = arrays_to_tree(extra[start:start + len(names)], names, self.model, key)
-            start += len(names)
-        return out
+        names = {key: self.names(arrays) for key, arrays in self.update.receives.items()}
+        _, groups = split_groups(extra, 0, {key: len(n) for key, n in names.items()},
+                                 f"{self.update.name}: the server's message")
+        return {key: arrays_to_tree(groups[key], names[key], self.model, key) for key in names}
 
     # --------------------------------------------------------------- NumPyClient API
     def get_properties(self, config: dict) -> dict:
@@ -264,9 +260,9 @@ class DriftClient(NumPyClient):
         trained = {**result.params, **result.buffers}
         if update.personal is not None:
             kept[update.personal.record] = tensors_to_arrays(trained, self.names(update.personal))
-        reply = tensors_to_arrays(trained, list(self.model.state_dict()))
-        for key, arrays in update.sends.items():
-            reply += tensors_to_arrays(result.reply[key], self.names(arrays))
+        reply = append_groups(tensors_to_arrays(trained, list(self.model.state_dict())),
+                              {key: tensors_to_arrays(result.reply[key], self.names(arrays))
+                               for key, arrays in update.sends.items()}, tuple(update.sends))
         if all_finite(reply) and all(all_finite(a) for a in kept.values()):
             for name, arrays in kept.items():
                 self.save_state(name, arrays)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from protocol.layout import cv_names_in_state_order
+from protocol.traffic import CONTROL_VARIATES
 from tasks.functional.core import Hyper, Tree, tree_norm
 from tasks.functional.terms import constant
 from tasks.functional.update import Arrays
@@ -67,8 +68,9 @@ def control_variate_arrays(select) -> dict:
     Option II needs a step linear in the gradient, so these methods refuse ``optimizer``
     adam/adamw before training (``ControlVariateStrategy.resolve_config``)."""
     names = control_variate_names(select)
-    return {"state": {"ci": Arrays(names, record="cv-ci")}, "receives": {"c": Arrays(names)},
-            "sends": {"delta_c": Arrays(names)}}
+    (down,), (up,) = CONTROL_VARIATES.down, CONTROL_VARIATES.up
+    return {"state": {"ci": Arrays(names, record="cv-ci")}, "receives": {down: Arrays(names)},
+            "sends": {up: Arrays(names)}}
 
 
 # + (c - c_i), the round's constant correction ``ctx["corr"]``, on the parameters with control

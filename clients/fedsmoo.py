@@ -68,6 +68,7 @@ from clients.dynamic import GRAD, dynamic_context, dynamic_terms, dynamic_update
 from clients.sharpness import dual_carry, dual_sam_gradient
 from protocol.keys import Key, non_negative
 from protocol.layout import cv_names_in_state_order, trainable_param_names
+from protocol.traffic import SMOO
 from tasks.functional.core import Hyper, Tree, tree_norm
 from tasks.functional.update import Arrays, LocalUpdate
 
@@ -131,4 +132,5 @@ UPDATE = LocalUpdate(
     keys={"smoo-clip-norm": Key(0.0, non_negative, ">= 0 (local gradient clipping norm; 0 = off)")},
     reads=("smoo-rho", "smoo-alpha", "smoo-s"),
     state={"grad": GRAD, "mu": Arrays(smoo_names, record="smoo-mu")},  # h_i as FedDyn's g_k; the dual mu_i
-    receives={"s": S}, sends={"stil": S}, carry=smoo_carry, step_cost=2.0, module=__name__)
+    receives=dict.fromkeys(SMOO.down, S), sends=dict.fromkeys(SMOO.up, S), carry=smoo_carry, step_cost=2.0,
+    module=__name__)

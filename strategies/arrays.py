@@ -1,10 +1,13 @@
 """Array helpers shared by several strategies: aggregation, checkpointed state, and the arrays that
-travel after the model's (``send_with_extras``, ``split_replies``: SCAFFOLD's c and delta c_i, FedSMOO's s)."""
+travel after the model's, by the names ``protocol.traffic`` gives them (``send_with_extras``,
+``split_replies``: SCAFFOLD's c and delta c_i, FedSMOO's s and s~_i)."""
 
 from __future__ import annotations
 
 import numpy as np
 from flwr.common import FitIns, FitRes, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
+
+from protocol.traffic import append_groups, split_groups
 
 
 def total_clients(client_manager) -> int:
@@ -27,27 +30,27 @@ def cast_like(value: np.ndarray, ref: np.ndarray) -> np.ndarray:
     return np.asarray(value, dtype=ref.dtype)
 
 
-def send_with_extras(instructions: list, parameters: Parameters, extras: list[np.ndarray], num_state: int) -> list:
-    """The fit instructions with ``extras`` appended after the model state arrays."""
+def send_with_extras(instructions: list, parameters: Parameters, groups: dict[str, list[np.ndarray]],
+                     order: tuple[str, ...], num_state: int) -> list:
+    """The fit instructions with the named ``groups`` appended after the model state arrays, in
+    the method's declared ``order`` (``protocol.traffic``: a ``Traffic.down``)."""
     if not instructions:
         return instructions
     weights = parameters_to_ndarrays(parameters)
     if len(weights) != num_state:
         raise ValueError(f"global model has {len(weights)} arrays, expected {num_state}")
-    sent = ndarrays_to_parameters(weights + list(extras))
+    sent = ndarrays_to_parameters(append_groups(weights, groups, order))
     return [(client, FitIns(sent, dict(ins.config))) for client, ins in instructions]
 
 
-def split_replies(results: list, num_state: int, num_extra: int, what: str) -> tuple[list, list[list[np.ndarray]]]:
-    """Each reply split into a FitRes of the model arrays alone and its extra arrays."""
+def split_replies(results: list, num_state: int, sizes: dict[str, int], what: str) -> tuple[list, list[dict]]:
+    """Each reply split into a FitRes of the model arrays alone and {name: arrays} of the groups
+    ``sizes`` names after them (a ``Traffic.up``, in order, with their counts)."""
     weight_results, extras = [], []
     for client, res in results:
-        arrays = parameters_to_ndarrays(res.parameters)
-        weights, extra = arrays[:num_state], arrays[num_state:]
-        if len(extra) != num_extra:
-            raise ValueError(f"reply carries {len(extra)} {what} arrays, expected {num_extra}")
+        weights, groups = split_groups(parameters_to_ndarrays(res.parameters), num_state, sizes, f"a {what} reply")
         weight_results.append(
             (client, FitRes(res.status, ndarrays_to_parameters(weights), res.num_examples, res.metrics))
         )
-        extras.append(extra)
+        extras.append(groups)
     return weight_results, extras

@@ -26,6 +26,7 @@ from flwr.common import ndarrays_to_parameters
 
 from protocol.keys import Key, non_negative
 from protocol.layout import cv_names_in_state_order, trainable_param_names
+from protocol.traffic import SMOO
 from strategies.arrays import restored_like, send_with_extras, split_replies
 from strategies.base import REPLIES_ONLY
 from strategies.feddyn import FedDynStrategy
@@ -35,6 +36,7 @@ from tasks.models import build_model
 S_MODES = ("paper", "code", "none")  # what a client replies and how s is formed
 
 class FedSMOOStrategy(FedDynStrategy):
+    TRAFFIC = SMOO  # s after the weights down, stil after them up (protocol.traffic)
     SCREENING = REPLIES_ONLY
     SCREENING_WHY = ("w = mean(w_k) + H with H accumulating the sum of the client drifts, and s formed from the "
                      "clients' extra arrays: a coordinate-wise median of the weights would match neither")
@@ -85,12 +87,13 @@ class FedSMOOStrategy(FedDynStrategy):
 
     def configure_fit(self, server_round, parameters, client_manager):
         instructions = super().configure_fit(server_round, parameters, client_manager)
-        return send_with_extras(instructions, parameters, self.s, self.num_state)
+        return send_with_extras(instructions, parameters, {"s": self.s}, self.TRAFFIC.down, self.num_state)
 
     def aggregate_fit(self, server_round, results, failures):
         if not results or (failures and not self.accept_failures):
             return None, {}
-        weight_results, replies = split_replies(results, self.num_state, len(self.s), "FedSMOO s")
+        weight_results, extras = split_replies(results, self.num_state, {"stil": len(self.s)}, "FedSMOO")
+        replies = [e["stil"] for e in extras]
         clients = self.client_arrays(weight_results, failures)
         new = self.dynamic_update(clients)
         if self.mode != "none":

@@ -1,6 +1,6 @@
 """SCAFFOLD (Karimireddy et al. 2020), option II control variates; and the server side of every
 SCAFFOLD-style method, written once (``ControlVariateStrategy``: SCAFFOLD, FedPVR, FedGAM-CV; the
-client side is ``clients.scaffold``).
+client side is ``clients.control_variates``).
 
 Server: n_k-weighted mean of the weights (global step size 1) and
 c <- c + (1/D) sum_{i in S_t} delta c_i with D = N, the number of clients in the federation
@@ -25,6 +25,7 @@ from flwr.server.client_manager import ClientManager
 
 from protocol.keys import ConfigError, Key
 from protocol.layout import cv_names_in_state_order, trainable_param_names
+from protocol.traffic import CONTROL_VARIATES
 from strategies.arrays import restored_like, send_with_extras, split_replies
 from strategies.base import REPLIES_ONLY, DriftFedAvg
 from tasks.datasets import input_shape
@@ -37,8 +38,9 @@ DIVISORS = ("participants", "total")
 class ControlVariateStrategy(DriftFedAvg):
     """FedAvg of the weights plus the server control variate c."""
 
+    TRAFFIC = CONTROL_VARIATES  # c after the weights down, delta_c after them up (protocol.traffic)
     # Which parameters carry control variates: the same function as the names of the method's
-    # LocalUpdate arrays (clients.scaffold.control_variate_arrays).
+    # LocalUpdate arrays (clients.control_variates.control_variate_arrays).
     cv_param_names = staticmethod(trainable_param_names)
     # "participants": D = |S_t| (FedGAM-CV Eq. 22); "total": D = N (SCAFFOLD, FedPVR).
     CV_DIVISOR = "total"
@@ -92,10 +94,11 @@ class ControlVariateStrategy(DriftFedAvg):
         instructions = super().configure_fit(server_round, parameters, client_manager)
         # after sampling, so a SeededClientManager has learned the partition count
         self.num_total = getattr(client_manager, "num_partitions", None) or client_manager.num_available()
-        return send_with_extras(instructions, parameters, self.c, self.num_state)
+        return send_with_extras(instructions, parameters, {"c": self.c}, self.TRAFFIC.down, self.num_state)
 
     def aggregate_fit(self, server_round: int, results, failures):
-        weight_results, deltas = split_replies(results, self.num_state, len(self.c), "delta c_i")
+        weight_results, extras = split_replies(results, self.num_state, {"delta_c": len(self.c)}, type(self).__name__)
+        deltas = [e["delta_c"] for e in extras]
         parameters, metrics = super().aggregate_fit(server_round, weight_results, failures)
         if parameters is None:
             return parameters, metrics

@@ -14,7 +14,8 @@ declaration says, besides the three step functions of ``tasks.functional``'s con
   time a client trains; ``begin`` supplies the initial value (zeros, for every method here).
   ``end`` returns the new values; an entry ``end`` leaves out is not stored.
 - ``receives`` / ``sends``: the arrays travelling after the weights, server to client (SCAFFOLD's
-  c) and client to server (Δc_i), in the declared order. A missing ``receives`` (the server
+  c) and client to server (Δc_i), keyed and ordered by the names ``protocol.traffic`` gives the
+  method's family (the server splits and packs by the same names). A missing ``receives`` (the server
   sent only the weights) reaches ``begin`` as an absent entry.
 - ``personal``: model entries each client keeps as its own (FedBN's BatchNorm layers): its
   stored values replace the received ones before training and evaluation, and are stored

@@ -1,0 +1,56 @@
+"""What travels after the model's state arrays, named once: each method family's groups of
+arrays, server to client (``down``) and client to server (``up``), in the order they follow the
+weights. Both sides read them by these names: the client's ``LocalUpdate.receives`` / ``sends``
+are keyed by them (checked when the update is declared), the servers pack and split their
+messages with ``append_groups`` / ``split_groups`` by the same names (no positional slicing of
+their own). They are what Flower's Message API would name as the ``ArrayRecord``s of a message,
+should the product move there.
+
+| family | down | up |
+|---|---|---|
+| control variates (SCAFFOLD, FedPVR, FedGAM-CV, FedDC) | ``c`` | ``delta_c`` |
+| FedSMOO | ``s`` | ``stil`` |
+| every other method | - | - |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """The named groups after the weights: ``down`` (server to client), ``up`` (client to server)."""
+
+    down: tuple[str, ...] = ()
+    up: tuple[str, ...] = ()
+
+
+CONTROL_VARIATES = Traffic(down=("c",), up=("delta_c",))
+SMOO = Traffic(down=("s",), up=("stil",))
+WEIGHTS_ONLY = Traffic()
+
+
+def append_groups(weights: Sequence, groups: Mapping[str, Sequence], order: tuple[str, ...]) -> list:
+    """``weights`` followed by each group of ``order`` (every one of them, by name)."""
+    missing = [name for name in order if name not in groups]
+    if missing or set(groups) - set(order):
+        raise ValueError(f"groups {sorted(groups)} do not match the declared {list(order)}")
+    return [*weights, *(a for name in order for a in groups[name])]
+
+
+def split_groups(arrays: Sequence, num_state: int, sizes: Mapping[str, int], what: str) -> tuple[list, dict[str, list]]:
+    """(the first ``num_state`` arrays, {name: its arrays}) of a message whose weights are
+    followed by the groups ``sizes`` names, in that order and with those counts; any other
+    count refused in one line naming ``what`` sent it."""
+    expected = num_state + sum(sizes.values())
+    if len(arrays) != expected:
+        parts = " + ".join(f"{n} ({k})" for k, n in sizes.items()) or "nothing"
+        raise ValueError(f"{what} carries {len(arrays) - num_state} arrays after the {num_state} weights,"
+                         f" expected {parts}")
+    groups, start = {}, num_state
+    for name, size in sizes.items():
+        groups[name] = list(arrays[start:start + size])
+        start += size
+    return list(arrays[:num_state]), groups
