@@ -7,12 +7,14 @@ variates"."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from protocol.layout import cv_names_in_state_order
 from protocol.traffic import CONTROL_VARIATES
 from tasks.functional.core import Hyper, Tree, tree_norm
-from tasks.functional.terms import constant
+from tasks.functional.terms import POST_STEP, Term, constant
 from tasks.functional.update import Arrays
 from tasks.optim import effective_steps
 
@@ -38,8 +40,12 @@ def control_variate_update(w_t: Tree, params: Tree, c: Tree, ci: Tree, steps: in
 
 
 def control_variate_end(w_t, params, buffers, carry, steps, ctx, state, hp):
-    """state c_i+, reply delta c_i = c_i+ - c_i, metric ``ci_norm`` = ||c_i+||."""
-    ci_new = control_variate_update(w_t, params, ctx["c"], ctx["ci"], steps, hp.lr, hp.momentum)
+    """state c_i+, reply delta c_i = c_i+ - c_i, metric ``ci_norm`` = ||c_i+||. K_eff counts the
+    momentum's steps when the correction goes through the optimiser; with SCAFFOLD's
+    ``post-step`` reading (the correction outside the momentum buffer) it is K, as the
+    benchmarks that read it so divide."""
+    momentum = 0.0 if hp.keys.get(CORRECTION_KEY) == POST else hp.momentum
+    ci_new = control_variate_update(w_t, params, ctx["c"], ctx["ci"], steps, hp.lr, momentum)
     delta = {n: ci_new[n] - ctx["ci"][n] for n in ci_new}
     return {"ci": ci_new}, {"delta_c": delta}, {"ci_norm": tree_norm(ci_new.values())}
 
@@ -77,3 +83,17 @@ def control_variate_arrays(select) -> dict:
 # variates, before the clip (the correction is part of the corrected gradient in SCAFFOLD's
 # Algorithm 1 and in the codes that clip it)
 CORRECTION = constant("corr")
+
+# SCAFFOLD's run-config key for where its correction goes: "direction" (CORRECTION, above:
+# through the clip, weight decay and momentum; c_i+ with K_eff) or "post-step" (NIID-Bench's
+# and Flower's niid_bench SCAFFOLD: w <- w - lr (c - c_i) after the optimiser's step, outside
+# its momentum buffer; c_i+ with the plain step count K)
+CORRECTION_KEY = "scaffold-correction"
+DIRECTION, POST = "direction", "post-step"
+
+
+def correction_terms(key: str = CORRECTION_KEY) -> tuple[Term, ...]:
+    """c - c_i at the place run-config ``key`` says (a zero coefficient drops the other)."""
+    return (replace(CORRECTION, coef=lambda hp: 1.0 if hp.keys[key] == DIRECTION else 0.0),
+            replace(CORRECTION, formula="- lr (c - c_i) after the step", place=POST_STEP,
+                    coef=lambda hp: 1.0 if hp.keys[key] == POST else 0.0))

@@ -11,7 +11,13 @@ variates on every trainable parameter.
   Eq. 22, for ablations that separate FedGAM-CV's divisor from its GAM term; the two agree
   under full participation); it reads `momentum` (for K_eff).
 - Readings: the weights take the n_k-weighted mean with global step size 1; K counts all local
-  steps of the round, not the batches of one epoch.
+  steps of the round, not the batches of one epoch. `scaffold-correction` says where c − c_i
+  goes: `direction` (the default; Algorithm 1's corrected gradient, through the clip, weight
+  decay and momentum, with K_eff, as the FedSOL authors' code) or `post-step` (NIID-Bench's
+  `train_net_scaffold` and Flower's `baselines/niid_bench`: the optimiser steps on g, then
+  w ← w − η (c − c_i), outside the momentum buffer; c_i⁺ divides by the plain K). Under
+  momentum the two differ: with β = 0.9 `direction` moves the correction about 1/(1 − β) times
+  as far per round. Without momentum or a clip they are the same step.
 
 Summary: client + c − c_i | server c update | client state c_i | server state c | traffic c
 down, Δc_i up
@@ -19,11 +25,22 @@ down, Δc_i up
 
 from __future__ import annotations
 
-from clients.control_variates import CORRECTION, control_variate_arrays, control_variate_begin, control_variate_end
+from clients.control_variates import (
+    CORRECTION_KEY,
+    DIRECTION,
+    POST,
+    control_variate_arrays,
+    control_variate_begin,
+    control_variate_end,
+    correction_terms,
+)
+from protocol.keys import Key
 from protocol.layout import trainable_param_names
 from tasks.functional.core import plain_direction
 from tasks.functional.update import LocalUpdate
 
-# d = g + (c - c_i): the plain gradient and the control-variate correction, on every trainable parameter
-UPDATE = LocalUpdate("scaffold", plain_direction, control_variate_begin, control_variate_end,
-                     terms=(CORRECTION,), **control_variate_arrays(trainable_param_names), module=__name__)
+# d = g + (c - c_i) ("direction"), or the optimiser's step on g, then w -= lr (c - c_i) ("post-step")
+UPDATE = LocalUpdate(
+    "scaffold", plain_direction, control_variate_begin, control_variate_end, terms=correction_terms(),
+    keys={CORRECTION_KEY: Key(DIRECTION, choices=(DIRECTION, POST))},
+    **control_variate_arrays(trainable_param_names), module=__name__)

@@ -283,3 +283,60 @@ def test_cv_divisor_is_validated_with_its_choices():
 
     with pytest.raises(ConfigError, match="participants"):
         _cfg("scaffold", **{"cv-divisor": "clients"})
+
+
+# ---- scaffold-correction: where c - c_i goes (issue 69) ---------------------------------------------
+
+@pytest.mark.parametrize("reading", ["direction", "post-step"])
+def test_both_readings_of_the_correction_by_hand(reading):
+    """Two steps of heavy-ball SGD (beta 0.9) on the one-matrix hand model, by hand:
+    ``direction`` (Algorithm 1's corrected gradient, through momentum; c_i+ with K_eff = 2 + beta)
+    and ``post-step`` (NIID-Bench's and Flower's niid_bench: the optimiser steps on g, then
+    w <- w - lr (c - c_i) outside its buffer; c_i+ with K = 2)."""
+    from tests.helpers_methods_v2 import linear_round, values, weight
+
+    def grad(w):  # softmax(w) - e_0: the cross-entropy gradient at x = [1], y = 0
+        p = np.exp(w) / np.exp(w).sum()
+        return p - np.array([1.0, 0.0])
+
+    theta, lr, beta = np.array([0.2, -0.1]), 0.5, 0.9
+    c, ci = np.array([0.3, -0.2]), np.array([-0.1, 0.05])
+    corr = c - ci
+    if reading == "direction":
+        b1 = grad(theta) + corr
+        w1 = theta - lr * b1
+        w2 = w1 - lr * (beta * b1 + grad(w1) + corr)
+        k = 2 + beta
+    else:
+        b1 = grad(theta)
+        w1 = theta - lr * b1 - lr * corr
+        w2 = w1 - lr * (beta * b1 + grad(w1)) - lr * corr
+        k = 2
+    ci_new = ci - c + (theta - w2) / (lr * k)
+    run = linear_round(scaffold.UPDATE, {"scaffold-correction": reading}, tuple(theta), lr=lr, momentum=beta,
+                       state={"ci": weight(tuple(ci))}, server={"c": weight(tuple(c))})
+    assert values(run.params) == pytest.approx(w2, abs=1e-12)
+    assert values(run.state["ci"]) == pytest.approx(ci_new, abs=1e-12)
+    assert values(run.reply["delta_c"]) == pytest.approx(ci_new - ci, abs=1e-12)
+
+
+def test_the_readings_agree_without_momentum_and_differ_with_it():
+    from tests.helpers_methods_v2 import linear_round, weight
+
+    state, server = {"ci": weight((-0.1, 0.05))}, {"c": weight((0.3, -0.2))}
+    runs = {(r, m): linear_round(scaffold.UPDATE, {"scaffold-correction": r}, (0.2, -0.1), momentum=m, state=state,
+                                 server=server, weight_decay=0.01)
+            for r in ("direction", "post-step") for m in (0.0, 0.9)}
+    assert torch.allclose(runs["direction", 0.0].params["weight"], runs["post-step", 0.0].params["weight"],
+                          rtol=0, atol=1e-12)
+    assert not torch.allclose(runs["direction", 0.9].params["weight"], runs["post-step", 0.9].params["weight"])
+
+
+def test_the_post_step_reading_runs_as_a_cohort():
+    from tests.helpers_methods_v2 import assert_cohort_matches
+
+    def states(shapes, k):
+        return {"ci": {n: torch.full(s, 0.01 * (k + 1)) for n, s in shapes.items()}}
+
+    assert_cohort_matches(scaffold.UPDATE, {"scaffold-correction": "post-step"}, states=states,
+                          server=lambda shapes: {"c": {n: torch.full(s, 0.02) for n, s in shapes.items()}})

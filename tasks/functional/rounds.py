@@ -39,7 +39,7 @@ from torch.func import vmap
 
 from tasks.functional.core import Hyper, Tree, clipped
 from tasks.functional.optim import opt_init, opt_step
-from tasks.functional.terms import DECAY, GRADIENT, add_terms
+from tasks.functional.terms import DECAY, GRADIENT, POST_STEP, add_terms
 from tasks.functional.update import LocalUpdate, Round
 from tasks.train import batches, min_train_batch
 
@@ -65,7 +65,8 @@ def make_step(update: LocalUpdate, model: nn.Module, hp: Hyper, t: int) -> Calla
     norm over the trained weights, where ``clip_grad_norm_`` sits between ``backward`` and
     ``optimizer.step`` in the authors' codes; then its decay terms (FedDyn's alpha w, which
     those codes add through SGD's weight_decay, after the clip); then the optimiser's step,
-    weight decay and momentum (``tasks.functional.terms``)."""
+    weight decay and momentum; then its post-step terms, times -lr (SCAFFOLD as NIID-Bench
+    runs it) (``tasks.functional.terms``)."""
     clips = update.clips(hp)
 
     def step(params, buffers, carry, opt_state, x, y, w_t, ctx):
@@ -75,6 +76,7 @@ def make_step(update: LocalUpdate, model: nn.Module, hp: Hyper, t: int) -> Calla
             d = clipped(d, clip)
         d = add_terms(d, update.terms, DECAY, params, w_t, ctx, hp)
         new_params, new_opt = opt_step(params, d, opt_state, hp, t)
+        new_params = add_terms(new_params, update.terms, POST_STEP, params, w_t, ctx, hp, scale=-hp.lr)
         return new_params, new_buffers, new_carry, new_opt, loss
     return step
 

@@ -9,6 +9,7 @@ d += Σ GRADIENT terms                 e.g. μ (w − w_t), c − c_i, −(g_k +
 d  = clip(d)                          the method's clip key, then local-clip-norm (clip_grad_norm_)
 d += Σ DECAY terms                    e.g. FedDyn's α w
 w', opt = optimiser step(w, d)        weight decay, momentum (tasks.functional.optim)
+w' −= η Σ POST_STEP terms             e.g. SCAFFOLD's c − c_i as NIID-Bench and Flower's niid_bench apply it
 ```
 
 The place is the authors' code's: a term their code puts in the loss is a ``GRADIENT`` term
@@ -16,7 +17,10 @@ The place is the authors' code's: a term their code puts in the loss is a ``GRAD
 ``clip_grad_norm_`` is a ``DECAY`` term (FedDyn's α w in alpemreacar/FedDyn and
 FL-Simulator's FedDyn, FedSMOO and FedSpeed: ``SGD(weight_decay=alpha + wd)``). Without a clip
 the two places give the same step; with a binding clip they do not (one round differed from
-the authors' by 69-79% of its change when α w was clipped too).
+the authors' by 69-79% of its change when α w was clipped too). A ``POST_STEP`` term moves the
+weights after the optimiser's step, by −η times it, outside the momentum buffer and the clip
+(NIID-Bench's and Flower's niid_bench SCAFFOLD: ``w ← w − lr (c − c_i)`` after
+``optimizer.step()``).
 
 A term is ``coef(hp) * value(params, w_t, ctx)`` on the entries ``value`` returns (entries it
 leaves out get nothing: FedPVR's correction covers the last layers only), added as
@@ -29,11 +33,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from tasks.functional.core import Hyper, Tree
+from tasks.functional.core import Hyper, Tree, keep_layout
 
 GRADIENT = "gradient"  # added before the clip, as a term of the loss
 DECAY = "decay"  # added after the clip, as SGD's weight_decay adds it
-PLACES = (GRADIENT, DECAY)
+POST_STEP = "post-step"  # w' -= lr * term after the optimiser's step
+PLACES = (GRADIENT, DECAY, POST_STEP)
 
 Value = Callable[[Tree, Tree, dict], Tree]
 
@@ -88,14 +93,16 @@ def decay(coef_key: str) -> Term:
     return Term(f"{coef_key} w", key(coef_key), lambda params, w_t, ctx: params, DECAY)
 
 
-def add_terms(d: Tree, terms: Sequence[Term], place: str, params: Tree, w_t: Tree, ctx: dict, hp: Hyper) -> Tree:
-    """``d`` with every term of ``terms`` placed at ``place`` added, in their declared order."""
+def add_terms(d: Tree, terms: Sequence[Term], place: str, params: Tree, w_t: Tree, ctx: dict, hp: Hyper,
+              scale: float = 1.0) -> Tree:
+    """``d`` with ``scale`` times every term of ``terms`` placed at ``place`` added, in their
+    declared order (``scale`` −η for ``POST_STEP`` terms, which ``d``, the new weights, takes)."""
     for term in terms:
         if term.place != place:
             continue
-        coef = term.coef(hp)
+        coef = term.coef(hp) * scale
         if coef == 0:
             continue
         value = term.value(params, w_t, ctx)
-        d = {n: g.add(value[n], alpha=coef) if n in value else g for n, g in d.items()}
+        d = {n: keep_layout(g.add(value[n], alpha=coef), g) if n in value else g for n, g in d.items()}
     return d
