@@ -33,6 +33,20 @@ def did_you_mean(value: object, choices) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+# Where a refused key's reader finds every valid one: the list itself (about 140 keys with the
+# methods' own) is not printed in the error, only the closest key to each unknown one.
+KEYS_LISTED = "every key: python run_simulation.py --list keys (docs/configuration.md)"
+
+
+def unknown_keys(unknown, keys) -> str:
+    """``unknown run-config key 'learnig-rate' (did you mean 'learning-rate'?); every key: ...``:
+    each of ``unknown`` with its closest of ``keys`` (``did_you_mean``), and where to find them
+    all instead of the whole list."""
+    unknown = sorted(unknown)
+    named = ", ".join(f"{k!r}{did_you_mean(k, keys)}" for k in unknown)
+    return f"unknown run-config key{'s' if len(unknown) > 1 else ''} {named}; {KEYS_LISTED}"
+
+
 PARTITIONERS = tuple(PARTITIONER_SETTINGS)
 SCREENING_MODES = ("none", "clip", "reject", "median", "trimmed-mean", "krum", "multi-krum", "bulyan")
 EXECUTIONS = ("auto", "per-client", "cohort")
@@ -231,10 +245,7 @@ def validate_keys(raw: Mapping[str, Any], keys: Mapping[str, Key]) -> dict:
     (``fl_app.registry.method_config``)."""
     unknown = sorted(set(raw) - set(keys))
     if unknown:
-        hints = "".join(did_you_mean(k, keys) for k in unknown)
-        raise ConfigError(
-            f"unknown run-config key(s) {unknown}{hints}; valid keys: {', '.join(sorted(keys))}"
-        )
+        raise ConfigError(unknown_keys(unknown, keys))
     cfg: dict[str, Any] = {}
     for name, key in keys.items():
         value = _coerce(name, key, raw.get(name, key.default))
@@ -316,9 +327,7 @@ def parse_key_value(text: str, keys: Mapping[str, Key]) -> tuple[str, Any]:
     name, value = text.split("=", 1)
     name, value = name.strip(), value.strip()
     if name not in keys:
-        raise ConfigError(
-            f"unknown run-config key {name!r}{did_you_mean(name, keys)}; valid keys: {', '.join(sorted(keys))}"
-        )
+        raise ConfigError(unknown_keys([name], keys))
     want = keys[name].type
     if want is str:
         return name, value.strip("'\"")

@@ -17,7 +17,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from fl_app.config import ConfigError
+from fl_app.config import KEYS_LISTED, ConfigError, did_you_mean
 
 
 def _text(v: Any) -> bool:
@@ -75,7 +75,9 @@ def read_experiment(path: Path | str) -> dict:
         raise ConfigError(f"experiment file {path} is not valid TOML: {exc}") from exc
     unknown = sorted(set(exp) - set(ENTRIES))
     if unknown:
-        raise ConfigError(f"experiment file {path}: unknown entries {unknown}; valid: {sorted(ENTRIES)}")
+        named = ", ".join(f"{k!r}{did_you_mean(k, ENTRIES)}" for k in unknown)
+        raise ConfigError(f"experiment file {path}: unknown entr{'ies' if len(unknown) > 1 else 'y'} {named}; valid"
+                          f" entries: {', '.join(sorted(ENTRIES))}")
     for key, value in exp.items():
         check, expected = ENTRIES[key]
         if not check(value):
@@ -83,6 +85,7 @@ def read_experiment(path: Path | str) -> dict:
             raise ConfigError(f"experiment file {path}: entry {key!r} = {shown} has the wrong type"
                               f" ({type(value).__name__}); expected {expected}")
     check_per_run_keys(exp, path)
+    check_run_config_keys(exp, path)
     from runner.plan import check_distinct
     from runner.tuning import read_protocol
 
@@ -105,6 +108,31 @@ PER_RUN_KEYS = {
     "run-name": "each run is named <label>-seed<seed> by the runner",
     "results-dir": "the runner writes into <out>/runs (run_simulation.py --out)",
 }
+
+
+def key_tables(exp: dict) -> list[tuple[str, dict]]:
+    """The file's tables of run-config keys, each with where it is: [run-config], [grid], each
+    [methods.<label>] (less its strategy and grid) and its grid. ([tune.grid] and [tune.<row>]
+    are read_protocol's, runner/tuning.py.)"""
+    tables = [("[run-config]", exp.get("run-config", {})), ("[grid]", exp.get("grid", {}))]
+    for label, entry in exp.get("methods", {}).items():
+        tables.append((f"[methods.{label}]", {k: v for k, v in entry.items() if k not in ("strategy", "grid")}))
+        tables.append((f"[methods.{label}.grid]", entry.get("grid", {})))
+    return [(where, table) for where, table in tables if isinstance(table, dict)]
+
+
+def check_run_config_keys(exp: dict, path: Path) -> None:
+    """Refuse a misspelled run-config key in one of the file's tables (``key_tables``), naming
+    the table and the closest valid key, not the list of all of them (``KEYS_LISTED``)."""
+    from fl_app.registry import spec
+
+    keys = spec()
+    for where, table in key_tables(exp):
+        unknown = sorted(set(table) - set(keys))
+        if unknown:
+            named = ", ".join(f"{k!r}{did_you_mean(k, keys)}" for k in unknown)
+            raise ConfigError(f"experiment file {path}: {where} names unknown run-config"
+                              f" key{'s' if len(unknown) > 1 else ''} {named}; {KEYS_LISTED}")
 
 
 def check_per_run_keys(exp: dict, path: Path) -> None:

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fl_app.config import ConfigError
+from fl_app.config import ConfigError, did_you_mean
 from fl_app.registry import spec
 from runner.plan import check_distinct, grid_points, label, run_name
 from runner.results.records import as_record, as_records
@@ -157,7 +157,8 @@ def _axes(table: Any, where: str) -> dict[str, list]:
     keys = spec()
     for key, values in table.items():
         if key not in keys:
-            raise ConfigError(f"{where} key {key!r} is not a run-config key (run_simulation.py --list keys)")
+            raise ConfigError(f"{where} key {key!r} is not a run-config key{did_you_mean(key, keys)}"
+                              " (run_simulation.py --list keys)")
         if key in SET_BY_PROTOCOL:
             raise ConfigError(f"{where} key {key!r} is set by the protocol itself; searchable keys are the other"
                               " run-config keys, e.g. learning-rate")

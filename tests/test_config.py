@@ -54,8 +54,14 @@ def test_bad_value_names_key_value_and_rule(key, value, fragment):
 
 
 def test_unknown_key_rejected():
-    with pytest.raises(ConfigError, match="unknown run-config key"):
+    """Each unknown key with its closest valid one, and where the list is, not the ~140 keys."""
+    with pytest.raises(ConfigError, match="unknown run-config key") as err:
         validate_config({"learning_rate": 0.1})
+    assert "'learning_rate' (did you mean 'learning-rate'?)" in str(err.value) and "--list keys" in str(err.value)
+    assert "batch-size" not in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        validate_config({"zzzz": 1, "local-epoch": 2})
+    assert str(err.value).startswith("unknown run-config keys 'local-epoch' (did you mean 'local-epochs'?), 'zzzz';")
 
 
 def test_model_must_fit_dataset():

@@ -207,6 +207,26 @@ def test_a_config_error_is_one_line(tmp_path, capsys, body, expected):
     assert err.startswith("error: --config") and expected in err
 
 
+@pytest.mark.parametrize("body, expected", [
+    ('stratgies = ["fedavg"]\n', "unknown entry 'stratgies' (did you mean 'strategies'?)"),
+    ('strategies = ["fedavg"]\n[run-config]\nlearning-rte = 0.1\n',
+     "[run-config] names unknown run-config key 'learning-rte' (did you mean 'learning-rate'?)"),
+    ('strategies = ["v"]\n[methods.v]\nstrategy = "fedprox"\nproximal-mew = 0.1\n',
+     "[methods.v] names unknown run-config key 'proximal-mew' (did you mean 'proximal-mu'?)"),
+    ('strategies = ["fedavg"]\n[grid]\nlearnin-rate = [0.1]\n', "[grid] names unknown run-config key 'learnin-rate'"),
+])
+def test_a_misspelled_key_in_an_experiment_file_names_the_closest_not_every_key(tmp_path, capsys, body, expected):
+    """Issue 70: a key typo inside a --config file printed all ~140 keys on one line, and a
+    misspelled top-level table had no did-you-mean; now the table, the key and its closest
+    valid key, and where the whole list is."""
+    exp = tmp_path / "exp.toml"
+    exp.write_text(body)
+    err = refused_at_parse(["--config", str(exp), "--check"], capsys)
+    assert err.startswith("error: --config") and expected in err and len(err.splitlines()) == 1
+    assert "batch-size" not in err  # not the list of every key
+    assert "--list keys" in err or "valid entries: chosen-by" in err
+
+
 # ---- 4. a fault or attack on a partition that does not exist ----------------------------------------
 
 @pytest.mark.parametrize("faults, named", [("flip:99", 99), ("flip:4", 4), ("raise:0,scale:7:100@2", 7),
