@@ -266,8 +266,9 @@ def check_splits(raws: list[dict], folder: Path, clients: int) -> list[str]:
 class RunRecord:
     """A run folder's records, read once (``read_run``; ``fl_app.server.recording.RunRecorder``
     writes them): its summary (None: unfinished or failed), its metrics rows ([] without
-    metrics.csv; ``has_metrics`` says whether the file is there), the per-class test accuracies of its last evaluated round and its clients' label
-    counts (None where the run has no such file)."""
+    metrics.csv; ``has_metrics`` says whether the file is there), the per-class test accuracies
+    of its last evaluated round and its clients' label counts (None where the run has no such
+    file)."""
 
     path: Path
     summary: dict | None
