@@ -45,7 +45,7 @@ def asam_eps(params: Tree, grads: Tree, rho: float, eta: float, scaled: dict[str
 
 def asam_direction(model, params, buffers, x, y, w_t, ctx, carry, hp):
     """g = grad f(w); eps = ``asam_eps``; d = grad f(w + eps), applied at w."""
-    grads, loss, new_buffers = grad_and_loss(model, params, buffers, x, y, hp)
+    grads, new_buffers, loss = grad_and_loss(model, params, buffers, x, y, hp)
     eps = asam_eps(params, grads, hp.keys["asam-rho"], hp.keys["asam-eta"], asam_scaled(params))
     sharp, _, _ = grad_and_loss(model, perturbed_copy(params, eps), new_buffers, x, y, hp)
     return sharp, new_buffers, carry, loss

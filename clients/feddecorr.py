@@ -81,7 +81,7 @@ def feddecorr_direction(model, params, buffers, x, y, w_t, ctx, carry, hp):
         ce = F.cross_entropy(call_part(model, "head", p, new_buffers, z), y)
         return (ce + beta * decorrelation_loss(z),), new_buffers
 
-    (grads,), (loss,), new_buffers = value_grads(objective, params, hp)
+    (grads,), new_buffers, (loss,) = value_grads(objective, params, hp)
     return grads, new_buffers, carry, loss
 
 

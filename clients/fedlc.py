@@ -32,7 +32,9 @@ and missing classes (Zhang, Li, Li, Xu, Wu, Ding, Wu, ICML 2022).
   the count at 1e-8 (an offset of 100τ, a difference of order e^(−100τ) in the softmax). At τ = 0
   the calibration is skipped, not multiplied by 0 (0 · ∞ would be NaN for a missing class).
   A consequence of that limit: a client holding a single class has only that class in its
-  softmax, its loss is 0 and it does not train (its reply is w_t), at any τ > 0.
+  softmax, so at any τ > 0 its loss and its gradient are 0: its weights still move by the
+  run's `weight-decay` (SGD's decay, applied as the implementations' optimisers apply it; at
+  the default 0 they stay w_t) and a BatchNorm model's statistics by its batches.
 
 Summary: client CE on calibrated logits z − τ n_c^(−1/4) | server - | client state - | server
 state - | traffic -
@@ -76,7 +78,7 @@ def fedlc_direction(model, params, buffers, x, y, w_t, ctx, carry, hp):
         logits = functional_call(model, (p, new_buffers), (x,))
         return (F.cross_entropy(logits - ctx["offset"], y),), new_buffers
 
-    (grads,), (loss,), new_buffers = value_grads(objective, params, hp)
+    (grads,), new_buffers, (loss,) = value_grads(objective, params, hp)
     return grads, new_buffers, carry, loss
 
 

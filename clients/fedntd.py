@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from protocol.keys import Key, non_negative, positive
-from tasks.functional.core import Hyper, Tree, clone_tree, eval_forward, value_grads
+from tasks.functional.core import Hyper, Tree, clone_tree, eval_logits, value_grads
 from tasks.functional.update import LocalUpdate
 
 
@@ -56,7 +56,7 @@ def global_buffers_begin(w_t: Tree, state: dict, server: dict, hp: Hyper) -> dic
 def fedntd_direction(model, params, buffers, x, y, w_t, ctx, carry, hp):
     """d = grad [CE(z_l, y) + beta KL_nt(z_g, z_l)], z_g the eval-mode logits of w_t (no gradient),
     beta = ``ntd-beta``, tau = ``ntd-tau``; the loss is the whole objective."""
-    global_logits = eval_forward(model, lambda: functional_call(model, (w_t, ctx["global_buffers"]), (x,), strict=True))
+    global_logits = eval_logits(model, w_t, ctx["global_buffers"], x)
     beta, tau = hp.keys["ntd-beta"], hp.keys["ntd-tau"]
 
     def objective(p):
@@ -65,7 +65,7 @@ def fedntd_direction(model, params, buffers, x, y, w_t, ctx, carry, hp):
         ce = F.cross_entropy(logits, y)
         return (ce + beta * ntd_loss(logits, global_logits, y, tau),), new_buffers
 
-    (grads,), (loss,), new_buffers = value_grads(objective, params, hp)
+    (grads,), new_buffers, (loss,) = value_grads(objective, params, hp)
     return grads, new_buffers, carry, loss
 
 

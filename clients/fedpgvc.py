@@ -84,7 +84,7 @@ def pgvc_direction(model, params, buffers, x, y, w_t, ctx, carry, hp):
         losses = F.cross_entropy(functional_call(model, (p, new_buffers), (x,)), y, reduction="none")
         return (0.5 * losses.pow(2).mean(), losses.mean()), new_buffers
 
-    (rho, grads), (_, loss), new_buffers = value_grads(objective, params, hp, wrt=(masked, list(params)))
+    (rho, grads), new_buffers, (_, loss) = value_grads(objective, params, hp, wrt=(masked, list(params)))
     return {n: g.add(rho[n]) if n in rho else g for n, g in grads.items()}, new_buffers, carry, loss
 
 

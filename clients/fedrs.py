@@ -79,7 +79,7 @@ def fedrs_direction(model, params, buffers, x, y, w_t, ctx, carry, hp):
         logits = functional_call(model, (p, new_buffers), (x,))
         return (F.cross_entropy(logits * ctx["scale"], y),), new_buffers
 
-    (grads,), (loss,), new_buffers = value_grads(objective, params, hp)
+    (grads,), new_buffers, (loss,) = value_grads(objective, params, hp)
     return grads, new_buffers, carry, loss
 
 

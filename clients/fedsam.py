@@ -22,7 +22,7 @@ def sam_direction(model, params, buffers, x, y, w_t, ctx, carry, hp):
     """g = grad f(w); eps = rho g / (||g|| + NORM_EPS); d = grad f(w + eps), applied at w.
     The buffers are those of the first (unperturbed) pass: the second pass's are dropped, so
     BatchNorm statistics count each batch once; w + eps is a copy, w never moves."""
-    grads, loss, new_buffers = grad_and_loss(model, params, buffers, x, y, hp)
+    grads, new_buffers, loss = grad_and_loss(model, params, buffers, x, y, hp)
     eps = dict(zip(grads, sam_eps(grads.values(), hp.keys["sam-rho"])))
     perturbed = {n: keep_layout(p + eps[n], p) for n, p in params.items()}
     sharp, _, _ = grad_and_loss(model, perturbed, new_buffers, x, y, hp)

@@ -49,7 +49,16 @@ import torch.nn.functional as F
 from torch.func import functional_call, grad, vjp
 
 from protocol.keys import Key, positive
-from tasks.functional.core import NORM_EPS, Hyper, Tree, eval_logits, grad_and_loss, perturbed_copy, tree_norm, within
+from tasks.functional.core import (
+    NORM_EPS,
+    Hyper,
+    Tree,
+    eval_logits,
+    grad_and_loss,
+    perturbed_copy,
+    submodule_state,
+    tree_norm,
+)
 from tasks.functional.update import LocalUpdate
 
 RADII = ("layer", "axis")
@@ -116,18 +125,18 @@ def _head_pass(model, params, buffers, x, y, eps_of):
     """(logits at w, d, new buffers) with only the head perturbed: one body pass, its vjp fed the
     gradient of CE(head(w_head + eps; features)) with respect to the features."""
     def body(p: Tree) -> tuple[torch.Tensor, Tree]:
-        new = {n: b.clone() for n, b in within(buffers, "body.").items()}
+        new = {n: b.clone() for n, b in submodule_state(buffers, "body").items()}
         return functional_call(model.body, (p, new), (x,)), new
 
     def head(p: Tree, features: torch.Tensor) -> torch.Tensor:
         return functional_call(model.head, p, (features,))
 
-    features, body_vjp, body_buffers = vjp(body, within(params, "body."), has_aux=True)
-    head_params = within(params, "head.")
+    features, body_vjp, body_buffers = vjp(body, submodule_state(params, "body"), has_aux=True)
+    head_params = submodule_state(params, "head")
     logits, head_vjp = vjp(lambda p: head(p, features), head_params)
     eps = eps_of(logits, {f"head.{n}": p for n, p in head_params.items()},
                  lambda d: ({f"head.{n}": g for n, g in head_vjp(d)[0].items()},))
-    perturbed_head = within(perturbed_copy(params, eps), "head.")
+    perturbed_head = submodule_state(perturbed_copy(params, eps), "head")
     g_head, g_features = grad(lambda p, f: F.cross_entropy(head(p, f), y), argnums=(0, 1))(perturbed_head, features)
     (g_body,) = body_vjp(g_features)
     sharp = {**{f"body.{n}": g for n, g in g_body.items()}, **{f"head.{n}": g for n, g in g_head.items()}}

@@ -21,7 +21,7 @@ def gam_gradient(model, params, buffers, x, y, hp, alpha: float) -> tuple[Tree, 
 
     Every norm in a denominator has NORM_EPS added; each perturbed point is a copy of w."""
     keys = hp.keys
-    g0, loss, new_buffers = grad_and_loss(model, params, buffers, x, y, hp)
+    g0, new_buffers, loss = grad_and_loss(model, params, buffers, x, y, hp)
 
     def grad_at(eps: Tree) -> Tree:
         return grad_and_loss(model, perturbed_copy(params, eps), new_buffers, x, y, hp)[0]

@@ -78,7 +78,7 @@ def moon_direction(model, params, buffers, x, y, w_t, ctx, carry, hp):
         ce = F.cross_entropy(call_part(model, "head", p, new_buffers, z), y)
         return (ce + weight * moon_contrastive(z, z_glob, z_prev, hp.keys["moon-temperature"]),), new_buffers
 
-    (grads,), (loss,), new_buffers = value_grads(objective, params, hp)
+    (grads,), new_buffers, (loss,) = value_grads(objective, params, hp)
     return grads, new_buffers, carry, loss
 
 

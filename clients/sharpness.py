@@ -17,7 +17,7 @@ def dual_sam_gradient(model, params, buffers, x, y, hp, rho: float, mu: Tree, s:
     μ_i' = μ_i + ŝ − s (FedSMOO); with ``s`` None: ŝ = SAM's ρ g / (‖g‖ + NORM_EPS), μ_i' = μ_i
     (FedSpeed, FedSMOO's ``none``); g̃ = ∇f(w + ŝ) on the same batch, and with ``merge`` m ≠ 1,
     (1 − m) g + m g̃ (FedSpeed's text; m is a Python float, so vmap batches it)."""
-    grads, loss, new_buffers = grad_and_loss(model, params, buffers, x, y, hp)
+    grads, new_buffers, loss = grad_and_loss(model, params, buffers, x, y, hp)
     if s is None:
         shat = sam_step(grads, rho)
     else:

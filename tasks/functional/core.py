@@ -1,9 +1,10 @@
 """The pieces the methods' step functions share (each method's own maths is in
 ``clients/<method>.py``): hyper-parameters (``Hyper``), the loss and its gradient through
 ``torch.func`` (``grad_and_loss``; ``value_grads`` for several objectives from one forward
-pass), a submodule's forward at given weights (``call_part``, ``eval_logits``,
-``eval_forward``), perturbed weights and SAM's ascent step (``perturbed_copy``, ``sam_step``,
-``sam_eps``), and arithmetic over dicts of tensors (``clone_tree``, ``within``, ``tree_norm``)."""
+pass), a submodule's forward at given weights (``call_part``; in eval mode without a graph,
+``eval_forward``, and the whole model's logits, ``eval_logits``), perturbed weights and SAM's
+ascent step (``perturbed_copy``, ``sam_step``, ``sam_eps``), and arithmetic over dicts of
+tensors (``clone_tree``, ``submodule_state``, ``tree_norm``)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,20 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vjp
 
+Tree = dict[str, torch.Tensor]
+
+# Added to every norm in a denominator (FedSOL's 1e-12; GAM's perturb_eps): the one value, for
+# every local update of tasks.functional.
+NORM_EPS = 1e-12
+CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s
+
 
 def value_grads(objective: Callable[[Tree], tuple[tuple[torch.Tensor, ...], Tree]], params: Tree, hp: Hyper,
-                wrt: Sequence[Sequence[str]] | None = None) -> tuple[list[Tree], list[torch.Tensor], Tree]:
-    """(the gradient of each scalar objective, the objectives' values, the aux output) from ONE
-    forward pass: ``objective(p) -> ((v_0, v_1, ...), aux)``; ``wrt[i]`` names the parameters
-    v_i is differentiated by (default: every parameter, for each value).
+                wrt: Sequence[Sequence[str]] | None = None) -> tuple[list[Tree], Tree, list[torch.Tensor]]:
+    """(the gradient of each scalar objective, the aux output, the objectives' values) from ONE
+    forward pass, in ``grad_and_loss``'s order: ``objective(p) -> ((v_0, v_1, ...), aux)``;
+    ``wrt[i]`` names the parameters v_i is differentiated by (default: every parameter, for each
+    value).
 
     ``core.grad_and_loss`` generalised to any objective and several values (FedPGVC's penalty on
     the masked layers beside the mean loss on all): inside a cohort's vmap (``hp.vmapped``)
@@ -37,7 +46,7 @@ def value_grads(objective: Callable[[Tree], tuple[tuple[torch.Tensor, ...], Tree
             cotangent = tuple(torch.ones_like(v) if j == i else torch.zeros_like(v) for j, v in enumerate(values))
             (g,) = pullback(cotangent)
             grads.append({n: g[n] for n in names})
-        return grads, [v.detach() for v in values], aux
+        return grads, aux, [v.detach() for v in values]
     leaves = {n: p.detach().requires_grad_() for n, p in params.items()}
     values, aux = objective(leaves)
     wrt = [list(params)] * len(values) if wrt is None else wrt
@@ -46,7 +55,7 @@ def value_grads(objective: Callable[[Tree], tuple[tuple[torch.Tensor, ...], Tree
         g = torch.autograd.grad(value, [leaves[n] for n in names], retain_graph=i < len(values) - 1,
                                 allow_unused=True, materialize_grads=True)
         grads.append(dict(zip(names, g)))
-    return grads, [v.detach() for v in values], aux
+    return grads, aux, [v.detach() for v in values]
 
 
 def submodule_state(tree: Tree, prefix: str) -> Tree:
@@ -77,6 +86,12 @@ def eval_forward(model: nn.Module, fn: Callable[[], torch.Tensor]) -> torch.Tens
         model.train(was_training)
 
 
+def eval_logits(model: nn.Module, params: Tree, buffers: Tree, x: torch.Tensor) -> torch.Tensor:
+    """``eval_forward`` of the whole model: its logits at (params, buffers) in eval mode
+    (BatchNorm on its running statistics), without a graph (a frozen global model's)."""
+    return eval_forward(model, lambda: functional_call(model, (params, buffers), (x,), strict=True))
+
+
 def clone_tree(tree: Tree) -> Tree:
     return {n: t.clone() for n, t in tree.items()}
 
@@ -90,31 +105,6 @@ def perturbed_copy(params: Tree, eps: Tree) -> Tree:
 def sam_step(grads: Tree, rho: float) -> Tree:
     """``core.sam_eps`` on a tree: rho g / (||g|| + NORM_EPS)."""
     return dict(zip(grads, sam_eps(grads.values(), rho)))
-
-
-def within(tree: Tree, prefix: str) -> Tree:
-    """The entries of ``tree`` under submodule ``prefix``, named relative to it."""
-    return {n[len(prefix):]: t for n, t in tree.items() if n.startswith(prefix)}
-
-
-def eval_logits(model, params: Tree, buffers: Tree, x: torch.Tensor) -> torch.Tensor:
-    """The logits of ``model`` in eval mode (BatchNorm on its running statistics) at (params,
-    buffers), without a graph; the skeleton's mode is restored after."""
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            return functional_call(model, (params, buffers), (x,), strict=True)
-    finally:
-        model.train(was_training)
-
-
-Tree = dict[str, torch.Tensor]
-
-# Added to every norm in a denominator (FedSOL's 1e-12; GAM's perturb_eps): the one value, for
-# every local update of tasks.functional.
-NORM_EPS = 1e-12
-CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s
 
 
 @dataclass(frozen=True)
@@ -164,8 +154,9 @@ def cross_entropy(model: nn.Module, params: Tree, buffers: Tree, x: torch.Tensor
 
 
 def grad_and_loss(model: nn.Module, params: Tree, buffers: Tree, x: torch.Tensor, y: torch.Tensor,
-                  hp: Hyper) -> tuple[Tree, torch.Tensor, Tree]:
-    """(gradient of the batch loss with respect to every parameter, the loss, new buffers).
+                  hp: Hyper) -> tuple[Tree, Tree, torch.Tensor]:
+    """(gradient of the batch loss with respect to every parameter, new buffers, the loss): a
+    direction's order, (d, buffers', carry', loss).
 
     Inside a cohort's vmap (``hp.vmapped``) through ``torch.func.grad_and_value``, which vmap
     batches. Otherwise through ``torch.autograd.grad`` on fresh leaf copies of ``params``: the
@@ -179,11 +170,11 @@ def grad_and_loss(model: nn.Module, params: Tree, buffers: Tree, x: torch.Tensor
             return cross_entropy(model, p, buffers, x, y)
 
         grads, (loss, new_buffers) = grad_and_value(objective, has_aux=True)(params)
-        return grads, loss.detach(), new_buffers
+        return grads, new_buffers, loss.detach()
     leaves = {n: p.detach().requires_grad_() for n, p in params.items()}
     loss, new_buffers = cross_entropy(model, leaves, buffers, x, y)
     grads = torch.autograd.grad(loss, tuple(leaves.values()), allow_unused=True, materialize_grads=True)
-    return dict(zip(leaves, grads)), loss.detach(), new_buffers
+    return dict(zip(leaves, grads)), new_buffers, loss.detach()
 
 
 def keep_layout(new: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -219,7 +210,7 @@ def tree_norm(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
 def plain_direction(model, params, buffers, x, y, w_t, ctx, carry, hp):
     """d = g, the cross-entropy gradient: FedAvg's direction, and the base of every direction that
     corrects it (a ``LocalUpdate`` direction; buffers and carry passed through)."""
-    grads, loss, new_buffers = grad_and_loss(model, params, buffers, x, y, hp)
+    grads, new_buffers, loss = grad_and_loss(model, params, buffers, x, y, hp)
     return grads, new_buffers, carry, loss
 
 
