@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fl_app.common.execution_checks import COHORT, PER_CLIENT, check_execution, cohort_problem
+from fl_app.common.execution_checks import COHORT, PER_CLIENT, cohort_problem
 from fl_app.common.method import Method
 from protocol.keys import ConfigError
 
@@ -83,8 +83,8 @@ def launch_execution(cfg: dict, method: Method, clients: int, *, cuda: bool, gpu
 def server_execution(cfg: dict, method: Method, cuda: bool) -> Execution:
     """The path the server runs, from what the run was launched for: ``num-virtual-clients`` > 0
     is a cohort run (its nodes were started as cohort nodes); ``execution = "cohort"`` without it
-    is refused (nothing launched cohort nodes). Checked by ``check_execution`` first."""
-    check_execution(cfg, method)
+    is refused (nothing launched cohort nodes). ``cfg`` is resolved (``fl_app.registry.resolve``,
+    whose ``check_execution`` refused a cohort the method cannot run): not checked again here."""
     execution, virtual = cfg["execution"], cfg["num-virtual-clients"]
     if virtual:
         reason = "execution = 'cohort'" if execution == COHORT else f"auto: cohort, {AUTO_COHORT}"
