@@ -17,9 +17,18 @@ temporary folder (``RAY_TMPDIR``, Ray's own setting for its temp root; Flower 1.
 federation config offers no ``temp_dir``), not the shared ``/tmp/ray``, and ``close()``
 deletes it. That Ray listens on 127.0.0.1 only (``LOOPBACK_RAY``), as the SuperLink does: a
 simulation on one machine is reachable from that machine only. Nothing outlives the object's
-owner either: ``start()`` first starts a watchdog (``runner/watchdog.py``) that, if this
-process dies without ``close()`` (``kill -9``), stops every process with this ``FLWR_HOME``
-and deletes the temporary folders.
+owner either: ``start()`` first starts a watchdog (``runner/watchdog.py``), which makes both
+temporary folders (nothing is made before it runs: an object never started leaves none) and,
+if this process dies without ``close()`` (``kill -9``), stops every process with this
+``FLWR_HOME`` or ``RAY_TMPDIR`` or in a session one of them leads (Ray's renamed agents), and
+deletes the folders.
+
+Ray's dashboard: Flower passes ``include_dashboard=False`` to ``ray.init()`` already (its
+Ray backend's default; the federation config's ``init-args-*`` reach only num-cpus, num-gpus,
+logging-level and log-to-driver), and Ray 2.55 still starts its API server
+(``ray/dashboard/dashboard.py`` with the non-dashboard modules, on 127.0.0.1) and a
+``ray::DashboardAgent`` per node: no public setting of Flower or Ray turns them off, so
+they are stopped like every other Ray process (tests/test_runner_lifecycle.py).
 """
 
 from __future__ import annotations
@@ -28,7 +37,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
@@ -40,6 +48,7 @@ from runner.processes import (
     Managed,
     exe,
     free_port,
+    marked_sessions,
     private_env,
     stop_marked,
     stop_processes,
@@ -72,7 +81,8 @@ class LocalSimulation:
         processes are not in its process tree and lack its FLWR_HOME). ``hold``: descriptors
         the watchdog keeps open until it is done (the runner's folder lock)."""
         self.app_dir = Path(app_dir)
-        self.home = Path(home) if home else Path(tempfile.mkdtemp(prefix="fl-drift-flwr-"))
+        # a home of its own is made by start()'s watchdog (which removes it if this process dies)
+        self.home: Path | None = Path(home) if home else None
         self.keep_home = home is not None
         self.ray_address = ray_address
         self.ray_dir: Path | None = None  # made by start(), unless the cluster at ray_address is used
@@ -85,7 +95,11 @@ class LocalSimulation:
         self.process: subprocess.Popen | None = None
         self.managed: Managed | None = None
         self.watchdog: subprocess.Popen | None = None
-        self.log_file = self.home / "superlink.log"
+
+    @property
+    def log_file(self) -> Path:
+        assert self.home is not None, "start() first"
+        return self.home / "superlink.log"
 
     def __enter__(self) -> LocalSimulation:
         self.start()
@@ -108,12 +122,13 @@ class LocalSimulation:
         at once with "address already in use", and this tries fresh ports, ``PORT_TRIES``
         times in all, before it gives up naming the log."""
         exe("flower-superexec")  # started by the SuperLink: refuse now, naming it, if it is missing
-        self.home.mkdir(parents=True, exist_ok=True)
-        if not self.ray_address:
-            # short: Ray's socket paths (<dir>/ray/session_<date>_<pid>/sockets/plasma_store) must fit 107 bytes
-            self.ray_dir = Path(tempfile.mkdtemp(prefix="fl-ray-"))
+        if self.home is not None:
+            self.home.mkdir(parents=True, exist_ok=True)
+        self.start_watchdog()  # makes the temporary home and Ray's folder: removed if this process dies
+        assert self.home is not None
+        self.env["FLWR_HOME"] = str(self.home)
+        if self.ray_dir is not None:
             self.env.update(RAY_TMPDIR=str(self.ray_dir), **LOOPBACK_RAY)
-        self.start_watchdog()
         for attempt in range(1, PORT_TRIES + 1):
             if attempt > 1:
                 self.choose_ports()
@@ -205,29 +220,54 @@ class LocalSimulation:
 
     def start_watchdog(self) -> None:
         """Start the watchdog (``runner/watchdog.py``) of this object's processes, in a
-        session of its own; its stdin is a pipe only this process writes to."""
-        remove = [str(self.ray_dir)] if self.ray_dir else []
-        remove += [] if self.keep_home else [str(self.home)]
+        session of its own; its stdin is a pipe only this process writes to. It makes the
+        temporary folders (this object's home unless one was passed in, and Ray's private temp
+        folder unless the cluster at ``ray_address`` is used), so that it removes them however
+        this process ends, and stops every process that carries ``FLWR_HOME`` or
+        ``RAY_TMPDIR``, or runs in a session that one of those leads."""
+        make = [] if self.home is not None else ["FLWR_HOME=fl-drift-flwr-"]
+        # short: Ray's socket paths (<dir>/ray/session_<date>_<pid>/sockets/plasma_store) must fit 107 bytes
+        make += [] if self.ray_address else ["RAY_TMPDIR=fl-ray-"]
+        marker = [] if self.home is None else [f"--marker=FLWR_HOME={self.home}"]
         self.watchdog = subprocess.Popen(
-            [sys.executable, "-m", "runner.watchdog", "--marker", f"FLWR_HOME={self.home}",
-             *(f"--remove={d}" for d in remove)],
+            [sys.executable, "-m", "runner.watchdog", *marker, *(f"--make={m}" for m in make)],
             cwd=APP_DIR,  # the checkout: the folder holding runner/ and fl_app/
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             start_new_session=True, pass_fds=self.hold,
         )
+        assert self.watchdog.stdout is not None
+        made = dict(self.watchdog.stdout.readline().decode().rstrip("\n").partition("=")[::2] for _ in make)
+        self.watchdog.stdout.close()
+        if set(made) != {m.split("=")[0] for m in make} or not all(made.values()):
+            self.watchdog.kill()
+            self.watchdog.wait()
+            self.watchdog = None
+            raise RuntimeError(f"the watchdog (python -m runner.watchdog) did not start: {made}")
+        if "FLWR_HOME" in made:
+            self.home = Path(made["FLWR_HOME"])
+        if "RAY_TMPDIR" in made:
+            self.ray_dir = Path(made["RAY_TMPDIR"])
+
+    def markers(self) -> list[tuple[str, str]]:
+        """The environment entries every process of this object carries (its FLWR_HOME, its Ray's RAY_TMPDIR)."""
+        found = [("FLWR_HOME", str(self.home))] if self.home is not None else []
+        return found + ([("RAY_TMPDIR", str(self.ray_dir))] if self.ray_dir is not None else [])
 
     def close(self) -> list[int]:
         """Stop the SuperLink and every process it started (by process tree, then by its
-        FLWR_HOME), delete Ray's temp folder, and dismiss the watchdog; returns the PIDs that
-        survived."""
-        if self.managed is None:
-            return []
-        stop_processes([self.managed])  # the tree: groups, then each PID seen (SIGTERM first)
-        left = stop_marked("FLWR_HOME", str(self.home))  # what carries its FLWR_HOME: the tree's survivors too
-        self.process = self.managed = None
+        FLWR_HOME and RAY_TMPDIR and the sessions of the processes that carry them: Ray's
+        renamed agents may show neither), delete Ray's temp folder, and dismiss the watchdog;
+        returns the PIDs that survived."""
+        left: list[int] = []
+        if self.managed is not None:
+            markers = self.markers()
+            owned = marked_sessions(markers)  # while their leaders (SuperExec, SuperLink) still run
+            stop_processes([self.managed])  # the tree: groups, then each PID seen (SIGTERM first)
+            left = stop_marked(markers, owned=owned)  # the tree's survivors, Ray's orphans too
+            self.process = self.managed = None
         if not left and self.ray_dir is not None:
             shutil.rmtree(self.ray_dir, ignore_errors=True)
-        if not self.keep_home and not left:
+        if not self.keep_home and not left and self.home is not None:
             shutil.rmtree(self.home, ignore_errors=True)
         self.dismiss_watchdog(left)
         return left

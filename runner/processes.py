@@ -7,9 +7,10 @@ remembered PID. Used by the simulation launcher (``runner/launch.py``) and the
 deployment launcher (``runner/deploy.py``); /proc is read by ``fl_app/common/procfs.py``.
 
 Every process a launcher starts inherits its private ``FLWR_HOME`` (``private_env``), Ray's
-daemons and workers included, so ``stop_marked`` finds and stops them by that marker even
-after the tree is broken (its launcher killed); ``runner/watchdog.py`` does so when a
-launcher dies. ``lock_folder`` gives one runner at a time a results folder.
+daemons and workers included, so ``stop_marked`` finds and stops them by that marker (and
+the sessions of marked processes: Ray's renamed agents may no longer show it) even after the
+tree is broken (its launcher killed); ``runner/watchdog.py`` does so when a launcher dies.
+``lock_folder`` gives one runner at a time a results folder.
 """
 
 from __future__ import annotations
@@ -23,13 +24,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import tomli_w
 
-from fl_app.common.procfs import alive, descendants, processes_with_env
+from fl_app.common.procfs import alive, ancestors, descendants, processes_with_any_env, sessions
 
 BIN_DIR = Path(sys.executable).parent
 
@@ -57,8 +58,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def private_env(home: Path, **extra: str) -> dict[str, str]:
-    """The environment for processes of one launcher: its own FLWR_HOME, no runtime
+def private_env(home: Path | None, **extra: str) -> dict[str, str]:
+    """The environment for processes of one launcher: its own FLWR_HOME (none yet when
+    ``home`` is None: ``LocalSimulation`` sets it once its watchdog has made it), no runtime
     dependency installation, no update check, unbuffered output, absolute FL_DATA_DIR, and
     this Python's bin folder first on PATH.
 
@@ -70,7 +72,7 @@ def private_env(home: Path, **extra: str) -> dict[str, str]:
         # the SuperLink starts flower-superexec by name: this environment's, even when the
         # venv's bin is not on PATH (venv/bin/python run_simulation.py)
         "PATH": os.pathsep.join([str(BIN_DIR), *filter(None, [os.environ.get("PATH")])]),
-        "FLWR_HOME": str(home),
+        **({"FLWR_HOME": str(home)} if home is not None else {}),
         "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
         "FLWR_DISABLE_UPDATE_CHECK": "1",
         "PYTHONUNBUFFERED": "1",
@@ -127,14 +129,53 @@ def stop_processes(managed: list[Managed], grace: float = 5.0) -> list[int]:
     return alive(seen)
 
 
-def stop_marked(name: str, value: str, grace: float = 5.0, limit: float = 25.0) -> list[int]:
-    """Stop every process whose environment has ``name=value`` (a launcher's FLWR_HOME):
+Marker = tuple[str, str]  # (NAME, VALUE): an environment entry every process of a launcher carries
+
+
+def spared_sessions() -> set[int]:
+    """The sessions ``stop_marked`` never ends: this process's and each of its ancestors'
+    (the runner's terminal, its shell), whatever their processes' environment holds."""
+    return {sid for pid in (os.getpid(), *ancestors(os.getpid())) if (sid := _getsid(pid)) is not None}
+
+
+def marked_sessions(markers: list[Marker], spare: set[int] | None = None) -> set[int]:
+    """The sessions led by a process that carries one of ``markers`` (a SuperExec, the
+    SuperLink, ``flwr run``: each started in a session of its own), but those of ``spare``
+    (default ``spared_sessions()``)."""
+    spare = spared_sessions() if spare is None else spare
+    table = sessions()
+    return {pid for pid in processes_with_any_env(markers) if table.get(pid) == pid and pid not in spare}
+
+
+def stop_marked(markers: list[Marker], grace: float = 5.0, limit: float = 25.0, owned: Iterable[int] = (),
+                spare: set[int] | None = None) -> list[int]:
+    """Stop every process of a launcher: each whose environment has one of ``markers`` (its
+    FLWR_HOME, its Ray's RAY_TMPDIR) and each in a session such a process leads or led
+    (``owned``: sessions found before, e.g. by ``marked_sessions`` while their leaders ran).
+
+    By session because a marker is not enough: Ray's agents and idle workers (``ray::
+    DashboardAgent``, ``ray::RuntimeEnvAgent``, ``ray::IDLE``) rename themselves, which
+    zeroes the start of their environment block in /proc, so they may show neither marker
+    (issue 66: a dashboard agent outlived a ``kill -9``'d runner by a minute). They run in the
+    session of the SuperExec that started the simulation (Ray starts its processes in the
+    driver's session), and stay in it once their parents are dead.
+
     SIGTERM, then SIGKILL to those still there ``grace`` s later, scanning /proc again every
     0.2 s (a dying Ray raylet or SuperExec can start one more process) until none is left or
-    ``limit`` s have passed. Returns the PIDs left (empty on success)."""
+    ``limit`` s have passed. Never this process, its ancestors, or a session of ``spare``
+    (default ``spared_sessions()``). Returns the PIDs left (empty on success)."""
+    spare = spared_sessions() if spare is None else spare
+    spare_pids = {1, os.getpid(), *ancestors(os.getpid())}
+    owned = set(owned) - spare
     first_seen: dict[int, float] = {}
     deadline = time.monotonic() + limit
-    while pids := processes_with_env(name, value):
+    while True:
+        table = sessions()
+        marked = processes_with_any_env(markers)
+        owned |= {pid for pid in marked if table.get(pid) == pid and pid not in spare}
+        pids = sorted((set(marked) | {pid for pid, sid in table.items() if sid in owned}) - spare_pids)
+        if not pids:
+            return []
         now = time.monotonic()
         if now > deadline:
             return pids
@@ -150,7 +191,13 @@ def stop_marked(name: str, value: str, grace: float = 5.0, limit: float = 25.0) 
             except (ProcessLookupError, PermissionError):
                 pass
         time.sleep(0.2)
-    return []
+
+
+def _getsid(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
 
 
 class FolderInUse(RuntimeError):

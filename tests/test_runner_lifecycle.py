@@ -108,6 +108,94 @@ def test_the_watchdog_of_a_launcher_that_closed_touches_nothing(tmp_path):
     assert folder.exists()
 
 
+# ---- issue 66: Ray's renamed agents, a second marker, no folder before the watchdog ---------------------
+
+# A launcher with a LocalSimulation's watchdog (no SuperLink), and two processes like the Ray processes
+# that outlived a killed runner: a "SuperExec" in a session of its own carrying FLWR_HOME, whose child
+# ("ray::DashboardAgent", whose /proc environ shows neither marker: Ray's setproctitle zeroed it) stays
+# in that session, outlives it and ignores SIGTERM; and a process that carries only RAY_TMPDIR.
+RAY_LIKE = """
+import os, subprocess, sys, time
+from runner.launch import LocalSimulation
+sim = LocalSimulation()
+sim.start_watchdog()
+bare = {k: v for k, v in os.environ.items() if k not in ("FLWR_HOME", "RAY_TMPDIR")}
+ignore = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+leader = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys, time; p = subprocess.Popen([sys.executable,"
+                           f" '-c', {ignore!r}], env={bare!r}); print(p.pid, flush=True); time.sleep(600)"],
+                          env={**bare, "FLWR_HOME": str(sim.home)}, start_new_session=True, stdout=subprocess.PIPE)
+agent = int(leader.stdout.readline())
+ray_only = subprocess.Popen([sys.executable, "-c", ignore], env={**bare, "RAY_TMPDIR": str(sim.ray_dir)},
+                            start_new_session=True)
+print(sim.home, sim.ray_dir, leader.pid, agent, ray_only.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_watchdog_stops_ray_processes_that_show_no_flwr_home_and_removes_the_folders_it_made():
+    """Issue 66: after a ``kill -9`` of the runner, ``ray::DashboardAgent`` and ``ray::RuntimeEnvAgent``
+    lived on for a minute, their environment in /proc lacking FLWR_HOME, the watchdog's only marker."""
+    launcher = python(RAY_LIKE, stdout=subprocess.PIPE, text=True)
+    pids: list[int] = []
+    try:
+        home, ray_dir, *words = launcher.stdout.readline().split()
+        pids = [int(w) for w in words]
+        leader, agent, ray_only = pids
+        assert Path(home).is_dir() and Path(ray_dir).is_dir()
+        assert os.getsid(agent) == leader and "FLWR_HOME" not in environ_of(agent)
+        assert "FLWR_HOME" not in environ_of(ray_only)
+        launcher.kill()  # kill -9
+        launcher.wait()
+        assert wait_until(lambda: not any(map(running, pids)), GONE_WITHIN), [p for p in pids if running(p)]
+        assert wait_until(lambda: not Path(home).exists() and not Path(ray_dir).exists(), 10)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for its parent does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_a_simulation_never_started_makes_no_folder(tmp_path, monkeypatch):
+    """Issue 66: a killed runner left an empty ``fl-drift-flwr-*``: the home was made in ``__init__``,
+    its watchdog (which removes it) only in ``start()``. Now the watchdog makes it."""
+    import tempfile
+
+    from runner.launch import LocalSimulation
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    simulation = LocalSimulation()
+    assert simulation.close() == []
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_sessions_of_marked_leaders_are_owned_but_never_a_spared_one(tmp_path):
+    from runner.processes import marked_sessions
+
+    marker = ("FLWR_HOME", str(tmp_path / "home"))
+    leader = python("import time; time.sleep(60)", env={**os.environ, marker[0]: marker[1]}, start_new_session=True)
+    member = python("import time; time.sleep(60)", env={**os.environ, marker[0]: marker[1]})  # in pytest's session
+    try:
+        assert wait_until(lambda: processes_with_env(*marker) == sorted([leader.pid, member.pid]), 10)
+        assert marked_sessions([marker]) == {leader.pid}  # not pytest's own session, though a member is marked
+        assert marked_sessions([marker], spare={leader.pid}) == set()
+    finally:
+        for proc in (leader, member):
+            proc.kill()
+            proc.wait()
+
+
 # ---- a real runner, killed with SIGKILL ------------------------------------------------------------------
 
 def runner(out: Path, data: Path, *extra: str) -> subprocess.Popen:
@@ -163,6 +251,78 @@ def test_kill_9_of_the_runner_leaves_no_process_and_frees_its_folder(tmp_path, m
         if first.poll() is None:
             first.kill()
             first.wait()
+
+
+RAY_AGENTS = ("ray::DashboardA", "ray::RuntimeEnv")  # their names in /proc/<pid>/stat (15 characters)
+
+
+def with_ray_agents(pid: int) -> dict[int, tuple[str, str]] | None:
+    """The runner's process tree once Ray's dashboard agent and runtime-env agent run in it, else None."""
+    tree = descendants([pid])
+    names = {name for _, name in tree.values()}
+    return tree if all(agent in names for agent in RAY_AGENTS) else None
+
+
+def kill_9_probe(tmp_path: Path, data: Path) -> dict:
+    """Start a runner, wait until its rounds run (Ray's agents up, the first round's line printed), kill
+    it with SIGKILL and look 10 s later: what is left of its processes (by FLWR_HOME, by RAY_TMPDIR,
+    by the PIDs and sessions of its tree) and of its temporary folders."""
+    import threading
+
+    from fl_app.common.procfs import alive
+
+    out = tmp_path / "out"
+    proc = runner(out, data)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+    try:
+        tree = wait_until(lambda: proc.poll() is None and any("round 1" in line.lower() for line in lines)
+                          and with_ray_agents(proc.pid), 300, step=0.5)
+        assert tree, f"the runner ended or its rounds never ran: {''.join(lines[-20:])}"
+        envs = {pid: environ_of(pid) for pid in tree}
+        home = next(env["FLWR_HOME"] for env in envs.values() if "FLWR_HOME" in env)
+        ray_dir = next(env["RAY_TMPDIR"] for env in envs.values() if "RAY_TMPDIR" in env)
+        watchdog = next(pid for pid in tree if "runner.watchdog" in Path(f"/proc/{pid}/cmdline").read_text())
+        owned = {sid for pid in tree if (sid := session_table().get(pid)) not in (None, proc.pid, watchdog)}
+        agents = {pid: name for pid, (_, name) in tree.items() if name in RAY_AGENTS}
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        time.sleep(10)
+        table = session_table()
+        return {
+            "agents": agents,
+            "agents_showing_no_marker": [pid for pid in agents if not {"FLWR_HOME", "RAY_TMPDIR"} <= set(envs[pid])],
+            "marked": processes_with_env("FLWR_HOME", home) + processes_with_env("RAY_TMPDIR", ray_dir),
+            "tree": [pid for pid in alive({p: i for p, i in tree.items() if p not in (proc.pid, watchdog)})],
+            "in_sessions": sorted(pid for pid, sid in table.items() if sid in owned),
+            "folders": [f for f in (home, ray_dir) if Path(f).exists()],
+        }
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def session_table() -> dict[int, int]:
+    """pid -> session of every running process (zombies left out)."""
+    table = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if running(int(entry)):
+                table[int(entry)] = os.getsid(int(entry))
+        except OSError:
+            continue
+    return table
+
+
+@pytest.mark.slow  # a real simulation up to its first round: 1-2 minutes on a loaded 2-core machine
+def test_kill_9_mid_run_leaves_no_ray_process_and_no_folder_10_s_later(tmp_path, mnist_sample):
+    """Issue 66: after a ``kill -9`` of the runner, ``ray::DashboardAgent`` and ``ray::RuntimeEnvAgent``
+    were alive 30 s later (in 2 of 4 kills), and a killed runner could leave an empty ``fl-drift-flwr-*``."""
+    found = kill_9_probe(tmp_path, mnist_sample(600, 100))
+    print(found)
+    left = {key: found[key] for key in ("marked", "tree", "in_sessions", "folders") if found[key]}
+    assert not left, f"10 s after kill -9: {left} (Ray's agents were {found['agents']})"
 
 
 def try_lock(folder: Path) -> int | None:

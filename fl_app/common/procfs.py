@@ -1,5 +1,5 @@
 """Reading Linux's /proc: the process table, a process tree, a process's ancestors, command
-line and start time, processes by environment variable, memory (RSS/PSS) and listening sockets.
+line and start time, processes by environment variable and by session, memory (RSS/PSS) and listening sockets.
 The one /proc walker of the ServerApp (which SuperLink runs it: ``fl_app/server/data_source.py``),
 the launchers, tests and benchmarks. Elsewhere than Linux every reader finds nothing."""
 
@@ -63,7 +63,18 @@ def alive(seen: dict[int, tuple[str, str]]) -> list[int]:
 def processes_with_env(name: str, value: str) -> list[int]:
     """PIDs (but this one) whose environment has ``name=value`` (Ray workers and SuperExecs
     inherit a launcher's FLWR_HOME)."""
-    needle = f"{name}={value}".encode()
+    return processes_with_any_env([(name, value)])
+
+
+def processes_with_any_env(entries: list[tuple[str, str]]) -> list[int]:
+    """PIDs (but this one) whose environment has one of ``entries`` (``(name, value)`` pairs).
+
+    A process that renamed itself with setproctitle (Ray's ``ray::DashboardAgent``,
+    ``ray::RuntimeEnvAgent``, ``ray::IDLE`` workers) has had the start of its environment
+    block overwritten with zeros, and /proc shows only the entries after that point: which
+    ones survive depends on the length of its command line, so such a process may lack any of
+    them. ``sessions`` finds those by their session instead."""
+    needles = {f"{name}={value}".encode() for name, value in entries}
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or int(proc.name) == os.getpid():
@@ -72,9 +83,19 @@ def processes_with_env(name: str, value: str) -> list[int]:
             env = (proc / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if needle in env:
+        if needles.intersection(env):
             found.append(int(proc.name))
     return found
+
+
+def sessions() -> dict[int, int]:
+    """pid -> session id of every live process readable in /proc (zombies left out: they
+    cannot be stopped, only reaped by their parent)."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (fields := _stat_fields(int(entry))) is not None and fields[0] != "Z":
+            table[int(entry)] = int(fields[3])  # state, ppid, pgrp, session
+    return table
 
 
 def environ_of(pid: int) -> dict[str, str]:
