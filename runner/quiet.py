@@ -6,8 +6,10 @@ warnings, the run id, every WARNING it does not know, every ERROR and traceback 
 as well, unless ``--verbose``: the libraries' deprecation and future warnings (a pyarrow
 ``FutureWarning`` under flwr-datasets' shard partitioner, SQLAlchemy's ``SADeprecationWarning``
 under MLflow), nothing a user of fl-drift can act on, with the source line Python prints under
-them; MLflow's and alembic's INFO lines when a tracking store is created; and in the runner's
-own process (``quiet_libraries``) the same warnings and Hugging Face's progress bars.
+them; the few other third-party warnings listed with why in ``fl_app/common/verbosity.py``
+(``UNHELPFUL_WARNINGS``: Ray's accelerator tip, flwr-datasets' Dirichlet redraws); MLflow's
+and alembic's INFO lines when a tracking store is created; and in the runner's own process
+(``quiet_libraries``) the same warnings and Hugging Face's progress bars.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import os
 import re
 import sys
 import warnings
+
+from fl_app.common.verbosity import UNHELPFUL_WARNINGS, ignore_unhelpful_warnings
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -36,6 +40,11 @@ NOISE = (
 # A Python warning's first line from a library (its file in site-packages): a deprecation or a
 # future change, e.g. ".../site-packages/pyarrow/compute.py:231: FutureWarning: ...".
 LIBRARY_WARNING = re.compile(r"[/\\](site|dist)-packages[/\\]\S+\.py:\d+: \w*(Deprecation|Future)\w*Warning\b")
+# A third-party warning that says nothing to the user (fl_app/common/verbosity.py, where the apps
+# ignore them; listed there with why), as Python prints it: ".../site-packages/ray/_private/
+# worker.py:2051: FutureWarning: Tip: In future versions of Ray, ..."
+UNHELPFUL_WARNING = re.compile(r"[/\\](site|dist)-packages[/\\]\S+\.py:\d+: \w*Warning: ("
+                               + "|".join(message for _, _, message in UNHELPFUL_WARNINGS) + ")")
 # MLflow's and alembic's own log lines ("2026/11/25 16:36:47 INFO mlflow.store.db.utils: Creating
 # initial MLflow database tables...", "INFO  [alembic.runtime.migration] Context impl SQLiteImpl.")
 LIBRARY_INFO = re.compile(r"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d INFO (mlflow|alembic)\b|^INFO\s+\[alembic\.")
@@ -74,7 +83,7 @@ def is_noise(line: str) -> bool:
         return True
     if re.match(r"^Run finished \d+ round", message):
         return True
-    if LIBRARY_WARNING.search(text) or LIBRARY_INFO.match(text.strip()):
+    if LIBRARY_WARNING.search(text) or UNHELPFUL_WARNING.search(text) or LIBRARY_INFO.match(text.strip()):
         return True
     return any(n in text for n in NOISE) or bool(HISTORY.match(message))
 
@@ -141,6 +150,7 @@ def quiet_libraries(verbose: bool) -> None:
         logging.getLogger("huggingface_hub").setLevel(level)
     if verbose:
         return
+    ignore_unhelpful_warnings()  # Ray's accelerator tip, flwr-datasets' Dirichlet redraws (why: their list)
     for library in LIBRARIES:
         for category in (DeprecationWarning, FutureWarning):
             warnings.filterwarnings("ignore", category=category, module=rf"{library}(\.|$)")

@@ -226,3 +226,54 @@ def test_the_shard_split_future_warning_is_hidden():
     if not warned(quiet=False):
         pytest.skip("this pyarrow/datasets pair warns no more")
     assert warned(quiet=True) == []
+
+
+def test_third_party_warnings_that_say_nothing_are_hidden_and_the_others_are_not(monkeypatch):
+    """Issue 70: Ray's accelerator FutureWarning (every run) and flwr-datasets' Dirichlet redraw
+    UserWarning (``--check``, a run's split) reached the user. ``UNHELPFUL_WARNINGS`` are ignored
+    in the runner's process (``quiet_libraries``) and the apps' (``quiet_by_default``) and hidden
+    in a streamed run output; another UserWarning of the same library, a torch UserWarning and
+    fl-drift's own warnings still show, and ``--verbose`` shows them all."""
+    import warnings
+
+    import numpy as np
+    from datasets import Dataset
+    from flwr_datasets.partitioner import DirichletPartitioner
+
+    from fl_app.common.verbosity import quiet_by_default
+    from runner.quiet import is_noise, quiet_libraries
+
+    for name, value in (("HF_HUB_VERBOSITY", "error"), ("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")):
+        monkeypatch.setenv(name, value)  # as the runner sets them: this test's calls change no variable
+
+    def shown(quiet) -> list[str]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            quiet()
+            warnings.warn_explicit("Tip: In future versions of Ray, Ray will no longer override", FutureWarning,
+                                   "worker.py", 1, module="ray._private.worker")
+            warnings.warn_explicit("other", UserWarning, "d.py", 1, module="flwr_datasets.partitioner.x")
+            warnings.warn_explicit("CUDA initialization failed", UserWarning, "c.py", 1, module="torch.cuda")
+            warnings.warn_explicit("ours", UserWarning, "r.py", 1, module="fl_app.server.recording")
+            # the real partitioner: 30 examples into 6 partitions of at least 4 at alpha 0.05 redraws
+            partitioner = DirichletPartitioner(num_partitions=6, partition_by="label", alpha=0.05,
+                                               min_partition_size=4, seed=0)
+            partitioner.dataset = Dataset.from_dict({"label": list(np.arange(30) % 3)})
+            try:
+                partitioner.load_partition(0)
+            except ValueError:
+                pass  # 10 failed draws: fl-drift's own error says it
+        return [str(w.message)[:20] for w in caught]
+
+    everything = shown(lambda: quiet_libraries(True))  # --verbose: nothing hidden
+    assert "Tip: In future versi" in everything and "The specified min_pa" in everything
+    kept = ["other", "CUDA initialization ", "ours"]
+    assert shown(lambda: quiet_libraries(False)) == kept
+    assert shown(quiet_by_default) == kept
+
+    ray = ("/v/lib/python3.11/site-packages/ray/_private/worker.py:2051: FutureWarning: Tip: In future versions of"
+           " Ray, Ray will no longer override accelerator visible devices env var if num_gpus=0")
+    dirichlet = ("    /v/lib/python3.11/site-packages/flwr_datasets/partitioner/dirichlet_partitioner.py:301: UserWarning:"
+                 " The specified min_partition_size (10) was not satisfied for alpha ([np.float64(0.05)])")
+    assert is_noise(ray) and is_noise(dirichlet)
+    assert not is_noise("/v/site-packages/flwr_datasets/partitioner/x.py:3: UserWarning: other")
