@@ -93,7 +93,8 @@ DIRECTION, POST = "direction", "post-step"
 
 
 def correction_terms(key: str = CORRECTION_KEY) -> tuple[Term, ...]:
-    """c - c_i at the place run-config ``key`` says (a zero coefficient drops the other)."""
-    return (replace(CORRECTION, coef=lambda hp: 1.0 if hp.keys[key] == DIRECTION else 0.0),
+    """c - c_i at the place run-config ``key`` says, the direction when it is absent (a zero
+    coefficient drops the other)."""
+    return (replace(CORRECTION, coef=lambda hp: 0.0 if hp.keys.get(key) == POST else 1.0),
             replace(CORRECTION, formula="- lr (c - c_i) after the step", place=POST_STEP,
-                    coef=lambda hp: 1.0 if hp.keys[key] == POST else 0.0))
+                    coef=lambda hp: 1.0 if hp.keys.get(key) == POST else 0.0))

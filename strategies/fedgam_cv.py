@@ -9,7 +9,7 @@ the paper's full participation). Its trade-off alpha has its own key, ``gam-cv-a
 """
 
 from strategies.base import REPLIES_ONLY
-from strategies.scaffold import ControlVariateStrategy
+from strategies.control_variates import ControlVariateStrategy
 
 
 class FedGAMCVStrategy(ControlVariateStrategy):

@@ -5,7 +5,7 @@ plain SGD steps. Server as SCAFFOLD: weighted mean, c <- c + (1/N) sum delta c_i
 from protocol.keys import Key, at_least
 from protocol.layout import pvr_param_names
 from strategies.base import REPLIES_ONLY
-from strategies.scaffold import ControlVariateStrategy
+from strategies.control_variates import ControlVariateStrategy
 
 
 class FedPVRStrategy(ControlVariateStrategy):

@@ -3,7 +3,7 @@ perturbation s.
 
 Over the clients P that replied in round t (N = all clients, H and s start at zero):
     H <- H + (1/N) sum_P (w_K - w_t);   w_{t+1} = mean_P(w_K) + H
-(``FedDynStrategy.dynamic_update``: FedDyn's h = -alpha H, written without dividing by alpha,
+(``strategies.parts.DriftMemory``, FedDyn's server part: its h = -alpha H, written without dividing by alpha,
 so ``smoo-alpha`` = 0 is allowed; unweighted means), then
     s <- rho * sum_P r_i / ||sum_P r_i||    (s = 0 when the sum is 0),
 with r_i the extra arrays of client i's reply: the paper's stil_i = mu_i - shat_i,K
@@ -27,15 +27,17 @@ from flwr.common import ndarrays_to_parameters
 from protocol.keys import Key, non_negative
 from protocol.layout import cv_names_in_state_order, trainable_param_names
 from protocol.traffic import SMOO
-from strategies.arrays import restored_like, send_with_extras, split_replies
-from strategies.base import REPLIES_ONLY
-from strategies.feddyn import FedDynStrategy
+from strategies.arrays import restored_like, send_with_extras, split_replies, total_clients
+from strategies.base import REPLIES_ONLY, DriftFedAvg
+from strategies.parts import DriftMemory
 from tasks.datasets import input_shape
 from tasks.models import build_model
 
 S_MODES = ("paper", "code", "none")  # what a client replies and how s is formed
 
-class FedSMOOStrategy(FedDynStrategy):
+class FedSMOOStrategy(DriftFedAvg):
+    """FedDyn's server part (``DriftMemory``) and the global perturbation s."""
+
     TRAFFIC = SMOO  # s after the weights down, stil after them up (protocol.traffic)
     SCREENING = REPLIES_ONLY
     SCREENING_WHY = ("w = mean(w_k) + H with H accumulating the sum of the client drifts, and s formed from the "
@@ -46,9 +48,14 @@ class FedSMOOStrategy(FedDynStrategy):
         "smoo-s": Key("paper", choices=S_MODES),
     }
 
+    UNIFORM_MEAN = True  # FedDyn's plain mean
+
     def __init__(self, *, alpha: float, rho: float, mode: str, trainable: list[bool],
                  s_shapes: list[tuple], **kwargs):
-        super().__init__(alpha=alpha, trainable=trainable, **kwargs)
+        super().__init__(**kwargs)
+        self.alpha = alpha
+        self.memory = DriftMemory(trainable)
+        self.num_clients: int | None = None
         if mode not in S_MODES:
             raise ValueError(f"smoo-s {mode!r} is not one of {', '.join(S_MODES)}")
         self.rho = rho
@@ -72,21 +79,19 @@ class FedSMOOStrategy(FedDynStrategy):
     def get_state(self) -> dict[str, list[np.ndarray]]:
         """Server state for checkpoints: s, and H once the first round is aggregated."""
         state = {"smoo-s": [a.copy() for a in self.s]}
-        if self.H is not None:
-            state["smoo-H"] = [a.copy() for a in self.H]
+        if self.memory.H is not None:
+            state["smoo-H"] = [a.copy() for a in self.memory.H]
         return state
 
     def set_state(self, state: dict[str, list[np.ndarray]]) -> None:
         if "smoo-s" in state:
             self.s = restored_like(state["smoo-s"], self.s, np.float32, "s")
         if "smoo-H" in state:
-            H = [np.asarray(a, dtype=np.float64) for a in state["smoo-H"]]
-            if len(H) != self.num_state:
-                raise ValueError(f"checkpointed H has {len(H)} arrays, expected {self.num_state}")
-            self.H = H
+            self.memory.restore(state["smoo-H"])
 
     def configure_fit(self, server_round, parameters, client_manager):
         instructions = super().configure_fit(server_round, parameters, client_manager)
+        self.num_clients = total_clients(client_manager)
         return send_with_extras(instructions, parameters, {"s": self.s}, self.TRAFFIC.down, self.num_state)
 
     def aggregate_fit(self, server_round, results, failures):
@@ -95,12 +100,12 @@ class FedSMOOStrategy(FedDynStrategy):
         weight_results, extras = split_replies(results, self.num_state, {"stil": len(self.s)}, "FedSMOO")
         replies = [e["stil"] for e in extras]
         clients = self.client_arrays(weight_results, failures)
-        new = self.dynamic_update(clients)
+        new = self.memory.aggregate(clients, self.global_weights, self.num_clients)
         if self.mode != "none":
             self.s = global_perturbation([[a.astype(np.float64) for a in r] for r in replies], self.rho)
         metrics = {
             "smoo_s_norm": float(np.sqrt(sum(float((a.astype(np.float64) ** 2).sum()) for a in self.s))),
-            "smoo_H_norm": self.trainable_norm(self.H),
+            "smoo_H_norm": self.memory.norm(),
         }
         return ndarrays_to_parameters(new), metrics
 

@@ -2,26 +2,36 @@
 
 Over the clients S_t that replied (N = all clients, H starts at zero):
     H <- H + (1/N) sum_{S_t} (w_i - w_t);   w_{t+1} = mean_{S_t}(w_i) + H
-(``FedDynStrategy.dynamic_update``, written without dividing by the prox coefficient c, so c = 0
+(``strategies.parts.DriftMemory``, FedDyn's server part, written without dividing by the prox coefficient c, so c = 0
 is allowed; unweighted means, buffers the plain mean). Only the weights travel. Checkpoints
-hold H (FedDyn's ``get_state``); server metric ``fedspeed_H_norm`` (||H||, the mean drift over
+hold H (FedDyn's records); server metric ``fedspeed_H_norm`` (||H||, the mean drift over
 all clients).
 """
 
 from __future__ import annotations
 
+from flwr.common import ndarrays_to_parameters
+
 from protocol.keys import Key, non_negative
-from strategies.base import REPLIES_ONLY, trainable_mask
-from strategies.feddyn import FedDynStrategy
+from strategies.arrays import total_clients
+from strategies.base import REPLIES_ONLY, DriftFedAvg, trainable_mask
+from strategies.parts import DriftMemory
 
 
-class FedSpeedStrategy(FedDynStrategy):
-    """FedDyn's server with FedSpeed's key for its coefficient."""
+class FedSpeedStrategy(DriftFedAvg):
+    """FedDyn's server part (``DriftMemory``) with FedSpeed's key for its coefficient."""
 
     CONFIG_KEYS = {"fedspeed-prox": Key(0.1, non_negative, ">= 0 (prox coefficient c = 1/lambda; the code's lamb)")}
+    UNIFORM_MEAN = True  # FedDyn's plain mean
     SCREENING = REPLIES_ONLY
     SCREENING_WHY = ("w = mean(w_k) + H with H accumulating the sum of the client drifts: a coordinate-wise median "
                      "of the weights would not match the H it updates")
+
+    def __init__(self, *, alpha: float, trainable: list[bool], **kwargs):
+        super().__init__(**kwargs)
+        self.alpha = alpha
+        self.memory = DriftMemory(trainable)
+        self.num_clients: int | None = None
 
     @classmethod
     def from_config(cls, cfg: dict, **kwargs):
@@ -30,8 +40,20 @@ class FedSpeedStrategy(FedDynStrategy):
     def __repr__(self) -> str:
         return f"{type(self).__name__}(prox={self.alpha})"
 
+    def get_state(self) -> dict:
+        return self.memory.get_state(self.alpha)
+
+    def set_state(self, state: dict) -> None:
+        self.memory.set_state(state, self.alpha)
+
+    def configure_fit(self, server_round, parameters, client_manager):
+        instructions = super().configure_fit(server_round, parameters, client_manager)
+        self.num_clients = total_clients(client_manager)
+        return instructions
+
     def aggregate_fit(self, server_round, results, failures):
-        parameters, metrics = super().aggregate_fit(server_round, results, failures)
-        if parameters is None:
-            return parameters, metrics
-        return parameters, {"fedspeed_H_norm": self.trainable_norm(self.H)}
+        clients = self.client_arrays(results, failures)
+        if clients is None:
+            return None, {}
+        new = self.memory.aggregate(clients, self.global_weights, self.num_clients)
+        return ndarrays_to_parameters(new), {"fedspeed_H_norm": self.memory.norm()}

@@ -128,7 +128,7 @@ def test_two_rounds_partial_participation_follow_algorithm_2(method, tmp_path):
         assert len(agg) == 2  # the global model never carries c
         for got, w in zip(agg, want["w"]):
             np.testing.assert_allclose(got, w, rtol=1e-4, atol=1e-6)
-        for got, w in zip(inner.c, want["c"]):
+        for got, w in zip(inner.cv.c, want["c"]):
             np.testing.assert_allclose(got, w, rtol=1e-4, atol=1e-6)
         c_norm = np.sqrt(sum((a**2).sum() for a in want["c"]))
         assert metrics["cv_norm"] == pytest.approx(c_norm, rel=1e-4)
@@ -171,7 +171,7 @@ def test_fedpvr_carries_only_the_last_linear_layers(layers):
     w0 = get_weights(model)  # body.1.weight, body.1.bias, head.weight, head.bias
     strategy = FedPVRStrategy.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w0), None))
     masked = w0[-2 * layers:]
-    assert [c.shape for c in strategy.c] == [a.shape for a in masked]
+    assert [c.shape for c in strategy.cv.c] == [a.shape for a in masked]
 
     x, y = torch.randn(6, 60), torch.randint(0, 10, (6,))
     lr = 0.3
@@ -193,10 +193,10 @@ def test_server_c_survives_a_checkpoint_round_trip():
     cfg = _cfg("scaffold")
     w0 = get_weights(build_model("logreg", input_shape("synthetic"), seed=3))
     a = ScaffoldStrategy.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w0), None))
-    a.c = [np.full(x.shape, 0.5, np.float32) for x in a.c]
+    a.cv.c = [np.full(x.shape, 0.5, np.float32) for x in a.cv.c]
     b = ScaffoldStrategy.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w0), None))
     b.set_state(a.get_state())
-    assert all(np.array_equal(x, y) for x, y in zip(a.c, b.c))
+    assert all(np.array_equal(x, y) for x, y in zip(a.cv.c, b.cv.c))
 
 
 class AllClients(SimpleClientManager):
@@ -266,7 +266,7 @@ def test_scaffold_cv_divisor_key_sets_d_of_the_c_update(divisor, expected_d):
     cfg = _cfg("scaffold", **{"cv-divisor": divisor})
     w0 = get_weights(build_model("logreg", input_shape("synthetic"), seed=0))
     strategy = ScaffoldStrategy.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w0), None))
-    assert strategy.cv_divisor == divisor
+    assert strategy.cv.divisor == divisor
     strategy.num_total = 10
     deltas = [[np.full(a.shape, v, np.float32) for a in w0] for v in (1.0, 3.0)]
     results = [
@@ -274,7 +274,7 @@ def test_scaffold_cv_divisor_key_sets_d_of_the_c_update(divisor, expected_d):
         for i, d in enumerate(deltas)
     ]
     strategy.aggregate_fit(1, results, [])
-    for c in strategy.c:
+    for c in strategy.cv.c:
         np.testing.assert_allclose(c, (1.0 + 3.0) / expected_d, rtol=1e-6)
 
 

@@ -77,27 +77,27 @@ def _column(pair):
 
 
 def test_server_h_model_and_c_by_hand():
-    strategy = FedDCStrategy(cv_shapes=[(2, 1)], num_state=1, alpha=0.1, trainable=[True], fraction_fit=0.25,
+    strategy = FedDCStrategy(cv_shapes=[(2, 1)], alpha=0.1, trainable=[True], fraction_fit=0.25,
                              min_fit_clients=1, min_available_clients=1, accept_failures=True)
-    strategy.H = [_column(H) / 4]  # the one client with history is the one that replies
-    strategy.c = [_column(C).astype(np.float32)]
+    strategy.memory.H = [_column(H) / 4]  # the one client with history is the one that replies
+    strategy.cv.c = [_column(C).astype(np.float32)]
     instructions = strategy.configure_fit(2, ndarrays_to_parameters([_column(THETA)]), FakeManager(4))
     assert len(instructions) == 1
     sent = parameters_to_ndarrays(instructions[0][1].parameters)
-    np.testing.assert_array_equal(sent[1], strategy.c[0])  # c after the weights
+    np.testing.assert_array_equal(sent[1], strategy.cv.c[0])  # c after the weights
     delta_c = _column((-0.3484520117, 0.3304020117))
     params, metrics = strategy.aggregate_fit(2, [(instructions[0][0], fit_res([_column(W_K), delta_c], 7))], [])
     new = parameters_to_ndarrays(params)
     assert len(new) == 1  # the model never carries c
-    np.testing.assert_allclose(strategy.H[0], _column((0.0896130029, -0.0851005029)), atol=1e-10)
+    np.testing.assert_allclose(strategy.memory.H[0], _column((0.0896130029, -0.0851005029)), atol=1e-10)
     np.testing.assert_allclose(new[0], _column((0.6080650146, -0.5055025146)), atol=1e-10)
-    np.testing.assert_allclose(strategy.c[0], _column((-0.0571130029, 0.0726005029)), atol=1e-7)
+    np.testing.assert_allclose(strategy.cv.c[0], _column((-0.0571130029, 0.0726005029)), atol=1e-7)
     assert metrics["feddc_H_norm"] == pytest.approx(np.hypot(0.0896130029, 0.0851005029), rel=1e-9)
     assert metrics["cv_norm"] == pytest.approx(np.hypot(0.0571130029, 0.0726005029), rel=1e-6)
-    restored = FedDCStrategy(cv_shapes=[(2, 1)], num_state=1, alpha=0.1, trainable=[True])
+    restored = FedDCStrategy(cv_shapes=[(2, 1)], alpha=0.1, trainable=[True])
     restored.set_state(strategy.get_state())
-    np.testing.assert_array_equal(restored.H[0], strategy.H[0])
-    np.testing.assert_array_equal(restored.c[0], strategy.c[0])
+    np.testing.assert_array_equal(restored.memory.H[0], strategy.memory.H[0])
+    np.testing.assert_array_equal(restored.cv.c[0], strategy.cv.c[0])
 
 
 def test_server_built_as_the_app_builds_it_divides_c_by_all_clients():
@@ -124,9 +124,9 @@ def test_server_built_as_the_app_builds_it_divides_c_by_all_clients():
     w_i = [(a + gen.normal(0, 0.1, a.shape)).astype(np.float32) for a in w_t]
     delta_c = [gen.normal(0, 0.1, a.shape).astype(np.float32) for a in w_t]
     params, _ = strategy.aggregate_fit(1, [(instructions[0][0], fit_res(w_i + delta_c, 7))], [])
-    for c, d in zip(strategy.c, delta_c):
+    for c, d in zip(strategy.cv.c, delta_c):
         np.testing.assert_allclose(c, d.astype(np.float64) / 4, rtol=1e-6, atol=1e-9)
-    for new, h, wi, wt in zip(parameters_to_ndarrays(params), strategy.H, w_i, w_t):
+    for new, h, wi, wt in zip(parameters_to_ndarrays(params), strategy.memory.H, w_i, w_t):
         drift = (wi.astype(np.float64) - wt) / 4
         np.testing.assert_allclose(h, drift, rtol=1e-12, atol=1e-15)
         np.testing.assert_allclose(new, wi + drift, rtol=1e-6, atol=1e-7)

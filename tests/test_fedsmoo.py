@@ -236,7 +236,7 @@ def test_server_s_is_zero_for_a_zero_sum():
 def test_rho_zero_server_is_exactly_feddyn():
     alpha, n_total = 0.1, 5
     smoo, w_t = _strategies(**{"smoo-rho": 0.0, "smoo-alpha": alpha})
-    dyn = FedDynStrategy(alpha=alpha, trainable=smoo.trainable)
+    dyn = FedDynStrategy(alpha=alpha, trainable=smoo.memory.trainable)
     rng = np.random.default_rng(1)
     for server_round in (1, 2, 3):
         clients, extras = _replies(w_t, rng)
@@ -277,7 +277,7 @@ def test_checkpoint_round_trip_continues_identically(tmp_path):
     save_checkpoint(tmp_path, Checkpoint(1, w1, a.get_state()))
     b.set_state(load_checkpoint(tmp_path).strategy_state)
     assert all(np.array_equal(x, y) for x, y in zip(a.s, b.s)) and np.any(b.s[0])
-    assert all(np.array_equal(x, y) for x, y in zip(a.H, b.H))
+    assert all(np.array_equal(x, y) for x, y in zip(a.memory.H, b.memory.H))
     clients, extras = _replies(w1, rng)
     outs = []
     for strategy in (a, b):

@@ -110,7 +110,7 @@ def test_rho_zero_is_the_feddyn_client_and_prox_zero_the_fedsam_client():
 def test_server_h_and_model_by_hand():
     strategy = FedSpeedStrategy(alpha=C, trainable=[True], fraction_fit=0.25, min_fit_clients=1,
                                 min_available_clients=1, accept_failures=True)
-    strategy.H = [np.array(H).reshape(2, 1) / 4]  # the one client with history is the one that replies
+    strategy.memory.H = [np.array(H).reshape(2, 1) / 4]  # the one client with history is the one that replies
     instructions = strategy.configure_fit(2, ndarrays_to_parameters([np.array(W_T).reshape(2, 1)]), FakeManager(4))
     assert len(parameters_to_ndarrays(instructions[0][1].parameters)) == 1  # the weights only
     params, metrics = strategy.aggregate_fit(2, [(instructions[0][0], fit_res([np.array(W_K).reshape(2, 1)], 5))], [])
@@ -118,7 +118,7 @@ def test_server_h_and_model_by_hand():
     assert metrics["fedspeed_H_norm"] == pytest.approx(np.hypot(*H_NEW) / 4, rel=1e-8)
     restored = FedSpeedStrategy(alpha=C, trainable=[True])
     restored.set_state(strategy.get_state())
-    np.testing.assert_array_equal(restored.H[0], strategy.H[0])
+    np.testing.assert_array_equal(restored.memory.H[0], strategy.memory.H[0])
 
 
 def test_h_carried_across_rounds_through_context_state():

@@ -79,7 +79,7 @@ def test_scaffold_c_takes_only_screened_deltas(screening, tmp_path):
         parameters, _ = strategy.aggregate_fit(t, results, [])
         # c <- c + (1/N) sum_k s_k delta c_k; weights: n_k-weighted mean of w_t + s_k delta_k
         c = [c[i] + sum(sk * r[2 + i].astype(np.float64) for sk, r in zip(s, replies)) / K for i in range(2)]
-        for got, want in zip(inner.c, c):
+        for got, want in zip(inner.cv.c, c):
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
         kept = [(sk, r, n) for sk, r, n in zip(s, replies, SIZES) if sk > 0]
         total = sum(n for _, _, n in kept)

@@ -192,6 +192,13 @@ def cohort_step(step: Callable, k_all: int) -> Callable:
     return one
 
 
+def concatenated(data: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The clients' (x, y) end to end; one client's own tensors, not a copy."""
+    if len(data) == 1:
+        return data[0]
+    return torch.cat([x for x, _ in data]), torch.cat([y for _, y in data])
+
+
 def cohort_round(update: LocalUpdate, model: nn.Module, params: Tree, buffers: Tree,
                  states: Sequence[dict], server: dict | Sequence[dict], hp: Hyper,
                  data: Sequence[tuple[torch.Tensor, torch.Tensor]], batch_size: int, epochs: int,
@@ -210,10 +217,7 @@ def cohort_round(update: LocalUpdate, model: nn.Module, params: Tree, buffers: T
         raise ValueError(f"cohort clients need data: sizes {sizes}; train an empty client on its own")
     schedule = batch_schedule(sizes, batch_size, epochs, generators, min_train_batch(model))
     offsets = torch.tensor([0, *sizes[:-1]]).cumsum(0).tolist()
-    if len(data) == 1:  # one client's own tensors, not a copy
-        x_all, y_all = data[0]
-    else:
-        x_all, y_all = torch.cat([x for x, _ in data]), torch.cat([y for _, y in data])
+    x_all, y_all = concatenated(data)
     model.train()
     w_t, k_all = params, len(data)
     servers = [server] * k_all if isinstance(server, dict) else list(server)
