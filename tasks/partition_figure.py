@@ -75,14 +75,25 @@ def read_label_counts(path: Path) -> np.ndarray:
 
 
 def draw_split(path: Path, counts: np.ndarray, title: str) -> None:
-    """``partitions.png``: client k's bar stacks its examples of each class (one colour per
-    class), so its height is the client's size, printed above it when there are few bars."""
+    """``partitions.png``: the picture of ``split_figure``."""
+    fig = split_figure(counts, title)
+    tmp = Path(path).with_name(f".{Path(path).name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    tmp.replace(path)  # atomic: never half a picture
+
+
+def split_figure(counts: np.ndarray, title: str):
+    """The split's figure: client k's bar stacks its examples of each class (one colour per
+    class), so its height is the client's size, printed above it when there are few bars (turned
+    upright above 20, with room left above the tallest). The clients' axis has integer ticks
+    (every client up to 20), and the title is wrapped to the figure's width (``fit_title``)."""
     from matplotlib import colormaps
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     clients, classes = counts.shape
     colours = colormaps["tab10" if classes <= 10 else "tab20" if classes <= 20 else "turbo"]
-    fig = Figure(figsize=(min(16, 4 + 0.35 * clients), 4.5), layout="constrained")
+    fig = Figure(figsize=(min(16, 5 + 0.35 * clients), 4.5), layout="constrained")
     ax = fig.subplots()
     bottom = np.zeros(clients)
     for c in range(classes):
@@ -90,17 +101,42 @@ def draw_split(path: Path, counts: np.ndarray, title: str) -> None:
         ax.bar(np.arange(clients), counts[:, c], bottom=bottom, color=colour, width=0.85,
                label=f"class {c}" if classes <= 20 else None)
         bottom += counts[:, c]
+    upright = clients > 20
     if clients <= MAX_LABELLED_BARS:
         for k, size in enumerate(bottom):
-            ax.text(k, size, f"{int(size)}", ha="center", va="bottom", fontsize=7)
+            ax.text(k, size, f" {int(size)}" if upright else f"{int(size)}", ha="center", va="bottom", fontsize=7,
+                    rotation=90 if upright else 0)
+    # room above the tallest bar for its label (an upright one is taller), a little without labels
+    headroom = 1.03 if clients > MAX_LABELLED_BARS else 1.16 if upright else 1.08
+    ax.set_ylim(0, max(1.0, float(bottom.max(initial=0)) * headroom))
+    ax.set_xlim(-0.6, clients - 0.4)
+    if clients <= 20:
+        ax.set_xticks(range(clients))
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
     ax.set_xlabel("client (partition id)")
     ax.set_ylabel("training examples")
-    ax.set_title(title, fontsize=9)
     if classes <= 20:
         ax.legend(fontsize=7, ncols=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    tmp = Path(path).with_name(f".{Path(path).name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    tmp.replace(path)  # atomic: never half a picture
+    fit_title(fig, title, fontsize=9)
+    return fig
+
+
+def fit_title(fig, title: str, fontsize: float = 9) -> None:
+    """``title`` as ``fig``'s title, whole: wrapped at spaces into as few lines as fit the
+    figure's width (measured with the figure's renderer), since a line wider than the figure
+    is cut at both ends."""
+    import textwrap
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    text = fig.suptitle(title, fontsize=fontsize)
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    room = 0.96 * fig.get_figwidth() * fig.dpi
+    for width in range(len(title), 19, -2):
+        text.set_text(textwrap.fill(title, width, break_on_hyphens=False))
+        if text.get_window_extent(renderer).width <= room:
+            return
 
 
 def write_split_files(folder: Path, spec: PartitionSpec, suffix: str = "", picture: bool = True) -> np.ndarray:
@@ -115,7 +151,9 @@ def write_split_files(folder: Path, spec: PartitionSpec, suffix: str = "", pictu
     if not picture:
         return counts
     what = "generated per device" if spec.dataset == "synthetic" else cut(spec)
-    title = f"{spec.dataset}, {spec.num_partitions} clients, {what}, seed {spec.seed}"
+    sizes = counts.sum(axis=1)
+    title = (f"{spec.dataset}, {spec.num_partitions} clients of {int(sizes.min()):,} to {int(sizes.max()):,} examples,"
+             f" {what}, seed {spec.seed}")
     draw_split(folder / with_suffix(FIGURE_FILE, suffix), counts, title)
     return counts
 

@@ -296,6 +296,40 @@ def test_split_files_draw_and_count_every_client(small_mnist, tmp_path):
     assert read_label_counts(tmp_path / "old.csv").tolist() == counts.tolist()
 
 
+@pytest.mark.parametrize("clients", [4, 20, 30, 100])
+def test_the_split_picture_is_whole_and_readable(clients):
+    """Issue 70: the title was cut at the left, the client ticks read 0.0, 2.5, 5.0 and the
+    tallest bar's size label touched the top edge. Now: the title (wrapped to fit) lies inside
+    the figure, the clients' ticks are integers (every client up to 20), and every size label
+    lies inside the axes."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from tasks.partition_figure import split_figure
+
+    counts = np.random.default_rng(0).integers(0, 2000, (clients, 10))
+    counts[clients // 2] = 5000  # the tallest bar, in the middle
+    title = ("mnist, 100 clients of 1,234 to 16,840 examples, dirichlet partitions (alpha=0.3,"
+             " min-partition-size=10, noise-sigma=0.1), seed 0")
+    fig = split_figure(counts, title)
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    figure_box = fig.bbox
+    title_box = fig._suptitle.get_window_extent(renderer)
+    assert figure_box.x0 <= title_box.x0 and title_box.x1 <= figure_box.x1 and title_box.y1 <= figure_box.y1
+    assert fig._suptitle.get_text().replace("\n", " ") == title
+    [ax] = fig.axes
+    ticks = [t for t in ax.get_xticks() if -0.5 <= t <= clients - 0.5]
+    assert all(float(t).is_integer() for t in ticks) and len(ticks) >= 3
+    labels = [tick.get_text() for tick in ax.get_xticklabels() if tick.get_text()]
+    assert all(label.lstrip("−-").isdigit() for label in labels), labels
+    if clients <= 20:
+        assert ticks == list(range(clients))
+    axes_box = ax.get_window_extent(renderer)
+    for text in ax.texts:  # the size labels
+        box = text.get_window_extent(renderer)
+        assert box.y1 <= axes_box.y1, (text.get_text(), box, axes_box)
+
+
 def test_check_draws_the_split_without_training(small_mnist, tmp_path, capsys, monkeypatch):
     """--check writes partitions.png (one per distinct split) and trains nothing; the pictures go
     into a new folder of the temporary directory: no --out folder, no results/compare-<time>."""
