@@ -299,9 +299,12 @@ def test_no_function_over_50_lines():
 
 # What the runner may import of the packages below it: fl_app's public entry and its run-config
 # schema; the process table (a leaf that imports nothing of ours, kept out of fl_app.api's weight
-# so that the runner's watchdog starts without torch and Flower); the plain catalogue of data sets
-# (read before torch is imported, runner/early.py).
-RUNNER_MAY_IMPORT = ("fl_app.api", "fl_app.registry", "fl_app.config", "fl_app.common.procfs", "tasks.catalogue")
+# so that the runner's watchdog starts without torch and Flower); the apps' list of third-party
+# warnings to ignore (a leaf as well, which runner/quiet.py applies to the runner's own process
+# before anything heavy is imported); the plain catalogue of data sets (read before torch is
+# imported, runner/early.py).
+RUNNER_MAY_IMPORT = ("fl_app.api", "fl_app.registry", "fl_app.config", "fl_app.common.procfs",
+                     "fl_app.common.verbosity", "tasks.catalogue")
 
 
 def test_the_runner_reaches_fl_app_through_its_public_entry():
