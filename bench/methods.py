@@ -42,7 +42,7 @@ import torch  # noqa: E402
 from flwr.app import Context, RecordDict  # noqa: E402
 from torch import nn  # noqa: E402
 
-from clients.base import DriftClient  # noqa: E402
+from fl_app.node.drift_client import DriftClient  # noqa: E402
 from fl_app.registry import METHODS, resolve, validate_config  # noqa: E402
 from tasks.datasets import input_shape  # noqa: E402
 from tasks.models import build_model, get_weights, last_layers_param_names  # noqa: E402

@@ -11,9 +11,9 @@ from flwr.app import Context
 from flwr.client.mod import make_ffn
 from flwr.clientapp import ClientApp
 
-from clients.base import DriftClient
 from fl_app.common.verbosity import quiet_by_default
 from fl_app.node.cohort_client import CohortClient
+from fl_app.node.drift_client import DriftClient
 from fl_app.node.node_client import NodeClient, match_threads_to_cpu_share
 from fl_app.registry import resolve
 from tasks.models import set_cuda_precision

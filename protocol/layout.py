@@ -16,7 +16,7 @@ from tasks.models import last_layers_param_names
 def all_finite(arrays: list[np.ndarray]) -> bool:
     """No NaN or Inf in any numeric array. The server leaves out a reply that has one
     (``fl_app.server.recording.check_reply``) and the client then keeps its earlier state
-    (``clients.base.DriftClient.finish_round``): one test on both sides, so a client's c_i or h_i
+    (``fl_app.node.drift_client.DriftClient.finish_round``): one test on both sides, so a client's c_i or h_i
     moves exactly when the server counts its update."""
     return all(np.isfinite(a).all() for a in arrays if np.issubdtype(np.asarray(a).dtype, np.number))
 

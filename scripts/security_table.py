@@ -52,8 +52,8 @@ from flwr.app import Context, RecordDict  # noqa: E402
 from flwr.common import ndarrays_to_parameters  # noqa: E402
 from flwr.server.client_manager import SimpleClientManager  # noqa: E402
 
-from clients.base import DriftClient  # noqa: E402
 from fl_app.common.screening_modes import allowed_modes  # noqa: E402
+from fl_app.node.drift_client import DriftClient  # noqa: E402
 from fl_app.node.node_client import NodeClient  # noqa: E402
 from fl_app.registry import METHODS, validate_config  # noqa: E402
 from fl_app.server.screening import min_replies  # noqa: E402

@@ -25,7 +25,7 @@ recipes: FedSOL (Lee et al., CVPR 2024, Appendix B) CIFAR-10 ``crop,flip,cutout`
 Every sample of a batch draws its own offsets, flip and hole with tensor ops on the batch's
 device (no per-sample Python loop), from a ``torch.Generator`` on that device seeded from the
 run seed, the partition and the round, so a run is reproducible. Only training batches are
-augmented (``clients/base.py`` applies it in the local loop); evaluation never is.
+augmented (``fl_app/node/drift_client.py`` applies it in the local loop); evaluation never is.
 """
 
 from __future__ import annotations

@@ -16,9 +16,9 @@ from flwr.server.client_proxy import ClientProxy
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from clients.base import DriftClient  # noqa: E402
 from fl_app.client_app import client_fn  # noqa: E402
 from fl_app.common.procfs import processes_with_env  # noqa: E402
+from fl_app.node.drift_client import DriftClient  # noqa: E402
 from fl_app.registry import validate_config  # noqa: E402
 from runner.inprocess import InProcessProxy  # noqa: E402
 from runner.launch import LocalSimulation  # noqa: E402

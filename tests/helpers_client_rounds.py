@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from clients.base import DriftClient
 from fl_app.node.cohort_client import train_cohort
+from fl_app.node.drift_client import DriftClient
 from fl_app.registry import get_method, validate_config
 from tasks.datasets import input_shape
 from tasks.functional import local_round

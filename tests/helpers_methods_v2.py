@@ -15,7 +15,7 @@ import torch
 from flwr.app import Context, RecordDict
 from torch import nn
 
-from clients.base import DriftClient
+from fl_app.node.drift_client import DriftClient
 from fl_app.registry import validate_config
 from runner.results.report import read_metrics
 from tasks.catalogue import InputShape

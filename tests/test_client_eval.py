@@ -176,7 +176,7 @@ def test_comparison_carries_the_client_columns(tmp_path):
 
 def test_client_trains_on_the_rest_and_evaluates_on_its_split():
     from clients import fedavg
-    from clients.base import DriftClient
+    from fl_app.node.drift_client import DriftClient
     from tasks.models import get_weights
     from tests.conftest import fake_context
 

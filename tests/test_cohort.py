@@ -41,11 +41,11 @@ from flwr.common import (
 )
 from flwr.server.client_proxy import ClientProxy
 
-from clients.base import DriftClient
 from fl_app.common.execution_checks import COHORT, PER_CLIENT, check_execution, cohort_problem
 from fl_app.common.execution_path import launch_execution, server_execution
 from fl_app.config import ConfigError
 from fl_app.node.cohort_wire import bundle_replies, split_instructions
+from fl_app.node.drift_client import DriftClient
 from fl_app.registry import METHODS, Method, get_method, method_config, validate_config
 from fl_app.server.cohort_routing import CohortFailure, fit_cohort
 from fl_app.server.sampling import CohortClientManager, SeededClientManager

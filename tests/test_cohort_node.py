@@ -22,10 +22,10 @@ import torch
 from flwr.app import RecordDict
 from flwr.common import FitIns, ndarrays_to_parameters, parameters_to_ndarrays
 
-import clients.base
-from clients.base import DriftClient
+import fl_app.node.drift_client as drift_client
 from fl_app.node.cohort_client import CohortClient, state_prefix
 from fl_app.node.cohort_wire import bundle_instructions, split_replies
+from fl_app.node.drift_client import DriftClient
 from fl_app.node.node_client import NodeClient
 from fl_app.registry import METHODS, validate_config
 from tests.conftest import fake_context
@@ -290,7 +290,7 @@ def test_augmented_cohort_equals_per_client(monkeypatch, partitions, rel):
         n = sizes[partition_id]
         return (torch.randn(n, 1, 28, 28, generator=gen), torch.randint(0, 10, (n,), generator=gen)), None
 
-    monkeypatch.setattr(clients.base, "partition_on_device", partition)
+    monkeypatch.setattr(drift_client, "partition_on_device", partition)
     cfg = validate_config({**BASE, "dataset": "mnist", "model": "cnn-small", "batch-size": 4,
                            "augment": "crop,flip,cutout", "strategy": "fedavg"})
     arrays = initial(cfg, "fedavg")

@@ -84,14 +84,14 @@ def test_the_page_teaches_the_local_update_and_no_other_way():
 
 def test_the_subclass_pattern_finds_a_client_class():
     assert SUBCLASS.search("class FedMomExampleClient(DriftClient):")
-    assert SUBCLASS.search("class X(clients.base.DriftClient):")
+    assert SUBCLASS.search("class X(fl_app.node.drift_client.DriftClient):")
     assert not SUBCLASS.search("class FedMomExampleStrategy(DriftFedAvg):")
 
 
 def test_the_example_trains_through_its_own_local_update(monkeypatch):
     """The registered update is the client module's ``UPDATE``, which documents itself by its
     own module, and the module defines no class: the generic client runs it."""
-    from clients.base import DriftClient
+    from fl_app.node.drift_client import DriftClient
     from tests.conftest import fake_context
 
     register_example(monkeypatch)

@@ -368,7 +368,7 @@ def test_the_site_builds_strictly(tmp_path):
 
 
 # The extension points docs/reference.md documents (mkdocstrings renders each under its path).
-REFERENCED = ("tasks.functional.update.LocalUpdate", "tasks.functional.core.Hyper", "clients.base.DriftClient",
+REFERENCED = ("tasks.functional.update.LocalUpdate", "tasks.functional.core.Hyper", "fl_app.node.drift_client.DriftClient",
               "strategies.base.FromConfig", "strategies.base.DriftFedAvg", "strategies.base.MEAN_OF_WEIGHTS",
               "tasks.partitioning", "tasks.partition_spec.PartitionSpec", "tasks.catalogue.DatasetInfo",
               "protocol.keys.Key", "fl_app.registry.spec", "fl_app.registry.validate_config")

@@ -17,7 +17,7 @@ import pytest
 from flwr.app import Context, RecordDict
 from flwr.common import ndarrays_to_parameters
 
-from clients.base import DriftClient
+from fl_app.node.drift_client import DriftClient
 from fl_app.node.node_client import NodeClient
 from fl_app.registry import METHODS, method_names, validate_config
 from fl_app.server.sampling import SeededClientManager

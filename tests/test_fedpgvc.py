@@ -12,8 +12,8 @@ from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters
 from torch import nn
 
 from clients import fedpgvc
-from clients.base import DriftClient
 from fl_app.config import ConfigError
+from fl_app.node.drift_client import DriftClient
 from fl_app.registry import validate_config
 from strategies.base import fedavg_kwargs
 from strategies.fedpgvc import FedPGVCStrategy

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from clients import control_variates, feddyn, scaffold
-from clients.base import DriftClient
+from fl_app.node.drift_client import DriftClient
 from fl_app.registry import METHODS, get_method, validate_config
 from tasks.catalogue import InputShape
 from tasks.functional import Hyper, LocalUpdate, Round, cohort_round, local_round, module_state, tree_norm

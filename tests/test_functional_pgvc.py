@@ -32,10 +32,10 @@ from flwr.app import RecordDict
 from torch import nn
 
 from clients import fedavg, fedpgvc
-from clients.base import DriftClient
 from clients.fedpgvc import authors_rescale, fedpgvc_finish
 from fl_app.common.execution_checks import cohort_problem
 from fl_app.node.cohort_client import CohortClient
+from fl_app.node.drift_client import DriftClient
 from fl_app.node.node_client import NodeClient
 from fl_app.registry import METHODS, validate_config
 from tasks.catalogue import InputShape

@@ -16,7 +16,7 @@ from flwr.app import ArrayRecord
 from torch import nn
 
 from clients import fedbn, feddyn, fedsmoo, moon, scaffold
-from clients.base import DriftClient
+from fl_app.node.drift_client import DriftClient
 from protocol.layout import bn_indices, cv_names_in_state_order, trainable_param_names
 from tasks.datasets import input_shape
 from tasks.functional import local_round

@@ -22,8 +22,8 @@ from flwr.common import Code, GetPropertiesRes, Status
 from PIL import Image
 
 from clients import fedavg
-from clients.base import DriftClient
 from fl_app.client_app import node_partition
+from fl_app.node.drift_client import DriftClient
 from fl_app.registry import validate_config
 from fl_app.server.sampling import SeededClientManager
 from runner.deploy import node_config_arg

@@ -155,9 +155,9 @@ def test_code_noise_reaches_both_execution_paths(small_mnist):
     import torch
 
     from clients import fedavg
-    from clients.base import DriftClient
     from fl_app.node.cohort_client import CohortClient
     from fl_app.node.cohort_wire import NUM_PARTITIONS
+    from fl_app.node.drift_client import DriftClient
     from tasks.models import get_weights
     from tests.conftest import fake_context
 

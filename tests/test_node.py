@@ -10,7 +10,7 @@ import torch
 
 import fl_app.node.node_client as node
 from clients import fedavg, scaffold
-from clients.base import DriftClient
+from fl_app.node.drift_client import DriftClient
 from fl_app.node.node_client import NodeClient
 from fl_app.node.state_mirror import ClientStateMirror
 from tests.conftest import fake_context, make_client

@@ -259,9 +259,9 @@ def test_cohort_and_per_client_see_the_same_noisy_inputs(small_mnist):
     """A virtual client on a cohort node and the per-client node of the same partition train
     on the same inputs, noise and all."""
     from clients import fedavg
-    from clients.base import DriftClient
     from fl_app.node.cohort_client import CohortClient
     from fl_app.node.cohort_wire import NUM_PARTITIONS
+    from fl_app.node.drift_client import DriftClient
     from tests.conftest import fake_context
 
     cfg = validate_config({"data-dir": str(small_mnist), "partitioner": "iid", "noise-sigma": 0.3,

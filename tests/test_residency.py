@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-import clients.base
+import fl_app.node.drift_client as drift_client
 import fl_app.node.node_client as node
-from clients.base import DriftClient
+from fl_app.node.drift_client import DriftClient
 from fl_app.registry import get_method, validate_config
 from tasks import models, partitioning
 from tasks.datasets import input_shape
@@ -31,7 +31,7 @@ MODEL = {"fedavg": "logreg", "fedprox": "logreg", "scaffold": "logreg", "moon": 
 def forget_everything() -> None:
     """What a freshly started process holds: no model built, no partition decoded or placed."""
     models._MODEL_CACHE.clear()
-    clients.base.partition_on_device.cache_clear()
+    drift_client.partition_on_device.cache_clear()
     partitioning.load_partition.cache_clear()
     partitioning.load_client_split.cache_clear()
 
@@ -105,7 +105,7 @@ def test_local_test_split_is_placed_once_per_process(monkeypatch):
     there, as a host-to-device copy does), the second client object of a partition gets the
     very train and local test tensors the first one used."""
     forget_everything()
-    monkeypatch.setattr(clients.base, "default_device", lambda: torch.device("meta"))
+    monkeypatch.setattr(drift_client, "default_device", lambda: torch.device("meta"))
     cfg = validate_config({"strategy": "fedavg", "dataset": "synthetic", "model": "logreg",
                            "client-test-fraction": 0.25})
     first = DriftClient(get_method("fedavg").update, cfg, fake_context(cfg), 1, CLIENTS)

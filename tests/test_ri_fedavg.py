@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from flwr.app import Context, RecordDict
 
 from clients import ri_fedavg
-from clients.base import DriftClient
 from clients.ri_fedavg import DIRECTIONS_STREAM, ri_sample, stream_seed
+from fl_app.node.drift_client import DriftClient
 from fl_app.registry import validate_config
 from tasks.catalogue import InputShape
 from tasks.datasets import input_shape

@@ -17,7 +17,7 @@ from flwr.common import (
 from flwr.server.client_manager import SimpleClientManager
 
 from clients import fedavg
-from clients.base import DriftClient
+from fl_app.node.drift_client import DriftClient
 from fl_app.node.node_client import NodeClient
 from fl_app.registry import validate_config
 from strategies.base import DriftFedAvg, fedavg_kwargs

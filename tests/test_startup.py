@@ -10,8 +10,8 @@ from flwr.app import Context, RecordDict
 
 import fl_app.node.node_client as node
 from clients import fedavg
-from clients.base import DriftClient
 from fl_app.common.background import in_background
+from fl_app.node.drift_client import DriftClient
 from fl_app.registry import validate_config
 from tasks.partitioning import PartitionSpec, federated_dataset, load_test, load_test_split
 

@@ -1,5 +1,5 @@
 """The pair a method is: its server ``Strategy`` class and its client side, a ``LocalUpdate``
-(``tasks.functional.update``) that the one generic ``NumPyClient`` (``clients.base.DriftClient``)
+(``tasks.functional.update``) that the one generic ``NumPyClient`` (``fl_app.node.drift_client.DriftClient``)
 and a cohort node run.
 
 Defined here, below every room of ``fl_app``, so that the server's and the node's parts can

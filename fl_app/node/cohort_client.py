@@ -40,8 +40,8 @@ import numpy as np
 from flwr.app import Context, RecordDict
 from flwr.client import NumPyClient
 
-from clients.base import DriftClient
 from fl_app.node.cohort_wire import COHORT_KEYS, NUM_PARTITIONS, PARTITIONS, bundle_replies, split_instructions
+from fl_app.node.drift_client import DriftClient
 from fl_app.node.node_client import NodeClient, NodeRound, start_warm_up
 from tasks.functional import RoundResult, cohort_round, local_round
 from tasks.functional.rounds import stack_trees

@@ -1,6 +1,6 @@
 """``NodeClient``: what a node does around a method's local training.
 
-The ClientApp wraps every method's client (the one ``clients.base.DriftClient``, running the
+The ClientApp wraps every method's client (the one ``fl_app.node.drift_client.DriftClient``, running the
 method's ``LocalUpdate``) in ``NodeClient``, the client-side counterpart of the server's
 ``DriftServer``. The method's ``fit`` is
 its local training only; around it ``NodeClient.fit``:
@@ -35,10 +35,10 @@ import numpy as np
 import torch
 from flwr.client import NumPyClient
 
-from clients.base import DriftClient
 from fl_app.common.background import in_background
 from fl_app.common.faults import parse_faults
 from fl_app.node.attacks import attacked_reply
+from fl_app.node.drift_client import DriftClient
 from fl_app.node.state_mirror import ClientStateMirror
 from tasks.partitioning import PartitionSpec, federated_dataset
 

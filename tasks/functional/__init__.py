@@ -31,7 +31,7 @@ state, batch, w_t, ctx).
 
 Drivers (``tasks.functional.rounds``): ``local_round`` runs E epochs of one client's batches
 in the per-client batch order (``tasks.train.batches`` with the client's generator), the path
-of the one generic client, ``clients.base.DriftClient``; ``cohort_round`` runs the same step for
+of the one generic client, ``fl_app.node.drift_client.DriftClient``; ``cohort_round`` runs the same step for
 K clients at once in one ``torch.func.vmap`` over their stacked weights, each client with its
 own data, batch order and state, a client whose local steps are over left unchanged (masked).
 The helpers the methods' step functions share (gradients of several objectives from one

@@ -1,7 +1,7 @@
 """The one driver of a round of local training, ``cohort_round``: K clients in one
 ``torch.func.vmap`` per step, running a ``LocalUpdate``'s step functions; ``local_round`` is
 that loop for a cohort of one (its steps unbatched). The one generic client
-(``clients.base.DriftClient``) calls ``local_round``; a cohort node
+(``fl_app.node.drift_client.DriftClient``) calls ``local_round``; a cohort node
 (``fl_app.node.cohort_client``) calls ``cohort_round`` on the same prepared rounds.
 
 Per-client batch order: every epoch is ``tasks.train.batches`` with the client's generator

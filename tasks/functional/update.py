@@ -1,7 +1,7 @@
 """``LocalUpdate``: the client side of a method, whole, as one declaration.
 
 A method's client is this object and nothing else: one generic ``NumPyClient``
-(``clients.base.DriftClient``) runs any ``LocalUpdate`` for one client, and a cohort node
+(``fl_app.node.drift_client.DriftClient``) runs any ``LocalUpdate`` for one client, and a cohort node
 (``fl_app.node.cohort_client``) runs the same declaration for many clients in one vmap. The
 declaration says, besides the three step functions of ``tasks.functional``'s contract
 (``begin`` / ``direction`` / ``end``):
