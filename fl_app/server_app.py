@@ -63,22 +63,6 @@ class CentralEvaluation:
         return evaluate_global(self.model, self.test_data, arrays)
 
 
-def start_up_steps(startup: ServerStartup, evaluation: CentralEvaluation):
-    """Start-up steps 2 and 3 (``fl_app/server/startup.py``) around the initial model's
-    evaluation, as one call for the server's start-up: ask the nodes for their partitions and
-    load the test split, evaluate round 0 (``evaluate_initial``; None on resume), then check
-    the partitioning (before round 1). Data and partition errors are one ``fl-drift:`` line."""
-
-    def complete(evaluate_initial) -> None:
-        with loud(DataUnavailableError, PartitionError):
-            evaluation.load(*startup.test_split())
-            if evaluate_initial is not None:
-                evaluate_initial()
-            startup.ready()
-
-    return complete
-
-
 def evaluate_global(model, test_data: list, arrays: list) -> tuple[float, dict]:
     """Loss, accuracy, minimum and per-class accuracy of ``arrays`` (the model state first)
     on the server's test split."""
@@ -133,7 +117,7 @@ def _server_components(context: Context) -> ServerAppComponents:
     startup.begin()  # start-up step 1: decode the test split while the nodes start
     server = DriftServer(
         client_manager=client_manager, cfg=cfg, run_dir=run_dir, strategy=strategy, method_class=method.strategy,
-        start_up=start_up_steps(startup, evaluation), resume_from=checkpoint,
+        startup=startup, evaluation=evaluation, resume_from=checkpoint,
         previous_rows=read_metrics(run_dir) if checkpoint is not None else None, execution=execution,
     )
     done = checkpoint.round if checkpoint is not None else 0

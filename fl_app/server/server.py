@@ -54,6 +54,7 @@ from fl_app.server.crash import crash_if_injected
 from fl_app.server.drift import round_drift
 from fl_app.server.participation import Participation, RunAborted
 from fl_app.server.placement import record_ray_nodes
+from fl_app.server.preflight import loud
 from fl_app.server.recording import (
     RunRecorder,
     array_views,
@@ -68,6 +69,7 @@ from fl_app.server.recording import (
 from fl_app.server.screening import Screening
 from fl_app.server.tracking import RunTracker
 from protocol.layout import all_finite
+from tasks.datasets import DataUnavailableError, PartitionError
 from tasks.partition_figure import write_run_split
 
 log = logging.getLogger("flwr.fl_drift")
@@ -81,16 +83,18 @@ class DriftServer(Server):
     method registers, whose declared facts the drift columns read (``UNIFORM_MEAN``,
     ``local_entries``); it is not always the strategy's own class (a method's ``from_config``
     may return one of Flower's wrappers), so the ServerApp passes it down; by default the class
-    of the strategy set. ``start_up`` is a callable (``fl_app.server_app``) that completes the
-    server's start-up once the nodes are known: it loads the test split into the strategy's
-    evaluation and checks the data and the partitioning. ``resume_from`` is the checkpoint a
+    of the strategy set. ``startup`` (``fl_app.server.startup.ServerStartup``, begun) completes
+    the start-up once the nodes are known: the test split, which ``start_up`` loads into
+    ``evaluation`` (the strategy's central evaluation), and the check of the data and the
+    partitioning. ``resume_from`` is the checkpoint a
     resumed run continues (its rows: ``previous_rows``); the strategy's own state is restored
     from it when the strategy is set. ``execution`` is the path (``fl_app.common.execution_path.Execution``:
     per-client or cohort, and why), logged once and recorded in summary.json; by default
     per-client."""
 
     def __init__(self, *, client_manager: ClientManager, cfg: dict, run_dir: Path, strategy: Strategy | None = None,
-                 method_class: type | None = None, start_up=None, resume_from: Checkpoint | None = None,
+                 method_class: type | None = None, startup=None, evaluation=None,
+                 resume_from: Checkpoint | None = None,
                  previous_rows: list[dict] | None = None, execution: Execution | None = None):
         super().__init__(client_manager=client_manager, strategy=strategy)
         self.method_class = method_class
@@ -101,7 +105,7 @@ class DriftServer(Server):
         self.tracker = RunTracker(self.run_dir, cfg)
         self.screening = Screening(cfg)
         self.participation = Participation(cfg)
-        self.complete_start_up = start_up
+        self.startup, self.evaluation = startup, evaluation
         self.resume_from = resume_from
         self.done = resume_from.round if resume_from is not None else 0  # rounds before this process
         self.last_checkpoint = self.done
@@ -153,8 +157,9 @@ class DriftServer(Server):
 
     # ------------------------------------------------------------------ start-up
     def start_up(self) -> bool:
-        """Before round 1: the initial parameters, the test split and the data checks
-        (``complete_start_up``), the initial model's evaluation (round 0; not on resume: the
+        """Before round 1, in this order: the initial parameters, the nodes' partitions and the
+        test split (``startup``, ``fl_app/server/startup.py``, loaded into ``evaluation``), the
+        initial model's evaluation (round 0; not on resume: the
         checkpoint's model is already recorded), then the data fingerprint, the run folder's
         first file (``RunRecorder.folder``: a run refused by its start-up, for no data or a
         partitioning that cannot be cut, leaves no folder behind), and round 0 to the trackers.
@@ -164,10 +169,13 @@ class DriftServer(Server):
             self.finish()
             return False
         self.parameters = self.strategy.initialize_parameters(client_manager=self.client_manager())
-        if self.complete_start_up is not None:
-            self.complete_start_up(self.evaluate_initial if self.resume_from is None else None)
-        elif self.resume_from is None:
-            self.evaluate_initial()
+        with loud(DataUnavailableError, PartitionError):  # one fl-drift: line, Flower's traceback at debug only
+            if self.startup is not None:  # start-up step 2: the nodes' partitions, the test split loaded
+                self.evaluation.load(*self.startup.test_split())
+            if self.resume_from is None:
+                self.evaluate_initial()
+            if self.startup is not None:  # step 3: the partitioning checked, before round 1
+                self.startup.ready()
         manager = self.client_manager()
         self.record.data_fingerprint(manager)  # the nodes have reported their partitions
         write_run_split(self.run_dir, self.cfg, None if getattr(manager, "data_path_of", None)
