@@ -54,7 +54,7 @@ from fl_app.server.tracking import PER_CLASS_FILE
 from tasks.datasets import DataUnavailableError, PartitionError, input_shape, parquet_rows, resolve_data_dir
 from tasks.models import BUILDERS, FLAT_MODELS, MODELS, build_model, get_weights
 from tasks.partition_figure import LABEL_COUNTS_FILE, read_label_counts, write_check_splits, write_label_counts
-from tasks.partitioning import PartitionSpec, check_data
+from tasks.partitioning import PartitionSpec, check_data, cut, settings
 from tasks.train import accuracy_spread, min_batch_of
 
 __all__ = [
@@ -67,7 +67,7 @@ __all__ = [
     # defined here
     "Checked", "RunFacts", "RunRecord", "changed_data", "changed_runs", "check_checkpoints", "check_configs",
     "check_report", "check_splits", "describe_data", "execution_for", "fingerprint_of", "preflight", "read_run",
-    "recorded_fingerprint", "run_divergence", "with_label_counts", "write_run_config",
+    "recorded_fingerprint", "run_divergence", "split_words", "with_label_counts", "write_run_config",
 ]
 
 
@@ -223,6 +223,20 @@ def describe_data(fp: dict) -> str:
     partition = ", ".join(f"{k} {v}" for k, v in (fp.get("partition") or {}).items())
     return (f"{fp['digest']} ({fp.get('dataset')}: train {_split_text(fp.get('train') or {})}; "
             f"test {_split_text(fp.get('test') or {})}; {partition})")
+
+
+def split_words(config: dict, clients: int) -> str:
+    """A run's split in words, from its recorded config: its partitioner and every key it reads,
+    feature noise included ('dirichlet partitions (alpha=0.3, min-partition-size=10,
+    noise-sigma=0.1)'; the synthetic data: 'generated per device (synthetic-alpha=1.0, ...)');
+    a key added after the run was recorded reads as its default (its value then), the
+    partitioner's name alone where the config is not a run's."""
+    defaults = {name: key.default for name, key in spec().items()}
+    try:
+        spec_ = PartitionSpec.from_config({**defaults, **config, "data-dir": ""}, clients)
+    except (KeyError, TypeError, ValueError):
+        return str(config.get("partitioner", "?"))
+    return f"generated per device ({settings(spec_)})" if spec_.dataset == "synthetic" else cut(spec_)
 
 
 # ------------------------------------------------------------------ --check

@@ -41,6 +41,7 @@ from runner.results.report import (
     plot,
     plot_curves,
     plot_drift,
+    setup_title,
     terminal_summary,
     write_comparison,
 )
@@ -255,12 +256,13 @@ def report(outcome: Outcome, out: Path) -> int:
     two data sets."""
     read = read_rows(outcome.runs)  # each run folder read once, for the table and the plots
     table = compare(read)
-    write_comparison(table, out)
+    setup = setup_title(read)  # the split (partitioner, its keys, noise, client sizes) and the model
+    write_comparison(table, out, setup)
     runs, _ = split_by_data(read)
     plot_curves(runs, out / "accuracy.png")
     plot(runs, "ri_mean", "roughness index (mean over clients)", out / "roughness.png")
     plot_drift(runs, out / "drift.png")
-    print(terminal_summary(table, out))
+    print(terminal_summary(table, out, setup))
     print(f"results in {out}")
     if outcome.stopped:  # a result (e.g. a method diverging), kept and reported, but worth a look
         print(f"note: {len(outcome.stopped)} run(s) stopped before their last round (see 'stopped' in their "

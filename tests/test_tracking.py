@@ -132,9 +132,54 @@ def test_drift_plot_title_carries_the_setup_line(tmp_path):
     cfg = validate_config({"dataset": "cifar10", "alpha": 0.1, "num-server-rounds": 3, "model": "cnn"})
     (run / "summary.json").write_text(json.dumps({**json.loads((run / "summary.json").read_text()), "config": cfg}))
     setup = setup_title({"fedavg": [run]})
-    assert setup.startswith("cifar10, Dirichlet alpha=0.1,") and "model cnn" in setup
-    assert drift_title({"fedavg": [run]}).splitlines() == [
-        "Client update diversity (1 = clients agree)", setup, "line: mean over seeds"]
+    assert setup.startswith("cifar10, 2 clients, dirichlet partitions (alpha=0.1,") and "model cnn" in setup
+    title = drift_title({"fedavg": [run]}).splitlines()
+    assert title[0] == "Client update diversity (1 = clients agree)" and title[-1] == "line: mean over seeds"
+    assert " ".join(title[1:-1]) == setup
+
+
+def test_every_title_names_the_whole_split_and_the_model(tmp_path):
+    """Issue 70: the plots' titles, comparison.md's header and the terminal summary name the
+    split whole (partitioner, its keys, feature noise, the clients' sizes from their
+    client_label_counts.csv) and the model, and a plot's title fits its figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from fl_app.registry import validate_config
+    from runner.results.report import plot_curves, setup_title, terminal_summary
+
+    cfg = validate_config({"dataset": "mnist", "partitioner": "pathological", "classes-per-client": 2,
+                           "noise-sigma": 0.1, "num-server-rounds": 3, "model": "cnn-small", "fraction-fit": 0.25})
+    runs = {}
+    for method, seed in (("fedavg", 0), ("fedprox", 1)):
+        run = _write_run(tmp_path / f"{method}-seed{seed}", [2.0, 4.0, 3.0], None, 0.8)
+        summary = json.loads((run / "summary.json").read_text())
+        (run / "summary.json").write_text(json.dumps({**summary, "config": {**cfg, "seed": seed}, "num_clients": 3}))
+        sizes = (1200, 450, 3000) if seed == 0 else (980, 2000, 700)
+        (run / "client_label_counts.csv").write_text("client,class_0,class_1\n" + "".join(
+            f"{k},{n - n // 3},{n // 3}\n" for k, n in enumerate(sizes)))
+        runs[method] = [run]
+    setup = setup_title(runs)
+    assert setup == ("mnist, 3 clients of 450 to 3,000 examples, pathological partitions (noise-sigma=0.1,"
+                     " classes-per-client=2), fraction 0.25, 3 rounds, model cnn-small")
+    table = compare(runs)
+    write_comparison(table, tmp_path / "out", setup)
+    assert (tmp_path / "out" / "comparison.md").read_text().startswith(f"Setup: {setup}\n\n| method |")
+    assert terminal_summary(table, tmp_path / "out", setup).splitlines()[0] == f"setup: {setup}"
+
+    captured = []
+    real_close = plt.close
+    with pytest.MonkeyPatch.context() as mp:  # keep the figure to measure its title
+        mp.setattr(plt, "close", lambda fig=None: captured.append(fig))
+        assert plot_curves(runs, tmp_path / "accuracy.png")
+    [fig] = captured
+    renderer = fig.canvas.get_renderer()
+    box = fig._suptitle.get_window_extent(renderer)
+    assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1
+    assert setup in fig._suptitle.get_text().replace("\n", " ")
+    real_close(fig)
 
 
 def test_make_results_adds_the_drift_plot_only_where_runs_have_it(tmp_path):

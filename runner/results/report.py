@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fl_app.api import atomic_write_text, replacing, run_divergence
+from fl_app.api import atomic_write_text, replacing, run_divergence, split_words
 from fl_app.api import read_metrics as read_metrics  # the readers of a run folder, for the callers of this module
 from fl_app.api import read_summary as read_summary
 from runner.results.clientmix import MIX_COLUMNS, client_mix_columns
@@ -264,9 +264,10 @@ WARNINGS = {
 }
 
 
-def write_comparison(table: list[dict], out: Path) -> None:
+def write_comparison(table: list[dict], out: Path, setup: str = "") -> None:
     """comparison.csv and comparison.md in ``out``, each written whole or not at all
-    (``replacing``: a full disk leaves the previous file, never a 0-byte or half one)."""
+    (``replacing``: a full disk leaves the previous file, never a 0-byte or half one);
+    comparison.md opens with ``setup`` (``setup_title``: the split and the model) when given."""
     out.mkdir(parents=True, exist_ok=True)
     with replacing(out / "comparison.csv", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(table[0]) if table else ["method"])
@@ -295,6 +296,8 @@ def write_comparison(table: list[dict], out: Path) -> None:
                if ref else "")
         )
     lines += ["", COST_NOTE]
+    if setup:
+        lines = [f"Setup: {setup}", "", *lines]
     if ref:
         lines += ["", f"Paired columns: per seed, the row's final accuracy (then its mean accuracy over the {last}, "
                   f"then its client compute per round) minus {ref}'s on the same seed (same partition and client "
@@ -313,15 +316,17 @@ def write_comparison(table: list[dict], out: Path) -> None:
     atomic_write_text(out / "comparison.md", "\n".join(lines) + "\n")
 
 
-def terminal_summary(table: list[dict], out: Path) -> str:
-    """The comparison as the runner prints it: the columns a reader compares methods by (final
-    and best accuracy, the worst class's, and with two or more seeds the paired difference from
-    the reference) and the warnings, narrow enough for a terminal; the full table (cost, drift,
-    client columns and their notes) is named, in ``out``."""
+def terminal_summary(table: list[dict], out: Path, setup: str = "") -> str:
+    """The comparison as the runner prints it: the setup (``setup_title``: the split and the
+    model) when given, the columns a reader compares methods by (final and best accuracy, the
+    worst class's, and with two or more seeds the paired difference from the reference) and the
+    warnings, narrow enough for a terminal; the full table (cost, drift, client columns and their
+    notes) is named, in ``out``."""
     ref = table[0].get("paired_reference") if table else None
-    lines = ["| method | seeds | final accuracy | best accuracy | final min-class accuracy |"
-             + (f" final − {ref}, paired (95% CI) |" if ref else ""),
-             "|---|---|---|---|---|" + ("---|" if ref else "")]
+    lines = [f"setup: {setup}"] if setup else []
+    lines += ["| method | seeds | final accuracy | best accuracy | final min-class accuracy |"
+              + (f" final − {ref}, paired (95% CI) |" if ref else ""),
+              "|---|---|---|---|---|" + ("---|" if ref else "")]
     for r in table:
         mc, sd = r.get("final_min_class_accuracy_mean", math.nan), r.get("final_min_class_accuracy_std", math.nan)
         lines.append(
@@ -404,8 +409,12 @@ FLAT_TOLERANCE = 1e-9  # a curve whose whole range is below this (relative to it
 
 
 def setup_title(runs: dict[str, list[Run]]) -> str:
-    """The runs' shared setup (values that differ between runs are joined with '/')."""
-    summaries = [d.summary for dirs in runs.values() for d in as_records(dirs) if d.summary]
+    """The runs' shared setup, one line: the dataset, the clients and their sizes (the smallest
+    and largest client of any run, from its client_label_counts.csv), the whole split (its
+    partitioner, every key it reads, feature noise; ``fl_app.api.split_words``), the fraction,
+    rounds and model (values that differ between runs are joined with '/')."""
+    records = [d for dirs in runs.values() for d in as_records(dirs) if d.summary]
+    summaries = [d.summary for d in records]
     if not summaries:
         return ""
 
@@ -420,19 +429,27 @@ def setup_title(runs: dict[str, list[Run]]) -> str:
                 seen.append(v)
         return "/".join(seen) if seen else "?"
 
-    def split(s: dict) -> str:
-        c = s["config"]
-        if c["partitioner"] == "dirichlet":
-            return f"Dirichlet alpha={c['alpha']:g}"
-        if c["partitioner"] == "shard":
-            return f"{c['shards-per-client']} shards/client"
-        return c["partitioner"]
+    def clients(s: dict) -> int:
+        return s.get("num_clients") or s["config"]["min-available-clients"]
 
-    return (f"{values(lambda s: s['config']['dataset'])}, {values(split)}, "
-            f"{values(lambda s: s.get('num_clients') or s['config']['min-available-clients'])} clients, "
+    sizes = [counts.sum(axis=1) for d in records
+             if (counts := getattr(d, "label_counts", None)) is not None and np.size(counts)]
+    of = f" of {int(min(z.min() for z in sizes)):,} to {int(max(z.max() for z in sizes)):,} examples" if sizes else ""
+    return (f"{values(lambda s: s['config']['dataset'])}, {values(clients)} clients{of}, "
+            f"{values(lambda s: split_words(s['config'], clients(s)))}, "
             f"fraction {values(lambda s: s['config']['fraction-fit'])}, "
             f"{values(lambda s: s['config']['num-server-rounds'])} rounds, "
             f"model {values(lambda s: s['config']['model'])}")
+
+
+def wrapped(text: str, width_inches: float, fontsize: float) -> str:
+    """``text`` wrapped at spaces to lines that fit a figure ``width_inches`` wide at
+    ``fontsize`` points (a character at most 0.6 of the font size wide, on average), so that a
+    long setup line is not cut at the figure's edges."""
+    import textwrap
+
+    chars = max(20, int(width_inches * 72 / (0.6 * fontsize)))
+    return "\n".join(textwrap.fill(line, chars, break_on_hyphens=False) for line in text.splitlines())
 
 
 def _spread_note(stats: dict[str, tuple]) -> str:
@@ -490,7 +507,7 @@ def plot(runs: dict[str, list[Run]], column: str, ylabel: str, path: Path, title
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     _draw(ax, stats, ylabel)
     setup = setup_title(runs)
-    ax.set_title("\n".join(t for t in (title, setup, _spread_note(stats)) if t), fontsize=8)
+    ax.set_title(wrapped("\n".join(t for t in (title, setup, _spread_note(stats)) if t), 6.5, 8), fontsize=8)
     fig.tight_layout()
     save_figure(fig, path)
     return True
@@ -524,7 +541,7 @@ def plot_curves(runs: dict[str, list[Run]], path: Path) -> bool:
         _draw(right, loss, "test loss")
     else:
         right.set_axis_off()
-    fig.suptitle(f"{setup_title(runs)}\n{_spread_note(acc)}", fontsize=9)
+    fig.suptitle(wrapped(f"{setup_title(runs)}\n{_spread_note(acc)}", 11, 9), fontsize=9)
     fig.tight_layout()
     save_figure(fig, path)
     return True
@@ -782,7 +799,7 @@ def drift_title(runs: dict[str, list[Run]], title: str = "") -> str:
     band = f"; band: min-max over {seeds} seeds" if seeds > 1 else ""
     lines = (f"{title or 'Client update diversity'} (1 = clients agree)", setup_title(runs),
              f"line: mean over seeds{band}")
-    return "\n".join(t for t in lines if t)
+    return wrapped("\n".join(t for t in lines if t), 6.5, 8)  # drift.png: 6.5 inches wide, its title at 8 points
 
 
 def _drift_cells(r: dict) -> str:
