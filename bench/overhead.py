@@ -6,6 +6,12 @@ fl-drift simulation (``LocalSimulation`` -> ``flwr run`` on Ray). Not a test; ru
     FL_DATA_DIR=/path/to/data python bench/overhead.py --mode sim --clients 200 --rounds 3
     FL_DATA_DIR=/path/to/data python bench/overhead.py --mode sim --execution per-client,cohort
 
+Per path it also prints where a round's seconds go (``PHASES``): preparing, training, finishing,
+the messages, aggregating, evaluating, from the timings the product records in metrics.csv
+(the clients' ``prepare_seconds``/``train_seconds``/``fit_seconds``, spread over the processes
+that ran them; the server's ``fit_phase_seconds``, ``aggregate_seconds``, ``evaluate_seconds``),
+so a CPU run shows what a GPU run spends around the training.
+
 ``--execution per-client,cohort`` runs (b) once per path (``fl_app/common/execution_path.py``: one node
 per client, or cohort nodes that train the round's clients in one vmap) and prints the training
 samples per second over the rounds side by side (samples: the sampled partitions' sizes times
@@ -340,10 +346,64 @@ def simulation(args: argparse.Namespace) -> dict:
         rows = list(csv.DictReader(f))
     shutil.rmtree(results, ignore_errors=True)
     return {"wall_s": run_s, "with_superlink_s": total, "server_total_s": summary["total_seconds"],
+            "phase_rows": [{k: float(r[k]) for k in PHASE_COLUMNS if r.get(k) not in (None, "")} for r in rows],
             "round_s": [float(r["round_seconds"]) for r in rows],
             "fit_phase_s": [float(r["fit_phase_seconds"]) for r in rows],
             "client_fit_s": [float(r["fit_seconds_mean"]) * int(r["num_clients"]) for r in rows],
             "final_accuracy": float(rows[-1]["test_accuracy"]), "start_phases": start_phases, **memory}
+
+
+# metrics.csv columns the phase breakdown reads (fl_app/server/recording.py, node_client.round_timings)
+PHASE_COLUMNS = ("num_clients", "round_seconds", "fit_phase_seconds", "aggregate_seconds", "evaluate_seconds",
+                 "fit_seconds_mean", "prepare_seconds_mean", "train_seconds_mean")
+PHASES = (("preparing", "node steps, client built, data loaded/decoded, prepare_round"),
+          ("training", "the local loop (cohort: the one cohort_round)"),
+          ("finishing", "finish_round, reply arrays, state kept"),
+          ("messages", "configure, serialising, Flower/Ray transport, an idle actor"),
+          ("aggregating", "checks, screening, drift columns, aggregation"),
+          ("evaluating", "the server's evaluation on the test split"),
+          ("other", "recording, checkpoint, the rest of the round"))
+
+
+def round_phases(row: dict, parallel: int) -> dict[str, float] | None:
+    """One metrics.csv row as wall-clock seconds per phase (``PHASES``): the clients' own
+    timings (summed over the round's K clients, spread over the ``parallel`` processes that run
+    them: 2 one-core actors per-client, 1 cohort node), the rest of the fit phase as the
+    messages, the server's aggregate and evaluate seconds as recorded. None for a row without
+    the timings (an older run)."""
+    need = ("num_clients", "fit_phase_seconds", "fit_seconds_mean", "prepare_seconds_mean", "train_seconds_mean",
+            "aggregate_seconds", "evaluate_seconds", "round_seconds")
+    if any(k not in row for k in need):
+        return None
+    k = row["num_clients"]
+    prepare, train = k * row["prepare_seconds_mean"] / parallel, k * row["train_seconds_mean"] / parallel
+    fit = k * row["fit_seconds_mean"] / parallel
+    out = {"preparing": prepare, "training": train, "finishing": fit - prepare - train,
+           "messages": row["fit_phase_seconds"] - fit, "aggregating": row["aggregate_seconds"],
+           "evaluating": row["evaluate_seconds"]}
+    out["other"] = row["round_seconds"] - row["fit_phase_seconds"] - out["aggregating"] - out["evaluating"]
+    out["round"] = row["round_seconds"]
+    return out
+
+
+def phase_breakdown(b: dict, parallel: int) -> dict[str, dict[str, float]]:
+    """Seconds per phase of round 1 (start-up work lands there) and the mean of rounds 2.."""
+    per_round = [round_phases(r, parallel) for r in b["phase_rows"]]
+    if not per_round or any(p is None for p in per_round):
+        return {}
+    later = per_round[1:] or per_round
+    return {"round 1": per_round[0],
+            "rounds 2+": {k: statistics.fmean(p[k] for p in later) for k in per_round[0]}}
+
+
+def print_phases(name: str, phases: dict[str, dict[str, float]]) -> None:
+    if not phases:
+        print(f"    {name}: no phase timings in metrics.csv", flush=True)
+        return
+    for which, p in phases.items():
+        outside = p["round"] - p["training"] - p["evaluating"]
+        print(f"    {name} {which}: round {p['round']:.2f} s = " + ", ".join(
+            f"{k} {p[k]:.2f}" for k, _ in PHASES) + f"; outside training and evaluation {outside:.2f} s", flush=True)
 
 
 def simulation_on(args: argparse.Namespace, execution: str) -> dict:
@@ -356,6 +416,8 @@ def simulation_on(args: argparse.Namespace, execution: str) -> dict:
     b["samples_per_s"] = trained_samples(args, len(b["round_s"])) / sum(b["round_s"])
     print(f"(b) {execution}: {b['samples_per_s']:,.0f} training samples/s over {len(b['round_s'])} rounds"
           f" ({sum(b['round_s']):.1f} s), final accuracy {b['final_accuracy']:.4f}", flush=True)
+    b["phases"] = phase_breakdown(b, 1 if execution == "cohort" else parallel_actors(args))
+    print_phases(execution, b["phases"])
     return b
 
 
@@ -468,6 +530,22 @@ def print_start_phases(events: dict[str, float]) -> None:
         print(f"    seconds before round 1's first fit: {first_fit:.2f} (target <= 5)", flush=True)
 
 
+def print_phase_table(phases: dict[str, dict[str, dict[str, float]]]) -> None:
+    """Seconds per round by phase, rounds 2.. (mean), one column per path, as a markdown table."""
+    paths = [e for e, p in phases.items() if p]
+    if not paths:
+        return
+    print("seconds per round by phase, rounds 2+ (mean); round 1 in brackets:", flush=True)
+    print("| phase | what | " + " | ".join(paths) + " |", flush=True)
+    print("|---|---|" + "---|" * len(paths), flush=True)
+    for key, what in (*PHASES, ("round", "the whole round")):
+        print(f"| {key} | {what} | " + " | ".join(
+            f"{phases[e]['rounds 2+'][key]:.2f} ({phases[e]['round 1'][key]:.2f})" for e in paths) + " |", flush=True)
+    print("| outside training and evaluation | | " + " | ".join(
+        f"{p['round'] - p['training'] - p['evaluating']:.2f}" for p in (phases[e]['rounds 2+'] for e in paths))
+        + " |", flush=True)
+
+
 def plain_pass(args: argparse.Namespace, report: dict) -> None:
     """(a) once per thread count asked for, into ``report``: every run, and the fastest (the
     compute floor) as ``plain``."""
@@ -510,6 +588,8 @@ def one_pass(args: argparse.Namespace) -> dict:
                   f" {d['fifo'] - d['ideal']:.2f} s + transport and the rest {d['fit_phase'] - d['fifo']:.2f} s",
                   flush=True)
     if args.mode in ("both", "sim") and len(executions) > 1:
+        print_phase_table({e: report['sim' if i == 0 else f'sim_{e}'].get("phases", {})
+                           for i, e in enumerate(executions)})
         print("samples/s over the rounds: " + ", ".join(
             f"{e} {report['sim' if i == 0 else f'sim_{e}']['samples_per_s']:,.0f} (final accuracy"
             f" {report['sim' if i == 0 else f'sim_{e}']['final_accuracy']:.4f})" for i, e in enumerate(executions)),

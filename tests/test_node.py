@@ -95,6 +95,7 @@ def test_node_adds_timing_and_state_count_the_method_does_not(monkeypatch):
     _, _, metrics = NodeClient(wrapped).fit(_sent(wrapped), {"server-round": 2})
     assert metrics["state_arrays_in"] == 2 and metrics["ray_node"] == "node-b" and metrics["fit_seconds"] > 0
     assert list(metrics)[-3:] == ["state_arrays_in", "ray_node", "fit_seconds"]
+    assert 0 < metrics["prepare_seconds"] + metrics["train_seconds"] <= metrics["fit_seconds"]  # round_timings
     stateless = make_client(FedAvgClient, {}, x, y)
     _, _, metrics = NodeClient(stateless).fit(stateless.get_parameters({}), {"server-round": 1})
     assert "state_arrays_in" not in metrics  # only methods that keep state report it

@@ -56,7 +56,7 @@ def run_actor(method: str, fresh: bool, test_fraction: float = 0.0) -> list:
             extra = [np.zeros_like(a) for a in weights] if method == "scaffold" else []
             reply, n, metrics = node.NodeClient(client).fit([a.copy() for a in weights] + extra, {"server-round": rnd})
             replies.append(reply)
-            out.append((reply, n, {k: v for k, v in metrics.items() if k != "fit_seconds"}))
+            out.append((reply, n, {k: v for k, v in metrics.items() if not k.endswith("_seconds")}))
             if test_fraction:  # the global model scored on the client's local test split
                 out.append(node.NodeClient(client).evaluate([a.copy() for a in weights], {"server-round": rnd}))
         weights = [np.mean([r[i] for r in replies], axis=0).astype(weights[i].dtype) for i in range(len(weights))]

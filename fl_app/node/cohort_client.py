@@ -27,7 +27,8 @@ for the node's virtual clients as one bundle (``fl_app.node.cohort_wire``); ``fi
 Equal to the per-client path: each client's reply, state and metrics are those of its own
 ``DriftClient.fit`` within float rounding (vmap's batched kernels sum in another order: 1e-5
 relative in float32, tests/test_cohort_node.py), and exactly for a cohort of one. The metric
-``fit_seconds`` is each client's share of the node's round (the round's time over its clients).
+``fit_seconds`` is each client's share of the node's round (the round's time over its clients),
+``prepare_seconds`` its own step 2, ``train_seconds`` its share of step 3 (``round_timings``).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from flwr.client import NumPyClient
 
 from fl_app.node.cohort_wire import COHORT_KEYS, NUM_PARTITIONS, PARTITIONS, bundle_replies, split_instructions
 from fl_app.node.drift_client import DriftClient
-from fl_app.node.node_client import NodeClient, NodeRound, start_warm_up
+from fl_app.node.node_client import NodeClient, NodeRound, round_timings, start_warm_up
 from tasks.functional import RoundResult, cohort_round, local_round
 from tasks.functional.rounds import stack_trees
 from tasks.functional.update import LocalUpdate, Round
@@ -201,13 +202,18 @@ class CohortClient(NumPyClient):
         started = time.perf_counter()
         members: list[Member] = []
         failed: dict[int, str] = {}
+        prepare: dict[int, float] = {}  # each client's own preparation (one after another)
         for partition, arrays, client_config in split_instructions(parameters, config):
+            begun = time.perf_counter()
             try:
                 members.append(self._prepare(partition, arrays, client_config))
             except Exception as exc:  # this client fails; the others go on
                 log.warning("cohort node: virtual client %d failed before training", partition, exc_info=True)
                 failed[partition] = failure(exc)
+            prepare[partition] = time.perf_counter() - begun
+        prepared = time.perf_counter()
         results = train([m.job for m in members]) if members else []
+        train_share = (time.perf_counter() - prepared) / max(len(members), 1)
         replies = []
         for member, result in zip(members, results):
             try:
@@ -216,7 +222,8 @@ class CohortClient(NumPyClient):
                 log.warning("cohort node: virtual client %d failed after training", member.partition, exc_info=True)
                 failed[member.partition] = failure(exc)
         share = (time.perf_counter() - started) / max(len(members), 1)
-        for _, _, _, metrics in replies:
+        for partition, _, _, metrics in replies:
+            metrics.update(round_timings(prepare[partition], train_share))
             metrics["fit_seconds"] = share  # each client's share of the node's round
         return bundle_replies(replies, failed)
 

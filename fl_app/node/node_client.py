@@ -16,7 +16,8 @@ its local training only; around it ``NodeClient.fit``:
 6. poisons the reply (``nan`` and the attacks of ``fl_app.node.attacks``) after the client's
    ``finish_round`` has kept its state, so the method's own state stays honest;
 7. writes the state mirror, and with ``client-state = "disk"`` clears ``context.state``;
-8. adds ``ray_node`` (in a Ray worker) and ``fit_seconds`` (the client's share of the round).
+8. adds ``ray_node`` (in a Ray worker) and ``fit_seconds`` (the client's share of the round),
+   split by ``prepare_seconds`` and ``train_seconds`` (``round_timings``, added after step 4).
 
 Steps 1-3 are ``begin_fit``, steps 5-8 ``end_fit``: a cohort node (``fl_app.node.cohort_client``)
 runs them around each of its virtual clients, so a virtual client gets the same node steps.
@@ -40,6 +41,7 @@ from fl_app.common.faults import parse_faults
 from fl_app.node.attacks import attacked_reply
 from fl_app.node.drift_client import DriftClient
 from fl_app.node.state_mirror import ClientStateMirror
+from tasks.functional import local_round
 from tasks.partitioning import PartitionSpec, federated_dataset
 
 _THREADS_MATCHED = False
@@ -114,6 +116,15 @@ def carried_arrays(client: DriftClient) -> int:
     return sum(len(record) for record in client.context.state.array_records.values())
 
 
+def round_timings(prepare: float, train: float) -> dict[str, float]:
+    """The fit metrics that split a client's ``fit_seconds``: ``prepare_seconds`` (the node's
+    steps before training and ``prepare_round``: the client built, its data loaded or decoded,
+    w_t converted) and ``train_seconds`` (the local loop; on a cohort node the client's share of
+    the cohort's one ``cohort_round``). The rest of ``fit_seconds`` is ``finish_round`` and the
+    node's steps after it (the reply converted, state kept). Two clock reads a round."""
+    return {"prepare_seconds": prepare, "train_seconds": train}
+
+
 @dataclass
 class NodeRound:
     """What ``NodeClient.begin_fit`` found before the method's training, for ``end_fit``."""
@@ -151,10 +162,17 @@ class NodeClient(NumPyClient):
     def fit(self, parameters: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
         """The method's fit with the node's steps around it, in order: an injected ``raise``
         fault, the client state restored from its mirror, the warm-up awaited, the method's
-        fit, a ``nan`` fault or an attack on the reply, the state saved to its mirror, then
-        the ``state_arrays_in``, ``ray_node`` and ``fit_seconds`` metrics."""
+        fit (``DriftClient.fit``'s two halves around ``local_round``, timed: ``round_timings``),
+        a ``nan`` fault or an attack on the reply, the state saved to its mirror, then the
+        ``state_arrays_in``, ``ray_node`` and ``fit_seconds`` metrics."""
         node_round = self.begin_fit(config)
-        reply, num_examples, metrics = self.client.fit(parameters, config)
+        client = self.client
+        job = client.prepare_round(parameters, config)  # the method's fit: its two halves around the loop
+        prepared = time.perf_counter()
+        result = local_round(job)
+        trained = time.perf_counter()
+        reply, num_examples, metrics = client.finish_round(job, result)
+        metrics.update(round_timings(prepared - node_round.started, trained - prepared))
         return self.end_fit(node_round, parameters, config, reply, num_examples, metrics)
 
     def begin_fit(self, config: dict) -> NodeRound:

@@ -3,9 +3,13 @@ checks every reply passes before screening (``check_reply``, ``in_node_order``).
 
 Per round ``fl_app/server/server.py`` writes one row to ``<results-dir>/<run-name>/metrics.csv``: round,
 test_accuracy, test_loss, train_loss, num_clients, num_failures, num_rejected,
-round_seconds, fit_phase_seconds (sampling to the last reply), then the method's metrics
-(client metrics as ``<name>_mean/_min/_max``, e.g. ``fit_seconds_mean``: the clients' compute;
-server metrics as reported), and what the round cost in traffic, measured from the messages
+round_seconds, fit_phase_seconds (sampling to the last reply), aggregate_seconds (the last
+reply to the new global model: checks, screening, drift columns, the method's aggregation) and
+evaluate_seconds (the server's evaluation, and the clients' with a local test split; about 0
+in a round that does not evaluate), then the method's metrics (client metrics as
+``<name>_mean/_min/_max``, e.g. ``fit_seconds_mean``: the clients' compute, split by
+``prepare_seconds`` and ``train_seconds``, ``fl_app.node.node_client.round_timings``; server
+metrics as reported), and what the round cost in traffic, measured from the messages
 themselves: ``bytes_down_per_client`` and ``bytes_up_per_client``, the arrays' ``nbytes`` summed
 over each FitIns sent (after ``drop-rate``'s drops) and each FitRes received (rejected ones
 too: they were sent), mean over those clients (``message_nbytes``; a method that sends extra

@@ -140,9 +140,13 @@ class DriftServer(Server):
             instructions = self.configure(server_round)
             if instructions:
                 results, failures = self.send(instructions, timeout, server_round)
+                replied = time.monotonic()
                 accepted = self.screen(server_round, results, failures)
                 self.aggregate(server_round, accepted, failures, history)
+                self.record.row["aggregate_seconds"] = time.monotonic() - replied  # checks, screening, aggregation
+            evaluating = time.monotonic()
             per_class = self.evaluate(server_round, timeout, history)
+            self.record.row["evaluate_seconds"] = time.monotonic() - evaluating  # 0 in a round that does not
             self.record_and_checkpoint(server_round, per_class)
         return history, self.record.elapsed()
 
