@@ -257,7 +257,7 @@ def make_client(update: LocalUpdate, overrides: dict, x: torch.Tensor, y: torch.
     ``client_cls``: a test's recording subclass of ``DriftClient``."""
     cfg = validate_config({"dataset": "synthetic", "model": "logreg", **overrides})
     client = client_cls(update, cfg, context or fake_context(), partition_id=0, num_partitions=1)
-    client._data = (x, y)
+    client.use_data((x, y))
     return client
 
 

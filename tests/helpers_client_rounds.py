@@ -23,7 +23,7 @@ def drift_client(method: str, overrides: dict, x: torch.Tensor, y: torch.Tensor,
     """``method``'s client (the registry's update in the one generic client) training on (x, y)."""
     cfg = validate_config({"strategy": method, "dataset": "synthetic", "model": "logreg", **overrides})
     client = DriftClient(get_method(method).update, cfg, fake_context(), partition, num_partitions)
-    client._data = (x, y)
+    client.use_data((x, y))
     return client
 
 

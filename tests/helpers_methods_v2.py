@@ -89,7 +89,7 @@ def drift_client(update: LocalUpdate, overrides: dict, x: torch.Tensor, y: torch
     cfg = validate_config({"dataset": "synthetic", "model": "logreg", **overrides})
     context = context or Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config={})
     client = DriftClient(update, cfg, context, partition_id=0, num_partitions=1)
-    client._data = (x, y)
+    client.use_data((x, y))
     return client
 
 

@@ -39,7 +39,7 @@ def test_fit_step_masked_layers_get_g_plus_rho_others_plain_sgd():
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(n, 4, generator=gen) * 2
     y = torch.randint(0, 3, (n,), generator=gen)
-    client._data = (x, y)
+    client.use_data((x, y))
 
     ref = tiny_model()  # same weights, used for the hand computation
     start = get_weights(ref)

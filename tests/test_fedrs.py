@@ -129,8 +129,7 @@ def test_counts_are_of_the_training_split_and_the_heads_classes():
     gen = torch.Generator().manual_seed(0)
     x, y = torch.randn(40, 60, generator=gen), torch.randint(0, 4, (40,), generator=gen)
     client = drift_client("fedrs", {"client-test-fraction": 0.25}, x, y)
-    client._test_data = (x[:10], y[:10])
-    client._data = (x[10:], y[10:])
+    client.use_data((x[10:], y[10:]), (x[:10], y[:10]))
     job = client.prepare_round(initial_weights(client), {"server-round": 1})
     counts = job.state["label_counts"]
     assert counts.tolist() == torch.bincount(y[10:], minlength=10).tolist()

@@ -213,8 +213,7 @@ def seeded_clients(monkeypatch):
     ``seeded_partition`` (no data folder needed), of a size that depends on the partition: so
     virtual clients differ in steps and last batches."""
     def load(self):
-        self._data = seeded_partition(self.partition_id)
-        self._test_data = None
+        self.use_data(seeded_partition(self.partition_id))
 
     monkeypatch.setattr(DriftClient, "_load", load)
 

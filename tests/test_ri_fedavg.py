@@ -166,7 +166,7 @@ def make_client(overrides: dict, n: int = 24, seed: int = 0):
     dim = input_shape("synthetic").size
     x = torch.randn(n, dim, generator=gen)
     y = torch.randint(0, input_shape("synthetic").classes, (n,), generator=gen)
-    client._data = (x, y)
+    client.use_data((x, y))
     return client, cfg, x, y
 
 

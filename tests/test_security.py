@@ -69,7 +69,7 @@ def final_accuracy(data_dir: str, faults: str, screening: str) -> tuple[float, .
     manager = Everyone()
     for k in range(K):
         client = DriftClient(fedavg.UPDATE, cfg, fake_context(), partition_id=k, num_partitions=K)
-        client._data = parts[k]
+        client.use_data(parts[k])
         manager.register(Proxy(str(k), NodeClient(client)))
     parameters = ndarrays_to_parameters(w0)
     for t in range(1, ROUNDS + 1):

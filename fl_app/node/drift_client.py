@@ -148,6 +148,13 @@ class DriftClient(NumPyClient):
             self._load()
         return self._test_data if self._test_data is not None else self._data
 
+    def use_data(self, train: tuple[torch.Tensor, torch.Tensor],
+                 test: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        """Train on ``train`` (and test on ``test``; else on ``train``) instead of loading the
+        partition: data already in memory (a test's, or a caller that loaded it itself)."""
+        self._data = tuple(t.to(self.device) for t in train)
+        self._test_data = tuple(t.to(self.device) for t in test) if test is not None else None
+
     def _load(self) -> None:
         fraction = self.cfg["client-test-fraction"]
         if self.data_path:
@@ -156,8 +163,7 @@ class DriftClient(NumPyClient):
         else:
             spec = PartitionSpec.from_config(self.cfg, self.num_partitions)
             train, test = partition_on_device(spec, self.partition_id, self.device, fraction)
-        self._data = tuple(t.to(self.device) for t in train)
-        self._test_data = tuple(t.to(self.device) for t in test) if test is not None else None
+        self.use_data(train, test)
 
     def load_state(self, name: str) -> list[np.ndarray] | None:
         """Arrays saved under record ``name`` in an earlier round on this node, or None."""
