@@ -1,46 +1,72 @@
-"""Estimated run time of a comparison on this machine, printed by ``run_simulation.py --check``.
+"""Estimated run time of a comparison on this machine, printed by ``run_simulation.py --check``
+(and used by the sweep's progress lines for its ETA).
 
-An estimate, not a measurement: a short probe times a few local SGD steps of each model the
-runs use (one thread, the configured batch size, random inputs) and the server's forward pass;
-the arithmetic then counts what a run does:
+An estimate, not a measurement, given as a range. Two things are measured when it is made:
 
-    run = START + rounds * (ceil(K * C) clients * steps * step * cost / parallel + eval + ROUND)
+- a probe of each model the runs use (a few local SGD steps, one thread, the configured batch
+  size, random inputs, and the server's forward pass): ``step`` and ``fwd``;
+- a reference probe of this machine's speed now (``reference_seconds``: a fixed small torch and
+  Python workload), which scales the parts of a run that no model probe sees (Flower's and Ray's
+  start, the nodes' start-up, the ClientApp built each round): ``s = reference now / reference
+  when the timing was recorded``; a loaded machine makes both probes, and so the estimate, slower.
+
+The arithmetic then counts what a run does, with a ``Timing`` of this machine (what its recent
+runs took, below):
+
+    run   = outside * s + K * node * s + R * round
+    round = m * (prepare * s + steps * step * cost * train_ratio) / parallel
+            + N_eval * fwd * eval_ratio + flower * s
     steps = local-epochs * ceil((N_train / K) / batch-size)
-    eval = N_test * forward-per-example                (the server's test split, every round)
+    sweep = SWEEP_SECONDS * reference now / SWEEP_REFERENCE   (once: validating, packaging, the report)
 
-with K clients, C = fraction-fit, N_train / N_test the sizes of the run's splits (``split_sizes``:
-the local parquet files' row counts, else the hub's; an even share per client: Dirichlet splits
-vary around it), ``cost`` the method's local step relative to plain SGD
-(the method's ``LocalUpdate.step_cost``, set from the measured run times in docs/results:
-two forward-backward passes for the sharpness-aware methods, ...), ``parallel``
-the clients trained at once (CPU cores, one per client as run_simulation's default), START the
-launch and end of one run, ROUND what Flower adds to every round beyond the arithmetic (the
-grid's 0.1 s polls, the messages and the ClientApp built anew for each of them, the server's
-diagnostics). A loaded machine makes the probe, and so the estimate, slower.
+with K clients (nodes), R rounds, m = max(min-fit-clients, ceil(K * fraction-fit)) clients a
+round, ``cost`` the method's local step against plain SGD (``LocalUpdate.step_cost``),
+N_train / N_eval the sizes of the splits (``split_sizes``: the local parquet files' rows, else
+the hub's; the server evaluates the validation share of the training split when
+``validation-fraction`` is set). A ``Timing`` holds, each read from one finished run:
 
-START and ROUND are measured, not guessed (docs/performance.md section 9): from launch to the
-first fit a run spends about 18 s in `flwr run`'s submission, `flwr-simulation`'s imports, Ray's
-start and the actors' imports, and about 4 s after its last round stopping them; with START =
-12 s and no ROUND the estimate fell short of the idle 2-core CPU's measured sweeps by a quarter
-(fedpgvc-fmnist-dir05: 35 min estimated, 45 measured for 24 runs of 60 rounds; fedgam-fmnist-dir03:
-43 against 59, part of it under load). START = 20 s and ROUND = 0.3 s account for the
-fedpgvc-fmnist-dir05 sweep (45 min) and bring fedgam-fmnist-dir03's to 55 min.
+- ``outside``: the runner's wall time of the run less the server's ``total_seconds``
+  (``flwr run``'s submission, Ray's start, the actors' imports, the stop);
+- ``node``: the server's start-up per node (``total_seconds`` less its rounds' ``round_seconds``,
+  divided by the nodes: the initial evaluation and every node asked for its partition, which
+  took 2.6-2.9 s a node at load 5-9 on the 2-core machine: the fixed 20 s of start-up an earlier
+  estimate assumed was a third of it for 20 nodes);
+- ``prepare``: a client's seconds a round before its local loop (node steps, the ClientApp and
+  its data: ``prepare_seconds`` of metrics.csv);
+- ``train_ratio``: a client's local loop (``train_seconds``) against ``steps * step * cost`` with
+  the probe measured right after the run (2 processes training on 2 cores under load, not the
+  probe's one quiet thread);
+- ``parallel``: the clients that trained at once (their fit seconds over the fit phase's),
+  measured, not assumed to be the core count;
+- ``eval_ratio``: the server's evaluation against ``N_eval * fwd``;
+- ``flower``: the rest of a round (messages, polls, aggregation).
+
+Where the timings come from: the runner appends one per finished run to this machine's timing
+file (``timings_file``: ``$FL_DRIFT_TIMINGS``, else ``~/.cache/fl-drift/timings.jsonl``) and the
+estimate reads the recent ones made on this host with this many cores (``recent_timings``);
+without any it uses ``DEFAULT_TIMINGS``, measured on the project's 2-core CPU machine (listed
+below with their runs). The estimate is made with each timing; the range is their spread,
+widened by ``MARGIN`` either way (the middle value is the median timing's).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import socket
+import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-START_SECONDS = 20.0
-ROUND_SECONDS = 0.3
 HUB_SIZES = {"mnist": (60000, 10000), "fashion_mnist": (60000, 10000), "cifar10": (50000, 10000),
              "cifar100": (50000, 10000)}  # (train, test) examples of the hub's splits
 SYNTHETIC_PER_CLIENT = 100  # tasks/synthetic.py: lognormal(4, 2) + 50 examples a device, median about 105
 SYNTHETIC_TEST = 1000
+MARGIN = 0.2  # the range: the timings' spread, widened by a fifth either way
+RECENT_DAYS = 30
+KEPT_TIMINGS = 200  # the timing file keeps the latest runs only
 
 
 @dataclass(frozen=True)
@@ -50,6 +76,41 @@ class Probe:
 
     step_seconds: float
     forward_seconds_per_example: float
+
+
+@dataclass(frozen=True)
+class Timing:
+    """What one finished run took on this machine, in the terms of the module docstring:
+    ``reference`` (the reference probe when it was recorded), ``outside``, ``node``,
+    ``prepare``, ``flower`` in seconds; ``train_ratio``, ``eval_ratio``, ``parallel`` as numbers."""
+
+    reference: float
+    outside: float
+    node: float
+    prepare: float
+    train_ratio: float
+    parallel: float
+    eval_ratio: float
+    flower: float
+
+
+# Measured on the project's 2-core CPU machine (issue 70), each from one run of the runner at the load
+# given; see docs/performance.md. Used only until this machine has recorded timings of its own.
+# The sweep's own seconds, once (validating, packaging the app, the estimate's probes, the comparison and
+# its plots): 9.4 s at the reference below (mnist cnn-small, 10 clients, 3 rounds: 54.6 s, its run 45.2 s).
+# The default timings' ``outside`` is their command's wall time less this and the server's total_seconds.
+SWEEP_SECONDS, SWEEP_REFERENCE = 9.4, 0.0054
+DEFAULT_TIMINGS = (
+    # mnist cnn-small, 10 clients, fraction 0.3, 3 rounds: 104 s at load 4.4-8.8 (6.2-8.3 ms/step probed)
+    Timing(reference=0.00568, outside=22.7, node=2.75, prepare=3.36, train_ratio=2.45, parallel=1.74,
+           eval_ratio=4.05, flower=0.0),
+    # mnist cnn-small, 20 clients, fraction 0.2, 3 rounds: 54 s at load 5.2-5.4
+    Timing(reference=0.00562, outside=15.5, node=0.88, prepare=0.70, train_ratio=1.37, parallel=1.76,
+           eval_ratio=1.18, flower=0.0),
+    # fashion_mnist cnn-small, 10 clients, fraction 0.5, 4 rounds: 71 s at load 3.5-3.9
+    Timing(reference=0.00550, outside=7.5, node=1.64, prepare=0.65, train_ratio=2.08, parallel=1.88,
+           eval_ratio=2.72, flower=0.0),
+)
 
 
 def split_sizes(cfg: dict) -> tuple[int, int] | None:
@@ -78,14 +139,32 @@ def local_steps(cfg: dict, clients: int) -> int:
     return cfg["local-epochs"] * max(1, math.ceil(n / cfg["batch-size"]))
 
 
-def run_seconds(cfg: dict, clients: int, probe: Probe, parallel: int, step_cost: float = 1.0) -> float:
-    """Estimated seconds of one run of ``cfg`` (see the module docstring for the formula);
+def eval_examples(cfg: dict) -> float:
+    """Examples the server evaluates each round: the test split, or the validation share of the
+    training split when the run sets ``validation-fraction`` (a tuning search)."""
+    if cfg["dataset"] == "synthetic":
+        return SYNTHETIC_TEST
+    train, test = split_sizes(cfg)
+    fraction = float(cfg.get("validation-fraction") or 0.0)
+    return train * fraction if fraction > 0 else test
+
+
+def clients_per_round(cfg: dict, clients: int) -> int:
+    return max(cfg["min-fit-clients"], math.ceil(clients * cfg["fraction-fit"]))
+
+
+def run_seconds(cfg: dict, clients: int, probe: Probe, timing: Timing, reference: float,
+                step_cost: float = 1.0) -> float:
+    """Estimated seconds of one run of ``cfg`` with one ``timing`` of this machine and the
+    reference probe now (``reference``); see the module docstring for the formula.
     ``step_cost``: the method's ``LocalUpdate.step_cost`` (its local step against one SGD step)."""
-    per_round = max(cfg["min-fit-clients"], math.ceil(clients * cfg["fraction-fit"]))
-    train = per_round * local_steps(cfg, clients) * probe.step_seconds * step_cost
-    test = SYNTHETIC_TEST if cfg["dataset"] == "synthetic" else split_sizes(cfg)[1]
-    evaluate = test * probe.forward_seconds_per_example
-    return START_SECONDS + cfg["num-server-rounds"] * (train / max(1, parallel) + evaluate + ROUND_SECONDS)
+    s = reference / timing.reference if timing.reference > 0 and reference > 0 else 1.0
+    m = clients_per_round(cfg, clients)
+    train = local_steps(cfg, clients) * probe.step_seconds * step_cost * timing.train_ratio
+    fit = m * (timing.prepare * s + train) / max(1.0, min(timing.parallel, m))
+    evaluate = eval_examples(cfg) * probe.forward_seconds_per_example * timing.eval_ratio
+    start = (timing.outside + clients * timing.node) * s
+    return start + cfg["num-server-rounds"] * (fit + evaluate + timing.flower * s)
 
 
 def measure(cfg: dict, steps: int = 5) -> Probe:
@@ -120,42 +199,234 @@ def measure(cfg: dict, steps: int = 5) -> Probe:
     return Probe(step, forward)
 
 
+def reference_seconds(repeats: int = 5) -> float:
+    """This machine's speed now: the median of ``repeats`` timings of a fixed workload (a small
+    MLP's SGD step on one thread and a loop of Python arithmetic, about 10 ms idle), which the
+    start-up and Flower's parts of a run scale with (a loaded machine makes it slower)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+        x, y = torch.randn(64, 256, generator=gen), torch.randint(0, 10, (64,), generator=gen)
+        times = []
+        for i in range(repeats + 1):
+            started = time.perf_counter()
+            for _ in range(10):
+                model.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+            total = 0
+            for k in range(30000):
+                total += k * k % 7
+            if i:  # the first is a warm-up
+                times.append(time.perf_counter() - started)
+    finally:
+        torch.set_num_threads(threads)
+    return statistics.median(times)
+
+
 def _dims(shape) -> tuple[int, ...]:
     return (shape.size,) if shape.channels == 0 else (shape.channels, shape.size, shape.size)
 
 
-def describe(configs: list[dict], clients: int, parallel: int | None = None, kept: int = 0,
-             step_costs: list[float] | None = None, paths: list[str] | None = None) -> str:
-    """The estimate for a list of validated run configs, one probe per (dataset, model, batch);
-    ``kept``: runs that already finished and cost nothing (named, not counted); ``step_costs``:
-    each config's method's ``LocalUpdate.step_cost`` (default 1 each); ``paths``: each run's execution
-    path (``fl_app/common/execution_path.py``). The arithmetic is the per-client path's: a cohort run's
-    speed depends on the device (faster on a GPU; 0.45-0.83x the per-client loop on a CPU,
-    ``bench/cohort.py``), so for cohort runs the line says it is the per-client estimate. Runs
-    whose data size is unknown (``split_sizes``) are named, not estimated."""
-    parallel = parallel or os.cpu_count() or 1
-    kept_text = f" ({kept} finished runs kept)" if kept else ""
-    if not configs:
-        return f"estimated run time on this machine: nothing left to run{kept_text}"
-    runs = [(c, cost) for c, cost in zip(configs, step_costs or [1.0] * len(configs)) if estimable(c)]
-    unsized = sorted({c["dataset"] for c in configs if not estimable(c)})
-    unsized_text = (f"; {len(configs) - len(runs)} runs on {', '.join(unsized)} not estimated: its size is read"
-                    " from a local data folder (--data-dir), and the hub's is not known here") if unsized else ""
-    if not runs:
-        return f"estimated run time on this machine: unknown{kept_text}{unsized_text}"
+# ---- this machine's timings: recorded by the runner after every finished run ----------------
+
+def timings_file() -> Path:
+    """``$FL_DRIFT_TIMINGS``, else ``$XDG_CACHE_HOME/fl-drift/timings.jsonl`` (``~/.cache``)."""
+    if os.environ.get("FL_DRIFT_TIMINGS"):
+        return Path(os.environ["FL_DRIFT_TIMINGS"])
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "fl-drift" / "timings.jsonl"
+
+
+def _here() -> dict:
+    return {"host": socket.gethostname(), "cores": os.cpu_count() or 1}
+
+
+def recent_timings(path: Path | None = None, now: float | None = None) -> list[Timing]:
+    """The timings recorded on this host with this many cores in the last ``RECENT_DAYS``
+    (the newest last); none when there is no timing file or it cannot be read."""
+    path = path or timings_file()
+    now = time.time() if now is None else now
+    here, found = _here(), []
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    names = {f.name for f in fields(Timing)}
+    for line in lines:
+        try:
+            entry = json.loads(line)
+            if (entry.get("host"), entry.get("cores")) != (here["host"], here["cores"]):
+                continue
+            if now - float(entry.get("time", 0)) > RECENT_DAYS * 86400:
+                continue
+            timing = Timing(**{k: float(entry[k]) for k in names})
+        except (ValueError, TypeError, KeyError, AttributeError):
+            continue
+        if all(math.isfinite(v) and v >= 0 for v in asdict(timing).values()) and timing.parallel > 0:
+            found.append(timing)
+    return found
+
+
+def timing_of_run(run_dir: Path, wall: float, clients: int) -> Timing | None:
+    """The ``Timing`` of one finished run (its summary.json and metrics.csv) that the runner
+    saw take ``wall`` seconds, probed now (the reference and the model's step); None when the
+    run has no complete record of its rounds' seconds (an older run, a failed or stopped one)."""
+    import csv
+
+    from fl_app.registry import get_method
+
+    try:
+        summary = json.loads((Path(run_dir) / "summary.json").read_text())
+        with open(Path(run_dir) / "metrics.csv", newline="") as f:
+            rows = [r for r in csv.DictReader(f) if r.get("round") not in (None, "", "0")]
+        cfg = summary["config"]
+        if summary.get("stopped") or not rows or summary.get("rounds") != len(rows):
+            return None
+        number = {k: [float(r[k]) for r in rows if r.get(k) not in (None, "")] for k in (
+            "round_seconds", "fit_phase_seconds", "fit_seconds_mean", "num_clients", "prepare_seconds_mean",
+            "train_seconds_mean", "evaluate_seconds", "aggregate_seconds")}
+        step_cost = get_method(cfg["strategy"]).update.step_cost
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if any(len(v) != len(rows) for k, v in number.items() if k != "evaluate_seconds") or not estimable(cfg):
+        return None
+    probe, reference = measure(cfg), reference_seconds()
+    mean = statistics.fmean
+    total = float(summary["total_seconds"])
+    busy = sum(f * n for f, n in zip(number["fit_seconds_mean"], number["num_clients"]))
+    evaluated = mean(number["evaluate_seconds"]) if number["evaluate_seconds"] else 0.0
+    expected_eval = eval_examples(cfg) * probe.forward_seconds_per_example
+    rest = [r - f - a for r, f, a in zip(number["round_seconds"], number["fit_phase_seconds"],
+                                         number["aggregate_seconds"])]
+    return Timing(
+        reference=reference,
+        outside=max(0.0, wall - total),
+        node=max(0.0, total - sum(number["round_seconds"])) / max(1, clients),
+        prepare=mean(number["prepare_seconds_mean"]),
+        train_ratio=mean(number["train_seconds_mean"]) / max(1e-9, local_steps(cfg, clients) * probe.step_seconds
+                                                             * step_cost),
+        parallel=max(1.0, busy / max(1e-9, sum(number["fit_phase_seconds"]))),
+        eval_ratio=evaluated / expected_eval if expected_eval > 0 else 1.0,
+        flower=max(0.0, mean(rest) - evaluated))
+
+
+def record_timing(run_dir: Path, wall: float, clients: int, path: Path | None = None) -> Timing | None:
+    """Append the ``Timing`` of a finished run to this machine's timing file (keeping the latest
+    ``KEPT_TIMINGS``); the timing, or None when the run gives none. A file that cannot be
+    written is left as it is: a timing is a help for estimates, never a reason to fail a run."""
+    timing = timing_of_run(run_dir, wall, clients)
+    if timing is None:
+        return None
+    path = path or timings_file()
+    entry = {"time": time.time(), **_here(), "load": os.getloadavg()[0], "run": Path(run_dir).name,
+             **asdict(timing)}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lines = path.read_text().splitlines() if path.exists() else []
+        lines = (lines + [json.dumps(entry)])[-KEPT_TIMINGS:]
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text("\n".join(lines) + "\n")
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return timing
+
+
+# ---- the estimate -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Estimate:
+    """Estimated seconds of each estimated run (the middle value), of the sweep's own work
+    (``sweep``) and of all of it (``seconds``, ``low`` to ``high``), the probes, how many timings of this machine it used (0: ``DEFAULT_TIMINGS``), and
+    the runs not estimated (unknown data size)."""
+
+    runs: list[float]
+    low: float
+    high: float
+    probes: dict
+    timings: int
+    unsized: list[str]
+    sweep: float = 0.0  # the sweep's own seconds (SWEEP_SECONDS, scaled to this machine now)
+
+    @property
+    def seconds(self) -> float:
+        return self.sweep + sum(self.runs)
+
+
+def estimate(configs: list[dict], clients: int, step_costs: list[float] | None = None,
+             timings: list[Timing] | None = None) -> Estimate:
+    """The estimate of ``configs`` (validated run configs), one probe per (dataset, model,
+    batch); ``timings``: this machine's (default: ``recent_timings``, else ``DEFAULT_TIMINGS``).
+    Each run's middle value uses the median timing (per entry); the range is the least and most
+    any one timing gives, widened by ``MARGIN``. A run of unknown data size counts 0 and is
+    listed in ``unsized``."""
+    timings = list(timings) if timings is not None else recent_timings()
+    used = len(timings)
+    pool = timings or list(DEFAULT_TIMINGS)
+    middle = Timing(**{f.name: statistics.median(getattr(t, f.name) for t in pool) for f in fields(Timing)})
+    costs = step_costs or [1.0] * len(configs)
     probes: dict[tuple, Probe] = {}
-    total = 0.0
-    for cfg, step_cost in runs:
+    reference = reference_seconds() if any(estimable(c) for c in configs) else 0.0
+    sweep = SWEEP_SECONDS * reference / SWEEP_REFERENCE if reference > 0 else 0.0
+    runs, lows, highs, unsized = [], sweep, sweep, []
+    for cfg, cost in zip(configs, costs):
+        if not estimable(cfg):
+            runs.append(0.0)
+            unsized.append(cfg["dataset"])
+            continue
         key = (cfg["dataset"], cfg["model"], cfg["batch-size"])
         if key not in probes:
             probes[key] = measure(cfg)
-        total += run_seconds(cfg, clients, probes[key], parallel, step_cost)
+        each = [run_seconds(cfg, clients, probes[key], t, reference, cost) for t in pool]
+        runs.append(run_seconds(cfg, clients, probes[key], middle, reference, cost))
+        lows += min(each)
+        highs += max(each)
+    return Estimate(runs, lows * (1 - MARGIN), highs * (1 + MARGIN), probes, used, unsized, sweep)
+
+
+def minutes(seconds: float) -> str:
+    """``42 s``, ``3.5 min``, ``12 min``, ``2.1 h``: a duration as a person reads it."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 600:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def describe(configs: list[dict], clients: int, kept: int = 0, step_costs: list[float] | None = None,
+             paths: list[str] | None = None, timings: list[Timing] | None = None) -> str:
+    """The estimate for a list of validated run configs in one line (``estimate``): the middle
+    value and the range; ``kept``: runs that already finished and cost nothing (named, not
+    counted); ``step_costs``: each config's method's ``LocalUpdate.step_cost`` (default 1 each);
+    ``paths``: each run's execution path (``fl_app/common/execution_path.py``). The arithmetic is
+    the per-client path's: a cohort run's speed depends on the device (faster on a GPU; 0.45-0.83x
+    the per-client loop on a CPU, ``bench/cohort.py``), so for cohort runs the line says it is the
+    per-client estimate. Runs whose data size is unknown (``split_sizes``) are named, not estimated."""
+    kept_text = f" ({kept} finished runs kept)" if kept else ""
+    if not configs:
+        return f"estimated run time on this machine: nothing left to run{kept_text}"
+    est = estimate(configs, clients, step_costs, timings)
+    n = len(configs) - len(est.unsized)
+    unsized = sorted(set(est.unsized))
+    unsized_text = (f"; {len(est.unsized)} runs on {', '.join(unsized)} not estimated: its size is read"
+                    " from a local data folder (--data-dir), and the hub's is not known here") if unsized else ""
+    if not n:
+        return f"estimated run time on this machine: unknown{kept_text}{unsized_text}"
     measured = "; ".join(f"{m} on {d}, batch {b}: {p.step_seconds * 1000:.1f} ms/step"
-                         for (d, m, b), p in probes.items())
+                         for (d, m, b), p in est.probes.items())
     cohort = sum(p == "cohort" for p in paths or [])
     cohort_text = (f"; {cohort} of them on the cohort path, estimated as per-client runs: faster on a GPU, slower on"
                    " a CPU (bench/cohort.py)") if cohort else ""
-    return (f"estimated run time on this machine: {total / 60:.0f} min for {len(runs)} runs{kept_text} "
-            f"(an estimate from a probe, {measured}; {parallel} clients in parallel; "
-            f"{START_SECONDS:.0f} s start-up per run, {ROUND_SECONDS:g} s of Flower per round"
-            f"{cohort_text}{unsized_text})")
+    source = (f"the timings of {est.timings} runs recorded on this machine ({timings_file()})" if est.timings else
+              "the default timings of a 2-core CPU machine (this one has recorded no run yet)")
+    load = os.getloadavg()[0]
+    return (f"estimated run time on this machine: {minutes(est.seconds)} (range {minutes(est.low)} to "
+            f"{minutes(est.high)}) for {n} runs{kept_text}, at load {load:.1f} on {os.cpu_count()} cores "
+            f"(probed now: {measured}; start-up, nodes and Flower's rounds from {source}{cohort_text}"
+            f"{unsized_text})")

@@ -1,11 +1,28 @@
-"""runner/estimate.py: the run-time arithmetic, by hand (the probe is machine-dependent)."""
+"""runner/estimate.py: the run-time arithmetic, by hand (the probes are machine-dependent),
+this machine's timings (recorded from a finished run, read back) and the estimate's range."""
 
+import csv
+import json
 import math
 
 import pytest
 
 from fl_app.registry import get_method, validate_config
-from runner.estimate import ROUND_SECONDS, START_SECONDS, Probe, describe, local_steps, run_seconds
+from runner.estimate import (
+    DEFAULT_TIMINGS,
+    Probe,
+    Timing,
+    describe,
+    estimate,
+    local_steps,
+    recent_timings,
+    run_seconds,
+    timing_of_run,
+)
+
+# a timing whose start-up and Flower parts are easy to follow by hand
+PLAIN = Timing(reference=0.01, outside=30.0, node=2.0, prepare=0.5, train_ratio=2.0, parallel=2.0, eval_ratio=1.0,
+               flower=0.2)
 
 
 def test_run_seconds_by_hand():
@@ -14,11 +31,14 @@ def test_run_seconds_by_hand():
     # 100 clients: 600 examples each, ceil(600 / 64) = 10 batches x 2 epochs = 20 steps
     assert local_steps(cfg, 100) == 20
     probe = Probe(step_seconds=0.015, forward_seconds_per_example=1e-5)
-    # per round: 10 clients x 20 steps x 15 ms / 2 in parallel = 1.5 s, plus 10000 x 1e-5 = 0.1 s eval
-    assert run_seconds(cfg, 100, probe, parallel=2) == pytest.approx(START_SECONDS + 45 * (1.6 + ROUND_SECONDS))
+    # start: 30 s + 100 nodes x 2 s; per round: 10 clients x (0.5 s + 20 steps x 15 ms x 2) / 2 at once = 5.5 s,
+    # plus 10000 x 1e-5 = 0.1 s eval, plus 0.2 s of Flower
+    assert run_seconds(cfg, 100, probe, PLAIN, reference=0.01) == pytest.approx(230 + 45 * 5.8)
+    # a machine twice as slow now (the reference probe): the start-up and Flower's part double
+    assert run_seconds(cfg, 100, probe, PLAIN, reference=0.02) == pytest.approx(460 + 45 * (5.5 + 2.5 + 0.1 + 0.4))
     two_pass = {**cfg, "strategy": "fedgam-cv"}  # two forward-backward passes a step
     step_cost = get_method("fedgam-cv").update.step_cost
-    assert run_seconds(two_pass, 100, probe, parallel=2, step_cost=step_cost) == pytest.approx(START_SECONDS + 45 * (3.1 + ROUND_SECONDS))
+    assert run_seconds(two_pass, 100, probe, PLAIN, 0.01, step_cost=step_cost) == pytest.approx(230 + 45 * (2.5 + 3 * step_cost + 0.3))
 
 
 def test_min_fit_clients_and_synthetic():
@@ -27,23 +47,66 @@ def test_min_fit_clients_and_synthetic():
                            "local-epochs": 1})
     assert local_steps(cfg, 10) == 4  # about 100 examples per synthetic client: ceil(100 / 32)
     probe = Probe(0.01, 0.0)
-    assert run_seconds(cfg, 10, probe, parallel=1) == pytest.approx(START_SECONDS + 2 * (3 * 4 * 0.01 + ROUND_SECONDS))
+    # 3 clients a round, 2 at once: 3 x (0.5 + 4 x 0.01 x 2) / 2
+    assert run_seconds(cfg, 10, probe, PLAIN, 0.01) == pytest.approx(50 + 2 * (1.5 * 0.58 + 0.2))
 
 
-def test_describe_probes_once_per_model_and_says_it_is_an_estimate():
+def test_describe_probes_once_per_model_and_gives_a_range():
     cfg = validate_config({"dataset": "synthetic", "model": "logreg", "num-server-rounds": 1})
-    text = describe([cfg, {**cfg, "seed": 1}], clients=4, parallel=2)
+    text = describe([cfg, {**cfg, "seed": 1}], clients=4, timings=[])
     assert text.startswith("estimated run time on this machine:") and "for 2 runs" in text
-    assert text.count("ms/step") == 1 and "an estimate" in text
+    assert text.count("ms/step") == 1 and "range" in text and "default timings" in text
+    est = estimate([cfg], clients=4, timings=[PLAIN, Timing(**{**PLAIN.__dict__, "node": 4.0})])
+    assert est.timings == 2 and est.low < est.seconds < est.high
+    assert est.high / est.low > 1.5  # both timings' spread, widened either way
 
 
-def test_flower_costs_every_round_and_every_run_even_without_arithmetic():
-    """A run with no training and no evaluation still pays Flower's start and its per-round
-    cost (the estimate fell short of measured sweeps by a quarter without them)."""
+def test_flower_and_the_nodes_cost_every_run_even_without_arithmetic():
+    """A run with no training and no evaluation still pays the start-up (per node) and Flower's
+    rounds: the nodes' start-up was 2.6-2.9 s each on the 2-core machine, not a fixed 20 s a run."""
     cfg = validate_config({"strategy": "fedavg", "dataset": "mnist", "num-server-rounds": 60})
     free = Probe(step_seconds=0.0, forward_seconds_per_example=0.0)
-    assert run_seconds(cfg, 100, free, parallel=2) == pytest.approx(20.0 + 60 * 0.3)
+    quiet = Timing(**{**PLAIN.__dict__, "prepare": 0.0})
+    assert run_seconds(cfg, 100, free, quiet, 0.01) == pytest.approx(30 + 100 * 2 + 60 * 0.2)
+    assert all(t.node > 0 and t.outside > 0 for t in DEFAULT_TIMINGS)
 
+
+def fake_run(folder, rounds=3, total=40.0):
+    """A finished run's summary.json and metrics.csv, as the server writes them."""
+    folder.mkdir(parents=True)
+    cfg = validate_config({"dataset": "mnist", "model": "cnn-small", "num-server-rounds": rounds, "fraction-fit": 0.5})
+    (folder / "summary.json").write_text(json.dumps({"config": cfg, "rounds": rounds, "total_seconds": total,
+                                                     "stopped": None}))
+    keys = ["round", "round_seconds", "fit_phase_seconds", "fit_seconds_mean", "num_clients", "prepare_seconds_mean",
+            "train_seconds_mean", "evaluate_seconds", "aggregate_seconds"]
+    with open(folder / "metrics.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(keys)
+        w.writerow([0, "", "", "", "", "", "", 1.0, ""])
+        for k in range(1, rounds + 1):
+            # 5 clients of 4 s each in an 8 s fit phase: 2.5 at once; 1 s evaluating, 0.5 s else
+            w.writerow([k, 9.5, 8.0, 4.0, 5, 1.0, 3.0, 1.0, 0.0])
+    return folder
+
+
+def test_a_finished_runs_timing_is_recorded_and_read_back(tmp_path, monkeypatch):
+    import runner.estimate as est
+
+    monkeypatch.setattr(est, "measure", lambda cfg: Probe(0.001, 1e-5))
+    monkeypatch.setattr(est, "reference_seconds", lambda: 0.01)
+    run = fake_run(tmp_path / "runs" / "fedavg-seed0")
+    timing = est.record_timing(run, wall=60.0, clients=10, path=tmp_path / "t.jsonl")
+    # 20 s outside the server; (40 - 3 x 9.5) / 10 nodes; 600 steps of a 6000-example client at 1 ms
+    assert timing.outside == pytest.approx(20.0) and timing.node == pytest.approx(1.15)
+    assert timing.parallel == pytest.approx(2.5) and timing.prepare == pytest.approx(1.0)
+    assert timing.train_ratio == pytest.approx(3.0 / (local_steps({"dataset": "mnist", "local-epochs": 1,
+                                                                   "batch-size": 32}, 10) * 0.001))
+    assert timing.eval_ratio == pytest.approx(1.0 / (10000 * 1e-5)) and timing.flower == pytest.approx(0.5)
+    assert recent_timings(tmp_path / "t.jsonl") == [timing]
+    assert recent_timings(tmp_path / "t.jsonl", now=1e12) == []  # too old
+    assert timing_of_run(fake_run(tmp_path / "short", rounds=2), 60.0, 10) is not None
+    (tmp_path / "short" / "metrics.csv").write_text("round,round_seconds\n1,3\n")  # an older run's columns
+    assert timing_of_run(tmp_path / "short", 60.0, 10) is None
 
 
 def test_a_dataset_in_a_data_folder_is_estimated_from_its_files(tmp_path):
@@ -60,7 +123,7 @@ def test_a_dataset_in_a_data_folder_is_estimated_from_its_files(tmp_path):
     assert local_steps(cfg, 10) == 20  # 640 examples a client: 20 batches of 32
     probe = Probe(step_seconds=0.01, forward_seconds_per_example=1e-3)
     # per round: 5 clients x 20 steps x 10 ms / 1 = 1 s, plus 500 x 1 ms = 0.5 s eval
-    assert run_seconds(cfg, 10, probe, parallel=1) == pytest.approx(START_SECONDS + 3 * (1.5 + ROUND_SECONDS))
+    assert run_seconds(cfg, 10, probe, PLAIN, 0.01) == pytest.approx(50 + 3 * (5 * (0.5 + 0.4) / 2 + 0.5 + 0.2))
     mnist = {**cfg, "dataset": "mnist"}  # no mnist/ in the folder: the hub's 60,000 / 10,000
     assert local_steps(mnist, 10) == math.ceil(6000 / 32)
 
@@ -68,6 +131,6 @@ def test_a_dataset_in_a_data_folder_is_estimated_from_its_files(tmp_path):
 def test_a_dataset_of_unknown_size_is_named_not_guessed():
     cfg = {**validate_config({"model": "logreg", "dataset": "synthetic", "num-server-rounds": 1})}
     hub_only = {**cfg, "dataset": "my-digits", "data-dir": ""}
-    text = describe([cfg, hub_only], clients=4, parallel=2)
+    text = describe([cfg, hub_only], clients=4, timings=[])
     assert "for 1 runs" in text and "1 runs on my-digits not estimated" in text
     assert describe([hub_only], clients=4).startswith("estimated run time on this machine: unknown;")
