@@ -17,8 +17,16 @@ array replaces its old one (``kept_path``). A later check of the same file reads
 array's header. A cache folder that cannot be written costs the next check the decoding again
 (best effort).
 
-The kept array is the first step toward clients reading their partitions already decoded; no
-client reads it yet.
+Every process reads its data from the kept arrays (``tasks.partitioning.load_partition``,
+``load_test``, ``load_validation_split``): the images memory-mapped (``np.load(mmap_mode="r")``:
+the server, each Ray actor and each cohort node share the pages the kernel holds once), the
+labels kept beside them (``decoded_labels``), and a partition is an index array into them:
+``split_order`` maps a row of a split as flwr-datasets' ``FederatedDataset`` presents it (its
+seeded shuffle, then ``PrepareSplits``' held-out test and validation cuts) to its row in the
+file, and the partitioner's indices (remembered by ``tasks/partition_cache.py``) pick a
+partition's rows of that split. The tensors are those of decoding through ``datasets``
+(``tasks.datasets.to_tensors``) bit for bit (tests/test_decoded.py); ``FL_DRIFT_DECODED=0``
+takes that path instead.
 
 Local parquet files only: a hub dataset (no data folder set) is not checked here, its images
 are decoded by the clients as before (the hub's copy may change under the same id, so nothing
@@ -27,6 +35,7 @@ of it is kept either).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -142,12 +151,102 @@ def _decode_and_keep(dataset: str, path: str, split: str, rows: int | None, kept
 
 
 def _forget_older(kept: Path) -> None:
-    """Remove the arrays kept of earlier versions of ``kept``'s file (best effort; a process
-    still reading one keeps its pages)."""
+    """Remove the arrays kept of earlier versions of ``kept``'s file, images and labels (best
+    effort; a process still reading one keeps its pages)."""
     owner = kept.name.split("-")[0]
     for old in kept.parent.glob(f"{owner}-*.npy"):
-        if old != kept and ".tmp." not in old.name:
+        if not old.name.startswith(kept.stem) and ".tmp." not in old.name:
             old.unlink(missing_ok=True)
+
+
+def decoding_enabled() -> bool:
+    """Whether local parquet data is read from the kept arrays (default) rather than decoded
+    through ``datasets`` (``FL_DRIFT_DECODED=0``: the reference path, for comparison)."""
+    return os.environ.get("FL_DRIFT_DECODED", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+@functools.lru_cache(maxsize=8)
+def _split_arrays(dataset: str, path: str, split: str, version: str) -> tuple[np.ndarray, np.ndarray]:
+    """(images, labels) of one file version, once per process: a cache folder that cannot be
+    written would otherwise cost every partition the whole file's decoding."""
+    return decoded_split(dataset, path, split), decoded_labels(dataset, path)
+
+
+def split_arrays(dataset: str, path: str, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """(images as ``decoded_split`` keeps them, labels as ``decoded_labels``) of the local
+    parquet file ``path``, rows in the file's order; read-only."""
+    return _split_arrays(dataset, path, split, kept_path(path, DATASETS[dataset].image_column).name)
+
+
+def labels_path(path: str, column: str) -> Path:
+    """Where the labels of ``path`` (as it is now) are kept: beside its images, whose image
+    ``column`` names them (``kept_path``)."""
+    images = kept_path(path, column)
+    return images.with_name(f"{images.stem}.labels.npy")
+
+
+def decoded_labels(dataset: str, path: str) -> np.ndarray:
+    """The label column of the local parquet file ``path`` as an int64 array, rows in the
+    file's order, kept beside its images (``<file>-<key>.labels.npy``, the images' name: the
+    same file version) and read back memory-mapped; read from the file (milliseconds) when it
+    is not kept yet."""
+    import pyarrow.parquet as pq
+
+    info = DATASETS[dataset]
+    kept = labels_path(path, info.image_column)
+    rows = parquet_rows(Path(path))
+    try:
+        found = np.load(kept, mmap_mode="r")
+        if found.dtype == np.int64 and found.shape == (rows,):
+            return found
+    except (OSError, ValueError):
+        pass
+    try:
+        labels = np.asarray(pq.read_table(path, columns=[info.label_column]).column(0).to_numpy(), dtype=np.int64)
+    except Exception as exc:  # ArrowInvalid, KeyError, OSError, ...
+        raise DataUnavailableError(f"cannot read {path}'s labels ({info.label_column!r}): {type(exc).__name__}: "
+                                   f"{exc}") from exc
+    tmp = kept.with_name(f"{kept.stem}.{os.getpid()}.tmp.npy")
+    try:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        np.save(tmp, labels)
+        os.replace(tmp, kept)  # atomic
+    except OSError:  # a cache folder this process cannot write: the labels are read each time
+        tmp.unlink(missing_ok=True)
+    return labels
+
+
+def split_order(dataset: str, files: dict[str, str], seed: int, validation_fraction: float,
+                split: str) -> tuple[str, np.ndarray]:
+    """(the file, the file rows) of ``split`` as ``tasks.partitioning.federated_dataset``
+    presents it: row i of that split is row ``rows[i]`` of ``file``. flwr-datasets shuffles
+    every split with the run's seed (``Dataset.shuffle(seed)``: ``np.random.default_rng(seed)
+    .permutation(n)``), then ``PrepareSplits`` cuts the shuffled training split: a held-out test
+    split first (``DatasetInfo.held_out_test``), then the validation split
+    (``validation-fraction``), the rest being the training split the partitioner cuts."""
+    from tasks.partitioning import VALIDATION, validation_size
+
+    info = DATASETS[dataset]
+    train = files["train"]
+    n = parquet_rows(Path(train))
+    if n is None:
+        raise DataUnavailableError(f"cannot read {train} as parquet")
+    order = np.random.default_rng(seed).permutation(n)
+    held = validation_size(n, info.held_out_test)
+    validation = validation_size(n - held, validation_fraction)
+    if split == "train":
+        return train, order[held + validation:]
+    if split == VALIDATION:
+        return train, order[held:held + validation]
+    if split == "test" and held:
+        return train, order[:held]
+    if split == "test":
+        test = files["test"]
+        rows = parquet_rows(Path(test))
+        if rows is None:
+            raise DataUnavailableError(f"cannot read {test} as parquet")
+        return test, np.random.default_rng(seed).permutation(rows)
+    raise ValueError(f"unknown split {split!r}")
 
 
 def _decode_cell(cell, where: str) -> np.ndarray:

@@ -19,6 +19,10 @@ import numpy as np
 from tasks.datasets import local_parquet_files
 from tasks.partition_spec import PartitionSpec
 
+# Bumped when what is remembered changes meaning: 2 = a ShardPartitioner's indices are kept as
+# rows of the split it was given, not of its label-sorted copy (``partitioner_assignment``).
+ASSIGNMENT_FORMAT = 2
+
 
 def cache_dir() -> Path:
     """Where fl-drift keeps small derived facts between processes: ``$FL_DRIFT_CACHE``, else
@@ -36,7 +40,7 @@ def _partitioning_key(spec: PartitionSpec) -> str | None:
 
     stats = {split: (path, os.stat(path).st_size, os.stat(path).st_mtime_ns) for split, path in files.items()}
     fields = {k: v for k, v in dataclasses.asdict(spec).items() if k != "data_dir"}
-    pinned = {"spec": fields, "files": stats, "numpy": np.__version__,
+    pinned = {"spec": fields, "files": stats, "numpy": np.__version__, "assignment": ASSIGNMENT_FORMAT,
               "flwr-datasets": version("flwr-datasets"), "datasets": version("datasets")}
     return hashlib.sha1(json.dumps(pinned, sort_keys=True).encode()).hexdigest()
 
@@ -53,14 +57,14 @@ def checked_partitioning(spec: PartitionSpec) -> list[int] | None:
     return sizes if len(sizes) == spec.num_partitions and min(sizes) > 0 else None
 
 
-def remember_partitioning(spec: PartitionSpec, sizes: list[int], partitioner) -> None:
+def remember_partitioning(spec: PartitionSpec, sizes: list[int], partitioner, split=None) -> None:
     """Best effort (a read-only home only costs the next check its second). The partitioner's
     index assignment is kept too (``remembered_indices``)."""
     try:
         key = _partitioning_key(spec)
         if key is None:
             return
-        remember_indices(spec, partitioner)
+        remember_indices(spec, partitioner, split)
         folder = cache_dir() / "partitions"
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / f"{key}.{os.getpid()}.tmp"
@@ -70,8 +74,9 @@ def remember_partitioning(spec: PartitionSpec, sizes: list[int], partitioner) ->
         pass
 
 
-def remember_indices(spec: PartitionSpec, partitioner) -> None:
-    """Keep a partitioner's index assignment once it is cut (best effort)."""
+def remember_indices(spec: PartitionSpec, partitioner, split=None) -> None:
+    """Keep a partitioner's index assignment once it is cut (best effort); ``split``: the
+    dataset the partitioner was given (``partitioner_assignment``)."""
     try:
         key = _partitioning_key(spec)
         if key is None:
@@ -80,7 +85,7 @@ def remember_indices(spec: PartitionSpec, partitioner) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         if (folder / f"{key}.npz").exists():
             return
-        assignment = _assignment(partitioner)
+        assignment = partitioner_assignment(partitioner, split)
         if not isinstance(assignment, dict) or sorted(assignment) != list(range(spec.num_partitions)):
             return
         parts = [np.asarray(assignment[i], dtype=np.int64) for i in range(spec.num_partitions)]
@@ -91,16 +96,43 @@ def remember_indices(spec: PartitionSpec, partitioner) -> None:
         pass
 
 
-def _assignment(partitioner) -> dict | None:
-    """partition id -> row indices of a partitioner that has cut its split, else None.
+def partitioner_assignment(partitioner, split=None) -> dict | None:
+    """partition id -> row indices of ``split`` (the dataset the partitioner was given: the
+    prepared training split) of a partitioner that has cut it, else None.
 
     flwr-datasets (0.6) exposes it publicly only for the size partitioners
-    (``partition_id_to_indices``); the Dirichlet, pathological, inner-Dirichlet and natural-id
-    partitioners keep it in ``_partition_id_to_indices``, read here only: if a later version
-    renames it, only the index cache is skipped. Called once the partitioner has cut."""
+    (``partition_id_to_indices``); the Dirichlet, pathological, inner-Dirichlet, shard and
+    natural-id partitioners keep it in ``_partition_id_to_indices``, read here only: if a later
+    version renames it, only the index cache is skipped. Called once the partitioner has cut.
+
+    ``ShardPartitioner`` cuts a copy of ``split`` sorted by label (``Dataset.sort``: Arrow's
+    stable ``sort_indices``), and its indices are rows of that copy: they are mapped back to rows
+    of ``split`` (the same rows, in the same order, ``split.select`` serves); None without
+    ``split``. (Kept unmapped, as before ``ASSIGNMENT_FORMAT`` 2, every later process served each
+    shard client rows of all labels.)"""
     if isinstance(getattr(type(partitioner), "partition_id_to_indices", None), property):
         return partitioner.partition_id_to_indices
-    return getattr(partitioner, "_partition_id_to_indices", None)
+    assignment = getattr(partitioner, "_partition_id_to_indices", None)
+    from flwr_datasets.partitioner import ShardPartitioner
+
+    if not isinstance(partitioner, ShardPartitioner) or not isinstance(assignment, dict):
+        return assignment
+    column = getattr(partitioner, "_partition_by", None)
+    if split is None or column is None:
+        return None
+    order = _sorted_rows(split, column)
+    return {pid: order[np.asarray(rows, dtype=np.int64)] for pid, rows in assignment.items()}
+
+
+def _sorted_rows(split, column: str) -> np.ndarray:
+    """Row i of ``split.sort(column)`` is row ``order[i]`` of ``split`` (``datasets``' sort:
+    ``pyarrow.compute.sort_indices``, stable, ascending, nulls at the end)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    table = pa.table({column: split.with_format("arrow")[column]})  # the label column alone, in split's order
+    order = pc.sort_indices(table, sort_keys=[(column, "ascending")])  # nulls at the end, as datasets' default
+    return order.to_numpy().astype(np.int64)
 
 
 def remembered_indices(spec: PartitionSpec) -> list[np.ndarray] | None:

@@ -6,7 +6,10 @@ With ``validation-fraction`` > 0 a share of the training split is held out as th
 on it, and the server scores it instead of the test split (``load_validation_split``), so a
 tuning search never looks at the test split.
 
-Decoded partitions are cached per process (``functools.lru_cache``), so a Ray actor or a
+Local parquet files are decoded once per file into uint8 arrays kept in the cache folder
+(``tasks/decoded.py``); every process memory-maps them, and a partition is the partitioner's
+index array into them (``_decoded_partition``). Hub data is decoded through ``datasets``; its
+decoded partitions are cached per process (``functools.lru_cache``), so a Ray actor or a
 SuperNode decodes each client's images once, not every round. A partitioning that passed
 ``check_data`` is remembered on disk (``tasks/partition_cache.py``).
 """
@@ -27,12 +30,14 @@ from tasks.datasets import (
     check_columns,
     check_labels,
     local_parquet_files,
+    normalise,
     to_tensors,
 )
-from tasks.decoded import check_images
+from tasks.decoded import check_images, decoded_labels, decoding_enabled, split_arrays, split_order
 from tasks.feature_noise import with_feature_noise
 from tasks.partition_cache import (
     checked_partitioning,
+    partitioner_assignment,
     precomputed_partitioner,
     remember_indices,
     remember_partitioning,
@@ -156,8 +161,59 @@ def load_partition(spec: PartitionSpec, partition_id: int) -> tuple[torch.Tensor
         _check_partition_id(spec, partition_id)
         return synthetic_partition(spec, partition_id)
     info = DATASETS[spec.dataset]
-    x, y = to_tensors(_partition_rows(spec, partition_id), info)
+    decoded = _decoded_partition(spec, partition_id)
+    x, y = decoded if decoded is not None else to_tensors(_partition_rows(spec, partition_id), info)
     return with_feature_noise(x, spec, partition_id, info), y
+
+
+def _decoded_partition(spec: PartitionSpec, partition_id: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Partition ``partition_id`` of local parquet files from the file's kept decoded arrays
+    (``tasks/decoded.py``): the partitioner's indices into the training split, mapped to the
+    file's rows (``split_order``), the images and labels taken at them and normalised as
+    ``to_tensors`` does; the same tensors bit for bit. None for hub data (or with
+    ``FL_DRIFT_DECODED=0``, or a partitioner whose indices cannot be read): decoded through
+    ``datasets`` then."""
+    files = local_parquet_files(spec.dataset, spec.data_dir)
+    if files is None or not decoding_enabled():
+        return None
+    _check_partition_id(spec, partition_id)
+    positions = _partition_positions(spec, partition_id)
+    if positions is None:
+        return None
+    if len(positions) == 0:
+        raise PartitionError(
+            f"partition {partition_id} of {spec.num_partitions} ({spec.partitioner}) is empty; "
+            "raise min-partition-size, raise alpha or use fewer clients"
+        )
+    path, order = split_order(spec.dataset, files, spec.seed, spec.validation_fraction, "train")
+    return _decoded_rows(spec.dataset, path, "train", order[positions])
+
+
+def _decoded_rows(dataset: str, path: str, split: str, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows ``rows`` (in that order) of the local parquet file ``path`` as normalised tensors,
+    from its kept decoded arrays."""
+    images, labels = split_arrays(dataset, path, split)
+    return normalise(images[rows], labels[rows], DATASETS[dataset])
+
+
+def _partition_positions(spec: PartitionSpec, partition_id: int) -> np.ndarray | None:
+    """The rows of the (prepared) training split that make partition ``partition_id``: the index
+    assignment remembered on disk (``remembered_indices``), ``IidPartitioner``'s contiguous
+    shard (``Dataset.shard(contiguous=True)``: nothing to remember), else the partitioner's own
+    once it has cut (``_partition_rows`` cuts and remembers); None when none can be read."""
+    indices = remembered_indices(spec)
+    if indices is not None:
+        return indices[partition_id]
+    if spec.partitioner == "iid":
+        div, mod = divmod(train_rows(spec), spec.num_partitions)
+        start = div * partition_id + min(partition_id, mod)
+        return np.arange(start, start + div + (1 if partition_id < mod else 0))
+    _partition_rows(spec, partition_id)  # cuts the split (PartitionError when it cannot)
+    fds = federated_dataset(spec)
+    assignment = partitioner_assignment(fds.partitioners["train"], fds.load_split("train"))
+    if not isinstance(assignment, dict) or partition_id not in assignment:
+        return None
+    return np.asarray(assignment[partition_id], dtype=np.int64)
 
 
 @functools.lru_cache(maxsize=256)
@@ -226,7 +282,7 @@ def _partition_rows(spec: PartitionSpec, partition_id: int):
     try:
         fds = federated_dataset(spec)
         part = fds.load_partition(partition_id, "train").with_format(None)
-        remember_indices(spec, fds.partitioners["train"])  # the next process on this node reads it
+        remember_indices(spec, fds.partitioners["train"], fds.load_split("train"))  # the next process reads it
     except (DataUnavailableError, PartitionError):
         raise
     except Exception as exc:  # flwr-datasets raises ValueError for impossible partitionings
@@ -284,6 +340,10 @@ def load_test_split(dataset: str, data_dir: str, seed: int) -> tuple[torch.Tenso
     server can decode it before it has learnt the partition count (while Ray starts)."""
     if dataset not in DATASETS:
         raise DataUnavailableError(f"unknown dataset {dataset!r}; valid choices: {', '.join(DATASETS)}")
+    files = local_parquet_files(dataset, data_dir)
+    if files is not None and decoding_enabled():  # the kept decoded arrays (tasks/decoded.py)
+        path, rows = split_order(dataset, files, seed, 0.0, "test")
+        return _decoded_rows(dataset, path, "test" if path == files.get("test") else "train", rows)
     source = PartitionSpec(dataset=dataset, num_partitions=1, partitioner="iid", seed=seed, data_dir=data_dir)
     return to_tensors(federated_dataset(source).load_split("test"), DATASETS[dataset])
 
@@ -295,6 +355,10 @@ def load_validation_split(dataset: str, data_dir: str, seed: int, fraction: floa
     shuffle is the run seed's), so the server loads it before it knows the partition count."""
     if dataset not in DATASETS:
         raise DataUnavailableError(f"unknown dataset {dataset!r}; valid choices: {', '.join(DATASETS)}")
+    files = local_parquet_files(dataset, data_dir)
+    if files is not None and decoding_enabled():  # the kept decoded arrays (tasks/decoded.py)
+        path, rows = split_order(dataset, files, seed, fraction, VALIDATION)
+        return _decoded_rows(dataset, path, "train", rows)
     source = PartitionSpec(dataset=dataset, num_partitions=1, partitioner="iid", seed=seed, data_dir=data_dir,
                            validation_fraction=fraction)
     return to_tensors(federated_dataset(source).load_split(VALIDATION), DATASETS[dataset])
@@ -383,11 +447,29 @@ def check_data(spec: PartitionSpec, min_size: int = 1, test_fraction: float = 0.
         except Exception as exc:
             raise PartitionError(f"cannot cut {spec.dataset!r} into {spec.num_partitions} {cut(spec)}: {exc}") from exc
         check_sizes(spec, sizes, 1)
-        remember_partitioning(spec, sizes, fds.partitioners["train"])
+        if files is not None and decoding_enabled():
+            check_split_order(spec, fds, files)
+        remember_partitioning(spec, sizes, fds.partitioners["train"], fds.load_split("train"))
     check_sizes(spec, sizes, min_size)
     check_local_splits(spec, sizes, test_fraction, min_size)
     if files is not None:  # last: the first check of a file decodes all of it
         check_images(spec.dataset, files)
+
+
+def check_split_order(spec: PartitionSpec, fds, files: dict[str, str]) -> None:
+    """The decoded path's map from the training split's rows to the file's (``split_order``)
+    must be the one flwr-datasets made: the labels read along it equal the split's label column
+    (read in Arrow, milliseconds), else ``DataUnavailableError``: a ``datasets`` or NumPy whose
+    shuffle differs would give clients other rows than decoding through ``datasets``. Checked
+    once per partitioning (with the partition sizes, which the cache key pins to those versions)."""
+    info = DATASETS[spec.dataset]
+    path, order = split_order(spec.dataset, files, spec.seed, spec.validation_fraction, "train")
+    want = label_column(fds.load_split("train"), info.label_column)
+    if not np.array_equal(decoded_labels(spec.dataset, path)[order], want):
+        raise DataUnavailableError(
+            f"{path}: the rows of the shuffled training split (seed {spec.seed}) are not where tasks/decoded.py"
+            " expects them (a datasets or NumPy version that shuffles otherwise); set FL_DRIFT_DECODED=0 to"
+            " decode through datasets")
 
 
 def check_local_splits(spec: PartitionSpec, sizes: list[int], test_fraction: float, min_size: int = 1) -> None:
