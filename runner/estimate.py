@@ -42,7 +42,8 @@ the hub's; the server evaluates the validation share of the training split when
 - ``flower``: the rest of a round (messages, polls, aggregation).
 
 Where the timings come from: the runner appends one per finished run to this machine's timing
-file (``timings_file``: ``$FL_DRIFT_TIMINGS``, else ``~/.cache/fl-drift/timings.jsonl``) and the
+file (``timings_file``: ``$FL_DRIFT_TIMINGS``, else ``timings.jsonl`` in ``$FL_DRIFT_CACHE`` or
+``~/.cache/fl-drift``) and the
 estimate reads the recent ones made on this host with this many cores (``recent_timings``);
 without any it uses ``DEFAULT_TIMINGS``, measured on the project's 2-core CPU machine (listed
 below with their runs). The estimate is made with each timing; the range is their spread,
@@ -234,11 +235,11 @@ def _dims(shape) -> tuple[int, ...]:
 # ---- this machine's timings: recorded by the runner after every finished run ----------------
 
 def timings_file() -> Path:
-    """``$FL_DRIFT_TIMINGS``, else ``$XDG_CACHE_HOME/fl-drift/timings.jsonl`` (``~/.cache``)."""
+    """``$FL_DRIFT_TIMINGS``, else ``timings.jsonl`` in fl-drift's disk cache (``$FL_DRIFT_CACHE``,
+    else ``~/.cache/fl-drift``, as ``tasks/partition_cache.py``; the tests keep it to themselves)."""
     if os.environ.get("FL_DRIFT_TIMINGS"):
-        return Path(os.environ["FL_DRIFT_TIMINGS"])
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "fl-drift" / "timings.jsonl"
+        return Path(os.environ["FL_DRIFT_TIMINGS"]).expanduser()
+    return Path(os.environ.get("FL_DRIFT_CACHE") or Path.home() / ".cache" / "fl-drift").expanduser() / "timings.jsonl"
 
 
 def _here() -> dict:
@@ -341,8 +342,9 @@ def record_timing(run_dir: Path, wall: float, clients: int, path: Path | None = 
 @dataclass(frozen=True)
 class Estimate:
     """Estimated seconds of each estimated run (the middle value), of the sweep's own work
-    (``sweep``) and of all of it (``seconds``, ``low`` to ``high``), the probes, how many timings of this machine it used (0: ``DEFAULT_TIMINGS``), and
-    the runs not estimated (unknown data size)."""
+    (``sweep``) and of all of it (``seconds``, ``low`` to ``high``), the probes, how many timings
+    of this machine it used (0: ``DEFAULT_TIMINGS``), and the runs not estimated (unknown data
+    size)."""
 
     runs: list[float]
     low: float
