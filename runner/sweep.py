@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import sys
+import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,7 @@ from runner.cli import runner_record
 from runner.launch import APP_DIR, LocalSimulation
 from runner.parallel import Failed, Machine, Pool, default_workers, say, split
 from runner.processes import FolderInUse, MissingTool, lock_folder, release_folder
+from runner.progress import Progress
 from runner.quiet import HeldTraceback, for_output, is_noise, is_progress, plain
 from runner.results.fingerprint import split_by_data
 from runner.results.records import as_record, read_rows
@@ -98,10 +100,13 @@ def snapshot(out: Path) -> Path:
     return app
 
 
-def progress_printer(args: argparse.Namespace, tail: list[str], lead: str = "    "):
+def progress_printer(args: argparse.Namespace, tail: list[str], lead: str = "    ",
+                     progress: Progress | None = None, index: int = 0):
     """The callback for one run's output lines: keeps the last 40 in ``tail``, prints what
     --quiet / --verbose ask for, each line after ``lead`` (the run's tag when runs go in parallel);
-    unless --verbose, the traceback of a run that stopped itself is left out (``HeldTraceback``)."""
+    unless --verbose, the traceback of a run that stopped itself is left out (``HeldTraceback``).
+    With ``progress`` (``runner/progress.py``), each ``round k/N`` line of run ``index`` gets the
+    run's and the sweep's elapsed time and time left."""
     held = HeldTraceback()  # the traceback of a run's own stop is hidden: the runner says why it stopped
 
     def on_line(line: str) -> None:
@@ -113,7 +118,7 @@ def progress_printer(args: argparse.Namespace, tail: list[str], lead: str = "   
             else:
                 show = args.verbose or not is_noise(shown)
             if show:
-                say(lead + for_output(shown))
+                say(lead + for_output(progress.line(index, shown) if progress else shown))
 
     return on_line
 
@@ -170,6 +175,7 @@ def run_all(args: argparse.Namespace, jobs: list[tuple[int, str, int, dict]], to
             or default_workers(machine, len(jobs), args.cpus_per_client, gpus, cluster=bool(cluster)))
     shares = split(n, machine, args.cpus_per_client, gpus, cluster=bool(cluster),
                    visible=os.environ.get("CUDA_VISIBLE_DEVICES"))
+    progress = job_progress(args, jobs, n)
     if n > 1:
         say(f"running {len(jobs)} runs {n} at a time (--parallel {n}), each on its own SuperLink and Ray with "
             + "; ".join(sorted({share.describe() for share in shares})))
@@ -196,12 +202,18 @@ def run_all(args: argparse.Namespace, jobs: list[tuple[int, str, int, dict]], to
             cfg = {**cfg, "resume": True}
         run_dir.mkdir(parents=True, exist_ok=True)
         write_run_config(run_dir, cfg)
-        say(f"[{i}/{total}] {row} seed {seed} -> {run_dir}" + (" (resuming)" if cfg.get("resume") else ""))
+        times = progress.start(i)
+        say(f"[{i}/{total}] {row} seed {seed} -> {run_dir}" + (" (resuming)" if cfg.get("resume") else "")
+            + f" ({times})")
         tail: list[str] = []
+        started = time.monotonic()
         sim.run(cfg, num_supernodes=args.clients, cpus_per_client=args.cpus_per_client,
-                gpus_per_client=gpus_per_client, on_line=progress_printer(args, tail, lead))
+                gpus_per_client=gpus_per_client, on_line=progress_printer(args, tail, lead, progress, i))
+        progress.finish(i)
         if not pool.stopping.is_set():  # stopped by Ctrl-C: not a result, nothing to report
             record_run(row, cfg["run-name"], run_dir, tail, parts[i - 1], lead)
+            if not cfg.get("resume"):  # this machine's timing, for later estimates (runner/estimate.py)
+                record_timing(run_dir, time.monotonic() - started, args.clients)
 
     pool = Pool(jobs, shares, start=start, stop=lambda worker: worker[0].close(), work=work)
     for (i, _, _, cfg), result in zip(jobs, pool.results()):
@@ -210,6 +222,34 @@ def run_all(args: argparse.Namespace, jobs: list[tuple[int, str, int, dict]], to
             error = result.error  # a file it could not write (a full disk) in one line; a bug with its traceback
             say(f"  [{i}/{total}] run failed in the runner: " + (file_problem(error) if isinstance(
                 error, OSError) else "".join(traceback.format_exception(error)).rstrip()), sys.stderr)
+    say(progress.summary())
+
+
+def job_progress(args: argparse.Namespace, jobs: list[tuple[int, str, int, dict]], workers: int) -> Progress:
+    """The ``Progress`` of the runs to launch, with the estimate of each (``runner.estimate``:
+    probed now, with this machine's recorded timings); without one (a config the estimate cannot
+    size, or any error of the estimate: it is a help, never a reason to stop) only elapsed times."""
+    try:
+        from fl_app.api import resolve
+        from runner.estimate import MARGIN, estimate
+
+        resolved = [resolve(cfg) for _, _, _, cfg in jobs]
+        est = estimate([c for c, _ in resolved], args.clients, [m.update.step_cost for _, m in resolved])
+    except Exception:  # noqa: BLE001 - the estimate only adds times to the progress lines
+        return Progress({}, workers=workers)
+    low, high = est.low - est.sweep * (1 - MARGIN), est.high - est.sweep * (1 + MARGIN)  # the runs' part
+    return Progress({i: s for (i, _, _, _), s in zip(jobs, est.runs) if s > 0}, low, high, workers)
+
+
+def record_timing(run_dir: Path, wall: float, clients: int) -> None:
+    """This machine's timing of a finished run (``runner.estimate.record_timing``); any error is
+    ignored: a timing helps later estimates and never fails a run."""
+    try:
+        from runner.estimate import record_timing as record
+
+        record(run_dir, wall, clients)
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def record_run(row: str, name: str, run_dir: Path, tail: list[str], outcome: Outcome, lead: str = "    ") -> None:
