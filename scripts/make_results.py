@@ -51,6 +51,10 @@ The paper's number is compared with our best accuracy when the experiment's `pap
 the table reports the best accuracy (FedPGVC), else with our final accuracy; the claims use the
 same metric.
 Methods or experiments without finished runs are listed as "not run yet"; no number is made up.
+
+Beside it, the same command writes the results atlas, docs/atlas.md with docs/results/atlas.png
+(``runner/results/atlas.py``): every method's rank, accuracy and claim verdicts across the files,
+grouped by kind of skew and model, from the rows and claim tests the sections show (``atlas_file``).
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ from fl_app.config import ConfigError  # noqa: E402
 from fl_app.registry import method_names, spec, validate_config  # noqa: E402
 from runner.experiment import read_experiment  # noqa: E402
 from runner.plan import check_axes, grid_points, label, resolve_rows, run_name  # noqa: E402
+from runner.results.atlas import AtlasFile, Entry, Verdict, write_atlas  # noqa: E402
 from runner.results.clientmix import LABEL_COUNTS_FILE, PER_CLASS_FILE, client_mix_columns, run_label_counts  # noqa: E402
 from runner.results.fingerprint import data_line, fingerprint_of, mixed_data  # noqa: E402
 from runner.results.report import (  # noqa: E402
@@ -569,7 +574,16 @@ def claim_lines(exp: dict, dirs: dict[str, list[Path]]) -> list[str]:
     return lines + [""]
 
 
-def section(path: Path, exp: dict, kept: KeptRuns, figures: Path, md_dir: Path) -> list[str]:
+def section_rows(exp: dict, kept: KeptRuns) -> dict[str, dict]:
+    """Row label -> its results-table row (``method_row``) over the runs the section shows: read
+    once, for the section and the atlas."""
+    paper = exp.get("paper-results", {})
+    return {row: method_row(row, kept.dirs[row], experiment_target(exp), paper.get(row))
+            for row, _, _ in experiment_rows(exp)}
+
+
+def section(path: Path, exp: dict, kept: KeptRuns, figures: Path, md_dir: Path,
+            rows: dict[str, dict] | None = None) -> list[str]:
     name = exp.get("name", path.stem)
     lines = section_header(path, exp)
     table = experiment_rows(exp)
@@ -586,8 +600,7 @@ def section(path: Path, exp: dict, kept: KeptRuns, figures: Path, md_dir: Path) 
         lines += [f"Left out: {kept.left_out} kept runs made with an earlier setting of this file (e.g. "
                   f"{kept.example}); a section never mixes two settings, and re-running the file replaces "
                   "them.", ""]
-    paper = exp.get("paper-results", {})
-    rows = {row: method_row(row, dirs[row], experiment_target(exp), paper.get(row)) for row in labels}
+    rows = section_rows(exp, kept) if rows is None else rows
     short, legend = protocol_legend(row_protocols(exp, dirs), labels)
     for row in labels:
         rows[row]["tuning"] = short[row]
@@ -731,13 +744,57 @@ def grid_winners(table: list[tuple[str, str, str]], rows: dict[str, dict]) -> li
         ran = [p for p in points if rows[p]["seeds"] and math.isfinite(rows[p]["best"][0])]
         if len(points) < 2 or not ran:
             continue
-        win = max(ran, key=lambda p: rows[p]["best"][0])
+        win = grid_choice(points, rows)
         others = ", ".join(f"{p[len(name):]} {rows[p]['best'][0]:.4f}" for p in points if p in ran and p != win)
         rest = f"; {others}" if others else ""
         lines.append(f"- {name}: **{win[len(name):]}** (best accuracy {rows[win]['best'][0]:.4f}{rest})")
     if not lines:
         return []
     return ["Chosen grid point per method (highest best accuracy):", ""] + lines + [""]
+
+
+def grid_choice(points: list[str], rows: dict[str, dict]) -> str | None:
+    """The row of ``points`` (one listed name's grid points) with the highest best accuracy
+    (mean over its seeds), None when none ran: the point ``grid_winners`` names and the atlas shows."""
+    ran = [p for p in points if rows[p]["seeds"] and math.isfinite(rows[p]["best"][0])]
+    return max(ran, key=lambda p: rows[p]["best"][0]) if ran else None
+
+
+def atlas_file(exp: dict, kept: KeptRuns, rows: dict[str, dict]) -> AtlasFile:
+    """The experiment file as the atlas shows it: per listed name (method or variant) the row its
+    section shows (a grid's chosen point, ``grid_choice``) with the mean of the paper's metric,
+    and the counted claims (``claim_tests``, the sections' verdicts) between two listed names."""
+    name = exp.get("name", "?")
+    key = "best" if uses_best(exp) else "final"
+    table = experiment_rows(exp)
+    listed: dict[str, list[str]] = {}
+    variants = {}
+    for row, listed_name, strategy in table:
+        listed.setdefault(listed_name, []).append(row)
+        if listed_name != strategy:
+            variants[listed_name] = strategy
+    config = {**{k: v.default for k, v in spec().items()}, **exp.get("run-config", {})}
+    shown = any(kept.dirs.values())
+    planned = len(table) * len(exp.get("seeds", [0]))
+    status = (NOT_RUN if not shown else "earlier setting" if kept.shows_earlier
+              else "complete" if kept.current >= planned else "partial")
+    if not shown:
+        return AtlasFile(name, config, key, status, methods=tuple(listed), variants=variants)
+    entries = {}
+    strategy_of = {listed_name: strategy for _, listed_name, strategy in table}
+    for listed_name, points in listed.items():
+        row = grid_choice(points, rows) if len(points) > 1 else points[0]
+        if row is None or not rows[row]["seeds"]:
+            continue
+        mean, std = rows[row][key]
+        entries[listed_name] = Entry(listed_name, strategy_of[listed_name], row, mean, std, rows[row]["seeds"],
+                                     len(rows[row]["diverged"]))
+    of = {row: listed_name for row, listed_name, _ in table}
+    verdicts, not_counted = [], []
+    for c, d, _, why in claim_tests(exp, kept.dirs):
+        if d is not None and of[c.better] != of[c.worse]:
+            (not_counted if why else verdicts).append(Verdict(of[c.better], of[c.worse], d.verdict, c.text()))
+    return AtlasFile(name, config, key, status, entries, verdicts, not_counted, tuple(listed), variants)
 
 
 def drift_figure(name: str, dirs: dict[str, list[Path]], figures: Path, md_dir: Path) -> list[str]:
@@ -775,7 +832,9 @@ def make_results(experiments: Path, results: Path, out: Path) -> str:
              "numbers are a reference, not a target. Run time: the runs' own time (start of the ServerApp to "
              "its end, summed over runs; launching and stopping each run adds about 12 s, docs/performance.md "
              "section 9), on the machine that made them "
-             "(each summary.json names the code revision and library versions).", ""]
+             "(each summary.json names the code revision and library versions).", "",
+             f"Across the files: the [results atlas]({ATLAS_PAGE}), each method's rank, accuracy and verdicts per "
+             "file, grouped by kind of skew and model, in one table and one picture.", ""]
     exps = load_experiments(experiments)
     if not exps:
         lines += [f"No experiment files in `{experiments}`.", ""]
@@ -792,12 +851,23 @@ def make_results(experiments: Path, results: Path, out: Path) -> str:
                               f" one data set out of {_display_path(Path(results)).as_posix()}, or --collect runs"
                               " made on the other's data over them)")
     lines += [overview_row(path, exp, k) for (path, exp), k in zip(exps, kept)] + ([""] if exps else [])
-    for (path, exp), k in zip(exps, kept):
-        lines += section(_display_path(path), exp, k, figures, out.parent)
+    rows = [section_rows(exp, k) if any(k.dirs.values()) else {} for (path, exp), k in zip(exps, kept)]
+    for (path, exp), k, r in zip(exps, kept, rows):
+        lines += section(_display_path(path), exp, k, figures, out.parent, rows=r)
     out.parent.mkdir(parents=True, exist_ok=True)
     text = "\n".join(lines).rstrip() + "\n"
     out.write_text(text)
+    write_atlas([atlas_file(exp, k, r) for (path, exp), k, r in zip(exps, kept, rows)], atlas_path(out), out,
+                figures / ATLAS_PICTURE)
     return text
+
+
+ATLAS_PAGE, ATLAS_PICTURE = "atlas.md", "atlas.png"
+
+
+def atlas_path(out: Path) -> Path:
+    """The atlas page beside the results page (docs/atlas.md beside docs/results.md)."""
+    return Path(out).parent / ATLAS_PAGE
 
 
 def overview_row(path: Path, exp: dict, kept: KeptRuns) -> str:
