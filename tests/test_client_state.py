@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from flwr.common import ArrayRecord
+from flwr.app import ArrayRecord
 
 import fl_app.node.node_client as node
 from clients import feddyn, scaffold

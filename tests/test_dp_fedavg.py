@@ -141,7 +141,7 @@ def test_refusal_lists_every_model_without_integer_buffers():
     with pytest.raises(ConfigError) as err:
         DPFedAvgStrategy.from_config(_cfg(dataset="mnist", model="resnet18-bn"))
     choices = str(err.value).split("valid choices: ")[1].split(", ")
-    assert choices == ["cnn", "cnn-small", "lenet", "resnet18", "vgg11", "mlp", "logreg"]
+    assert choices == ["cnn", "cnn-small", "lenet", "simple-cnn", "resnet18", "vgg11", "mlp", "logreg"]
     DPFedAvgStrategy.from_config(_cfg(dataset="mnist", model="vgg11"))  # accepted, as listed
 
 

@@ -391,7 +391,7 @@ def launched(monkeypatch):
 
 def test_a_full_disk_while_reporting_is_one_line(tmp_path, capsys, launched, monkeypatch):
     launched(lambda runs_dir: sweep.Outcome())
-    def no_space(table, out):
+    def no_space(table, out, setup=""):
         raise OSError(28, "No space left on device", str(out / "comparison.csv"))
 
     monkeypatch.setattr(sweep, "write_comparison", no_space)
