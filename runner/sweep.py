@@ -47,15 +47,18 @@ from runner.results.report import (
     terminal_summary,
     write_comparison,
 )
-from runner.snapshot import snapshot_app
+from runner.snapshot import DIGEST_FILE, snapshot_app
 from runner.tuning import (
+    APP_DIGEST_FILE,
     SEARCH_FOLDER,
     SearchPlan,
     apply_choice,
+    committed_record,
     diverged_points,
     edge_choices,
     plan_search,
     read_tuning,
+    reusable_runs,
     tuning_record,
     write_tuning,
 )
@@ -202,6 +205,7 @@ def run_all(args: argparse.Namespace, jobs: list[tuple[int, str, int, dict]], to
             cfg = {**cfg, "resume": True}
         run_dir.mkdir(parents=True, exist_ok=True)
         write_run_config(run_dir, cfg)
+        record_app(run_dir, app, bool(cfg.get("resume")))
         times = progress.start(i)
         say(f"[{i}/{total}] {row} seed {seed} -> {run_dir}" + (" (resuming)" if cfg.get("resume") else "")
             + f" ({times})")
@@ -223,6 +227,26 @@ def run_all(args: argparse.Namespace, jobs: list[tuple[int, str, int, dict]], to
             say(f"  [{i}/{total}] run failed in the runner: " + (file_problem(error) if isinstance(
                 error, OSError) else "".join(traceback.format_exception(error)).rstrip()), sys.stderr)
     say(progress.summary())
+
+
+def record_app(run_dir: Path, app: Path, resumed: bool) -> None:
+    """``<run>/app.sha256``: the digest of the app package the run ships (the sweep's snapshot,
+    ``runner/snapshot.py``), which a tuning record keeps per search run (``runner.tuning.made_with``)
+    so that a later search reuses the score only for the same code. A run resumed under another
+    package has no single code: its digest file is removed (its score is never reused)."""
+    try:
+        digest = (app / DIGEST_FILE).read_text().strip()
+    except OSError:
+        digest = ""
+    marker = run_dir / APP_DIGEST_FILE
+    try:
+        earlier = marker.read_text().strip() if marker.exists() else None
+    except OSError:
+        earlier = None
+    if resumed and earlier != digest:
+        marker.unlink(missing_ok=True)
+    elif digest:
+        atomic_write_text(marker, digest + "\n")
 
 
 def job_progress(args: argparse.Namespace, jobs: list[tuple[int, str, int, dict]], workers: int) -> Progress:
@@ -372,8 +396,11 @@ def run_search(args: argparse.Namespace, search: SearchPlan, out: Path, gpus: fl
     runs = out / SEARCH_FOLDER / "runs"
     print(f"tuning search: {search.protocol.describe(search.rounds)}; its accuracies are on the validation split",
           flush=True)
-    report(launch(search.args, search.configs, runs, gpus, lock, app), out / SEARCH_FOLDER)
-    record = tuning_record(search.protocol, search.rounds, runs)
+    reused = reuse_committed(args, search, runs, app)
+    configs = [c for c in search.configs if c[2]["run-name"] not in reused]
+    if configs:
+        report(launch(search.args, configs, runs, gpus, lock, app), out / SEARCH_FOLDER)
+    record = tuning_record(search.protocol, search.rounds, runs, reused)
     print(f"tuning: wrote {write_tuning(out, record)}; chosen: " + "; ".join(
         f"{row} {entry['chosen']}" for row, entry in record["rows"].items()), flush=True)
     for line in edge_choices(record):  # said now, not only in docs/results.md: the table is about to cost more
@@ -384,6 +411,31 @@ def run_search(args: argparse.Namespace, search: SearchPlan, out: Path, gpus: fl
             print(f"tuning: {line}", flush=True)
     args.experiment = apply_choice(args.experiment, record)
     return validate(args, out / "runs")
+
+
+def reuse_committed(args: argparse.Namespace, search: SearchPlan, runs: Path, app: Path = APP_DIR,
+                    root: Path | None = None) -> dict:
+    """The search runs whose scores the experiment's committed tuning record holds for the same
+    app code, run config, data and library versions (``runner.tuning.reusable_runs``; the record:
+    ``<checkout>/docs/results/runs/<name>/tuning.json``), less those finished here (a run in
+    ``runs`` is its own record): they are not launched, and the runner says which were reused
+    and why the record's other runs run again."""
+    name = (args.experiment or {}).get("name") or Path(getattr(args, "config", None) or "experiment").stem
+    source, record = committed_record(root or APP_DIR, name)
+    if record is None:
+        return {}
+    try:
+        code = (app / DIGEST_FILE).read_text().strip() or None
+    except OSError:
+        code = None
+    todo = [c for c in search.configs if read_summary(runs / c[2]["run-name"]) is None]
+    reused, why_not = reusable_runs(record, source, search.protocol, todo, args.clients, code)
+    if reused:
+        print(f"tuning: reused {len(reused)} search runs' scores from {source} (same code, config, data and"
+              f" versions): {', '.join(sorted(reused))}", flush=True)
+    if why_not:
+        print(f"tuning: {len(why_not)} runs of {source} run again: " + "; ".join(why_not), flush=True)
+    return reused
 
 
 def take_folder(out: Path, held: contextlib.ExitStack) -> int:

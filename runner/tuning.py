@@ -27,6 +27,17 @@ table run records the protocol (run-config ``tuning-protocol``, in its summary.j
 how ``scripts/make_results.py`` tells rows tuned by one protocol from rows tuned otherwise:
 a claim is counted only between rows whose protocols are the same and known.
 
+A committed record's scores are reused (issue 70): tuning.json keeps, per point and seed, what
+its run was made with (``runs``: the sha256 of the app package it ran, the revision, the digest
+of its run config, its data fingerprint's digest and the library versions: ``made_with``). A
+search whose experiment has a committed record (``docs/results/runs/<name>/tuning.json``, where
+``scripts/make_results.py --collect`` puts it) launches none of the runs that record scored with
+the same code, config, data and versions (``RUN_IDENTITY``, against ``identity_now``) under the
+same metric: it takes their scores and says which it reused; every other run (another code,
+config, fingerprint or version, or a record written before it kept ``runs``) runs again, and
+the runner says why. A widened grid on a fresh checkout of the same code then runs only its new
+points.
+
 Why ``last-5-mean`` is the metric of the FedPGVC files: the best round of a short search rewards
 a rate that peaks early and then swings (fedpgvc-mnist-dir05-lr-search chose FedPGVC's Adam
 0.01 on its best round; at 100 rounds that rate fell a point below its running best in 60-79
@@ -36,6 +47,7 @@ end of the budget, and is less at the mercy of one round than the final accuracy
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -56,6 +68,10 @@ PROTOCOL_ENTRIES = ("seeds", "budget", "metric", "validation-fraction", "untuned
 # keys the protocol sets for every search run itself: never a grid axis
 SET_BY_PROTOCOL = ("num-server-rounds", "validation-fraction", "tuning-protocol", "strategy", "seed",
                    "run-name", "results-dir")
+RUN_IDENTITY = ("code", "config", "fingerprint", "versions")  # what must match for a recorded score to be reused
+APP_DIGEST_FILE = "app.sha256"  # in each run folder: the sha256 of the app package it ran (runner/sweep.py)
+COMMITTED = Path("docs") / "results" / "runs"  # the committed records: <checkout>/docs/results/runs/<name>/tuning.json
+MACHINE_KEYS = ("results-dir", "run-name", "data-dir", "resume")  # a run's config keys that say nothing of its numbers
 NOT_RECORDED = "protocol not recorded"
 NOT_TUNED = "not tuned (listed in [tune] untuned)"
 
@@ -194,23 +210,138 @@ def run_score(run_dir: Path, metric: str) -> float | None:
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
-def score_points(protocol: Protocol, runs_dir: Path) -> dict[str, list[dict]]:
+def score_points(protocol: Protocol, runs_dir: Path, reused: dict | None = None) -> dict[str, list[dict]]:
     """Per tuned row, every grid point with its score per search seed and their mean (None
     unless every seed finished: a point is compared on all seeds or not at all), the runs
     in which sampled clients failed (``client_failures``: a score then comes from fewer clients),
-    and the runs that diverged (``diverged_runs``: ``choose`` takes such a point last)."""
+    the runs that diverged (``diverged_runs``: ``choose`` takes such a point last), and per seed
+    what its run was made with (``runs``: ``made_with``). ``reused``: run name -> a committed
+    record's run (``reusable_runs``), used for a seed whose run did not finish here."""
+    reused = reused or {}
     table = {}
     for row, axes in protocol.grids.items():
         points = []
         for point in grid_points(axes):
-            dirs = as_records(Path(runs_dir) / run_name(label(row, point), seed) for seed in protocol.seeds)
-            scores = {seed: run_score(d, protocol.metric) for seed, d in zip(protocol.seeds, dirs)}
+            names = [run_name(label(row, point), seed) for seed in protocol.seeds]
+            dirs = as_records(Path(runs_dir) / name for name in names)
+            scores, made, carried = {}, {}, {"client-failures": [], "diverged": []}
+            for seed, name, d in zip(protocol.seeds, names, dirs):
+                scores[seed] = run_score(d, protocol.metric)
+                if scores[seed] is None and name in reused:
+                    scores[seed] = reused[name]["score"]
+                    made[str(seed)] = {**reused[name]["made-with"], "reused-from": reused[name]["from"]}
+                    for key in carried:
+                        carried[key] += reused[name][key]
+                else:
+                    made[str(seed)] = made_with(Path(runs_dir) / name)
             done = [s for s in scores.values() if s is not None]
             points.append({"values": point, "scores": {str(k): v for k, v in scores.items()},
                            "mean": sum(done) / len(done) if len(done) == len(scores) else None,
-                           "client-failures": client_failures(dirs), "diverged": diverged_runs(dirs)})
+                           "client-failures": client_failures(dirs) + carried["client-failures"],
+                           "diverged": diverged_runs(dirs) + carried["diverged"], "runs": made})
         table[row] = points
     return table
+
+
+def config_digest(raw: dict) -> str:
+    """The first 12 hex digits of the sha256 of a run's validated config (``validate_config``,
+    as its run-config.json holds it) without the keys that name only where it ran
+    (``MACHINE_KEYS``): two runs of one digest trained with the same settings."""
+    from fl_app.registry import validate_config
+
+    cfg = {k: v for k, v in validate_config(raw).items() if k not in MACHINE_KEYS}
+    return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def made_with(run_dir: Path) -> dict:
+    """What a finished search run was made with, as tuning.json records it per seed: ``code`` (the
+    sha256 of the app package it ran, ``APP_DIGEST_FILE``), ``revision``, ``config``
+    (``config_digest`` of its run-config.json), ``fingerprint`` (its data fingerprint's digest) and
+    ``versions`` (python, flwr, torch, ...); an entry it did not record is None (never reused)."""
+    run_dir = Path(run_dir)
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        summary = {}
+    try:
+        code = (run_dir / APP_DIGEST_FILE).read_text().strip() or None
+    except OSError:
+        code = None
+    try:
+        config = config_digest(json.loads((run_dir / "run-config.json").read_text()))
+    except (OSError, ValueError, ConfigError):
+        config = None
+    fingerprint = summary.get("data_fingerprint")
+    return {"code": code, "revision": summary.get("code_revision"), "config": config,
+            "fingerprint": fingerprint.get("digest") if isinstance(fingerprint, dict) else None,
+            "versions": summary.get("versions")}
+
+
+def identity_now(raw: dict, clients: int, code: str | None) -> dict:
+    """What a search run of ``raw`` would be made with now (``made_with``'s entries): ``code``
+    (this sweep's app package), its config's digest, the data fingerprint of the data it would
+    read and the versions installed."""
+    from fl_app.api import resolve
+    from fl_app.server.provenance import data_fingerprint, software_versions
+
+    cfg, _ = resolve(raw)
+    return {"code": code, "config": config_digest(raw), "fingerprint": data_fingerprint(cfg, clients)["digest"],
+            "versions": software_versions()}
+
+
+def committed_record(root: Path, name: str) -> tuple[Path, dict | None]:
+    """The committed tuning record of experiment ``name``: ``<root>/docs/results/runs/<name>/
+    tuning.json``, where ``scripts/make_results.py --collect`` puts it beside the table's runs
+    (``COMMITTED``); its path, and the record or None."""
+    folder = Path(root) / COMMITTED / name
+    try:
+        return folder / TUNING_FILE, read_tuning(folder)
+    except ConfigError:  # an unreadable committed record: nothing to reuse from it
+        return folder / TUNING_FILE, None
+
+
+def reusable_runs(record: dict | None, source: Path, protocol: Protocol, configs: list[tuple[str, int, dict]],
+                  clients: int, code: str | None) -> tuple[dict, list[str]]:
+    """The search runs of ``configs`` (label, seed, raw) whose score a committed tuning record
+    (``record``, read from ``source``) holds for a run made with the same app code, run config,
+    data fingerprint and library versions (``RUN_IDENTITY``, compared with ``identity_now``) and
+    scored by the same metric: run name -> {score, made-with, from, client-failures, diverged};
+    and per other run found in the record, one line of why it runs again. A record written before
+    tuning.json kept what each run was made with (``runs`` per point) reuses nothing."""
+    if not record:
+        return {}, []
+    if record.get("metric") != protocol.metric:
+        return {}, [f"{source}: scored on {record.get('metric')}, this search on {protocol.metric}: nothing reused"]
+    found: dict[str, tuple[dict, str]] = {}  # run name -> (the record's point, seed)
+    for row, entry in record.get("rows", {}).items():
+        for p in entry.get("points", []):
+            for seed in p.get("scores", {}):
+                found[run_name(label(row, p.get("values", {})), int(seed))] = (p, seed)
+    reused, why_not = {}, []
+    for _, _, raw in configs:
+        name = raw["run-name"]
+        if name not in found:
+            continue
+        point, key = found[name]
+        made = (point.get("runs") or {}).get(key)
+        score = (point.get("scores") or {}).get(key)
+        if not made:
+            why_not.append(f"{name}: the record does not say what its run was made with (written before tuning.json"
+                           " kept it)")
+            continue
+        if score is None:
+            why_not.append(f"{name}: not finished in the record")
+            continue
+        now = identity_now(raw, clients, code)
+        differs = [k for k in RUN_IDENTITY if made.get(k) is None or made.get(k) != now[k]]
+        if differs:
+            why_not.append(f"{name}: another {', '.join(differs)}")
+            continue
+        mine = lambda texts, n=name: [t for t in texts or [] if t.startswith(f"{n}:")]  # noqa: E731
+        reused[name] = {"score": score, "made-with": {k: v for k, v in made.items() if k != "reused-from"},
+                        "from": str(source), "client-failures": mine(point.get("client-failures")),
+                        "diverged": mine(point.get("diverged"))}
+    return reused, why_not
 
 
 def choose(points: list[dict]) -> dict | None:
@@ -227,11 +358,12 @@ def choose(points: list[dict]) -> dict | None:
     return max(steady, key=lambda p: p["mean"])["values"]  # max keeps the first of equal keys
 
 
-def tuning_record(protocol: Protocol, rounds: int, runs_dir: Path) -> dict:
-    """tuning.json's content: the protocol, and per row the choice and every point's numbers.
+def tuning_record(protocol: Protocol, rounds: int, runs_dir: Path, reused: dict | None = None) -> dict:
+    """tuning.json's content: the protocol, and per row the choice and every point's numbers
+    (``score_points``; ``reused``: runs whose scores come from a committed record).
     ``ConfigError`` when a row has no point that finished on every seed (the table is not run:
     a row cannot be said to be tuned without a choice)."""
-    table = score_points(protocol, runs_dir)
+    table = score_points(protocol, runs_dir, reused)
     rows, failed = {}, []
     for row, points in table.items():
         chosen = choose(points)

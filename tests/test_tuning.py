@@ -552,3 +552,72 @@ def test_the_runner_says_after_its_search_which_choices_its_grid_did_not_bracket
     assert lines == ["tuning: not bracketed: fedavg: learning-rate = 0.1 is the highest value of its grid (0.01, 0.03,"
                      " 0.1); a better value may lie outside it: widen the file's [tune] grid past it and run again"
                      " (the kept search runs are reused)"]
+
+
+# ---- a committed record's scores reused (issue 70) ------------------------------------------
+
+def test_a_committed_records_matching_runs_are_reused_and_the_others_run_again(tmp_path, monkeypatch, capsys):
+    """A widened search on a fresh checkout: the grid points the committed record
+    (docs/results/runs/<name>/tuning.json) scored with the same app code, run config, data
+    fingerprint and library versions are not launched, their scores are taken; a point recorded
+    with another fingerprint or other versions, or by an older record that kept none of it, runs
+    again. The launch is replaced: only which runs it is given is under test."""
+    from types import SimpleNamespace
+
+    import runner.sweep as sweep
+    from fl_app.api import write_run_config
+    from runner.tuning import identity_now, made_with
+
+    protocol = Protocol((0, 1), 0.5, "final", 0.1, {"fedavg": {"learning-rate": [0.01, 0.1, 0.3]}})
+
+    def config(lr, seed):
+        row = label("fedavg", {"learning-rate": lr})
+        return row, seed, {"strategy": "fedavg", "dataset": "synthetic", "model": "logreg", "learning-rate": lr,
+                           "seed": seed, "num-server-rounds": 2,
+                           "run-name": run_name(row, seed), "results-dir": str(tmp_path / "out" / "tuning" / "runs")}
+
+    configs = [config(lr, seed) for lr in (0.01, 0.1, 0.3) for seed in (0, 1)]
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "fab.sha256").write_text("c0de" * 16 + "\n")
+    now = {raw["run-name"]: identity_now(raw, 4, "c0de" * 16) for _, _, raw in configs}
+    other = {0: {"fingerprint": "0123456789ab"}, 1: {"versions": {**now[configs[2][2]["run-name"]]["versions"],
+                                                                   "torch": "0.0.1"}}}
+    record = {"protocol": "p", "metric": "final", "rows": {"fedavg": {"chosen": {"learning-rate": 0.01}, "points": [
+        {"values": {"learning-rate": 0.01}, "scores": {"0": 0.7, "1": 0.8}, "mean": 0.75, "client-failures": [],
+         "diverged": [], "runs": {str(s): now[configs[s][2]["run-name"]] for s in (0, 1)}},
+        {"values": {"learning-rate": 0.1}, "scores": {"0": 0.9, "1": 0.9}, "mean": 0.9, "client-failures": [],
+         "diverged": [], "runs": {str(s): {**now[configs[2 + s][2]["run-name"]], **other[s]} for s in (0, 1)}},
+        {"values": {"learning-rate": 0.3}, "scores": {"0": 0.1, "1": 0.1}, "mean": 0.1}]}}}  # an older record
+    committed = tmp_path / "checkout" / "docs" / "results" / "runs" / "widened"
+    committed.mkdir(parents=True)
+    (committed / "tuning.json").write_text(json.dumps(record))
+
+    launched = []
+
+    def launch(args, configs, runs, *rest):
+        for row, seed, raw in configs:
+            launched.append(raw["run-name"])
+            write_run(runs, row, seed, [0.5, 0.6], lr=raw["learning-rate"])
+            (runs / raw["run-name"] / "app.sha256").write_text("c0de" * 16 + "\n")
+            write_run_config(runs / raw["run-name"], raw)
+        return []
+
+    monkeypatch.setattr(sweep, "APP_DIR", tmp_path / "checkout")
+    monkeypatch.setattr(sweep, "launch", launch)
+    monkeypatch.setattr(sweep, "report", lambda *a, **k: None)
+    monkeypatch.setattr(sweep, "validate", lambda args, runs: [])
+    search = SimpleNamespace(args=None, configs=configs, rounds=4, protocol=protocol)
+    sweep.run_search(SimpleNamespace(experiment={"name": "widened"}, clients=4), search, tmp_path / "out", 0.0, None,
+                     tmp_path / "app")
+    assert launched == [run_name(label("fedavg", {"learning-rate": lr}), s) for lr in (0.1, 0.3) for s in (0, 1)]
+    printed = capsys.readouterr().out
+    assert "tuning: reused 2 search runs' scores from " in printed
+    assert "another fingerprint" in printed and "another versions" in printed
+    assert "does not say what its run was made with" in printed
+    written = json.loads((tmp_path / "out" / "tuning.json").read_text())["rows"]["fedavg"]
+    assert written["chosen"] == {"learning-rate": 0.01}  # the reused 0.75 beats the two runs of 0.6
+    assert written["points"][0]["scores"] == {"0": 0.7, "1": 0.8}
+    assert written["points"][0]["runs"]["0"]["reused-from"] == str(committed / "tuning.json")
+    ran = written["points"][1]["runs"]["1"]  # what a run made here records, for the next search to reuse
+    assert ran == made_with(tmp_path / "out" / "tuning" / "runs" / configs[3][2]["run-name"])
+    assert ran["code"] == "c0de" * 16 and ran["config"] == now[configs[3][2]["run-name"]]["config"]
