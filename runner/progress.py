@@ -5,8 +5,8 @@ made when the launch starts) and a clock; the sweep tells it when a run starts a
 the progress printer shows, on the ``[i/n]`` line of each run and after every ``round k/N``
 line the server prints, the time spent and the time left:
 
-- a run's time left: its rounds' mean seconds so far times the rounds left (from its second
-  round on; after its first, the estimate's share of the run's rounds);
+- a run's time left: its rounds' mean seconds so far (the server's round lines end with them)
+  times the rounds left; before its first round, its estimate less its elapsed time;
 - the sweep's time left: the estimates of the runs not finished, scaled by what the finished
   ones took against their estimates (so an estimate that was short by a third is corrected after
   the first run), less the running runs' elapsed time, divided by the runs going at once.
@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from runner.estimate import minutes
 
 ROUND_LINE = re.compile(r"\bround (\d+)/(\d+):")
+ROUND_SECONDS = re.compile(r", ([\d.]+)s\s*$")  # the server's round line ends with the round's seconds
 
 
 @dataclass
@@ -66,7 +67,8 @@ class Progress:
         with self.lock:
             run = self.runs[i]
             k, n = int(found.group(1)), int(found.group(2))
-            run["rounds"].append((k, self.clock()))
+            took = ROUND_SECONDS.search(text)
+            run["rounds"].append((k, self.clock(), float(took.group(1)) if took else None))
             run["of"] = n
             return f"{text}  [{self.run_text(i)}; {self.sweep_text()}]"
 
@@ -77,12 +79,16 @@ class Progress:
         return f"run {minutes(elapsed)}" + ("" if left is None else f", ~{minutes(left)} left")
 
     def run_left(self, i: int, now: float) -> float | None:
-        """Seconds run ``i`` has left: its rounds' pace (two rounds seen or more), else the
-        scaled estimate less its elapsed time; None when it is not known."""
+        """Seconds run ``i`` has left: its rounds' pace (the seconds the server's round lines
+        give, else the time between two round lines), else the scaled estimate less its elapsed
+        time; None when it is not known."""
         run = self.runs[i]
         rounds, n = run["rounds"], run["of"]
+        given = [s for _, _, s in rounds if s is not None]
+        if n and rounds and len(given) == len(rounds):
+            return max(0.0, sum(given) / len(given) * (n - rounds[-1][0]))
         if n and len(rounds) >= 2:
-            (k0, t0), (k1, t1) = rounds[0], rounds[-1]
+            (k0, t0, _), (k1, t1, _) = rounds[0], rounds[-1]
             pace = (t1 - t0) / max(1, k1 - k0)
             return max(0.0, pace * (n - k1))
         estimate = self.estimate_of(i)

@@ -27,13 +27,13 @@ def test_round_lines_show_the_runs_and_the_sweeps_elapsed_time_and_time_left(cap
     printer = progress_printer(args, [], "    ", progress, 1)
     assert progress.start(1) == "sweep 0 s, ~3.3 min left"  # both runs' estimates
     clock.now += 40  # start-up
-    printer(round_line(1, 4))  # one round seen: the run's time left is its estimate less its 40 s
+    printer(round_line(1, 4))  # the server's line gives the round's 10 s: 3 rounds left
     clock.now += 10
-    printer(round_line(2, 4))  # two rounds: 10 s a round, 2 left
+    printer(round_line(2, 4).replace("10.0s", "20.0s"))  # 15 s a round, 2 left
     printer("INFO :      asked 10 nodes for their partition in 26.5s")  # not a round line: unchanged
     out = capsys.readouterr().out.splitlines()
-    assert out[0].endswith("[run 40 s, ~60 s left; sweep 40 s, ~2.7 min left]")
-    assert out[1].endswith("[run 50 s, ~20 s left; sweep 50 s, ~2.0 min left]")
+    assert out[0].endswith("[run 40 s, ~30 s left; sweep 40 s, ~2.2 min left]")
+    assert out[1].endswith("[run 50 s, ~30 s left; sweep 50 s, ~2.2 min left]")
     assert out[2].endswith("in 26.5s")
     clock.now += 20
     progress.finish(1)  # 70 s against 100 estimated: the rest of the sweep is scaled by 0.7
@@ -53,12 +53,14 @@ def test_quiet_and_parallel_runs_and_no_estimate(capsys):
     quiet = progress_printer(argparse.Namespace(verbose=False, quiet=True), [], "  [2/4] ", progress, 2)
     quiet("INFO :      initial model: test accuracy 0.1, loss 2.3")  # --quiet leaves it out
     quiet(round_line(1, 3))
-    # left: runs 1 and 2 have 30 s each, runs 3 and 4 60 s each; two at a time: 90 s, 1.5 min
-    assert capsys.readouterr().out.strip() == f"[2/4] {round_line(1, 3)}  [run 30 s, ~30 s left; sweep 30 s, ~1.5 min left]"
+    # left: run 1 30 s (its estimate), run 2 2 x 10 s, runs 3 and 4 60 s each; two at a time: 85 s
+    assert capsys.readouterr().out.strip() == f"[2/4] {round_line(1, 3)}  [run 30 s, ~20 s left; sweep 30 s, ~85 s left]"
     blind = Progress({}, clock=clock)
     blind.start(1)
     clock.now += 5
-    assert blind.line(1, round_line(1, 2)).endswith("[run 5 s; sweep 5 s]")
-    assert blind.summary() == "time: 1 runs took 5 s (no estimate was made)"
+    assert blind.line(1, "round 1/2: test accuracy 0.5").endswith("[run 5 s; sweep 5 s]")  # no seconds given
+    clock.now += 5
+    assert blind.line(1, "round 2/3: test accuracy 0.5").endswith("[run 10 s, ~5 s left; sweep 10 s]")
+    assert blind.summary() == "time: 1 runs took 10 s (no estimate was made)"
     # a round line of a run the progress was not told of is printed as it is
     assert progress.line(7, round_line(1, 2)) == round_line(1, 2)
