@@ -433,8 +433,14 @@ def reuse_committed(args: argparse.Namespace, search: SearchPlan, runs: Path, ap
     if reused:
         print(f"tuning: reused {len(reused)} search runs' scores from {source} (same code, config, data and"
               f" versions): {', '.join(sorted(reused))}", flush=True)
-    if why_not:
-        print(f"tuning: {len(why_not)} runs of {source} run again: " + "; ".join(why_not), flush=True)
+    if why_not:  # one line, each reason once with the runs it holds (a few named)
+        reasons: dict[str, list[str]] = {}
+        for line in why_not:
+            run, why = line.split(": ", 1)
+            reasons.setdefault(why, []).append(run)
+        print(f"tuning: {len(why_not)} runs of {source} run again: " + "; ".join(
+            f"{len(runs)} with {why} ({', '.join(runs[:3])}{', ...' if len(runs) > 3 else ''})"
+            for why, runs in reasons.items()), flush=True)
     return reused
 
 

@@ -326,16 +326,15 @@ def reusable_runs(record: dict | None, source: Path, protocol: Protocol, configs
         made = (point.get("runs") or {}).get(key)
         score = (point.get("scores") or {}).get(key)
         if not made:
-            why_not.append(f"{name}: the record does not say what its run was made with (written before tuning.json"
-                           " kept it)")
+            why_not.append(f"{name}: no record of what its run was made with (written before tuning.json kept it)")
             continue
         if score is None:
-            why_not.append(f"{name}: not finished in the record")
+            why_not.append(f"{name}: no score in the record (not finished)")
             continue
         now = identity_now(raw, clients, code)
         differs = [k for k in RUN_IDENTITY if made.get(k) is None or made.get(k) != now[k]]
         if differs:
-            why_not.append(f"{name}: another {', '.join(differs)}")
+            why_not.append(f"{name}: another {', '.join(differs)} than now")
             continue
         mine = lambda texts, n=name: [t for t in texts or [] if t.startswith(f"{n}:")]  # noqa: E731
         reused[name] = {"score": score, "made-with": {k: v for k, v in made.items() if k != "reused-from"},

@@ -612,8 +612,9 @@ def test_a_committed_records_matching_runs_are_reused_and_the_others_run_again(t
     assert launched == [run_name(label("fedavg", {"learning-rate": lr}), s) for lr in (0.1, 0.3) for s in (0, 1)]
     printed = capsys.readouterr().out
     assert "tuning: reused 2 search runs' scores from " in printed
-    assert "another fingerprint" in printed and "another versions" in printed
-    assert "does not say what its run was made with" in printed
+    assert "1 with another fingerprint than now (fedavg_learning-rate=0.1-seed0)" in printed
+    assert "1 with another versions than now" in printed
+    assert "2 with no record of what its run was made with (written before tuning.json kept it) (" in printed
     written = json.loads((tmp_path / "out" / "tuning.json").read_text())["rows"]["fedavg"]
     assert written["chosen"] == {"learning-rate": 0.01}  # the reused 0.75 beats the two runs of 0.6
     assert written["points"][0]["scores"] == {"0": 0.7, "1": 0.8}
