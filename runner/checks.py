@@ -28,7 +28,7 @@ from runner.plan import (
     resolve_rows,
     run_name,
 )
-from runner.tuning import SEARCH_FOLDER, SearchPlan
+from runner.tuning import SEARCH_FOLDER, SearchPlan, committed_reuse
 
 
 def planned_configs(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str, int, dict]]:
@@ -183,11 +183,34 @@ def print_checks(args: argparse.Namespace, search: SearchPlan | None, configs: l
     splits = check_splits([raw for _, _, raw in configs], check_folder(), args.clients) if configs else []
     if search:
         print(f"tuning search ({search.protocol.describe(search.rounds)}):")
-        print_check(search.configs, groups[0][1], args.clients, facts[:len(search.configs)])
+        reused = search_reuse(args, search, groups[0][1])
+        kept = [(c, f) for c, f in zip(search.configs, facts) if c[2]["run-name"] not in reused]
+        print_check([c for c, _ in kept], groups[0][1], args.clients, [f for _, f in kept])
         print("the table (its tuned rows run the values the search chooses):")
     print_check(configs, out / "runs", args.clients, facts[-len(configs):] if configs else [])
     print("\n".join(splits))
     return 0
+
+
+def search_reuse(args: argparse.Namespace, search: SearchPlan, runs: Path) -> dict:
+    """The search runs a launch would not run because the committed tuning record scored them
+    with the same code, config, data and versions (``runner.tuning.committed_reuse``, the code
+    being the package the checkout makes now), said in its lines; {} when the app cannot be
+    packaged (the launch would refuse it)."""
+    import hashlib
+
+    from flwr.cli.build import build_fab_from_disk
+
+    from runner.launch import APP_DIR
+
+    try:
+        code = hashlib.sha256(build_fab_from_disk(APP_DIR)).hexdigest()
+    except ValueError:
+        return {}
+    reused, lines = committed_reuse(args, search, runs, code, APP_DIR)
+    for line in lines:
+        print(line)
+    return reused
 
 
 def check_folder() -> Path:

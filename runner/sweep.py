@@ -53,12 +53,11 @@ from runner.tuning import (
     SEARCH_FOLDER,
     SearchPlan,
     apply_choice,
-    committed_record,
+    committed_reuse,
     diverged_points,
     edge_choices,
     plan_search,
     read_tuning,
-    reusable_runs,
     tuning_record,
     write_tuning,
 )
@@ -416,31 +415,16 @@ def run_search(args: argparse.Namespace, search: SearchPlan, out: Path, gpus: fl
 def reuse_committed(args: argparse.Namespace, search: SearchPlan, runs: Path, app: Path = APP_DIR,
                     root: Path | None = None) -> dict:
     """The search runs whose scores the experiment's committed tuning record holds for the same
-    app code, run config, data and library versions (``runner.tuning.reusable_runs``; the record:
-    ``<checkout>/docs/results/runs/<name>/tuning.json``), less those finished here (a run in
-    ``runs`` is its own record): they are not launched, and the runner says which were reused
+    app code (this sweep's package, ``app``), run config, data and library versions
+    (``runner.tuning.committed_reuse``): they are not launched; the runner says which were reused
     and why the record's other runs run again."""
-    name = (args.experiment or {}).get("name") or Path(getattr(args, "config", None) or "experiment").stem
-    source, record = committed_record(root or APP_DIR, name)
-    if record is None:
-        return {}
     try:
         code = (app / DIGEST_FILE).read_text().strip() or None
     except OSError:
         code = None
-    todo = [c for c in search.configs if read_summary(runs / c[2]["run-name"]) is None]
-    reused, why_not = reusable_runs(record, source, search.protocol, todo, args.clients, code)
-    if reused:
-        print(f"tuning: reused {len(reused)} search runs' scores from {source} (same code, config, data and"
-              f" versions): {', '.join(sorted(reused))}", flush=True)
-    if why_not:  # one line, each reason once with the runs it holds (a few named)
-        reasons: dict[str, list[str]] = {}
-        for line in why_not:
-            run, why = line.split(": ", 1)
-            reasons.setdefault(why, []).append(run)
-        print(f"tuning: {len(why_not)} runs of {source} run again: " + "; ".join(
-            f"{len(runs)} with {why} ({', '.join(runs[:3])}{', ...' if len(runs) > 3 else ''})"
-            for why, runs in reasons.items()), flush=True)
+    reused, lines = committed_reuse(args, search, runs, code, root or APP_DIR)
+    for line in lines:
+        print(line, flush=True)
     return reused
 
 

@@ -357,6 +357,34 @@ def choose(points: list[dict]) -> dict | None:
     return max(steady, key=lambda p: p["mean"])["values"]  # max keeps the first of equal keys
 
 
+def committed_reuse(args: Any, search: SearchPlan, runs: Path, code: str | None, root: Path) -> tuple[dict, list[str]]:
+    """The search runs (``search.configs``, not finished in ``runs``: a run there is its own
+    record) whose scores the experiment's committed record (``committed_record``: the experiment
+    file's ``name``, else its file name) holds for the same app code (``code``: the sha256 of the
+    app package the runs would ship), run config, data and versions (``reusable_runs``), and the
+    lines that say which were reused and, each reason once, why the record's others run again."""
+    from fl_app.api import read_summary
+
+    name = (getattr(args, "experiment", None) or {}).get("name") or Path(
+        getattr(args, "config", None) or "experiment").stem
+    source, record = committed_record(root, name)
+    if record is None:
+        return {}, []
+    todo = [c for c in search.configs if read_summary(Path(runs) / c[2]["run-name"]) is None]
+    reused, why_not = reusable_runs(record, source, search.protocol, todo, args.clients, code)
+    lines = [f"tuning: reused {len(reused)} search runs' scores from {source} (same code, config, data and"
+             f" versions): {', '.join(sorted(reused))}"] if reused else []
+    if why_not:  # one line, each reason once with the runs it holds (a few named)
+        reasons: dict[str, list[str]] = {}
+        for line in why_not:
+            run, why = line.split(": ", 1)
+            reasons.setdefault(why, []).append(run)
+        lines.append(f"tuning: {len(why_not)} runs of {source} run again: " + "; ".join(
+            f"{len(names)} with {why} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+            for why, names in reasons.items()))
+    return reused, lines
+
+
 def tuning_record(protocol: Protocol, rounds: int, runs_dir: Path, reused: dict | None = None) -> dict:
     """tuning.json's content: the protocol, and per row the choice and every point's numbers
     (``score_points``; ``reused``: runs whose scores come from a committed record).

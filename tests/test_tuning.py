@@ -622,3 +622,20 @@ def test_a_committed_records_matching_runs_are_reused_and_the_others_run_again(t
     ran = written["points"][1]["runs"]["1"]  # what a run made here records, for the next search to reuse
     assert ran == made_with(tmp_path / "out" / "tuning" / "runs" / configs[3][2]["run-name"])
     assert ran["code"] == "c0de" * 16 and ran["config"] == now[configs[3][2]["run-name"]]["config"]
+
+
+def test_check_leaves_out_of_its_estimate_the_search_runs_a_committed_record_holds(tmp_path, tiny_mnist, capsys,
+                                                                                   monkeypatch):
+    """``--check`` says which search runs the committed record would give (``committed_reuse``,
+    replaced here by one answer) and lists and estimates only the others."""
+    reused = run_name(label("fedprox", {"learning-rate": 0.1, "proximal-mu": 0.1}), 1)
+    monkeypatch.setattr(checks, "committed_reuse", lambda args, search, runs, code, root: (
+        {reused: {}}, [f"tuning: reused 1 search runs' scores from the record: {reused}"]))
+    (tmp_path / "tiny.toml").write_text(EXPERIMENT.replace('partitioner = "iid"', 'partitioner = "iid"\ntracking = "none"'))
+    code = run_simulation.main(["--config", str(tmp_path / "tiny.toml"), "--data-dir", str(tiny_mnist),
+                                "--out", str(tmp_path / "out"), "--check", "--tune"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert f"tuning: reused 1 search runs' scores from the record: {reused}" in printed
+    assert "ok: fedprox[learning-rate=0.1,proximal-mu=0.1] seed 1 -> " not in printed
+    assert "ok: fedprox[learning-rate=0.1,proximal-mu=0.1] seed 0 -> " in printed
