@@ -96,7 +96,7 @@ class Timing:
 
 
 # Measured on the project's 2-core CPU machine (issue 70), each from one run of the runner at the load
-# given; see docs/performance.md. Used only until this machine has recorded timings of its own.
+# given (and the reference probed after it). Used only until this machine has recorded timings of its own.
 # The sweep's own seconds, once (validating, packaging the app, the estimate's probes, the comparison and
 # its plots): 9.4 s at the reference below (mnist cnn-small, 10 clients, 3 rounds: 54.6 s, its run 45.2 s).
 # The default timings' ``outside`` is their command's wall time less this and the server's total_seconds.
@@ -200,10 +200,11 @@ def measure(cfg: dict, steps: int = 5) -> Probe:
     return Probe(step, forward)
 
 
-def reference_seconds(repeats: int = 5) -> float:
+def reference_seconds(repeats: int = 9, pause: float = 0.03) -> float:
     """This machine's speed now: the median of ``repeats`` timings of a fixed workload (a small
-    MLP's SGD step on one thread and a loop of Python arithmetic, about 10 ms idle), which the
-    start-up and Flower's parts of a run scale with (a loaded machine makes it slower)."""
+    MLP's SGD steps on one thread and a loop of Python arithmetic, about 5 ms at load 3 on the
+    2-core machine), ``pause`` seconds apart so that one burst of another process does not decide
+    it; the start-up and Flower's parts of a run scale with it (a loaded machine makes it slower)."""
     import torch
 
     threads = torch.get_num_threads()
@@ -223,6 +224,7 @@ def reference_seconds(repeats: int = 5) -> float:
                 total += k * k % 7
             if i:  # the first is a warm-up
                 times.append(time.perf_counter() - started)
+                time.sleep(pause)
     finally:
         torch.set_num_threads(threads)
     return statistics.median(times)
