@@ -168,9 +168,12 @@ def run_seconds(cfg: dict, clients: int, probe: Probe, timing: Timing, reference
     return start + cfg["num-server-rounds"] * (fit + evaluate + timing.flower * s)
 
 
-def measure(cfg: dict, steps: int = 5) -> Probe:
-    """Time ``steps`` SGD steps (after one warm-up step) of the configured model on random
-    inputs of the configured batch size, and one forward pass of 256 examples; one thread."""
+def measure(cfg: dict, steps: int = 30, budget: float = 0.4) -> Probe:
+    """The median time of an SGD step of the configured model on random inputs of the configured
+    batch size (after two warm-up steps; up to ``steps`` steps, stopping after ``budget`` seconds
+    and 5 steps), and the median of 3 forward passes of 256 examples per example; one thread.
+    Medians: on a loaded machine single steps swing by 2x (a 5-step mean moved estimates by a third
+    from one call to the next)."""
     import torch
 
     from fl_app.api import build_model, input_shape
@@ -183,21 +186,27 @@ def measure(cfg: dict, steps: int = 5) -> Probe:
         x = torch.randn(cfg["batch-size"], *_dims(shape))
         y = torch.randint(0, shape.classes, (cfg["batch-size"],))
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        for i in range(steps + 1):
-            if i == 1:
-                started = time.perf_counter()
+        times: list[float] = []
+        began = time.perf_counter()
+        for i in range(steps + 2):
+            started = time.perf_counter()
             opt.zero_grad()
             torch.nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
-        step = (time.perf_counter() - started) / steps
+            if i >= 2:  # two warm-up steps
+                times.append(time.perf_counter() - started)
+            if len(times) >= 5 and time.perf_counter() - began > budget:
+                break
+        forwards = []
         with torch.no_grad():
             xs = torch.randn(256, *_dims(shape))
-            started = time.perf_counter()
-            model(xs)
-            forward = (time.perf_counter() - started) / 256
+            for _ in range(3):
+                started = time.perf_counter()
+                model(xs)
+                forwards.append((time.perf_counter() - started) / 256)
     finally:
         torch.set_num_threads(threads)
-    return Probe(step, forward)
+    return Probe(statistics.median(times), statistics.median(forwards))
 
 
 def reference_seconds(repeats: int = 9, pause: float = 0.03) -> float:
