@@ -58,8 +58,10 @@ import os
 import socket
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 HUB_SIZES = {"mnist": (60000, 10000), "fashion_mnist": (60000, 10000), "cifar10": (50000, 10000),
              "cifar100": (50000, 10000)}  # (train, test) examples of the hub's splits
@@ -68,6 +70,8 @@ SYNTHETIC_TEST = 1000
 MARGIN = 0.2  # the range: the timings' spread, widened by a fifth either way
 RECENT_DAYS = 30
 KEPT_TIMINGS = 200  # the timing file keeps the latest runs only
+PROBE_TTL = 300.0  # seconds a probe is reused within one process (a sweep's search and table; a test session)
+_probed: dict = {}  # key -> (when, value): the probes of this process (``probed``)
 
 
 @dataclass(frozen=True)
@@ -239,6 +243,18 @@ def reference_seconds(repeats: int = 9, pause: float = 0.03) -> float:
     return statistics.median(times)
 
 
+def probed(key: tuple, probe: Callable[[], Any]) -> Any:
+    """``probe()``, or its value from this process when it was taken under ``PROBE_TTL`` seconds
+    ago: the first probe of a process costs seconds (torch's first steps), and a sweep estimates
+    its search and its table a minute apart."""
+    now = time.monotonic()
+    if key in _probed and now - _probed[key][0] < PROBE_TTL:
+        return _probed[key][1]
+    value = probe()
+    _probed[key] = (now, value)
+    return value
+
+
 def _dims(shape) -> tuple[int, ...]:
     return (shape.size,) if shape.channels == 0 else (shape.channels, shape.size, shape.size)
 
@@ -383,7 +399,7 @@ def estimate(configs: list[dict], clients: int, step_costs: list[float] | None =
     middle = Timing(**{f.name: statistics.median(getattr(t, f.name) for t in pool) for f in fields(Timing)})
     costs = step_costs or [1.0] * len(configs)
     probes: dict[tuple, Probe] = {}
-    reference = reference_seconds() if any(estimable(c) for c in configs) else 0.0
+    reference = probed(("reference",), reference_seconds) if any(estimable(c) for c in configs) else 0.0
     sweep = SWEEP_SECONDS * reference / SWEEP_REFERENCE if reference > 0 else 0.0
     runs, lows, highs, unsized = [], sweep, sweep, []
     for cfg, cost in zip(configs, costs):
@@ -393,7 +409,7 @@ def estimate(configs: list[dict], clients: int, step_costs: list[float] | None =
             continue
         key = (cfg["dataset"], cfg["model"], cfg["batch-size"])
         if key not in probes:
-            probes[key] = measure(cfg)
+            probes[key] = probed(key, lambda cfg=cfg: measure(cfg))
         each = [run_seconds(cfg, clients, probes[key], t, reference, cost) for t in pool]
         runs.append(run_seconds(cfg, clients, probes[key], middle, reference, cost))
         lows += min(each)
