@@ -166,6 +166,13 @@ def load_partition(spec: PartitionSpec, partition_id: int) -> tuple[torch.Tensor
     return with_feature_noise(x, spec, partition_id, info), y
 
 
+def reads_decoded(spec: PartitionSpec) -> bool:
+    """Whether ``spec``'s partitions are read from kept decoded arrays (local parquet files,
+    ``FL_DRIFT_DECODED`` not 0), not decoded through ``datasets``."""
+    return (spec.dataset != "synthetic" and decoding_enabled()
+            and local_parquet_files(spec.dataset, spec.data_dir) is not None)
+
+
 def _decoded_partition(spec: PartitionSpec, partition_id: int) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Partition ``partition_id`` of local parquet files from the file's kept decoded arrays
     (``tasks/decoded.py``): the partitioner's indices into the training split, mapped to the
@@ -173,9 +180,9 @@ def _decoded_partition(spec: PartitionSpec, partition_id: int) -> tuple[torch.Te
     ``to_tensors`` does; the same tensors bit for bit. None for hub data (or with
     ``FL_DRIFT_DECODED=0``, or a partitioner whose indices cannot be read): decoded through
     ``datasets`` then."""
-    files = local_parquet_files(spec.dataset, spec.data_dir)
-    if files is None or not decoding_enabled():
+    if not reads_decoded(spec):
         return None
+    files = local_parquet_files(spec.dataset, spec.data_dir)
     _check_partition_id(spec, partition_id)
     positions = _partition_positions(spec, partition_id)
     if positions is None:

@@ -42,7 +42,7 @@ from fl_app.node.attacks import attacked_reply
 from fl_app.node.drift_client import DriftClient
 from fl_app.node.state_mirror import ClientStateMirror
 from tasks.functional import local_round
-from tasks.partitioning import PartitionSpec, federated_dataset
+from tasks.partitioning import PartitionSpec, federated_dataset, load_partition, reads_decoded
 
 _THREADS_MATCHED = False
 _WARM_UP: Future | None = None
@@ -84,11 +84,16 @@ def match_threads_to_cpu_share() -> None:
 
 def warm_up(spec: PartitionSpec | None, partition_id: int) -> None:
     """What a process's first fit() would otherwise pay: torch.optim's lazy imports (about
-    a second: the first ``SGD(...)`` imports torch._dynamo) and, for a partition node, the
-    flwr-datasets partitioning (the first ``load_partition`` cuts all partitions)."""
+    a second: the first ``SGD(...)`` imports torch._dynamo) and, for a partition node, its
+    data source: local parquet files' kept decoded arrays mapped and the partitioning's indices
+    read (``load_partition``, milliseconds), else the flwr-datasets partitioning (the first
+    ``load_partition`` cuts all partitions; ``datasets`` imported and the split loaded)."""
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
     if spec is not None and spec.dataset != "synthetic":
-        federated_dataset(spec).load_partition(partition_id, "train")
+        if reads_decoded(spec):
+            load_partition(spec, partition_id)
+        else:
+            federated_dataset(spec).load_partition(partition_id, "train")
 
 
 def start_warm_up(spec: PartitionSpec | None, partition_id: int) -> None:
