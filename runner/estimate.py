@@ -299,10 +299,13 @@ def recent_timings(path: Path | None = None, now: float | None = None) -> list[T
     return found
 
 
-def timing_of_run(run_dir: Path, wall: float, clients: int) -> Timing | None:
+def timing_of_run(run_dir: Path, wall: float, clients: int, before: tuple[float, Probe] | None = None) -> Timing | None:
     """The ``Timing`` of one finished run (its summary.json and metrics.csv) that the runner
-    saw take ``wall`` seconds, probed now (the reference and the model's step); None when the
-    run has no complete record of its rounds' seconds (an older run, a failed or stopped one)."""
+    saw take ``wall`` seconds, against ``before``: the reference and the model's probe taken
+    before the run started, as ``--check`` takes them (the sweep does); without them, probed now
+    (right after a run, its processes' ends still load the machine: the reference then reads slow
+    and the estimates made with it come out short). None when the run has no complete record of
+    its rounds' seconds (an older run, a failed or stopped one)."""
     import csv
 
     from fl_app.registry import get_method
@@ -322,7 +325,7 @@ def timing_of_run(run_dir: Path, wall: float, clients: int) -> Timing | None:
         return None
     if any(len(v) != len(rows) for k, v in number.items() if k != "evaluate_seconds") or not estimable(cfg):
         return None
-    probe, reference = measure(cfg), reference_seconds()
+    reference, probe = before or (reference_seconds(), measure(cfg))
     mean = statistics.fmean
     total = float(summary["total_seconds"])
     busy = sum(f * n for f, n in zip(number["fit_seconds_mean"], number["num_clients"]))
@@ -342,11 +345,12 @@ def timing_of_run(run_dir: Path, wall: float, clients: int) -> Timing | None:
         flower=max(0.0, mean(rest) - evaluated))
 
 
-def record_timing(run_dir: Path, wall: float, clients: int, path: Path | None = None) -> Timing | None:
+def record_timing(run_dir: Path, wall: float, clients: int, path: Path | None = None,
+                  before: tuple[float, Probe] | None = None) -> Timing | None:
     """Append the ``Timing`` of a finished run to this machine's timing file (keeping the latest
     ``KEPT_TIMINGS``); the timing, or None when the run gives none. A file that cannot be
     written is left as it is: a timing is a help for estimates, never a reason to fail a run."""
-    timing = timing_of_run(run_dir, wall, clients)
+    timing = timing_of_run(run_dir, wall, clients, before)
     if timing is None:
         return None
     path = path or timings_file()

@@ -209,6 +209,7 @@ def run_all(args: argparse.Namespace, jobs: list[tuple[int, str, int, dict]], to
         say(f"[{i}/{total}] {row} seed {seed} -> {run_dir}" + (" (resuming)" if cfg.get("resume") else "")
             + f" ({times})")
         tail: list[str] = []
+        before = probe_before(cfg)  # this machine's speed as the run starts, for its recorded timing
         started = time.monotonic()
         sim.run(cfg, num_supernodes=args.clients, cpus_per_client=args.cpus_per_client,
                 gpus_per_client=gpus_per_client, on_line=progress_printer(args, tail, lead, progress, i))
@@ -216,7 +217,7 @@ def run_all(args: argparse.Namespace, jobs: list[tuple[int, str, int, dict]], to
         if not pool.stopping.is_set():  # stopped by Ctrl-C: not a result, nothing to report
             record_run(row, cfg["run-name"], run_dir, tail, parts[i - 1], lead)
             if not cfg.get("resume"):  # this machine's timing, for later estimates (runner/estimate.py)
-                record_timing(run_dir, time.monotonic() - started, args.clients)
+                record_timing(run_dir, time.monotonic() - started, args.clients, before)
 
     pool = Pool(jobs, shares, start=start, stop=lambda worker: worker[0].close(), work=work)
     for (i, _, _, cfg), result in zip(jobs, pool.results()):
@@ -264,13 +265,29 @@ def job_progress(args: argparse.Namespace, jobs: list[tuple[int, str, int, dict]
     return Progress({i: s for (i, _, _, _), s in zip(jobs, est.runs) if s > 0}, low, high, workers)
 
 
-def record_timing(run_dir: Path, wall: float, clients: int) -> None:
-    """This machine's timing of a finished run (``runner.estimate.record_timing``); any error is
-    ignored: a timing helps later estimates and never fails a run."""
+def probe_before(cfg: dict) -> tuple | None:
+    """(reference, model probe) as a run starts (``runner.estimate``: the reference, 0.1 s; the
+    model's probe of the sweep's estimate, reused): what its recorded timing is measured against,
+    as ``--check`` measures before a run; None on any error (a timing is only a help)."""
+    try:
+        from fl_app.api import resolve
+        from runner.estimate import measure, probed, reference_seconds
+
+        resolved, _ = resolve(cfg)
+        key = (resolved["dataset"], resolved["model"], resolved["batch-size"])
+        return reference_seconds(repeats=5, pause=0.02), probed(key, lambda: measure(resolved))
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def record_timing(run_dir: Path, wall: float, clients: int, before: tuple | None = None) -> None:
+    """This machine's timing of a finished run (``runner.estimate.record_timing``), against the
+    probes taken ``before`` it; any error is ignored: a timing helps later estimates and never
+    fails a run."""
     try:
         from runner.estimate import record_timing as record
 
-        record(run_dir, wall, clients)
+        record(run_dir, wall, clients, before=before)
     except Exception:  # noqa: BLE001
         pass
 

@@ -103,6 +103,9 @@ def test_a_finished_runs_timing_is_recorded_and_read_back(tmp_path, monkeypatch)
                                                                    "batch-size": 32}, 10) * 0.001))
     assert timing.eval_ratio == pytest.approx(1.0 / (10000 * 1e-5)) and timing.flower == pytest.approx(0.5)
     assert recent_timings(tmp_path / "t.jsonl") == [timing]
+    # probed before the run (as the sweep does): those probes, not the ones after it
+    before = est.timing_of_run(run, 60.0, 10, before=(0.02, Probe(0.002, 1e-5)))
+    assert before.reference == 0.02 and before.train_ratio == pytest.approx(timing.train_ratio / 2)
     assert recent_timings(tmp_path / "t.jsonl", now=1e12) == []  # too old
     assert timing_of_run(fake_run(tmp_path / "short", rounds=2), 60.0, 10) is not None
     (tmp_path / "short" / "metrics.csv").write_text("round,round_seconds\n1,3\n")  # an older run's columns
