@@ -70,12 +70,17 @@ def image_shape(dataset: str) -> tuple[int, ...]:
 def split_key(path: str, column: str) -> str:
     """The kept array's name: a digest of the file's path, size and modification time (a
     rewritten or replaced file is a miss), the image column and the Pillow version."""
-    from importlib.metadata import version
-
     stat = os.stat(path)
     pinned = {"path": str(Path(path).resolve()), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-              "column": column, "pillow": version("pillow")}
+              "column": column, "pillow": _pillow_version()}
     return hashlib.sha1(json.dumps(pinned, sort_keys=True).encode()).hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def _pillow_version() -> str:
+    from importlib.metadata import version
+
+    return version("pillow")
 
 
 def kept_path(path: str, column: str) -> Path:
