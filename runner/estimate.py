@@ -47,7 +47,10 @@ file (``timings_file``: ``$FL_DRIFT_TIMINGS``, else ``timings.jsonl`` in ``$FL_D
 estimate reads the recent ones made on this host with this many cores (``recent_timings``);
 without any it uses ``DEFAULT_TIMINGS``, measured on the project's 2-core CPU machine (listed
 below with their runs). The estimate is made with each timing; the range is their spread,
-widened by ``MARGIN`` either way (the middle value is the median timing's).
+widened by a factor ``1 + margin()`` either way (the middle value is the median timing's): 1.2 on an
+idle machine, more the more the load exceeds the cores (a load that changes during the run is
+what the probes cannot see: at load 5-10 on the 2-core machine the runs took 0.54x to 1.85x the
+estimate, mostly within 0.7-1.5x).
 """
 
 from __future__ import annotations
@@ -67,7 +70,9 @@ HUB_SIZES = {"mnist": (60000, 10000), "fashion_mnist": (60000, 10000), "cifar10"
              "cifar100": (50000, 10000)}  # (train, test) examples of the hub's splits
 SYNTHETIC_PER_CLIENT = 100  # tasks/synthetic.py: lognormal(4, 2) + 50 examples a device, median about 105
 SYNTHETIC_TEST = 1000
-MARGIN = 0.2  # the range: the timings' spread, widened by a fifth either way
+MARGIN = 0.2  # the range: the timings' spread, widened by a factor 1.2 either way on an idle machine ...
+LOAD_MARGIN = 0.1  # ... and by 0.1 more for each load of the machine's cores beyond them (at most MAX_MARGIN)
+MAX_MARGIN = 0.6
 RECENT_DAYS = 30
 KEPT_TIMINGS = 200  # the timing file keeps the latest runs only
 PROBE_TTL = 300.0  # seconds a probe is reused within one process (a sweep's search and table; a test session)
@@ -395,7 +400,7 @@ def estimate(configs: list[dict], clients: int, step_costs: list[float] | None =
     """The estimate of ``configs`` (validated run configs), one probe per (dataset, model,
     batch); ``timings``: this machine's (default: ``recent_timings``, else ``DEFAULT_TIMINGS``).
     Each run's middle value uses the median timing (per entry); the range is the least and most
-    any one timing gives, widened by ``MARGIN``. A run of unknown data size counts 0 and is
+    any one timing gives, widened by ``margin``. A run of unknown data size counts 0 and is
     listed in ``unsized``."""
     timings = list(timings) if timings is not None else recent_timings()
     used = len(timings)
@@ -418,7 +423,16 @@ def estimate(configs: list[dict], clients: int, step_costs: list[float] | None =
         runs.append(run_seconds(cfg, clients, probes[key], middle, reference, cost))
         lows += min(each)
         highs += max(each)
-    return Estimate(runs, lows * (1 - MARGIN), highs * (1 + MARGIN), probes, used, unsized, sweep)
+    widen = 1 + margin()
+    return Estimate(runs, lows / widen, highs * widen, probes, used, unsized, sweep)
+
+
+def margin(load: float | None = None, cores: int | None = None) -> float:
+    """How much wider than the timings' spread the range is (a factor ``1 + margin`` either way):
+    ``MARGIN`` idle, ``LOAD_MARGIN`` more per load of the cores beyond them, at most ``MAX_MARGIN``."""
+    load = os.getloadavg()[0] if load is None else load
+    cores = cores or os.cpu_count() or 1
+    return min(MAX_MARGIN, MARGIN + LOAD_MARGIN * max(0.0, load / cores - 1))
 
 
 def minutes(seconds: float) -> str:

@@ -255,13 +255,14 @@ def job_progress(args: argparse.Namespace, jobs: list[tuple[int, str, int, dict]
     size, or any error of the estimate: it is a help, never a reason to stop) only elapsed times."""
     try:
         from fl_app.api import resolve
-        from runner.estimate import MARGIN, estimate
+        from runner.estimate import estimate
 
         resolved = [resolve(cfg) for _, _, _, cfg in jobs]
         est = estimate([c for c, _ in resolved], args.clients, [m.update.step_cost for _, m in resolved])
     except Exception:  # noqa: BLE001 - the estimate only adds times to the progress lines
         return Progress({}, workers=workers)
-    low, high = est.low - est.sweep * (1 - MARGIN), est.high - est.sweep * (1 + MARGIN)  # the runs' part
+    runs_share = 1 - est.sweep / est.seconds if est.seconds > 0 else 0.0  # the runs' part of the range
+    low, high = est.low * runs_share, est.high * runs_share
     return Progress({i: s for (i, _, _, _), s in zip(jobs, est.runs) if s > 0}, low, high, workers)
 
 

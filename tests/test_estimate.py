@@ -15,6 +15,7 @@ from runner.estimate import (
     describe,
     estimate,
     local_steps,
+    margin,
     recent_timings,
     run_seconds,
     timing_of_run,
@@ -59,6 +60,8 @@ def test_describe_probes_once_per_model_and_gives_a_range():
     est = estimate([cfg], clients=4, timings=[PLAIN, Timing(**{**PLAIN.__dict__, "node": 4.0})])
     assert est.timings == 2 and est.low < est.seconds < est.high
     assert est.high / est.low > 1.5  # both timings' spread, widened either way
+    assert margin(load=1.0, cores=2) == 0.2 and margin(load=8.0, cores=2) == pytest.approx(0.5)
+    assert margin(load=40.0, cores=2) == 0.6
 
 
 def test_flower_and_the_nodes_cost_every_run_even_without_arithmetic():
