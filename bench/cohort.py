@@ -37,7 +37,7 @@ round the rounding can flip a discrete decision (a ReLU sign, a max-pool winner)
 data and labels, after which that client's path moves visibly: on the H100, ``cnn-small`` at
 K = 10 agreed to 1e-7 for every client up to step 6 and for nine of ten after 12 steps, one
 client at 6e-2; ``cnn``'s layout-only difference alone reached 7e-2 to 1.6e-1. The first
-step is the sharp check; tests/test_functional.py checks whole rounds on CPU (1e-5). On CPU
+step is the sharp check; tests/training/test_functional.py checks whole rounds on CPU (1e-5). On CPU
 both columns stay near 1e-7. TF32 is off unless ``--tf32`` (PyTorch enables it
 for cuDNN convolutions by default). On CPU, ``--cpu-max-clients`` (default 20) caps K.
 """

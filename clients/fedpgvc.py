@@ -96,7 +96,7 @@ def code_rhos(model, params, buffers, x, y, indices: list[int], chunk: int) -> d
     module's own weights are not read).
 
     The sum runs over slices of ``chunk`` samples to bound memory; it is the code's single pass
-    up to float rounding (tests/test_fedpgvc_authors.py checks two slices against hand
+    up to float rounding (tests/methods/test_fedpgvc_authors.py checks two slices against hand
     arithmetic). Raises ValueError when x has no sample j for the largest j."""
     need = max(indices) + 1
     if len(x) < need:
@@ -127,7 +127,7 @@ def authors_rescale(model, params, buffers, x, y, lr: float, chunk: int) -> tupl
     Pure: ``model`` is a skeleton (its mode is restored, its weights never read or written).
     The operations are those the client ran on its module before the conversion, in the same order
     (w - w * (lr rho_j), not a rounded w * (1 - lr rho_j)), so the numbers are bit-identical
-    (tests/test_functional_pgvc.py)."""
+    (tests/training/test_functional_pgvc.py)."""
     layers = pgvc_code_layers(model)
     was_training = model.training
     model.eval()

@@ -50,7 +50,7 @@ vector.
 - Reductions: ρ = 0 gives exactly the FedDyn client and server (for α > 0); α = 0 with
   `smoo-s = "none"` gives exactly the FedSAM client's local update (the server still adds H, so
   the global model differs from FedSAM's from round 2 on; both reductions are tested in
-  `tests/test_fedsmoo.py`).
+  `tests/methods/test_fedsmoo.py`).
 - Metrics: server `smoo_s_norm` (‖s‖) and `smoo_H_norm` (‖H‖ over the trainable entries); fit
   metrics `smoo_mu_norm` (‖μ_i‖) and `feddyn_grad_norm` (the norm of the FedDyn client's state,
   as for `feddyn`).

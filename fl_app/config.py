@@ -4,7 +4,7 @@ written once for any table of keys.
 The whole schema is these general keys, the ``strategy`` key and every registered method's own
 keys; the registry (``fl_app.registry.spec``) puts them together, since only it knows the
 methods, and this module knows none. Flower requires the defaults to sit in ``pyproject.toml``
-under ``[tool.flwr.app.config]``; ``tests/test_config.py`` checks that table against
+under ``[tool.flwr.app.config]``; ``tests/project/test_config.py`` checks that table against
 ``spec()`` so the two cannot drift apart. Validation (``fl_app.registry.validate_config``) runs
 when the ServerApp starts (and in ``run_simulation.py`` before anything is launched), so a bad
 value fails before any training with a message naming the key, the value and what is allowed.

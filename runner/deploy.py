@@ -5,8 +5,8 @@
 runtime dependency installation disabled, and submits runs with ``flwr run . <connection>``
 exactly as on real devices. Every process it starts gets its own process group; ``close()``
 stops those groups and then, by PID, every descendant it saw (Flower starts SuperExec in a
-new session, so a group kill alone would miss it). Used by ``tests/test_deployment.py``,
-``tests/test_deployment_mtls.py`` and ``scripts/deploy_timing.py``; docs/deployment.md gives
+new session, so a group kill alone would miss it). Used by ``tests/deployment/test_deployment.py``,
+``tests/deployment/test_deployment_mtls.py`` and ``scripts/deploy_timing.py``; docs/deployment.md gives
 the same commands.
 
 mTLS edge (``devices=DeviceCA.in_dir(certs)``): the SuperLink stays on 127.0.0.1 and an nginx

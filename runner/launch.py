@@ -28,7 +28,7 @@ Ray backend's default; the federation config's ``init-args-*`` reach only num-cp
 logging-level and log-to-driver), and Ray 2.55 still starts its API server
 (``ray/dashboard/dashboard.py`` with the non-dashboard modules, on 127.0.0.1) and a
 ``ray::DashboardAgent`` per node: no public setting of Flower or Ray turns them off, so
-they are stopped like every other Ray process (tests/test_runner_lifecycle.py).
+they are stopped like every other Ray process (tests/runner/test_runner_lifecycle.py).
 """
 
 from __future__ import annotations

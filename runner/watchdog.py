@@ -37,7 +37,7 @@ dead runner's processes may still write into it.
 
 ``run_simulation.py --parallel N`` runs N ``LocalSimulation`` workers, so N watchdogs watch one
 runner, each for its own worker's ``FLWR_HOME`` and each holding the folder's lock: the folder
-is free again only once every worker's processes are gone (tests/test_parallel.py).
+is free again only once every worker's processes are gone (tests/runner/test_parallel.py).
 """
 
 from __future__ import annotations

@@ -79,7 +79,7 @@ class FromConfig:
     """The update screening modes the server supports besides ``none``: ``REPLIES_ONLY`` or
     ``MEAN_OF_WEIGHTS`` (or none, ``()``). Every registered strategy class declares it in its own
     body, so that support for ``median`` is a decision, not an inherited default
-    (``tests/test_screening.py``)."""
+    (``tests/server/test_screening.py``)."""
     SCREENING_WHY: str = "its aggregation is not a mean of the client weights"
     """Why a screening mode outside ``SCREENING`` is refused (the refusal's one line names it)."""
     screen_skip: tuple[int, ...] = ()

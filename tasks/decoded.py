@@ -25,7 +25,7 @@ labels kept beside them (``decoded_labels``), and a partition is an index array 
 seeded shuffle, then ``PrepareSplits``' held-out test and validation cuts) to its row in the
 file, and the partitioner's indices (remembered by ``tasks/partition_cache.py``) pick a
 partition's rows of that split. The tensors are those of decoding through ``datasets``
-(``tasks.datasets.to_tensors``) bit for bit (tests/test_decoded.py); ``FL_DRIFT_DECODED=0``
+(``tasks.datasets.to_tensors``) bit for bit (tests/data/test_decoded.py); ``FL_DRIFT_DECODED=0``
 takes that path instead.
 
 Local parquet files only: a hub dataset (no data folder set) is not checked here, its images

@@ -49,7 +49,7 @@ def data_env() -> dict[str, str]:
 
 # The tests' runs leave the split's picture out (``split-picture``: a matplotlib import and ~0.5 s
 # per run, about 20 s of the default run); a test that looks at the picture sets it true.
-# tests/test_partitioners.py's test_a_run_writes_the_split_picture_unless_told_not_to checks a
+# tests/data/test_partitioners.py's test_a_run_writes_the_split_picture_unless_told_not_to checks a
 # run's picture; test_split_files_draw_and_count_every_client and test_check_draws_the_split_
 # without_training check the drawing and run_simulation.py --check's pictures.
 NO_PICTURE = {"split-picture": False}
@@ -173,7 +173,7 @@ def start_deployments_early(request):
     """At the session's first test, start the background deployments (``deployment_runs``,
     tests/helpers_deployment.py) when a selected test reads them and they can run (Flower's
     SuperLink installed, the offline data present): they then run while the tests before
-    tests/test_deployment.py do, mostly waiting and starting processes, on the core those
+    tests/deployment/test_deployment.py do, mostly waiting and starting processes, on the core those
     tests leave free. Best effort: a failure to start is the deployment tests' own error (the
     fixture's error is kept and raised to each of them), not every test's."""
     wanted = any("deployment_runs" in item.fixturenames for item in request.session.items)
@@ -250,13 +250,21 @@ def fake_context(run_config: dict | None = None) -> Context:
     return Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config=run_config or {})
 
 
-def make_client(update: LocalUpdate, overrides: dict, x: torch.Tensor, y: torch.Tensor,
-                context: Context | None = None, client_cls: type[DriftClient] = DriftClient) -> DriftClient:
-    """The one generic client running ``update`` (``clients.<method>.UPDATE``) on in-memory data
-    (no dataset is loaded), partition 0 of 1, its run config ``overrides`` on synthetic/logreg.
-    ``client_cls``: a test's recording subclass of ``DriftClient``."""
+def make_client(update: LocalUpdate | str, overrides: dict, x: torch.Tensor, y: torch.Tensor,
+                context: Context | None = None, client_cls: type[DriftClient] = DriftClient, partition: int = 0,
+                num_partitions: int = 1) -> DriftClient:
+    """The one way a test builds a client: the one generic client running ``update`` (a
+    ``LocalUpdate``, or a method's name: its registered update, and ``strategy`` set to it) on
+    in-memory data (no dataset is loaded; ``DriftClient.use_data``), partition ``partition`` of
+    ``num_partitions``, its run config ``overrides`` on synthetic/logreg. ``client_cls``: a
+    test's recording subclass of ``DriftClient``."""
+    if isinstance(update, str):
+        from fl_app.registry import get_method
+
+        overrides = {"strategy": update, **overrides}
+        update = get_method(update).update
     cfg = validate_config({"dataset": "synthetic", "model": "logreg", **overrides})
-    client = client_cls(update, cfg, context or fake_context(), partition_id=0, num_partitions=1)
+    client = client_cls(update, cfg, context or fake_context(), partition_id=partition, num_partitions=num_partitions)
     client.use_data((x, y))
     return client
 

@@ -11,20 +11,9 @@ import torch
 
 from fl_app.node.cohort_client import train_cohort
 from fl_app.node.drift_client import DriftClient
-from fl_app.registry import get_method, validate_config
 from tasks.datasets import input_shape
 from tasks.functional import local_round
 from tasks.models import build_model, get_weights
-from tests.conftest import fake_context
-
-
-def drift_client(method: str, overrides: dict, x: torch.Tensor, y: torch.Tensor, partition: int = 0,
-                 num_partitions: int = 1) -> DriftClient:
-    """``method``'s client (the registry's update in the one generic client) training on (x, y)."""
-    cfg = validate_config({"strategy": method, "dataset": "synthetic", "model": "logreg", **overrides})
-    client = DriftClient(get_method(method).update, cfg, fake_context(), partition, num_partitions)
-    client.use_data((x, y))
-    return client
 
 
 def initial_weights(client: DriftClient, seed: int = 0) -> list:

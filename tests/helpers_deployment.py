@@ -1,4 +1,4 @@
-"""The two real deployments of tests/test_deployment.py, started in the background at the
+"""The two real deployments of tests/deployment/test_deployment.py, started in the background at the
 session's first test (``deployment_runs``) so that they run while other tests do.
 
 Each deployment starts its own SuperLink and SuperNodes on loopback (``runner/deploy.py``: TLS,

@@ -26,7 +26,7 @@ for the node's virtual clients as one bundle (``fl_app.node.cohort_wire``); ``fi
 
 Equal to the per-client path: each client's reply, state and metrics are those of its own
 ``DriftClient.fit`` within float rounding (vmap's batched kernels sum in another order: 1e-5
-relative in float32, tests/test_cohort_node.py), and exactly for a cohort of one. The metric
+relative in float32, tests/node/test_cohort_node.py), and exactly for a cohort of one. The metric
 ``fit_seconds`` is each client's share of the node's round (the round's time over its clients),
 ``prepare_seconds`` its own step 2, ``train_seconds`` its share of step 3 (``round_timings``).
 """

@@ -43,7 +43,7 @@ Byzantine-robust rules for a declared number of attackers f = ``screen-attackers
   included, counted in ``num_rejected``), so these two are allowed wherever ``reject`` is,
   methods with extra arrays included. For the weighted mean of weights the result is exactly
   Flower's ``aggregate_krum`` (its mean of the kept replies weighted by examples;
-  tests/test_screening_robust.py checks this).
+  tests/server/test_screening_robust.py checks this).
 - ``bulyan`` (El Mhamdi et al., ICML 2018): Flower's ``aggregate_bulyan`` with Krum as its
   selection rule: a robust value that replaces every reply's weights like ``median``, so it
   is allowed wherever ``median`` is.

@@ -161,7 +161,7 @@ def grad_and_loss(model: nn.Module, params: Tree, buffers: Tree, x: torch.Tensor
     Inside a cohort's vmap (``hp.vmapped``) through ``torch.func.grad_and_value``, which vmap
     batches. Otherwise through ``torch.autograd.grad`` on fresh leaf copies of ``params``: the
     same autograd kernels (on CPU bit-identical to ``.grad`` of the module-based client,
-    tests/test_functional.py), without functorch's per-call wrapping (on the H100 a ``cnn``
+    tests/training/test_functional.py), without functorch's per-call wrapping (on the H100 a ``cnn``
     step at batch 50 took 2.6 ms through ``torch.func.grad``, 1.9 ms this way and 1.7-1.9 ms as
     the module's ``backward``). Neither writes into ``params`` or keeps state.
     """

@@ -2,7 +2,7 @@
 (params', state'), the same tensor operations in the same order as ``torch.optim``'s
 single-tensor implementations (the ones it runs on CPU), each new weight in its old memory
 layout (``core.keep_layout``), so on CPU a functional step equals
-``torch.optim``'s bit for bit (tests/test_functional.py). On CUDA ``torch.optim`` takes its
+``torch.optim``'s bit for bit (tests/training/test_functional.py). On CUDA ``torch.optim`` takes its
 multi-tensor (foreach) kernels, the same formulas in other kernels: equal within rounding.
 
 - ``sgd``: d += wd w; with momentum beta, b = d on the first step, else b = beta b + d; then

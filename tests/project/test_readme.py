@@ -1,0 +1,190 @@
+"""README.md's set-up, run and documentation-site commands, run as printed (slow: `python -m
+pytest -m slow`).
+
+The commands are taken from the fenced blocks that README marks with ``<!-- test: NAME -->``.
+Only sizes are changed (fewer rounds, nodes, clients and seeds: ``SHRINK``); each replaced
+text must be in README, so the test fails when README's command changes under it. The run
+blocks run in a copy of the checkout (its results and Flower home stay out of the working
+tree) with the data of ``$FL_DATA_DIR``. The set-up block's ``pip install`` line runs in a new
+virtual environment that sees this environment's installed packages (a ``.pth`` file), so
+nothing is downloaded but the build backend; set ``FL_TEST_PIP_INDEX_URL`` to point pip at a
+local index on an offline machine. The venv and test-suite lines of that block are not run
+(the first needs a download of every dependency, the second is the suite itself).
+
+Every process the commands start carries the copy's ``FLWR_HOME`` in its environment; after
+the commands the test looks for such processes, stops them by PID and fails if there were any.
+The documentation block's ``mkdocs serve`` runs on a free port and is stopped by its PID.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+import urllib.request
+import venv
+from pathlib import Path
+
+import pytest
+
+from fl_app.common import procfs
+from tests.conftest import ROOT, find_data_dir
+
+pytestmark = pytest.mark.slow
+
+# Every fenced block of README.md is marked <!-- test: NAME --> with one of these names, and a test
+# below runs it (tests/project/test_docs.py checks that no other block exists).
+TESTED_BLOCKS = ("setup", "run-flwr", "run-runner", "docs")
+
+SHRINK = {
+    "run-flwr": {"num-server-rounds=2": "num-server-rounds=1", "num-supernodes=4": "num-supernodes=2"},
+    "run-runner": {"--rounds 3": "--rounds 1", "--clients 20": "--clients 2", "--fraction 0.25": "--fraction 1",
+                   "--seeds 0 1": "--seeds 0"},
+}
+
+
+def readme_block(name: str) -> str:
+    """The fenced bash block that follows ``<!-- test: name`` in README.md."""
+    text = (ROOT / "README.md").read_text()
+    match = re.search(rf"<!-- test: {re.escape(name)}\b[^>]*-->\s*```bash\n(.*?)```", text, re.DOTALL)
+    assert match, f"README.md has no bash block marked <!-- test: {name} -->"
+    return match.group(1)
+
+
+def shrink(name: str) -> str:
+    block = readme_block(name)
+    for old, new in SHRINK.get(name, {}).items():
+        assert old in block, f"README's {name} block no longer contains {old!r}"
+        block = block.replace(old, new)
+    return block
+
+
+def copy_checkout(dest: Path) -> Path:
+    """Tracked and untracked-but-not-ignored files of the checkout."""
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, check=True).stdout.decode().split("\0")
+    for rel in filter(None, files):
+        src = ROOT / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    return dest
+
+
+def processes_with_env(marker: str) -> list[int]:
+    """PIDs (of this user) whose environment contains ``marker`` (``NAME=value``)."""
+    name, _, value = marker.partition("=")
+    return procfs.processes_with_env(name, value)
+
+
+def stop_pids(pids: list[int]) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        time.sleep(2)
+
+
+def base_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "FLWR_HOME") and not k.startswith("FLWR_LOCAL")}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def test_readme_setup_install_line(tmp_path):
+    line = next(line for line in readme_block("setup").splitlines() if line.startswith("pip install"))
+    command = line.split("#", 1)[0].strip()
+    checkout = copy_checkout(tmp_path / "checkout")
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    site = next((env_dir / "lib").glob("python3*/site-packages"))
+    parent = next(p for p in sys.path if p.endswith("site-packages"))
+    (site / "_parent_env.pth").write_text(parent + "\n")
+    env = base_env()
+    env["PATH"] = f"{env_dir / 'bin'}{os.pathsep}{env['PATH']}"
+    env["VIRTUAL_ENV"] = str(env_dir)
+    if os.environ.get("FL_TEST_PIP_INDEX_URL"):
+        env["PIP_INDEX_URL"] = os.environ["FL_TEST_PIP_INDEX_URL"]
+    proc = subprocess.run(["bash", "-c", command], cwd=checkout, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Successfully installed" in proc.stdout and "fl-drift" in proc.stdout
+
+
+def test_readme_run_commands_produce_metrics(tmp_path):
+    data = find_data_dir()
+    if not (data / "mnist" / "train.parquet").exists():
+        pytest.skip(f"MNIST parquet not found at {data} (set FL_DATA_DIR)")
+    checkout = copy_checkout(tmp_path / "checkout")
+    port = 30000 + os.getuid() % 10000 * 2
+    for p in (port, port + 1):
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", p)) == 0:
+                pytest.skip(f"port {p} of README's private SuperLink is in use (a SuperLink started from README?)")
+    script = "set -euo pipefail\n" + shrink("run-flwr") + "\n" + shrink("run-runner")
+    env = {**base_env(), "FL_DATA_DIR": str(data)}
+    marker = f"FLWR_HOME={checkout / '.flwr_home'}"
+    try:
+        proc = subprocess.run(["bash", "-c", script], cwd=checkout, env=env, capture_output=True, text=True,
+                              timeout=1500, start_new_session=True, check=False)
+    finally:
+        time.sleep(3)  # the SuperLink stops its SuperExec on SIGTERM
+        left = processes_with_env(marker)
+        stop_pids(left)
+    output = proc.stdout[-6000:] + proc.stderr[-6000:]
+    assert proc.returncode == 0, output
+    assert not left, f"processes left running by README's commands (stopped now): {left}\n{output}"
+    flwr_runs = list((checkout / "results").glob("fedprox-mnist-dirichlet-seed0-*/metrics.csv"))
+    assert flwr_runs, output
+    assert '"status": "finished:completed"' in proc.stdout, output  # flwr ls --format json: the real status
+    assert (checkout / "results" / "cmp" / "runs" / "fedavg-seed0" / "metrics.csv").exists(), output
+    assert (checkout / "results" / "cmp" / "runs" / "fedprox-seed0" / "metrics.csv").exists(), output
+    assert (checkout / "results" / "cmp" / "accuracy.png").exists(), output
+
+
+def test_readme_docs_block_serves_the_site(tmp_path):
+    """The documentation block: its install line installs the ``docs`` extra that pyproject
+    declares, and its ``mkdocs serve`` (on a free port) serves the README as the home page and
+    the pages the README links."""
+    pytest.importorskip("mkdocs", reason="the docs extra is not installed (pip install -e '.[docs]')")
+    install, serve = (part.strip() for part in readme_block("docs").strip().split("&&"))
+    assert install == 'pip install -e ".[docs]"'
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(dep.startswith("mkdocs") for dep in extras["docs"]), extras["docs"]
+    assert serve == "mkdocs serve"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = (tmp_path / "serve.log").open("w")
+    proc = subprocess.Popen(["bash", "-c", f"exec {serve} --dev-addr 127.0.0.1:{port}"], cwd=ROOT, env=base_env(),
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        pages = {}
+        for path in ("", "running/", "configuration/"):
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/{path}", timeout=5) as response:
+                        pages[path] = response.read().decode()
+                    break
+                except OSError:
+                    assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
+                    time.sleep(1)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+    assert "One comparison" in pages[""] and "fedgam-mnist-dir03-accuracy.png" in pages[""]
+    assert "pitfalls" in pages["running/"] and "General keys" in pages["configuration/"]
+
