@@ -49,7 +49,7 @@ from fl_app.config import ConfigError
 from fl_app.registry import check_method, resolve, spec, validate_config
 from fl_app.server.checkpoint import CHECKPOINT, CheckpointError, checkpoint_fingerprint, load_checkpoint
 from fl_app.server.preflight import check_data_dir, check_nodes
-from fl_app.server.provenance import code_revision, data_fingerprint, with_app_digest
+from fl_app.server.provenance import code_revision, data_fingerprint, software_versions, with_app_digest
 from fl_app.server.tracking import PER_CLASS_FILE
 from tasks.datasets import DataUnavailableError, PartitionError, input_shape, parquet_rows, resolve_data_dir
 from tasks.models import BUILDERS, FLAT_MODELS, MODELS, build_model, get_weights
@@ -62,7 +62,8 @@ __all__ = [
     "BUILDERS", "CHECKPOINT", "FINGERPRINT_FILE", "FINGERPRINT_KEY", "FLAT_MODELS", "LABEL_COUNTS_FILE",
     "METRICS_FILE", "MODELS", "PER_CLASS_FILE", "SUMMARY_FILE", "CheckpointError", "ConfigError",
     "DataUnavailableError", "Execution", "PartitionError", "accuracy_spread", "atomic_write_text", "build_model",
-    "code_revision", "cohort_node_count", "input_shape", "parquet_rows", "read_metrics", "read_summary",
+    "code_revision", "cohort_node_count", "data_fingerprint", "input_shape", "software_versions",
+    "parquet_rows", "read_metrics", "read_summary",
     "divergence", "replacing", "resolve_data_dir", "with_app_digest",
     # defined here
     "Checked", "RunFacts", "RunRecord", "changed_data", "changed_runs", "check_checkpoints", "check_configs",

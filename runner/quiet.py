@@ -155,3 +155,5 @@ def quiet_libraries(verbose: bool) -> None:
         for category in (DeprecationWarning, FutureWarning):
             warnings.filterwarnings("ignore", category=category, module=rf"{library}(\.|$)")
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    if "datasets" in sys.modules and os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] == "1":
+        sys.modules["datasets"].disable_progress_bars()  # imported already: it read the variable then

@@ -183,28 +183,14 @@ def run_all(args: argparse.Namespace, jobs: list[tuple[int, str, int, dict]], to
             + "; ".join(sorted({share.describe() for share in shares})))
 
     def start(share) -> tuple[LocalSimulation, float]:
-        sim = LocalSimulation(app_dir=app, ray_address=cluster, hold=(lock,) if lock else ())
-        sim.ray_resources = {k: v for k, v in (("num-cpus", share.ray_cpus), ("num-gpus", share.ray_gpus))
-                             if v is not None}
-        if share.cuda_devices is not None:
-            sim.env["CUDA_VISIBLE_DEVICES"] = share.cuda_devices
-        sim.start()
-        return sim, share.gpus_per_client
+        return start_worker(share, app, cluster, lock)
 
     def work(worker: tuple[LocalSimulation, float], job: tuple[int, str, int, dict]) -> None:
         (sim, gpus_per_client), (i, row, seed, cfg) = worker, job
         run_dir, lead = runs_dir / cfg["run-name"], "    " if n == 1 else f"  [{i}/{total}] "
-        # checked again now, not only before the sweep: a folder another run of this sweep wrote meanwhile,
-        # or one made by hand, is refused, never resumed or overwritten under this run's settings
-        if changed := changed_runs([(row, seed, cfg)], runs_dir, getattr(args, "env_data_dir", None), args.clients):
-            parts[i - 1].failed.append(cfg["run-name"])
-            say(f"{lead}run refused, its folder kept as it is: {changed[0]}", sys.stderr)
+        cfg = open_run_folder(args, (row, seed, cfg), runs_dir, app, parts[i - 1], lead)
+        if cfg is None:
             return
-        if (run_dir / CHECKPOINT).exists():
-            cfg = {**cfg, "resume": True}
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_run_config(run_dir, cfg)
-        record_app(run_dir, app, bool(cfg.get("resume")))
         times = progress.start(i)
         say(f"[{i}/{total}] {row} seed {seed} -> {run_dir}" + (" (resuming)" if cfg.get("resume") else "")
             + f" ({times})")
@@ -227,6 +213,39 @@ def run_all(args: argparse.Namespace, jobs: list[tuple[int, str, int, dict]], to
             say(f"  [{i}/{total}] run failed in the runner: " + (file_problem(error) if isinstance(
                 error, OSError) else "".join(traceback.format_exception(error)).rstrip()), sys.stderr)
     say(progress.summary())
+
+
+def start_worker(share, app: Path, cluster: str | None, lock: int | None) -> tuple[LocalSimulation, float]:
+    """One worker of the sweep: a private SuperLink and Ray with its ``share`` of the machine
+    (``runner/parallel.py``), holding the folder's ``lock``; and its GPUs per client."""
+    sim = LocalSimulation(app_dir=app, ray_address=cluster, hold=(lock,) if lock else ())
+    sim.ray_resources = {k: v for k, v in (("num-cpus", share.ray_cpus), ("num-gpus", share.ray_gpus))
+                         if v is not None}
+    if share.cuda_devices is not None:
+        sim.env["CUDA_VISIBLE_DEVICES"] = share.cuda_devices
+    sim.start()
+    return sim, share.gpus_per_client
+
+
+def open_run_folder(args: argparse.Namespace, job: tuple[str, int, dict], runs_dir: Path, app: Path,
+                    part: Outcome, lead: str) -> dict | None:
+    """The run's folder made ready, just before it starts: its config as launched (``resume``
+    when it has a checkpoint) and the app it ships recorded. Checked again now, not only
+    before the sweep: a folder another run of this sweep wrote meanwhile, or one made by hand,
+    is refused (None, the run filed as failed), never resumed or overwritten under this run's
+    settings."""
+    row, seed, cfg = job
+    run_dir = runs_dir / cfg["run-name"]
+    if changed := changed_runs([(row, seed, cfg)], runs_dir, getattr(args, "env_data_dir", None), args.clients):
+        part.failed.append(cfg["run-name"])
+        say(f"{lead}run refused, its folder kept as it is: {changed[0]}", sys.stderr)
+        return None
+    if (run_dir / CHECKPOINT).exists():
+        cfg = {**cfg, "resume": True}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_run_config(run_dir, cfg)
+    record_app(run_dir, app, bool(cfg.get("resume")))
+    return cfg
 
 
 def record_app(run_dir: Path, app: Path, resumed: bool) -> None:

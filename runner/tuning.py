@@ -281,8 +281,7 @@ def identity_now(raw: dict, clients: int, code: str | None) -> dict:
     """What a search run of ``raw`` would be made with now (``made_with``'s entries): ``code``
     (this sweep's app package), its config's digest, the data fingerprint of the data it would
     read and the versions installed."""
-    from fl_app.api import resolve
-    from fl_app.server.provenance import data_fingerprint, software_versions
+    from fl_app.api import data_fingerprint, resolve, software_versions
 
     cfg, _ = resolve(raw)
     return {"code": code, "config": config_digest(raw), "fingerprint": data_fingerprint(cfg, clients)["digest"],

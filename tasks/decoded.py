@@ -49,6 +49,15 @@ from tasks.catalogue import DATASETS
 from tasks.datasets import DataUnavailableError, parquet_rows
 from tasks.partition_cache import cache_dir
 
+VALIDATION = "validation"  # the split held out of the training split (validation-fraction)
+
+
+def validation_size(rows: int, fraction: float) -> int:
+    """Examples of a ``rows``-row training split held out as the validation split:
+    floor(fraction x rows), at least one when ``fraction`` > 0, none at 0 (the one rule: the
+    partitioner's cut, ``tasks.partitioning.HoldOutValidation``, and the decoded rows use it)."""
+    return max(1, int(fraction * rows)) if fraction > 0 else 0
+
 BATCH_ROWS = 2048  # rows read from the parquet file at a time (bounded memory)
 
 
@@ -229,7 +238,6 @@ def split_order(dataset: str, files: dict[str, str], seed: int, validation_fract
     .permutation(n)``), then ``PrepareSplits`` cuts the shuffled training split: a held-out test
     split first (``DatasetInfo.held_out_test``), then the validation split
     (``validation-fraction``), the rest being the training split the partitioner cuts."""
-    from tasks.partitioning import VALIDATION, validation_size
 
     info = DATASETS[dataset]
     train = files["train"]

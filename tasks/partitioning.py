@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 
 import numpy as np
 import torch
@@ -33,7 +34,15 @@ from tasks.datasets import (
     normalise,
     to_tensors,
 )
-from tasks.decoded import check_images, decoded_labels, decoding_enabled, split_arrays, split_order
+from tasks.decoded import (
+    VALIDATION,
+    check_images,
+    decoded_labels,
+    decoding_enabled,
+    split_arrays,
+    split_order,
+    validation_size,
+)
 from tasks.feature_noise import with_feature_noise
 from tasks.partition_cache import (
     checked_partitioning,
@@ -60,13 +69,6 @@ def _make_partitioner(spec: PartitionSpec, info):
     return make_partitioner(spec, info, rows)
 
 
-VALIDATION = "validation"  # the split held out of the training split (validation-fraction)
-
-
-def validation_size(rows: int, fraction: float) -> int:
-    """Examples of a ``rows``-row training split held out as the validation split:
-    floor(fraction x rows), at least one when ``fraction`` > 0, none at 0."""
-    return max(1, int(fraction * rows)) if fraction > 0 else 0
 
 
 class HoldOutValidation:
@@ -118,10 +120,18 @@ class PrepareSplits:
         return dataset
 
 
-@functools.lru_cache(maxsize=4)
 def federated_dataset(spec: PartitionSpec):
     """The flwr-datasets FederatedDataset for ``spec``: the data folder's parquet files when a
-    folder is set (both splits, else ``DataUnavailableError``), the hub only when none is."""
+    folder is set (both splits, else ``DataUnavailableError``), the hub only when none is. One per
+    process and version of the files (their sizes and modification times: a file replaced in
+    place, under the same path, gets a new one, as the decoded arrays of ``tasks.decoded`` do)."""
+    files = local_parquet_files(spec.dataset, spec.data_dir)
+    versions = tuple((p, os.stat(p).st_size, os.stat(p).st_mtime_ns) for p in sorted(files.values())) if files else ()
+    return _federated_dataset(spec, versions)
+
+
+@functools.lru_cache(maxsize=4)
+def _federated_dataset(spec: PartitionSpec, versions: tuple):
     from flwr_datasets import FederatedDataset
 
     info = DATASETS[spec.dataset]
@@ -149,6 +159,9 @@ def federated_dataset(spec: PartitionSpec):
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())  # one line
         raise HubUnavailableError(spec.dataset, info.hub_id, reason) from exc
     return fds
+
+
+federated_dataset.cache_clear = _federated_dataset.cache_clear  # tests start from a fresh cut
 
 
 @functools.lru_cache(maxsize=256)

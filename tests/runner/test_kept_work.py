@@ -182,7 +182,7 @@ def test_check_says_which_runs_are_kept_or_continued_and_estimates_only_what_is_
     exp = ["--strategy", "fedavg,fedprox", "--dataset", "synthetic", "--set", "model=mlp", "--rounds", "5",
            "--out", str(tmp_path / "o")]
     assert run_simulation.main([*exp, "--check"]) == 0
-    assert "for 2 runs (" in capsys.readouterr().out
+    assert "for 2 runs, at load" in capsys.readouterr().out
     runs = tmp_path / "o" / "runs"
     configs = {raw["run-name"]: raw for _, _, raw in checks.build_configs(cli.parse_args(exp), runs)}
     (runs / "fedavg-seed0").mkdir(parents=True)
