@@ -117,11 +117,13 @@ def train_cohort(jobs: list[Round]) -> list[RoundResult]:
 def train(jobs: list[Round]) -> list[RoundResult]:
     """Every prepared round of the node's clients: one ``cohort_round`` per group of
     ``same_cohort`` rounds (one group in a run: all clients share the round's settings), a
-    client without data alone through ``local_round`` (``cohort_round`` needs data)."""
+    client without data, or of an ``unbatched`` update (FedDecorr), alone through
+    ``local_round`` (``cohort_round`` needs data; FedDecorr's rounds amplify the batched kernels'
+    other summation order)."""
     results: list[RoundResult | None] = [None] * len(jobs)
     groups: list[list[int]] = []
     for i, job in enumerate(jobs):
-        if len(job.x) == 0:
+        if len(job.x) == 0 or job.update.unbatched:
             results[i] = local_round(job)
             continue
         for group in groups:

@@ -28,6 +28,9 @@ declaration says, besides the three step functions of ``tasks.functional``'s con
 - ``terms``: what the method adds to its own gradient, each term once with its coefficient and
   its place in the step (``tasks.functional.terms``: before the clip, or after it as weight
   decay); ``clip_key``: the method's own clip-norm key, applied where ``local-clip-norm`` is.
+- ``unbatched``: a cohort trains this update's clients one at a time (each a cohort of one,
+  exactly its per-client round), for an update too ill-conditioned for batched kernels' other
+  summation order (FedDecorr).
 - ``step_cost`` (a step's cost relative to one SGD step, for the run-time estimate),
   ``client_mods`` (Flower client mods the method's messages need, DP-FedAvg's clipping) and
   ``module`` (the module whose docstring documents the method: its listing, README row and
@@ -141,6 +144,10 @@ class LocalUpdate:
     module: str = ""
     terms: tuple[Term, ...] = ()
     clip_key: str = ""
+    # True for an update whose float32 rounds amplify a one-ulp difference into a different
+    # round (FedDecorr's 1/sqrt(var) of near-dead features): a cohort trains its clients one at a
+    # time, each exactly as its per-client round, instead of batched in one vmap.
+    unbatched: bool = False
 
     def key_names(self) -> tuple[str, ...]:
         """Every run-config key the update reads (``Hyper.keys``): its own, then ``reads``."""

@@ -121,15 +121,6 @@ def test_the_picture_exists_and_the_page_shows_it(made):
     assert (ROOT / "docs" / "results" / "atlas.png").is_file() and "(results/atlas.png)" in ATLAS_PAGE.read_text()
 
 
-def test_the_atlas_page_is_what_make_results_writes_from_the_kept_runs(tmp_path):
-    """docs/atlas.md is generated with docs/results.md: regenerating both from experiments/ and the
-    kept runs gives the committed texts (else run `python scripts/make_results.py` and commit them)."""
-    out = tmp_path / "docs" / "results.md"
-    assert mr.make_results(ROOT / "experiments", mr.STORE, out) == (ROOT / "docs" / "results.md").read_text()
-    assert (tmp_path / "docs" / "atlas.md").read_text() == ATLAS_PAGE.read_text()
-    assert (tmp_path / "docs" / "results" / "atlas.png").is_file()
-
-
 def test_every_atlas_cell_matches_its_section_in_the_committed_pages():
     """Each cell of docs/atlas.md names a section of docs/results.md and, for a file without a grid,
     the section's row of that method prints the same mean (the paper's metric: final, or best)."""

@@ -633,10 +633,14 @@ def test_the_results_page_names_every_rows_protocol_and_counts_claims_only_betwe
 
 
 def test_the_results_page_is_what_make_results_writes_from_the_kept_runs(tmp_path):
-    """docs/results.md is generated: regenerating it from experiments/ and the kept runs gives the
-    committed text (else run `python scripts/make_results.py` and commit the result)."""
+    """docs/results.md and docs/atlas.md (written with it, from the same rows) are generated:
+    regenerating them from experiments/ and the kept runs gives the committed texts and the
+    atlas's picture (else run `python scripts/make_results.py` and commit the result). One
+    regeneration for both pages: it reads every kept run (about 25 s)."""
     out = tmp_path / "docs" / "results.md"
     assert mr.make_results(ROOT / "experiments", mr.STORE, out) == RESULTS_PAGE.read_text()
+    assert (tmp_path / "docs" / "atlas.md").read_text() == (ROOT / "docs" / "atlas.md").read_text()
+    assert (tmp_path / "docs" / "results" / "atlas.png").is_file()
 
 
 def test_every_file_with_claims_says_how_each_rows_values_were_chosen():
