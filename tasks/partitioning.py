@@ -162,6 +162,7 @@ def _federated_dataset(spec: PartitionSpec, versions: tuple):
 
 
 federated_dataset.cache_clear = _federated_dataset.cache_clear  # tests start from a fresh cut
+federated_dataset.cache_info = _federated_dataset.cache_info
 
 
 @functools.lru_cache(maxsize=256)

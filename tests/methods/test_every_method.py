@@ -34,7 +34,9 @@ NODES = 4
 # Left to the simulation test: dp-fedavg's client-side clipping is a ClientApp mod
 # (fl_app/client_app.py), which only Flower's transport applies, and fedbn needs a BN model on
 # MNIST images (cnn-bn on full MNIST took about 3 minutes with its clients one after another in one
-# process; the simulation test trains lenet-bn on a 6,000-image sample).
+# process; the simulation test trains lenet-bn on a 6,000-image sample). Those two runs are `slow`
+# (the default run keeps its 10 minutes): by default their parts are checked in process
+# (tests/methods/test_dp_fedavg.py, tests/methods/test_fedbn.py).
 TRANSPORT_ONLY = {"dp-fedavg", "fedbn"}
 
 

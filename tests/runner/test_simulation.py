@@ -116,7 +116,14 @@ def simulated_config(method: str, request) -> dict:
 # FedAvg's; it trains two rounds in process (tests/methods/test_every_method.py) and runs the ServerApp's
 # server_fn and the ClientApp's client_fn on Flower's server loop through a crash and a resume
 # (tests/server/test_resume.py), both in the default run.
-@pytest.mark.parametrize("method", [pytest.param(m, marks=pytest.mark.slow) if m == "fedyogi" or m in METHODS_V2
+# FedBN's and DP-FedAvg's runs through Flower are slow too (about 30 s each): their client sides
+# are checked in process by default (tests/methods/test_fedbn.py: the kept BN entries;
+# tests/methods/test_dp_fedavg.py: the client-mode clipping mod), and the fedavg and scaffold runs,
+# shared with the resume and FAB tests, keep Flower's transport and context.state in the default run.
+SLOW_SIMULATED = ("fedyogi", "fedbn", "dp-fedavg", *METHODS_V2)
+
+
+@pytest.mark.parametrize("method", [pytest.param(m, marks=pytest.mark.slow) if m in SLOW_SIMULATED
                                     else m for m in SIMULATED])
 def test_every_method_runs_through_flower(simulated, method, request):
     cfg = simulated_config(method, request)
