@@ -96,7 +96,10 @@ def decay(coef_key: str) -> Term:
 def add_terms(d: Tree, terms: Sequence[Term], place: str, params: Tree, w_t: Tree, ctx: dict, hp: Hyper,
               scale: float = 1.0) -> Tree:
     """``d`` with ``scale`` times every term of ``terms`` placed at ``place`` added, in their
-    declared order (``scale`` −η for ``POST_STEP`` terms, which ``d``, the new weights, takes)."""
+    declared order (``scale`` −η for ``POST_STEP`` terms, which ``d``, the new weights, takes: they
+    keep each weight's memory layout, ``core.keep_layout``, as the optimiser's step does; a
+    direction's layout does not matter, so the terms before the optimiser add nothing for it)."""
+    layout = keep_layout if place == POST_STEP else (lambda new, like: new)
     for term in terms:
         if term.place != place:
             continue
@@ -104,5 +107,5 @@ def add_terms(d: Tree, terms: Sequence[Term], place: str, params: Tree, w_t: Tre
         if coef == 0:
             continue
         value = term.value(params, w_t, ctx)
-        d = {n: keep_layout(g.add(value[n], alpha=coef), g) if n in value else g for n, g in d.items()}
+        d = {n: layout(g.add(value[n], alpha=coef), g) if n in value else g for n, g in d.items()}
     return d
