@@ -1,4 +1,6 @@
-"""Shared test fixtures: the offline data folder and tiny client builders."""
+"""Shared test fixtures (the offline data folder, the session's simulation and its runs), the
+stand-ins for Flower's client manager and transport, and the in-process way to serve a run.
+Building a client, running its rounds and comparing its paths: tests/kit.py."""
 
 from __future__ import annotations
 
@@ -18,11 +20,8 @@ sys.path.insert(0, str(ROOT))
 
 from fl_app.client_app import client_fn  # noqa: E402
 from fl_app.common.procfs import processes_with_env  # noqa: E402
-from fl_app.node.drift_client import DriftClient  # noqa: E402
-from fl_app.registry import validate_config  # noqa: E402
 from runner.inprocess import InProcessProxy  # noqa: E402
 from runner.launch import LocalSimulation  # noqa: E402
-from tasks.functional import LocalUpdate  # noqa: E402
 from tests.helpers_deployment import deployment_certs, deployment_runs, has_superlink  # noqa: E402, F401
 
 SHARED_DATA = ROOT.parent / "shared" / "data"
@@ -244,29 +243,6 @@ class FakeManager:
 
     def sample(self, num_clients, min_num_clients=None, criterion=None):
         return self.proxies[:num_clients]
-
-
-def fake_context(run_config: dict | None = None) -> Context:
-    return Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config=run_config or {})
-
-
-def make_client(update: LocalUpdate | str, overrides: dict, x: torch.Tensor, y: torch.Tensor,
-                context: Context | None = None, client_cls: type[DriftClient] = DriftClient, partition: int = 0,
-                num_partitions: int = 1) -> DriftClient:
-    """The one way a test builds a client: the one generic client running ``update`` (a
-    ``LocalUpdate``, or a method's name: its registered update, and ``strategy`` set to it) on
-    in-memory data (no dataset is loaded; ``DriftClient.use_data``), partition ``partition`` of
-    ``num_partitions``, its run config ``overrides`` on synthetic/logreg. ``client_cls``: a
-    test's recording subclass of ``DriftClient``."""
-    if isinstance(update, str):
-        from fl_app.registry import get_method
-
-        overrides = {"strategy": update, **overrides}
-        update = get_method(update).update
-    cfg = validate_config({"dataset": "synthetic", "model": "logreg", **overrides})
-    client = client_cls(update, cfg, context or fake_context(), partition_id=partition, num_partitions=num_partitions)
-    client.use_data((x, y))
-    return client
 
 
 Proxy = InProcessProxy  # hands the FitIns to a real NumPyClient, as Flower's transport would

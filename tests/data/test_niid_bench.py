@@ -159,7 +159,7 @@ def test_code_noise_reaches_both_execution_paths(small_mnist):
     from fl_app.node.cohort_wire import NUM_PARTITIONS
     from fl_app.node.drift_client import DriftClient
     from tasks.models import get_weights
-    from tests.conftest import fake_context
+    from tests.kit import fake_context
 
     cfg = code_noise_cfg(small_mnist)
     node = CohortClient(cfg, fake_context(cfg), fedavg.UPDATE, 0, 1)

@@ -25,8 +25,9 @@ from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights, set_weights
 from tasks.partitioning import PartitionSpec, load_partition, load_test_split
 from tasks.train import evaluate
-from tests.conftest import Proxy, fake_context
+from tests.conftest import Proxy
 from tests.helpers_inprocess import RoundByRound
+from tests.kit import fake_context
 
 K, PER_CLIENT, ROUNDS, TEST = 10, 400, 5, 2000
 

@@ -17,9 +17,10 @@ from strategies.fedpvr import FedPVRStrategy
 from strategies.scaffold import ScaffoldStrategy
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights
-from tests.conftest import Proxy, fake_context, make_client
+from tests.conftest import Proxy
 from tests.helpers_baselines import softmax_regression_grad
 from tests.helpers_inprocess import RoundByRound
+from tests.kit import fake_context, make_client
 
 LR, DECAY, EPOCHS = 0.4, 0.8, 2
 SIZES = [5, 8, 6, 9]
@@ -333,7 +334,7 @@ def test_the_readings_agree_without_momentum_and_differ_with_it():
 
 
 def test_the_post_step_reading_runs_as_a_cohort():
-    from tests.helpers_hand_model import assert_cohort_matches
+    from tests.kit import assert_cohort_matches
 
     def states(shapes, k):
         return {"ci": {n: torch.full(s, 0.01 * (k + 1)) for n, s in shapes.items()}}

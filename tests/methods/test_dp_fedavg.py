@@ -28,8 +28,8 @@ from strategies.dp_fedavg import (
     DPServerSideClipping,
     rdp_epsilon,
 )
-from tests.conftest import fake_context
 from tests.helpers_baselines import fit_res
+from tests.kit import fake_context
 
 
 def _cfg(**over):

@@ -17,13 +17,8 @@ from fl_app.server.server import DriftServer
 from strategies.fedacg import FedACGStrategy
 from tests.conftest import FakeManager
 from tests.helpers_baselines import fit_res
-from tests.helpers_hand_model import (
-    assert_cohort_matches,
-    assert_same_rounds,
-    crash_and_resume,
-    linear_round,
-    values,
-)
+from tests.helpers_hand_model import linear_round, values
+from tests.kit import assert_cohort_matches, assert_same_rounds, crash_and_resume
 
 THETA, M, LAM = (0.2, -0.1), (0.1, -0.05), 0.85
 LOOKAHEAD = (0.285, -0.1425)  # theta + lambda m

@@ -11,8 +11,8 @@ from fl_app.config import ConfigError
 from fl_app.registry import validate_config
 from protocol.layout import bn_indices
 from strategies.fedbn import FedBNStrategy
-from tests.conftest import make_client
 from tests.helpers_baselines import fit_res
+from tests.kit import make_client
 
 
 def test_fedbn_requires_a_bn_model():

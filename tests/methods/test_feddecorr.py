@@ -14,8 +14,7 @@ from clients.feddecorr import decorrelation_loss
 from fl_app.registry import get_method
 from tasks.functional import Hyper, Round, local_round, module_state
 from tasks.models import Classifier
-from tests.conftest import make_client
-from tests.helpers_client_rounds import assert_cohort_equals_per_client, initial_weights
+from tests.kit import assert_cohort_equals_per_client, initial_weights, make_client
 
 Z = [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]  # N = 3 representations of d = 2 dimensions
 

@@ -14,7 +14,7 @@ from strategies.base import DriftFedAvg
 from strategies.fedexp import FedExPStrategy
 from tests.conftest import FakeManager
 from tests.helpers_baselines import fit_res
-from tests.helpers_hand_model import assert_same_rounds, crash_and_resume
+from tests.kit import assert_same_rounds, crash_and_resume
 
 E = np.eye(3)
 

@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from clients.fedlc import calibration
-from tests.conftest import make_client
-from tests.helpers_client_rounds import assert_cohort_equals_per_client, initial_weights
+from tests.kit import assert_cohort_equals_per_client, initial_weights, make_client
 from tests.methods.test_fedrs import adjusted_round64, hand_round
 
 

@@ -9,8 +9,8 @@ from flwr.server.strategy import FedAvg
 
 from clients import fednova
 from strategies.fednova import FedNovaStrategy, normaliser
-from tests.conftest import make_client
 from tests.helpers_baselines import fit_res
+from tests.kit import make_client
 
 
 def _round(momentum):

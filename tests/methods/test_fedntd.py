@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from clients import fedntd
 from clients.fedntd import ntd_loss
-from tests.conftest import make_client
+from tests.kit import make_client
 
 
 def _softmax(v):

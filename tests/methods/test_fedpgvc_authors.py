@@ -23,7 +23,7 @@ from tasks.datasets import input_shape
 from tasks.functional import module_state
 from tasks.keras_layers import keras_layers, pgvc_code_layers
 from tasks.models import Classifier, build_model, get_weights, set_weights
-from tests.conftest import make_client
+from tests.kit import make_client
 
 # The tiny model's numbers: Linear layers A, B, C (1 -> 1), D (1 -> 2) and the head E (2 -> 2),
 # E.w row-major (E.w[2k + m] = weight of input m in output k).

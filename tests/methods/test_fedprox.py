@@ -6,7 +6,7 @@ import torch
 
 from clients import fedprox
 from strategies.fedprox import FedProxStrategy
-from tests.conftest import make_client
+from tests.kit import make_client
 
 
 def test_fedprox_step_matches_hand_computation():

@@ -17,8 +17,7 @@ from clients.fedrs import restriction
 from fl_app.registry import get_method
 from tasks.functional import Hyper, Round, local_round, module_state
 from tasks.models import Classifier
-from tests.conftest import make_client
-from tests.helpers_client_rounds import assert_cohort_equals_per_client, initial_weights
+from tests.kit import assert_cohort_equals_per_client, initial_weights, make_client
 
 X = np.array([[1.0, 0.0], [0.0, 1.0]])
 Y = np.array([0, 1])

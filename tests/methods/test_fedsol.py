@@ -11,7 +11,7 @@ import torch
 from clients import fedavg, fedsol
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights
-from tests.conftest import make_client
+from tests.kit import make_client
 
 LR = 0.5
 

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from clients import fedavg, moon
 from clients.moon import moon_contrastive
-from tests.conftest import make_client
+from tests.kit import make_client
 
 
 def test_moon_contrastive_by_hand():

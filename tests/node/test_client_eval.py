@@ -178,7 +178,7 @@ def test_client_trains_on_the_rest_and_evaluates_on_its_split():
     from clients import fedavg
     from fl_app.node.drift_client import DriftClient
     from tasks.models import get_weights
-    from tests.conftest import fake_context
+    from tests.kit import fake_context
 
     cfg = validate_config({"dataset": "synthetic", "model": "logreg", "client-test-fraction": 0.25, "seed": 2})
     client = DriftClient(fedavg.UPDATE, cfg, fake_context(), partition_id=1, num_partitions=4)

@@ -28,7 +28,7 @@ from fl_app.node.cohort_wire import bundle_instructions, split_replies
 from fl_app.node.drift_client import DriftClient
 from fl_app.node.node_client import NodeClient
 from fl_app.registry import METHODS, validate_config
-from tests.conftest import fake_context
+from tests.kit import assert_arrays_close, assert_same_reply, fake_context
 from tests.node.test_cohort_wire import reply_as_fitres
 
 N = 5  # partitions of the run's data
@@ -69,35 +69,15 @@ def initial(cfg: dict, method: str) -> list[np.ndarray]:
     return weights + ([np.full_like(w, 0.01) for w in weights] if method == "scaffold" else [])
 
 
-def assert_close(got: list[np.ndarray], want: list[np.ndarray], rel: float) -> None:
-    assert len(got) == len(want)
-    for u, v in zip(got, want):
-        assert u.shape == v.shape and u.dtype == v.dtype
-        if rel == 0:
-            assert np.array_equal(u, v)
-        else:
-            assert np.abs(u - v).max() <= rel * max(np.abs(v).max(), 1e-12)
-
-
-def assert_same_reply(res, want, rel: float) -> None:
-    """A virtual client's FitRes against its per-client (arrays, num_examples, metrics)."""
-    arrays, num_examples, metrics = want
-    assert not isinstance(res, str), res
-    assert res.num_examples == num_examples
-    assert_close(parameters_to_ndarrays(res.parameters), arrays, rel)
-    got = {k: v for k, v in res.metrics.items() if not k.endswith("_seconds")}  # timings
-    want = {k: v for k, v in metrics.items() if not k.endswith("_seconds")}
-    assert set(got) == set(want)
-    for key, value in want.items():
-        assert got[key] == (value if rel == 0 or isinstance(value, int) else pytest.approx(value, rel=rel)), key
-
-
 def assert_same_state(node_state: RecordDict, partition: int, state: RecordDict, rel: float) -> None:
+    """The cohort node's state entries of virtual client ``partition`` (under its prefix) are
+    those of its per-client node's ``state``: the same records, each record's arrays within
+    ``rel`` as ``assert_arrays_close`` holds them (exactly when ``rel`` is 0)."""
     prefix = state_prefix(partition)
     mine = {k[len(prefix):]: r for k, r in node_state.array_records.items() if k.startswith(prefix)}
     assert set(mine) == set(state.array_records)
     for key, record in state.array_records.items():
-        assert_close(mine[key].to_numpy_ndarrays(), record.to_numpy_ndarrays(), rel)
+        assert_arrays_close(mine[key].to_numpy_ndarrays(), record.to_numpy_ndarrays(), rel, f"state {key}")
 
 
 # ---------------------------------------------------------------------- K = 3 and K = 1

@@ -13,7 +13,7 @@ from clients import fedavg, scaffold
 from fl_app.node.drift_client import DriftClient
 from fl_app.node.node_client import NodeClient
 from fl_app.node.state_mirror import ClientStateMirror
-from tests.conftest import fake_context, make_client
+from tests.kit import fake_context, make_client
 
 
 def _data():

@@ -21,7 +21,7 @@ from fl_app.registry import get_method, validate_config
 from tasks import models, partitioning
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights
-from tests.conftest import fake_context
+from tests.kit import fake_context
 
 CLIENTS = 3
 ROUNDS = 2

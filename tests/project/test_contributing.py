@@ -92,7 +92,7 @@ def test_the_example_trains_through_its_own_local_update(monkeypatch):
     """The registered update is the client module's ``UPDATE``, which documents itself by its
     own module, and the module defines no class: the generic client runs it."""
     from fl_app.node.drift_client import DriftClient
-    from tests.conftest import fake_context
+    from tests.kit import fake_context
 
     register_example(monkeypatch)
     client_module = sys.modules["clients.fedmom_example"]

@@ -23,7 +23,8 @@ from runner.listing import listing
 from runner.plan import label, parse_grid, run_name
 from runner.quiet import is_noise
 from runner.results.report import compare, curve_stats, plot, plot_curves, write_comparison
-from tests.conftest import ROOT, fake_context, non_split_files
+from tests.conftest import ROOT, non_split_files
+from tests.kit import fake_context
 
 SYNTH = ["--dataset", "synthetic", "--set", "model=logreg"]
 

@@ -138,7 +138,7 @@ def small_checkpoint(run_dir: Path, model: str = "mlp"):
 def test_a_checkpoint_of_another_model_is_refused_naming_file_and_fix(tmp_path):
     from fl_app.server.checkpoint import CheckpointError, load_checkpoint
     from fl_app.server_app import server_fn
-    from tests.conftest import fake_context
+    from tests.kit import fake_context
 
     shapes = small_checkpoint(tmp_path / "r", "mlp")
     assert load_checkpoint(tmp_path / "r", "mlp", shapes).round == 2

@@ -11,7 +11,7 @@ from fl_app.config import ConfigError
 from fl_app.node.attacks import Attack, attacked_reply
 from fl_app.node.node_client import NodeClient
 from fl_app.registry import validate_config
-from tests.conftest import make_client
+from tests.kit import make_client
 
 W_T = [np.array([[1.0, 2.0], [3.0, 4.0]], np.float32), np.array([0.5, -0.5], np.float32), np.array(7, np.int64)]
 W_K = [np.array([[2.0, 2.0], [3.0, 2.0]], np.float32), np.array([0.5, 0.5], np.float32), np.array(9, np.int64)]

@@ -14,7 +14,8 @@ from fl_app.server.server import DriftServer
 from strategies.base import fedavg_kwargs
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights
-from tests.conftest import Proxy, fake_context, make_client
+from tests.conftest import Proxy
+from tests.kit import fake_context, make_client
 
 SIZES = (12, 20, 16, 24)
 
@@ -63,7 +64,7 @@ def test_the_server_reads_the_facts_the_method_registers_not_its_wrappers(tmp_pa
     drift columns (read from the wrapper, they were n_k-weighted: same_metrics caught it)."""
     from fl_app.server_app import server_fn
     from strategies.dp_fedavg import DPFedAvgStrategy
-    from tests.conftest import fake_context
+    from tests.kit import fake_context
 
     components = server_fn(fake_context({"strategy": "dp-fedavg", "dataset": "synthetic", "model": "logreg",
                                          "results-dir": str(tmp_path), "tracking": "none"}))

@@ -12,7 +12,7 @@ from fl_app.config import ConfigError
 from fl_app.registry import validate_config
 from tasks.augment import HOLE, PAD, Augment, augment_seed, parse_augment
 from tasks.catalogue import DATASETS
-from tests.conftest import make_client
+from tests.kit import make_client
 
 
 def _augment(ops: str, dataset: str = "cifar10", seed: int = 0, partition: int = 0, rnd: int = 1) -> Augment:

@@ -13,7 +13,7 @@ import fl_app.node.node_client as node
 from clients import feddyn, scaffold
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights
-from tests.conftest import fake_context, make_client
+from tests.kit import fake_context, make_client
 
 CI_STATE = scaffold.UPDATE.state["ci"].record  # the context.state record SCAFFOLD keeps c_i under
 ScaffoldClient = scaffold.UPDATE  # the update make_client builds its client with

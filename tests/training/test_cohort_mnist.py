@@ -33,8 +33,7 @@ import pytest
 import torch
 
 from fl_app.registry import method_names
-from tests.conftest import make_client
-from tests.helpers_client_rounds import assert_cohort_equals_per_client, initial_weights
+from tests.kit import assert_cohort_equals_per_client, initial_weights, make_client
 
 BATCH, STEPS, CLIENTS = 8, 10, 2
 REL = 2e-5  # float32 (module docstring)

@@ -37,10 +37,9 @@ from tasks.functional import Hyper, LocalUpdate, Round, cohort_round, local_roun
 from tasks.functional.optim import opt_init, opt_step
 from tasks.functional.rounds import stack_trees, unstack_tree
 from tasks.models import build_model
-from tests.conftest import fake_context, make_client
 from tests.helpers_baselines import client_batches, sgd_round64, softmax_regression_grad, softmax_regression_loss
-from tests.helpers_cohort import assert_cohort_client_equals
 from tests.helpers_module import foreach_norm, module_sam_eps, perturbed
+from tests.kit import assert_cohort_client_equals, fake_context, make_client
 
 ROOT = Path(__file__).resolve().parents[2]
 SHAPE = InputShape(1, 8, 10)  # MNIST-like, one channel (a channels-last quirk: keep_layout), small for speed

@@ -44,11 +44,10 @@ from tasks.functional import CohortResult, Hyper, Round, cohort_round, local_rou
 from tasks.functional.rounds import stack_trees, unstack_tree
 from tasks.keras_layers import pgvc_code_layers
 from tasks.models import Classifier, build_model, get_weights, last_layers_param_names, set_weights
-from tests.conftest import fake_context, make_client
 from tests.helpers_baselines import client_batches
-from tests.helpers_cohort import assert_cohort_client_equals
 from tests.helpers_module import module_fit
-from tests.node.test_cohort_node import N, assert_close, assert_same_reply, cohort_fit
+from tests.kit import assert_arrays_close, assert_cohort_client_equals, assert_same_reply, fake_context, make_client
+from tests.node.test_cohort_node import N, cohort_fit
 
 FEDPGVC, FEDAVG = fedpgvc.UPDATE, fedavg.UPDATE
 SHAPE = InputShape(1, 8, 10)
@@ -335,7 +334,7 @@ def test_both_readings_train_through_functions_and_run_as_cohorts(seeded_clients
         functions_alone_and_as_a_cohort(variant, [1, 0])
         got, _, metrics = per_client_fit(pgvc_config(variant, batch_size=64), partition, arrays, 1)
         want, want_metrics = by_the_functions(variant, arrays, partition)
-        assert_close(got, want, rel=1e-5)
+        assert_arrays_close(got, want, 1e-5, f"{variant}: per-client reply")
         for key in ("train_loss", "pgvc_rescale") if variant == "authors" else ("train_loss",):
             assert metrics[key] == pytest.approx(want_metrics[key], rel=1e-5), key
         assert metrics["num_steps"] == 1
@@ -373,15 +372,8 @@ def _compare(sizes, rel):
         args = (skeleton, unstack_tree(params, k), unstack_tree(buffers, k), {}, {}, hp, *data[k], 4, 2)
         alone = local_round(Round(FEDPGVC, *args, torch.Generator().manual_seed(10 + k)))
         plain = local_round(Round(FEDAVG, *args, torch.Generator().manual_seed(10 + k)))
-        assert together.metrics[k]["num_steps"] == alone.metrics["num_steps"]
-        for n in alone.params:
-            u, v = together.params[n][k], alone.params[n]
-            if rel == 0:
-                assert torch.equal(u, v), n
-            else:
-                assert (u - v).abs().max() <= rel * v.abs().max().clamp_min(1e-12), n
+        assert_cohort_client_equals(together, k, alone, rel)
         assert (alone.params["head.weight"] - plain.params["head.weight"]).abs().max() > 1e-4  # r acts
-        assert together.metrics[k]["train_loss"] == pytest.approx(alone.metrics["train_loss"], rel=max(rel, 1e-12))
 
 
 def test_cohort_of_three_equals_three_rounds():

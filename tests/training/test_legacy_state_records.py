@@ -22,7 +22,7 @@ from tasks.datasets import input_shape
 from tasks.functional import local_round
 from tasks.functional.update import LocalUpdate
 from tasks.models import build_model, get_weights
-from tests.conftest import make_client
+from tests.kit import make_client
 
 
 # The order each old client wrote its record in (its save_state call, f782df9:clients/<method>.py).

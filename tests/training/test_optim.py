@@ -13,7 +13,7 @@ from fl_app.registry import METHODS, resolve, validate_config
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights
 from tasks.optim import OPTIMIZERS, effective_steps
-from tests.conftest import make_client
+from tests.kit import make_client
 
 
 def client_class(name: str):
