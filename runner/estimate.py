@@ -46,10 +46,13 @@ file (``timings_file``: ``$FL_DRIFT_TIMINGS``, else ``timings.jsonl`` in ``$FL_D
 ``~/.cache/fl-drift``) and the
 estimate reads the recent ones made on this host with this many cores (``recent_timings``);
 without any it uses ``DEFAULT_TIMINGS``, measured on the project's 2-core CPU machine (listed
-below with their runs). The estimate is made with each timing; the range is their spread,
-widened by a factor ``1 + margin()`` either way (the middle value is the median timing's): 1.2 on an
-idle machine, more the more the load exceeds the cores (a load that changes during the run is
-what the probes cannot see: at load 5-10 on the 2-core machine the runs took 0.54x to 1.85x the
+below with their runs). Of those it keeps the ones recorded nearest the load now
+(``closest_in_load``: a timing records the processes running beside its run as it started,
+``load_now``, the same count the estimate takes now). The estimate is made with each kept timing;
+the range is their spread, widened by a factor ``1 + margin()`` either way (the middle value is the
+median timing's): 1.2 on an idle machine, more the more the load exceeds the cores (a load that
+changes during the run is what the probes cannot see: at load 5-10 on the 2-core machine the runs
+took 0.54x to 1.85x the
 estimate, mostly within 0.7-1.5x).
 """
 
@@ -73,6 +76,8 @@ SYNTHETIC_TEST = 1000
 MARGIN = 0.2  # the range: the timings' spread, widened by a factor 1.2 either way on an idle machine ...
 LOAD_MARGIN = 0.1  # ... and by 0.1 more for each load of the machine's cores beyond them (at most MAX_MARGIN)
 MAX_MARGIN = 0.6
+CLOSEST_TIMINGS = 8  # the timings recorded nearest the load now that the estimate uses (closest_in_load) ...
+LOAD_WINDOW = 0.25  # ... none of them more than a quarter of a process's load farther from it than the closest
 RECENT_DAYS = 30
 KEPT_TIMINGS = 200  # the timing file keeps the latest runs only
 PROBE_TTL = 300.0  # seconds a probe is reused within one process (a sweep's search and table; a test session)
@@ -102,6 +107,7 @@ class Timing:
     parallel: float
     eval_ratio: float
     flower: float
+    background: float = -1.0  # ``load_now`` as the run started: the processes beside it; -1 unknown
 
 
 # Measured on the project's 2-core CPU machine (issue 70), each from one run of the runner at the load
@@ -111,15 +117,24 @@ class Timing:
 # The default timings' ``outside`` is their command's wall time less this and the server's total_seconds.
 SWEEP_SECONDS, SWEEP_REFERENCE = 9.4, 0.0054
 DEFAULT_TIMINGS = (
+    # idle: mnist cnn-small, 50 clients (pathological, 2 classes each), fraction 0.2, 10 rounds, FedAvg and
+    # FedACG, 4 seeds each: 8 runs in 5.0 min from load 0.2 (the median of their 8 timings; 4.7 ms/step probed;
+    # the reference as --check takes it on the idle machine, 0.0050-0.0057 s)
+    Timing(reference=0.0053, outside=7.9, node=0.21, prepare=0.009, train_ratio=0.94, parallel=1.64,
+           eval_ratio=0.35, flower=0.0, background=0.0),
+    # the same command (6 rounds, 3 seeds) beside 4 busy processes, each in its own session (load_now 4.0-4.2):
+    # 6 runs in 8.5 min (the median of their 6 timings; 12.7-18.7 ms/step probed)
+    Timing(reference=0.0132, outside=14.2, node=0.55, prepare=0.022, train_ratio=1.66, parallel=1.79,
+           eval_ratio=0.90, flower=0.0, background=4.0),
     # mnist cnn-small, 10 clients, fraction 0.3, 3 rounds: 104 s at load 4.4-8.8 (6.2-8.3 ms/step probed)
     Timing(reference=0.00568, outside=22.7, node=2.75, prepare=3.36, train_ratio=2.45, parallel=1.74,
-           eval_ratio=4.05, flower=0.0),
+           eval_ratio=4.05, flower=0.0, background=4.9),
     # mnist cnn-small, 20 clients, fraction 0.2, 3 rounds: 54 s at load 5.2-5.4
     Timing(reference=0.00562, outside=15.5, node=0.88, prepare=0.70, train_ratio=1.37, parallel=1.76,
-           eval_ratio=1.18, flower=0.0),
+           eval_ratio=1.18, flower=0.0, background=3.5),
     # fashion_mnist cnn-small, 10 clients, fraction 0.5, 4 rounds: 71 s at load 3.5-3.9
     Timing(reference=0.00550, outside=7.5, node=1.64, prepare=0.65, train_ratio=2.08, parallel=1.88,
-           eval_ratio=2.72, flower=0.0),
+           eval_ratio=2.72, flower=0.0, background=1.8),
 )
 
 
@@ -296,10 +311,12 @@ def recent_timings(path: Path | None = None, now: float | None = None) -> list[T
                 continue
             if now - float(entry.get("time", 0)) > RECENT_DAYS * 86400:
                 continue
-            timing = Timing(**{k: float(entry[k]) for k in names})
+            timing = Timing(**{k: float(entry[k]) for k in names if k != "background"},
+                            background=float(_background_of(entry)))
         except (ValueError, TypeError, KeyError, AttributeError):
             continue
-        if all(math.isfinite(v) and v >= 0 for v in asdict(timing).values()) and timing.parallel > 0:
+        values = asdict(timing)
+        if all(math.isfinite(v) and (v >= 0 or k == "background") for k, v in values.items()) and timing.parallel > 0:
             found.append(timing)
     return found
 
@@ -330,7 +347,7 @@ def timing_of_run(run_dir: Path, wall: float, clients: int, before: tuple[float,
         return None
     if any(len(v) != len(rows) for k, v in number.items() if k != "evaluate_seconds") or not estimable(cfg):
         return None
-    reference, probe = before or (reference_seconds(), measure(cfg))
+    reference, probe = before[:2] if before else (reference_seconds(), measure(cfg))
     mean = statistics.fmean
     total = float(summary["total_seconds"])
     busy = sum(f * n for f, n in zip(number["fit_seconds_mean"], number["num_clients"]))
@@ -347,7 +364,8 @@ def timing_of_run(run_dir: Path, wall: float, clients: int, before: tuple[float,
                                                              * step_cost),
         parallel=max(1.0, busy / max(1e-9, sum(number["fit_phase_seconds"]))),
         eval_ratio=evaluated / expected_eval if expected_eval > 0 else 1.0,
-        flower=max(0.0, mean(rest) - evaluated))
+        flower=max(0.0, mean(rest) - evaluated),
+        background=before[2] if before and len(before) > 2 else -1.0)
 
 
 def record_timing(run_dir: Path, wall: float, clients: int, path: Path | None = None,
@@ -359,8 +377,7 @@ def record_timing(run_dir: Path, wall: float, clients: int, path: Path | None = 
     if timing is None:
         return None
     path = path or timings_file()
-    entry = {"time": time.time(), **_here(), "load": os.getloadavg()[0], "run": Path(run_dir).name,
-             **asdict(timing)}
+    entry = {"time": time.time(), **_here(), "run": Path(run_dir).name, **asdict(timing)}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         lines = path.read_text().splitlines() if path.exists() else []
@@ -395,16 +412,69 @@ class Estimate:
         return self.sweep + sum(self.runs)
 
 
+def load_now(samples: int = 10, interval: float = 0.05) -> float:
+    """The processes running or ready to run now besides this one: the kernel's count of them
+    (``procs_running`` in /proc/stat) averaged over ``samples`` reads while this process sleeps
+    between them (the reader itself, running while it reads, is not counted). Not the 1-minute
+    load average: a ``--check`` that has just drawn its splits for seconds raises that by 0.3-0.5
+    on an idle 2-core machine, enough to take the timings of a loaded machine for an idle one.
+    The 1-minute load average where there is no /proc (not Linux)."""
+    counts = []
+    try:
+        for _ in range(samples):
+            time.sleep(interval)
+            with open("/proc/stat") as f:
+                counts += [int(line.split()[1]) - 1 for line in f if line.startswith("procs_running")]
+    except (OSError, ValueError, IndexError):
+        return os.getloadavg()[0]
+    return max(0.0, statistics.fmean(counts)) if counts else os.getloadavg()[0]
+
+
+def background_load(timing: Timing) -> float:
+    """The load beside a recorded run (``Timing.background``); -1 when it was not recorded."""
+    return timing.background
+
+
+def _background_of(entry: dict) -> float:
+    """A timing file entry's background load: recorded (``background``), else read from an
+    older entry's 1-minute load average at the run's end less the clients that trained at once
+    (``load`` - ``parallel``: a rough reading, as the run's other processes and the average's lag
+    are in it), else -1."""
+    if "background" in entry:
+        return float(entry["background"])
+    if "load" in entry:
+        return max(0.0, float(entry["load"]) - float(entry["parallel"]))
+    return -1.0
+
+
+def closest_in_load(pool: list[Timing], load: float, keep: int = CLOSEST_TIMINGS) -> list[Timing]:
+    """At most ``keep`` timings of ``pool`` whose background load was closest to ``load`` (the
+    load now, before the runs start), the newest first among equals, and none more than
+    ``LOAD_WINDOW`` farther than the closest; the whole pool when no timing recorded its load.
+    Why: a run's start-up, its nodes and Flower's polls slow down with the processes beside it
+    far more than the one-thread reference probe does (the node start-up took 0.17-0.20 s a node
+    beside nothing, 2.6-2.9 s at load 5-9 on the same 2-core machine), so the median of timings
+    taken at other loads missed by 2-3x (an idle sweep estimated at 14 min took 5.0)."""
+    known = [t for t in reversed(pool) if t.background >= 0]
+    if not known:
+        return list(pool)
+    distance = {id(t): abs(background_load(t) - load) for t in known}
+    nearest = min(distance.values())
+    near = [t for t in known if distance[id(t)] <= nearest + LOAD_WINDOW]
+    return sorted(near, key=lambda t: distance[id(t)])[:keep]
+
+
 def estimate(configs: list[dict], clients: int, step_costs: list[float] | None = None,
-             timings: list[Timing] | None = None) -> Estimate:
+             timings: list[Timing] | None = None, load: float | None = None) -> Estimate:
     """The estimate of ``configs`` (validated run configs), one probe per (dataset, model,
-    batch); ``timings``: this machine's (default: ``recent_timings``, else ``DEFAULT_TIMINGS``).
-    Each run's middle value uses the median timing (per entry); the range is the least and most
-    any one timing gives, widened by ``margin``. A run of unknown data size counts 0 and is
-    listed in ``unsized``."""
+    batch); ``timings``: this machine's (default: ``recent_timings``, else ``DEFAULT_TIMINGS``),
+    of which the ``CLOSEST_TIMINGS`` recorded nearest the load now (``load``, default the
+    machine's 1-minute load average) are used (``closest_in_load``). Each run's middle value uses
+    the median timing (per entry); the range is the least and most any one timing gives, widened
+    by ``margin``. A run of unknown data size counts 0 and is listed in ``unsized``."""
     timings = list(timings) if timings is not None else recent_timings()
     used = len(timings)
-    pool = timings or list(DEFAULT_TIMINGS)
+    pool = closest_in_load(timings or list(DEFAULT_TIMINGS), probed(("load",), load_now) if load is None else load)
     middle = Timing(**{f.name: statistics.median(getattr(t, f.name) for t in pool) for f in fields(Timing)})
     costs = step_costs or [1.0] * len(configs)
     probes: dict[tuple, Probe] = {}
@@ -419,8 +489,13 @@ def estimate(configs: list[dict], clients: int, step_costs: list[float] | None =
         key = (cfg["dataset"], cfg["model"], cfg["batch-size"])
         if key not in probes:
             probes[key] = probed(key, lambda cfg=cfg: measure(cfg))
-        each = [run_seconds(cfg, clients, probes[key], t, reference, cost) for t in pool]
-        runs.append(run_seconds(cfg, clients, probes[key], middle, reference, cost))
+        # this machine's own timings are already matched to the load now (closest_in_load): not scaled
+        # by the reference, which a sweep takes as the previous run's processes end (0.0067-0.0078 s
+        # before the runs of an idle sweep against 0.0050-0.0057 s from --check) and would cut them by a
+        # third; the default timings, from another machine, are scaled to this one's speed
+        scale_to = 0.0 if used else reference
+        each = [run_seconds(cfg, clients, probes[key], t, scale_to, cost) for t in pool]
+        runs.append(run_seconds(cfg, clients, probes[key], middle, scale_to, cost))
         lows += min(each)
         highs += max(each)
     widen = 1 + margin()
@@ -470,9 +545,10 @@ def describe(configs: list[dict], clients: int, kept: int = 0, step_costs: list[
     cohort = sum(p == "cohort" for p in paths or [])
     cohort_text = (f"; {cohort} of them on the cohort path, estimated as per-client runs: faster on a GPU, slower on"
                    " a CPU (bench/cohort.py)") if cohort else ""
-    source = (f"the timings of {est.timings} runs recorded on this machine ({timings_file()})" if est.timings else
-              "the default timings of a 2-core CPU machine (this one has recorded no run yet)")
-    load = os.getloadavg()[0]
+    source = (f"the timings of the {min(CLOSEST_TIMINGS, est.timings)} of {est.timings} runs recorded on this machine"
+              f" nearest this load ({timings_file()})" if est.timings else
+              "the default timings of a 2-core CPU machine nearest this load (this one has recorded no run yet)")
+    load = probed(("load",), load_now)
     return (f"estimated run time on this machine: {minutes(est.seconds)} (range {minutes(est.low)} to "
             f"{minutes(est.high)}) for {n} runs{kept_text}, at load {load:.1f} on {os.cpu_count()} cores "
             f"(probed now: {measured}; start-up, nodes and Flower's rounds from {source}{cohort_text}"

@@ -286,16 +286,17 @@ def job_progress(args: argparse.Namespace, jobs: list[tuple[int, str, int, dict]
 
 
 def probe_before(cfg: dict) -> tuple | None:
-    """(reference, model probe) as a run starts (``runner.estimate``: the reference, 0.1 s; the
-    model's probe of the sweep's estimate, reused): what its recorded timing is measured against,
-    as ``--check`` measures before a run; None on any error (a timing is only a help)."""
+    """(reference, model probe, background load) as a run starts (``runner.estimate``: the
+    reference, 0.1 s; the model's probe of the sweep's estimate, reused; ``load_now``, 0.5 s):
+    what its recorded timing is measured against, as ``--check`` measures before a run; None on
+    any error (a timing is only a help)."""
     try:
         from fl_app.api import resolve
-        from runner.estimate import measure, probed, reference_seconds
+        from runner.estimate import load_now, measure, probed, reference_seconds
 
         resolved, _ = resolve(cfg)
         key = (resolved["dataset"], resolved["model"], resolved["batch-size"])
-        return reference_seconds(repeats=5, pause=0.02), probed(key, lambda: measure(resolved))
+        return reference_seconds(repeats=5, pause=0.02), probed(key, lambda: measure(resolved)), load_now()
     except Exception:  # noqa: BLE001
         return None
 

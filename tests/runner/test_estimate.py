@@ -4,6 +4,10 @@ this machine's timings (recorded from a finished run, read back) and the estimat
 import csv
 import json
 import math
+import os
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -140,3 +144,57 @@ def test_a_dataset_of_unknown_size_is_named_not_guessed():
     text = describe([cfg, hub_only], clients=4, timings=[])
     assert "for 1 runs" in text and "1 runs on my-digits not estimated" in text
     assert describe([hub_only], clients=4).startswith("estimated run time on this machine: unknown;")
+
+
+def test_the_timings_recorded_nearest_the_load_now_make_the_estimate():
+    """Timings taken beside other work are 2-3x slower in their start-up and nodes than idle ones
+    (an idle sweep estimated from loaded timings at 14 min took 5.0): the estimate uses the
+    timings whose background load (``load_now`` as the run started) is nearest the load now, and
+    all of them when none recorded it; an older entry's 1-minute load average at the run's end
+    is read less the run's own ``parallel``."""
+    from runner.estimate import background_load, closest_in_load
+
+    cfg = validate_config({"strategy": "fedavg", "dataset": "mnist", "num-server-rounds": 5})
+    idle = Timing(**{**PLAIN.__dict__, "background": 0.0})
+    busy = Timing(**{**PLAIN.__dict__, "node": 6.0, "outside": 90.0, "background": 6.0})
+    assert background_load(idle) == 0.0 and background_load(busy) == 6.0
+    assert background_load(Timing(**PLAIN.__dict__)) == -1.0  # not recorded
+    pool = [busy] * 9 + [idle]
+    assert closest_in_load(pool, 0.3) == [idle] and closest_in_load(pool, 5.0) == [busy] * 8
+    assert closest_in_load([PLAIN, PLAIN], 0.3) == [PLAIN, PLAIN]
+    assert estimate([cfg], clients=100, timings=pool, load=0.2).runs == estimate([cfg], 100, timings=[idle]).runs
+    assert estimate([cfg], clients=100, timings=pool, load=6.0).runs == estimate([cfg], 100, timings=[busy]).runs
+    # no timings of this machine: the defaults nearest the load now (an idle one among them)
+    assert min(background_load(t) for t in DEFAULT_TIMINGS) < 0.5
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="load_now reads /proc/stat (Linux)")
+def test_load_now_counts_the_other_processes_not_itself():
+    """The load the estimate matches timings against counts the processes running beside the
+    runner now: a busy process adds one; the runner's own work (its split drawn just before)
+    does not, as it did through the 1-minute load average."""
+    from runner.estimate import load_now
+
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        assert load_now() >= 0.9
+    finally:
+        busy.kill()
+        busy.wait()
+
+
+def test_a_timing_records_the_load_beside_its_run(tmp_path, monkeypatch):
+    """The background load measured before a run (the sweep's ``probe_before``) is what its
+    timing records; an older entry without it is read from its load average less ``parallel``."""
+    import runner.estimate as est
+
+    monkeypatch.setattr(est, "measure", lambda cfg: Probe(0.001, 1e-5))
+    run = fake_run(tmp_path / "runs" / "fedavg-seed0")
+    timing = est.record_timing(run, wall=60.0, clients=10, path=tmp_path / "t.jsonl",
+                               before=(0.01, Probe(0.001, 1e-5), 3.0))
+    assert timing.background == 3.0 and recent_timings(tmp_path / "t.jsonl")[0].background == 3.0
+    entry = json.loads((tmp_path / "t.jsonl").read_text())
+    del entry["background"]
+    (tmp_path / "old.jsonl").write_text(json.dumps({**entry, "load": 7.0, "parallel": 2.5}) + "\n")
+    assert recent_timings(tmp_path / "old.jsonl")[0].background == pytest.approx(4.5)
