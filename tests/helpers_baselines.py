@@ -6,12 +6,14 @@ import numpy as np
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 
 
-def fit_res(arrays: list[np.ndarray], num_examples: int, **metrics) -> FitRes:
+def fit_res(arrays: list[np.ndarray], num_examples: int, metrics: dict | None = None, **more) -> FitRes:
+    """A successful client reply: its metrics given as a dict or as keyword arguments (not both)."""
+    assert metrics is None or not more, "metrics as a dict or as keywords, not both"
     return FitRes(
         status=Status(code=Code.OK, message=""),
         parameters=ndarrays_to_parameters([np.asarray(a) for a in arrays]),
         num_examples=num_examples,
-        metrics=metrics,
+        metrics=more if metrics is None else metrics,
     )
 
 

@@ -211,6 +211,6 @@ def test_simple_cnn_sees_raw_pixels(dataset):
 def test_simple_cnn_trains_alike_in_a_cohort_and_alone():
     """The cohort's vmap over simple-cnn (its RawPixels first) equals each client's own round."""
     from tasks.datasets import input_shape
-    from tests.training.test_functional import _compare
+    from tests.functional_kit import compare_cohort
 
-    _compare("fedavg", "simple-cnn", [12, 6], 4, rel=1e-5, shape=input_shape("mnist"))
+    compare_cohort("fedavg", "simple-cnn", [12, 6], 4, rel=1e-5, shape=input_shape("mnist"))

@@ -28,7 +28,7 @@ from tasks.models import build_model, get_weights
 from tasks.partitioning import PartitionSpec, load_test
 from tests.conftest import Proxy
 from tests.helpers_inprocess import RoundByRound
-from tests.runner.test_simulation import NEEDS, SIMULATED
+from tests.simulation_kit import NEEDS, SIMULATED
 
 NODES = 4
 # Left to the simulation test: dp-fedavg's client-side clipping is a ClientApp mod

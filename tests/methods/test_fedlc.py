@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from clients.fedlc import calibration
+from tests.fedrs_kit import adjusted_round64, hand_round
 from tests.kit import assert_cohort_equals_per_client, initial_weights, make_client
-from tests.methods.test_fedrs import adjusted_round64, hand_round
 
 
 def test_offsets_by_hand():

@@ -17,7 +17,8 @@ from runner.results.report import read_metrics
 from tasks.partition_spec import PartitionSpec
 from tasks.partitioning import load_client_split, load_partition, split_tensors
 from tests.conftest import FakeManager, FakeProxy
-from tests.runner.test_results import fit_res, make_strategy
+from tests.helpers_baselines import fit_res
+from tests.server_kit import make_strategy
 
 
 def test_client_accuracy_stats_by_hand():
@@ -118,7 +119,7 @@ def test_client_evaluation_leaves_the_fit_sampling_unchanged():
     """Evaluating every client between fit rounds uses no draw of the seeded sampler, so a run
     with client evaluation samples the same clients for fit as one without it."""
     from fl_app.server.sampling import SeededClientManager
-    from tests.runner.test_pairing import Proxy
+    from tests.server_kit import Proxy
 
     def fit_draws(evaluate_all: bool) -> list[list[int]]:
         manager = SeededClientManager(5)

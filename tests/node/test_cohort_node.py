@@ -29,9 +29,8 @@ from fl_app.node.drift_client import DriftClient
 from fl_app.node.node_client import NodeClient
 from fl_app.registry import METHODS, validate_config
 from tests.kit import assert_arrays_close, assert_same_reply, fake_context
-from tests.node.test_cohort_wire import reply_as_fitres
+from tests.node_kit import N, cohort_fit, reply_as_fitres
 
-N = 5  # partitions of the run's data
 BASE = {"dataset": "synthetic", "model": "logreg", "batch-size": 32, "local-epochs": 1, "momentum": 0.9,
         "weight-decay": 1e-3, "learning-rate": 0.05, "seed": 3}
 
@@ -53,14 +52,6 @@ def cohort_node(cfg: dict, method: str, state: RecordDict | None = None) -> Coho
     context.node_config = {"partition-id": 0, "num-partitions": 1}
     context.state = state if state is not None else RecordDict()
     return CohortClient(cfg, context, METHODS[method].update, 0, 1)
-
-
-def cohort_fit(node: CohortClient, arrays: list[np.ndarray], partitions: list[int], config: dict):
-    """The node's fit on the bundle the server would send (through the wire), split back."""
-    ins = FitIns(ndarrays_to_parameters(arrays), {**config, "num-partitions": N})
-    bundle = bundle_instructions([(p, ins) for p in partitions])
-    ret = node.fit(parameters_to_ndarrays(bundle.parameters), dict(bundle.config))
-    return dict(split_replies(reply_as_fitres(ret)))
 
 
 def initial(cfg: dict, method: str) -> list[np.ndarray]:

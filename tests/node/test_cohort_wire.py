@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from flwr.common import Code, FitIns, FitRes, Parameters, Status, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import Code, FitIns, Parameters, Status, ndarrays_to_parameters, parameters_to_ndarrays
 
 from fl_app.node.cohort_wire import (
     COUNTS,
@@ -17,6 +17,7 @@ from fl_app.node.cohort_wire import (
     split_instructions,
     split_replies,
 )
+from tests.node_kit import reply_as_fitres
 
 
 def arrays(seed: int) -> list[np.ndarray]:
@@ -72,13 +73,6 @@ def test_one_client_bundle():
     bundle = bundle_instructions([(3, fit_ins(1, {"a": 1}))])
     [(p, got, cfg)] = node_side(bundle)
     assert p == 3 and cfg == {"a": 1} and all(np.array_equal(a, b) for a, b in zip(got, arrays(1)))
-
-
-def reply_as_fitres(ret) -> FitRes:
-    """What Flower's NumPyClient wrapper makes of the node's fit return value."""
-    reply, num_examples, metrics = ret
-    return FitRes(status=Status(code=Code.OK, message="Success"), parameters=ndarrays_to_parameters(reply),
-                  num_examples=num_examples, metrics=metrics)
 
 
 def test_replies_round_trip_with_a_failed_client():

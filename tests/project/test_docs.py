@@ -254,7 +254,7 @@ FENCE = re.compile(r"^```", re.MULTILINE)
 
 
 def test_readme_is_short_and_every_block_in_it_is_run_by_a_test():
-    from tests.project.test_readme import TESTED_BLOCKS
+    from tests.simulation_kit import TESTED_BLOCKS
 
     text = README.read_text(encoding="utf-8")
     assert len(text.splitlines()) <= 200, f"README.md has {len(text.splitlines())} lines; move detail to docs/"

@@ -69,7 +69,7 @@ def test_flwr_build_makes_the_fab_that_flwr_run_ships_and_runs(tmp_path, simulat
     their SHA-256 in the name Flower installs an app under, are the app that the session's
     shared FedAvg run installed on its private SuperLink and ran to the end (a run of its own
     would run the same bytes at the cost of another simulation's start, about 30 s)."""
-    from tests.runner.test_simulation import SUPERNODES, simulated_config
+    from tests.simulation_kit import SUPERNODES, simulated_config
 
     fab = flwr_build(ROOT, tmp_path / "checkout")
     digest = hashlib.sha256(fab.read_bytes()).hexdigest()

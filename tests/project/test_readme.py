@@ -20,9 +20,6 @@ from __future__ import annotations
 
 import csv
 import os
-import re
-import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -30,74 +27,20 @@ import time
 import tomllib
 import urllib.request
 import venv
-from pathlib import Path
 
 import pytest
 
-from fl_app.common import procfs
 from tests.conftest import ROOT, find_data_dir
+from tests.simulation_kit import (
+    base_env,
+    copy_checkout,
+    processes_with_env,
+    readme_block,
+    shrink,
+    stop_pids,
+)
 
 pytestmark = pytest.mark.slow
-
-# Every fenced block of README.md is marked <!-- test: NAME --> with one of these names, and a test
-# below runs it (tests/project/test_docs.py checks that no other block exists).
-TESTED_BLOCKS = ("setup", "run-flwr", "run-runner", "docs")
-
-SHRINK = {
-    "run-flwr": {"num-server-rounds=2": "num-server-rounds=1", "num-supernodes=4": "num-supernodes=2"},
-    "run-runner": {"--rounds 6": "--rounds 1", "--clients 50": "--clients 2", "--fraction 0.2": "--fraction 1",
-                   "--seeds 0 1 2": "--seeds 0"},
-}
-
-
-def readme_block(name: str) -> str:
-    """The fenced bash block that follows ``<!-- test: name`` in README.md."""
-    text = (ROOT / "README.md").read_text()
-    match = re.search(rf"<!-- test: {re.escape(name)}\b[^>]*-->\s*```bash\n(.*?)```", text, re.DOTALL)
-    assert match, f"README.md has no bash block marked <!-- test: {name} -->"
-    return match.group(1)
-
-
-def shrink(name: str) -> str:
-    block = readme_block(name)
-    for old, new in SHRINK.get(name, {}).items():
-        assert old in block, f"README's {name} block no longer contains {old!r}"
-        block = block.replace(old, new)
-    return block
-
-
-def copy_checkout(dest: Path) -> Path:
-    """Tracked and untracked-but-not-ignored files of the checkout."""
-    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                           capture_output=True, check=True).stdout.decode().split("\0")
-    for rel in filter(None, files):
-        src = ROOT / rel
-        if src.is_file():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / rel)
-    return dest
-
-
-def processes_with_env(marker: str) -> list[int]:
-    """PIDs (of this user) whose environment contains ``marker`` (``NAME=value``)."""
-    name, _, value = marker.partition("=")
-    return procfs.processes_with_env(name, value)
-
-
-def stop_pids(pids: list[int]) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        time.sleep(2)
-
-
-def base_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "FLWR_HOME") and not k.startswith("FLWR_LOCAL")}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    return env
 
 
 def test_readme_setup_install_line(tmp_path):
@@ -188,7 +131,6 @@ def test_readme_docs_block_serves_the_site(tmp_path):
         log.close()
     assert "One comparison" in pages[""] and "fedgam-mnist-dir03-accuracy.png" in pages[""]
     assert "pitfalls" in pages["running/"] and "General keys" in pages["configuration/"]
-
 
 
 def test_readme_first_comparison_shows_a_difference(tmp_path):

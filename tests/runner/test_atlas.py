@@ -11,7 +11,7 @@ import pytest
 
 from runner.results import atlas
 from runner.results.stats import HOLDS, REFUTED, UNDECIDED
-from tests.runner.test_make_results import GHOST, TOY, mr, row, section, write_run
+from tests.results_kit import GHOST, TOY, mr, row, section, write_run
 
 ROOT = Path(__file__).resolve().parents[2]
 ATLAS_PAGE = ROOT / "docs" / "atlas.md"

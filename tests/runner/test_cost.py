@@ -25,7 +25,8 @@ from runner.results.report import (
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights
 from tests.conftest import AppProxy, FakeManager, FakeProxy, serve_in_process
-from tests.runner.test_results import fit_res, make_strategy
+from tests.helpers_baselines import fit_res
+from tests.server_kit import make_strategy
 
 
 def nbytes(parameters) -> int:
@@ -183,7 +184,7 @@ def test_the_last_rounds_header_says_how_many_rounds_were_averaged(tmp_path):
 def test_docs_results_table_shows_the_cost_columns(tmp_path):
     """scripts/make_results.py's table (docs/results.md): rounds to the experiment's target, then
     MB per client per round and client compute per round; n/a for a run without the columns."""
-    from tests.runner.test_make_results import mr
+    from tests.results_kit import mr
 
     mb = 1_000_000
     new = [make_run(tmp_path / "scaffold-seed0", 0, [0.5, 0.9], None, [2 * mb] * 2, [2 * mb] * 2, [1.5, 2.5])]

@@ -180,7 +180,7 @@ def test_the_readme_block_twice_without_then_with_data(tmp_path):
     missing folder and the hub; the second's the SuperLink the first started, still without
     ``FL_DATA_DIR``; neither prints a traceback or a hub retry."""
     from tests.conftest import find_data_dir
-    from tests.project.test_readme import base_env, copy_checkout, processes_with_env, shrink, stop_pids
+    from tests.simulation_kit import base_env, copy_checkout, processes_with_env, shrink, stop_pids
 
     data = find_data_dir()
     if not (data / "mnist" / "train.parquet").exists():

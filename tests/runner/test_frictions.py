@@ -15,14 +15,14 @@ import pytest
 
 from tasks.datasets import PartitionError
 from tests.conftest import serve_in_process
-from tests.runner.test_reliability import _tiny_parquet
+from tests.simulation_kit import tiny_parquet
 
 
 # ------------------------------------------------------------------ no empty run folders
 def test_a_run_refused_by_its_start_up_leaves_no_folder(tmp_path):
     """30 nodes on a 20-example training split: the start-up refuses the partitioning before
     round 1, and the run's folder does not exist (before: an empty folder per failed run)."""
-    data = _tiny_parquet(tmp_path / "data")
+    data = tiny_parquet(tmp_path / "data")
     results = tmp_path / "results"
     cfg = {"dataset": "mnist", "model": "cnn-small", "data-dir": str(data), "partitioner": "iid",
            "results-dir": str(results), "run-name": "refused", "tracking": "none", "num-server-rounds": 1,

@@ -3,8 +3,6 @@ orderings with their paired intervals and "not run yet" (no training, no dataset
 
 from __future__ import annotations
 
-import csv
-import importlib.util
 import json
 import tomllib
 from pathlib import Path
@@ -12,55 +10,10 @@ from pathlib import Path
 import pytest
 
 from fl_app.registry import validate_config
+from tests.results_kit import GHOST, TOY, mr, row, section, write_run
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("make_results", ROOT / "scripts" / "make_results.py")
-mr = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(mr)
 
-
-def write_run(runs: Path, method: str, seed: int, accs: list[float], finished: bool = True,
-              stopped: str | None = None, min_class: float | None = None, folder: str = "") -> None:
-    d = runs / (folder or f"{method}-seed{seed}")
-    d.mkdir(parents=True)
-    with (d / "metrics.csv").open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["round", "test_accuracy", "test_loss", "train_loss", "num_clients", "round_seconds",
-                    "min_class_accuracy"])
-        for r, a in enumerate(accs, 1):
-            w.writerow([r, a, 1.0 - a, 0.5, 10, 1.0, "" if min_class is None else min_class + r / 100])
-    if finished:
-        (d / "summary.json").write_text(json.dumps({
-            "config": {"strategy": method, "seed": seed}, "rounds": len(accs),
-            "final_accuracy": accs[-1], "best_accuracy": max(accs), "final_loss": 0.1,
-            "total_seconds": 5.0, "stopped": stopped, "data_source": "/machine/data",
-        }))
-
-
-TOY = """
-name = "toy"
-paper = "Toy (Doe et al. 2020), Table 2, column X: test accuracy"
-description = "a toy comparison"
-reduction = "3 rounds instead of 300"
-findings = "fedprox seed 1 diverged"
-strategies = ["fedavg", "fedprox", "fedsol", "fedntd"]
-seeds = [0, 1]
-clients = 10
-target-accuracy = 0.5
-
-[run-config]
-num-server-rounds = 3
-
-[paper-results]
-fedavg = 0.56
-fedprox = 0.60
-fedntd = 0.63
-fedsol = 0.64
-
-# how the rows' settings were chosen: one known protocol for all, so their claims are counted
-[chosen-by]
-all = "fixed from the toy paper"
-"""
 
 BEST = """
 name = "bestcell"
@@ -73,23 +26,6 @@ target-accuracy = 0.99
 [paper-results]
 fedavg = 0.9900
 fedpgvc = 0.9905
-
-# how the rows' settings were chosen: one known protocol for all, so their claims are counted
-[chosen-by]
-all = "fixed from the toy paper"
-"""
-
-GHOST = """
-name = "ghost"
-paper = "Ghost (Poe et al. 2022), Table 3"
-strategies = ["fedavg", "fedgam"]
-seeds = [0, 1]
-clients = 10
-target-accuracy = 0.9
-
-[paper-results]
-fedavg = 0.95
-fedgam = 0.98
 
 # how the rows' settings were chosen: one known protocol for all, so their claims are counted
 [chosen-by]
@@ -117,18 +53,6 @@ def report(tmp_path):
     out = tmp_path / "docs" / "results.md"
     text = mr.make_results(exps, results, out)
     return text, out
-
-
-def section(text: str, name: str) -> str:
-    return text.split(f"## {name}\n", 1)[1].split("\n## ", 1)[0]
-
-
-def row(sec: str, method: str) -> list[str]:
-    for line in sec.splitlines():
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        if line.startswith("|") and cells[0].strip("*") == method:
-            return cells
-    raise AssertionError(f"no row for {method}")
 
 
 def test_table_values_and_rounds_to_target(report):
@@ -350,7 +274,6 @@ def test_rerun_refuses_an_old_run_for_a_key_added_after_it_unless_asked_at_its_d
     seeded = checks.build_configs(cli.parse_args([*base, "--set", "dp-noise-seeded=true"]), tmp_path)
     problems = checks.changed_runs(seeded, tmp_path)
     assert len(problems) == 1 and "dp-noise-seeded False -> True" in problems[0]
-
 
 
 SEARCH = """
@@ -659,8 +582,8 @@ def test_every_file_with_claims_says_how_each_rows_values_were_chosen():
         rows = list(exp["strategies"])
         protocol = read_protocol(exp, rows, path)
         stated = exp.get("chosen-by", {})
-        for row in rows:
-            tuned = protocol is not None and (row in protocol.grids or row in protocol.untuned)
-            if not (tuned or row in stated or "all" in stated):
-                missing.append(f"{path.relative_to(ROOT)}: {row}")
+        for name in rows:
+            tuned = protocol is not None and (name in protocol.grids or name in protocol.untuned)
+            if not (tuned or name in stated or "all" in stated):
+                missing.append(f"{path.relative_to(ROOT)}: {name}")
     assert not missing, missing

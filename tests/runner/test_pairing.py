@@ -9,7 +9,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from flwr.common import Code, GetPropertiesRes, Status, ndarrays_to_parameters
+from flwr.common import ndarrays_to_parameters
 
 from fl_app.registry import get_method, method_names, validate_config
 from fl_app.server.sampling import SeededClientManager
@@ -19,17 +19,9 @@ from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights
 from tasks.partition_spec import PartitionSpec
 from tests.helpers_inprocess import RoundByRound
+from tests.server_kit import CLIENTS, Proxy
 
 ROOT = Path(__file__).resolve().parents[2]
-CLIENTS = 10
-
-
-class Proxy:
-    def __init__(self, cid, pid):
-        self.cid, self.pid = cid, pid
-
-    def get_properties(self, ins, timeout, group_id):
-        return GetPropertiesRes(Status(Code.OK, ""), {"partition-id": self.pid, "num-partitions": CLIENTS})
 
 
 def sampled(method: str, seed: int, tmp_path: Path, rounds: int = 4, **extra) -> list[list[int]]:

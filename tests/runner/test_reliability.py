@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import math
 import os
 import subprocess
@@ -17,33 +16,19 @@ from runner.results.report import read_metrics, read_summary
 from tasks.datasets import DataUnavailableError, PartitionError
 from tasks.partitioning import PartitionSpec, check_data
 from tests.conftest import ROOT, local_simulation, serve_in_process
-from tests.runner.test_simulation import SUPERNODES, simulated_config
-
-
-def _tiny_parquet(folder, columns=("image", "label"), rows=20):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.fromarray(np.zeros((28, 28), np.uint8)).save(buf, format="PNG")
-    data = {columns[0]: [{"bytes": buf.getvalue(), "path": None}] * rows, columns[1]: [i % 10 for i in range(rows)]}
-    (folder / "mnist").mkdir(parents=True)
-    for split in ("train", "test"):
-        pq.write_table(pa.table(data), folder / "mnist" / f"{split}.parquet")
-    return folder
+from tests.simulation_kit import SUPERNODES, simulated_config, tiny_parquet
 
 
 # ------------------------------------------------------------------------------ bad input
 def test_wrong_columns_named(tmp_path):
-    _tiny_parquet(tmp_path, columns=("picture", "target"))
+    tiny_parquet(tmp_path, columns=("picture", "target"))
     with pytest.raises(DataUnavailableError) as err:
         check_data(PartitionSpec(dataset="mnist", num_partitions=2, data_dir=str(tmp_path)))
     assert "missing column(s) ['image', 'label']" in str(err.value) and "picture" in str(err.value)
 
 
 def test_unreadable_data_file_named(tmp_path):
-    _tiny_parquet(tmp_path)
+    tiny_parquet(tmp_path)
     (tmp_path / "mnist" / "train.parquet").write_bytes(b"this is not parquet")
     with pytest.raises(DataUnavailableError) as err:
         check_data(PartitionSpec(dataset="mnist", num_partitions=2, data_dir=str(tmp_path)))
@@ -51,20 +36,20 @@ def test_unreadable_data_file_named(tmp_path):
 
 
 def test_more_partitions_than_samples(tmp_path):
-    _tiny_parquet(tmp_path)
+    tiny_parquet(tmp_path)
     with pytest.raises(PartitionError, match=r"30 partitions requested \(one per SuperNode\) but 'mnist' has only 20 training samples"):
         check_data(PartitionSpec(dataset="mnist", num_partitions=30, partitioner="iid", data_dir=str(tmp_path)))
 
 
 def test_empty_partition(tmp_path):
-    _tiny_parquet(tmp_path)
+    tiny_parquet(tmp_path)
     spec = PartitionSpec(dataset="mnist", num_partitions=10, alpha=0.1, min_partition_size=0, data_dir=str(tmp_path))
     with pytest.raises(PartitionError, match="partitions are empty"):
         check_data(spec)
 
 
 def test_unreachable_min_partition_size(tmp_path):
-    _tiny_parquet(tmp_path)
+    tiny_parquet(tmp_path)
     spec = PartitionSpec(dataset="mnist", num_partitions=5, alpha=0.5, min_partition_size=3, data_dir=str(tmp_path))
     with pytest.raises(PartitionError, match="min-partition-size=3"):
         check_data(spec)

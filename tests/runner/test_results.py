@@ -4,29 +4,13 @@ import csv
 import json
 
 import numpy as np
-from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import parameters_to_ndarrays
 
-from fl_app.registry import validate_config
 from fl_app.server.recording import summarise_client_metrics
 from runner.results.report import compare, read_metrics, read_summary, write_comparison
-from strategies.base import DriftFedAvg, fedavg_kwargs
 from tests.conftest import FakeManager, FakeProxy
-from tests.helpers_inprocess import RoundByRound
-
-
-def fit_res(arrays, n, metrics):
-    return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), n, metrics)
-
-
-def make_strategy(tmp_path, rounds=2, **overrides):
-    cfg = validate_config({"fraction-fit": 1.0, "num-server-rounds": rounds, **overrides})
-    w0 = [np.zeros((2, 2), np.float32), np.zeros(2, np.float32)]
-
-    def evaluate_fn(rnd, arrays, config):
-        return float(np.abs(arrays[0]).sum()), {"accuracy": 0.5 + 0.1 * rnd}
-
-    inner = DriftFedAvg.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w0), evaluate_fn))
-    return RoundByRound(inner, cfg, tmp_path / "run", rounds), w0
+from tests.helpers_baselines import fit_res
+from tests.server_kit import make_strategy
 
 
 def test_rows_summary_and_rejections(tmp_path):

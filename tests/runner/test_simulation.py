@@ -13,21 +13,7 @@ import pytest
 from fl_app.registry import method_names
 from runner.results.report import read_metrics, read_summary
 from tests.conftest import ROOT
-
-# Methods whose client needs something the synthetic/logreg default lacks.
-NEEDS = {
-    # lenet-bn: the smallest BN model (the BN entries stay on the clients); cnn-bn trains 4-5x slower
-    "fedbn": {"dataset": "mnist", "model": "lenet-bn", "batch-size": 64},
-    "moon": {"model": "mlp"},
-    "fedpgvc": {"model": "mlp"},  # masks the last two Linear layers
-    "feddecorr": {"model": "mlp"},  # logreg has no body: its representation term would act on nothing
-    # Adaptive server optimisers move each coordinate by about eta per round (m / sqrt(v) ~ +-1),
-    # so Flower's default eta = 0.01 leaves logreg at chance after 2 rounds (FedAdam: 0.108):
-    # the test's "learns in 2 rounds" needs eta = 0.1, the upper end of Reddi et al.'s grid.
-    "fedadam": {"fedopt-eta": 0.1},
-    "fedyogi": {"fedopt-eta": 0.1},
-    "fedadagrad": {"fedopt-eta": 0.1},
-}
+from tests.simulation_kit import METHODS_V2, SIMULATED, SUPERNODES, simulated_config
 
 
 @pytest.mark.slow  # FedProx trains in process (test_every_method); flwr run, MNIST and Flower: the FedBN and faults runs
@@ -84,32 +70,6 @@ def test_drift_per_class_accuracy_and_tensorboard_on_mnist(sim, shared_data, met
     initial = json.loads((run / "summary.json").read_text())["initial_accuracy"]
     assert [e.value for e in logged] == pytest.approx([initial] + [r["test_accuracy"] for r in rows], rel=1e-6)
     assert len(events.Scalars("update_diversity")) == 3
-
-
-# Through Flower's transport and Ray, one method of each kind: plain FedAvg, client state
-# (SCAFFOLD's c_i in context.state), client-local BN entries (FedBN), Flower's DP wrappers with
-# their ClientApp mod, and Flower's server optimisers. Every method also trains two rounds in
-# process (tests/methods/test_every_method.py), at a fraction of the start-up cost.
-# Methods v2 (issue 55), each once through Flower's transport: slow (about 20 s of start-up
-# each); in the default run they train two rounds in process (tests/methods/test_every_method.py).
-METHODS_V2 = ("fedrs", "fedlc", "feddecorr", "fedacg", "fedexp", "feddc", "fedspeed")
-SIMULATED = ("fedavg", "scaffold", "fedbn", "dp-fedavg", "fedyogi", *METHODS_V2)
-SUPERNODES = 4
-# The fedavg and scaffold runs are also the resume test's uninterrupted runs, against which it
-# makes the same-seed check too (tests/runner/test_reliability.py), and the fedavg run is the one that
-# tests/project/test_flower_app.py finds the FAB of `flwr build` installed and run: they go 6 rounds,
-# not 2 (a synthetic round after the first takes about 0.3 s; a run's start about 20 s).
-ROUNDS = {"fedavg": 6, "scaffold": 6}
-
-
-def simulated_config(method: str, request) -> dict:
-    """The end-to-end run of ``method``: synthetic data and logreg unless ``NEEDS`` says
-    otherwise; MNIST runs read the session's MNIST sample (``small_mnist`` in conftest.py)."""
-    cfg = {"strategy": method, "dataset": "synthetic", "model": "logreg", "num-server-rounds": ROUNDS.get(method, 2),
-           "fraction-fit": 0.5, "learning-rate": 0.05, **NEEDS.get(method, {})}
-    if cfg["dataset"] == "mnist":
-        cfg["data-dir"] = str(request.getfixturevalue("small_mnist"))
-    return cfg
 
 
 # Slow: fedyogi. A server optimiser steps in the ServerApp on the aggregate, so its messages are

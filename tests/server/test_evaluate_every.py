@@ -16,7 +16,8 @@ from fl_app.registry import validate_config
 from fl_app.server.recording import evaluated_round
 from runner.results.report import curves, plot
 from tests.conftest import FakeManager, FakeProxy
-from tests.runner.test_results import fit_res, make_strategy
+from tests.helpers_baselines import fit_res
+from tests.server_kit import make_strategy
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("make_results", ROOT / "scripts" / "make_results.py")

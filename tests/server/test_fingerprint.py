@@ -241,7 +241,7 @@ def test_a_simulated_run_records_the_fingerprint_the_runner_expects(simulated, r
     """Through Flower's Ray simulation (the shared fedavg run of tests/runner/test_simulation.py): the
     server's fingerprint has the partitions the nodes reported, so re-running the runner's
     command on the same data keeps the run (``changed_data`` finds no change)."""
-    from tests.runner.test_simulation import SUPERNODES, simulated_config
+    from tests.simulation_kit import SUPERNODES, simulated_config
 
     cfg = simulated_config("fedavg", request)
     run = simulated("fedavg", cfg, SUPERNODES)

@@ -6,7 +6,8 @@ import numpy as np
 
 from fl_app.server.placement import read_ray_nodes, record_ray_nodes
 from tests.conftest import FakeManager, FakeProxy
-from tests.runner.test_results import fit_res, make_strategy
+from tests.helpers_baselines import fit_res
+from tests.server_kit import make_strategy
 
 
 def test_rounds_record_their_ray_nodes(tmp_path):

@@ -16,7 +16,7 @@ import pytest
 
 from runner.results.report import read_metrics, read_summary
 from tests.conftest import serve_in_process
-from tests.runner.test_simulation import NEEDS
+from tests.simulation_kit import NEEDS
 
 NODES = 4
 # stateless, client and server state (control variates, FedDyn's h and g_k), a server optimiser

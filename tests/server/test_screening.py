@@ -23,16 +23,12 @@ from strategies.base import DriftFedAvg, fedavg_kwargs
 from tests.conftest import FakeManager
 from tests.helpers_baselines import fit_res
 from tests.helpers_inprocess import RoundByRound
-
-# w_t: a float matrix, a float vector, an integer buffer (BN's num_batches_tracked)
-W_T = [np.array([[1.0, 1.0], [1.0, 1.0]], np.float32), np.array([0.0, 0.0], np.float32), np.array(5, np.int64)]
-
-
-def client(d_matrix, d_vector, count=6, extra=None):
-    """w_t + the given update; the integer buffer as the client counted it."""
-    arrays = [W_T[0] + np.float32(d_matrix), W_T[1] + np.asarray(d_vector, np.float32), np.array(count, np.int64)]
-    return arrays + ([np.asarray(extra, np.float32)] if extra is not None else [])
-
+from tests.server_kit import (
+    W_T,
+    client,
+    depends_only_on_the_mean,
+    probe_config,
+)
 
 # norms: ||(3, 4)|| = 5 with matrix update 0; client B: matrix update 1 everywhere (norm 2), vector 0;
 # client C: matrix 0, vector (0, 30) -> 30
@@ -184,61 +180,6 @@ def test_every_registered_strategy_decides_its_screening(cls):
     assert not modes & MEAN_MODES or modes >= MEAN_MODES, "median and trimmed-mean come together"
     if modes != {"clip", "reject"} | MEAN_MODES:
         assert cls.SCREENING_WHY, f"{cls.__name__} refuses some screening without saying why"
-
-
-class Everyone(FakeManager):
-    """A client manager that hands out every proxy, whatever number is asked for."""
-
-    def sample(self, num_clients, min_num_clients=None, criterion=None):
-        return list(self.proxies)
-
-
-PROBE_SIZES = [10, 20, 30]
-# Moving the three replies by (d, -2d, d) keeps both their n_k-weighted mean (10 - 40 + 30 = 0)
-# and their plain mean: a server that is a mean of the weights cannot tell the two sets apart.
-PROBE_SHIFT = [1.0, -2.0, 1.0]
-PROBE_STEPS = [3, 5, 9]
-
-
-def probe_config(cls) -> dict:
-    """A config the strategy accepts: logistic regression on synthetic data, else a model with
-    batch norm (a server such as FedBN's refuses a model without it)."""
-    name = next(n for n, m in METHODS.items() if m.strategy is cls)
-    for setting in ({"dataset": "synthetic", "model": "logreg"}, {"dataset": "mnist", "model": "cnn-bn"}):
-        cfg = validate_config({"strategy": name, "fraction-fit": 1.0, "min-fit-clients": 3,
-                               "min-available-clients": 3, **setting})
-        try:
-            cls.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters([]), None))
-        except ConfigError:
-            continue
-        return cfg
-    raise AssertionError(f"no probe config for {cls.__name__}")
-
-
-def aggregate_once(cls, cfg, w_t, replies):
-    strategy = cls.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w_t), None))
-    instructions = strategy.configure_fit(1, ndarrays_to_parameters(w_t), Everyone(len(replies)))
-    results = [(proxy, fit_res(r, n, num_steps=k, train_loss=1.0))  # unequal step counts too
-               for (proxy, _), r, n, k in zip(instructions, replies, PROBE_SIZES, PROBE_STEPS)]
-    params, _ = strategy.aggregate_fit(1, results, [])
-    return parameters_to_ndarrays(params)
-
-
-def depends_only_on_the_mean(cls, cfg) -> bool:
-    """Does the strategy's new model depend on the replies only through their mean? Two reply
-    sets with the same weighted and plain means must give the same model."""
-    from strategies.base import configured_model
-    from tasks.models import get_weights
-
-    w_t = get_weights(configured_model(cfg))
-    rng = np.random.default_rng(0)
-    replies = [[w + rng.normal(0, 0.1, w.shape).astype(w.dtype) if np.issubdtype(w.dtype, np.floating) else w
-                for w in w_t] for _ in PROBE_SIZES]
-    shift = [rng.normal(0, 0.5, w.shape).astype(w.dtype) if np.issubdtype(w.dtype, np.floating) else 0 * w
-             for w in w_t]
-    moved = [[r + np.asarray(c * s, r.dtype) for r, s in zip(reply, shift)] for reply, c in zip(replies, PROBE_SHIFT)]
-    a, b = aggregate_once(cls, cfg, w_t, replies), aggregate_once(cls, cfg, w_t, moved)
-    return all(np.allclose(x, y, rtol=1e-4, atol=1e-5) for x, y in zip(a, b))
 
 
 class FirstReply(DriftFedAvg):

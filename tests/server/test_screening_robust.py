@@ -10,7 +10,7 @@ from flwr.server.strategy.aggregate import aggregate_krum
 from fl_app.config import ConfigError
 from fl_app.registry import resolve, validate_config
 from fl_app.server.screening import decide, krum_keep, krum_scores, min_replies, robust_weights
-from tests.server.test_screening import W_T, client
+from tests.server_kit import W_T, client
 
 # five updates on the float vector (the matrix update 0): four honest near (1, 1), one far
 UPDATES = [[1.0, 1.0], [1.0, 2.0], [2.0, 1.0], [2.0, 2.0], [10.0, -10.0]]

@@ -100,9 +100,9 @@ def test_a_failed_warm_up_does_not_fail_fit(tmp_path, monkeypatch):
 
 # ------------------------------------------- a checked partitioning is remembered on disk
 def _tiny_mnist(folder, rows=20):
-    from tests.runner.test_reliability import _tiny_parquet
+    from tests.simulation_kit import tiny_parquet
 
-    return _tiny_parquet(folder, rows=rows)
+    return tiny_parquet(folder, rows=rows)
 
 
 def test_checked_partitioning_is_remembered_and_skips_the_cut(tmp_path, monkeypatch):

@@ -50,7 +50,7 @@ from fl_app.registry import METHODS, Method, get_method, method_config, validate
 from fl_app.server.cohort_routing import CohortFailure, fit_cohort
 from fl_app.server.sampling import CohortClientManager, SeededClientManager
 from tasks.functional import Hyper, LocalUpdate
-from tests.runner.test_simulation import NEEDS as SIMULATION_NEEDS
+from tests.simulation_kit import NEEDS as SIMULATION_NEEDS
 
 
 def config(**keys) -> dict:
@@ -435,7 +435,7 @@ def test_cohort_run_through_flowers_simulation_equals_per_client(simulated, sim,
     run of ``tests/runner/test_simulation.py`` (shared: ``simulated``), metrics.csv within the module
     docstring's tolerance; summary.json records the path and why."""
     from runner.results.report import read_metrics, read_summary
-    from tests.runner.test_simulation import SUPERNODES, simulated_config
+    from tests.simulation_kit import SUPERNODES, simulated_config
 
     cfg = simulated_config("fedavg", request)
     per_client = simulated("fedavg", cfg, SUPERNODES)

@@ -35,19 +35,14 @@ from fl_app.registry import METHODS, get_method, validate_config
 from tasks.catalogue import InputShape
 from tasks.functional import Hyper, LocalUpdate, Round, cohort_round, local_round, module_state, tree_norm
 from tasks.functional.optim import opt_init, opt_step
-from tasks.functional.rounds import stack_trees, unstack_tree
+from tasks.functional.rounds import unstack_tree
 from tasks.models import build_model
+from tests.functional_kit import KEYS, NAMES, SHAPE, UPDATES, cohort_inputs, compare_cohort
 from tests.helpers_baselines import client_batches, sgd_round64, softmax_regression_grad, softmax_regression_loss
 from tests.helpers_module import foreach_norm, module_sam_eps, perturbed
-from tests.kit import assert_cohort_client_equals, fake_context, make_client
+from tests.kit import fake_context, make_client
 
 ROOT = Path(__file__).resolve().parents[2]
-SHAPE = InputShape(1, 8, 10)  # MNIST-like, one channel (a channels-last quirk: keep_layout), small for speed
-KEYS = {"proximal-mu": 0.3, "sam-rho": 0.05, "feddyn-alpha": 0.1}
-# The updates this file checks (the module loop below writes out their corrections), looked up
-# through the one registry of methods, each as its client trains it.
-NAMES = ("fedavg", "feddyn", "fedprox", "fedsam", "scaffold")
-UPDATES = {name: get_method(name).update for name in NAMES}
 
 
 def client_class(name: str):
@@ -251,58 +246,30 @@ def test_client_two_rounds_equal_the_float64_round_by_hand(name):
 
 
 # ------------------------------------------------------------------------ (b), (c) cohorts
-def _cohort_inputs(model_name, sizes, seed=5, shape=SHAPE):
-    gen = torch.Generator().manual_seed(seed)
-    models = [build_model(model_name, shape, seed=k) for k in range(len(sizes))]
-    params, buffers = (stack_trees(t) for t in zip(*(module_state(m) for m in models)))
-    params = {n: p.contiguous() for n, p in params.items()}  # the layout vmap batches
-    data = [(torch.randn(n, shape.channels, shape.size, shape.size, generator=gen),
-             torch.randint(0, shape.classes, (n,), generator=gen)) for n in sizes]
-    states = []
-    for k in range(len(sizes)):  # non-zero client state, different per client
-        p_k = unstack_tree(params, k)
-        states.append({"ci": {n: torch.randn(v.shape, generator=gen) * 0.1 for n, v in p_k.items()},
-                       "grad": {n: torch.randn(v.shape, generator=gen) * 0.1 for n, v in p_k.items()}})
-    server = {"c": {n: torch.randn(v.shape[1:], generator=gen) * 0.1 for n, v in params.items()}}
-    return build_model(model_name, shape).to("meta"), params, buffers, data, states, server
-
-
-def _compare(name, model_name, sizes, batch_size, rel, shape=SHAPE):
-    skeleton, params, buffers, data, states, server = _cohort_inputs(model_name, sizes, shape=shape)
-    hp = Hyper(lr=0.05, momentum=0.9, weight_decay=5e-4, keys=KEYS)
-    update, k_all = UPDATES[name], len(sizes)
-    together = cohort_round(update, skeleton, params, buffers, states, server, hp, data, batch_size, 2,
-                            [torch.Generator().manual_seed(10 + k) for k in range(k_all)])
-    for k in range(k_all):
-        alone = local_round(Round(update, skeleton, unstack_tree(params, k), unstack_tree(buffers, k), states[k], server,
-                            hp, *data[k], batch_size, 2, torch.Generator().manual_seed(10 + k)))
-        assert_cohort_client_equals(together, k, alone, rel)
-
-
 @pytest.mark.parametrize("name", NAMES)
 def test_cohort_of_three_equals_three_rounds(name):
-    _compare(name, "cnn-small", [12, 12, 12], 4, rel=1e-5)
+    compare_cohort(name, "cnn-small", [12, 12, 12], 4, rel=1e-5)
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_cohort_masks_clients_with_fewer_or_shorter_batches(name):
     # 14 samples: batches 4, 4, 4, 2 per epoch; 6: 4, 2; 12: 4, 4, 4 -> 8, 4 and 6 steps
-    _compare(name, "cnn-small", [14, 6, 12], 4, rel=1e-5)
+    compare_cohort(name, "cnn-small", [14, 6, 12], 4, rel=1e-5)
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_cohort_of_one_is_exact(name):
-    _compare(name, "cnn-small", [10], 4, rel=0)
+    compare_cohort(name, "cnn-small", [10], 4, rel=0)
 
 
 def test_cohort_batchnorm_buffers_per_client():
     """Running statistics stay each client's own, masked like the weights (batches of >= 4:
     BN over 2 samples is too ill-conditioned to compare rounding-level differences)."""
-    _compare("fedavg", "cnn-bn", [16, 8, 12], 4, rel=1e-4)
+    compare_cohort("fedavg", "cnn-bn", [16, 8, 12], 4, rel=1e-4)
 
 
 def test_cohort_refuses_an_empty_client():
-    skeleton, params, buffers, data, states, server = _cohort_inputs("cnn-small", [4, 4])
+    skeleton, params, buffers, data, states, server = cohort_inputs("cnn-small", [4, 4])
     data[1] = (data[1][0][:0], data[1][1][:0])
     with pytest.raises(ValueError, match="sizes \\[4, 0\\]"):
         cohort_round(UPDATES["fedavg"], skeleton, params, buffers, states, server, Hyper(lr=0.1), data, 4, 1,
@@ -325,7 +292,7 @@ def test_cohort_skips_a_batchnorm1d_client_s_last_batch_of_one_as_its_own_round_
     """A lenet-bn client (BatchNorm1d after its hidden Linear layers) with 17 samples at batch 8
     has a last batch of one, skipped on both paths (tasks.train.min_train_batch): the cohort
     still equals each client's own round."""
-    _compare("fedavg", "lenet-bn", [17, 16, 24], 8, rel=1e-4, shape=InputShape(1, 28, 10))
+    compare_cohort("fedavg", "lenet-bn", [17, 16, 24], 8, rel=1e-4, shape=InputShape(1, 28, 10))
 
 
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
@@ -347,7 +314,7 @@ def test_scaffold_round_without_a_local_step_keeps_c_i():
     by lr K_eff, which is 0 after no step: instead c_i+ = c_i, delta c_i = 0 and the weights stay
     w_t, on its own round and in a cohort beside a client that trains (momentum 0.9, so K_eff's
     momentum-corrected form is the one that would be 0)."""
-    skeleton, params, buffers, data, states, server = _cohort_inputs("lenet-bn", [1, 9], shape=InputShape(1, 28, 10))
+    skeleton, params, buffers, data, states, server = cohort_inputs("lenet-bn", [1, 9], shape=InputShape(1, 28, 10))
     hp = Hyper(lr=0.05, momentum=0.9, weight_decay=5e-4, keys=KEYS)
     update = UPDATES["scaffold"]
     together = cohort_round(update, skeleton, params, buffers, states, server, hp, data, 8, 2,

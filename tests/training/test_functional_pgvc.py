@@ -47,7 +47,7 @@ from tasks.models import Classifier, build_model, get_weights, last_layers_param
 from tests.helpers_baselines import client_batches
 from tests.helpers_module import module_fit
 from tests.kit import assert_arrays_close, assert_cohort_client_equals, assert_same_reply, fake_context, make_client
-from tests.node.test_cohort_node import N, cohort_fit
+from tests.node_kit import N, cohort_fit
 
 FEDPGVC, FEDAVG = fedpgvc.UPDATE, fedavg.UPDATE
 SHAPE = InputShape(1, 8, 10)
