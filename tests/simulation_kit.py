@@ -43,10 +43,10 @@ NEEDS = {
 # (SCAFFOLD's c_i in context.state), client-local BN entries (FedBN), Flower's DP wrappers with
 # their ClientApp mod, and Flower's server optimisers. Every method also trains two rounds in
 # process (tests/methods/test_every_method.py), at a fraction of the start-up cost.
-# Methods v2 (issue 55), each once through Flower's transport: slow (about 20 s of start-up
+# The second wave of methods (issue 55), each once through Flower's transport: slow (about 20 s of start-up
 # each); in the default run they train two rounds in process (tests/methods/test_every_method.py).
-METHODS_V2 = ("fedrs", "fedlc", "feddecorr", "fedacg", "fedexp", "feddc", "fedspeed")
-SIMULATED = ("fedavg", "scaffold", "fedbn", "dp-fedavg", "fedyogi", *METHODS_V2)
+SECOND_WAVE_METHODS = ("fedrs", "fedlc", "feddecorr", "fedacg", "fedexp", "feddc", "fedspeed")
+SIMULATED = ("fedavg", "scaffold", "fedbn", "dp-fedavg", "fedyogi", *SECOND_WAVE_METHODS)
 SUPERNODES = 4
 # The fedavg and scaffold runs are also the resume test's uninterrupted runs, against which it
 # makes the same-seed check too (tests/runner/test_reliability.py), and the fedavg run is the one that
