@@ -76,3 +76,23 @@ def module_fit(model: nn.Module, weights: list[np.ndarray], x: torch.Tensor, y: 
         loss_sum += step(model, x[torch.as_tensor(idx)], y[torch.as_tensor(idx)])
         optimizer.step()
     return get_weights(model), {"train_loss": loss_sum.item() / max(len(order), 1), "num_steps": len(order)}
+
+
+def module_round(step: Callable, model: nn.Module, x: torch.Tensor, y: torch.Tensor, hp, batch_size: int,
+                 epochs: int, seed: int, ctx) -> float:
+    """The module-based loop: batches in a seeded random order each epoch, ``step(model, xb, yb,
+    hp.keys, ctx)`` fills ``.grad`` (and may correct it) and returns the batch loss, then
+    ``torch.optim.SGD`` steps in place; the mean batch loss."""
+    opt = torch.optim.SGD(model.parameters(), lr=hp.lr, momentum=hp.momentum, weight_decay=hp.weight_decay)
+    gen = torch.Generator().manual_seed(seed)
+    model.train()
+    loss_sum, steps = torch.zeros(()), 0
+    for _ in range(epochs):
+        order = torch.randperm(len(x), generator=gen)
+        for start in range(0, len(x), batch_size):
+            xb, yb = x[order[start:start + batch_size]], y[order[start:start + batch_size]]
+            opt.zero_grad(set_to_none=True)
+            loss_sum += step(model, xb, yb, hp.keys, ctx)
+            opt.step()
+            steps += 1
+    return loss_sum.item() / steps

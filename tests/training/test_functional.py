@@ -39,7 +39,7 @@ from tasks.functional.rounds import unstack_tree
 from tasks.models import build_model
 from tests.functional_kit import KEYS, NAMES, SHAPE, UPDATES, cohort_inputs, compare_cohort
 from tests.helpers_baselines import client_batches, sgd_round64, softmax_regression_grad, softmax_regression_loss
-from tests.helpers_module import foreach_norm, module_sam_eps, perturbed
+from tests.helpers_module import foreach_norm, module_round, module_sam_eps, perturbed
 from tests.kit import fake_context, make_client
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,41 +83,32 @@ def test_tree_norm_is_the_norm_of_the_concatenation():
 
 
 # --------------------------------------------------- (a) against the module-based loop
-def module_round(name, model, x, y, hp, batch_size, epochs, seed, ctx):
-    """The module-based loop the clients ran before they became functions, each method's
-    correction on ``.grad``."""
-    params = list(model.parameters())
-    w_t = [p.detach().clone() for p in params]
-    opt = torch.optim.SGD(params, lr=hp.lr, momentum=hp.momentum, weight_decay=hp.weight_decay)
-    gen = torch.Generator().manual_seed(seed)
-    model.train()
-    loss_sum, steps = torch.zeros(()), 0
-    for _ in range(epochs):
-        order = torch.randperm(len(x), generator=gen)
-        for start in range(0, len(x), batch_size):
-            xb, yb = x[order[start:start + batch_size]], y[order[start:start + batch_size]]
-            opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(xb), yb)
-            loss.backward()
-            if name == "fedsam":
-                eps = module_sam_eps([p.grad for p in params], hp.keys["sam-rho"])
-                with perturbed(params, eps, model):
-                    for p in params:
-                        p.grad = None
-                    F.cross_entropy(model(xb), yb).backward()
-            with torch.no_grad():
-                for i, p in enumerate(params):
-                    if name == "fedprox":
-                        p.grad.add_(p.detach() - w_t[i], alpha=hp.keys["proximal-mu"])
-                    if name == "scaffold":
-                        p.grad.add_(ctx["corr"][i])
-                    if name == "feddyn":
-                        p.grad.sub_(ctx["grad"][i] + hp.keys["feddyn-alpha"] * w_t[i])
-                        p.grad.add_(p.detach(), alpha=hp.keys["feddyn-alpha"])
-            opt.step()
-            loss_sum += loss.detach()
-            steps += 1
-    return loss_sum.item() / steps
+def corrected_step(name: str, w_t: list[torch.Tensor]):
+    """The step of the module-based loop the clients ran before they became functions
+    (``helpers_module.module_round``), each method's correction on ``.grad``; ``w_t`` the
+    weights the round started from."""
+    def step(model, xb, yb, keys, ctx):
+        params = list(model.parameters())
+        loss = F.cross_entropy(model(xb), yb)
+        loss.backward()
+        if name == "fedsam":
+            eps = module_sam_eps([p.grad for p in params], keys["sam-rho"])
+            with perturbed(params, eps, model):
+                for p in params:
+                    p.grad = None
+                F.cross_entropy(model(xb), yb).backward()
+        with torch.no_grad():
+            for i, p in enumerate(params):
+                if name == "fedprox":
+                    p.grad.add_(p.detach() - w_t[i], alpha=keys["proximal-mu"])
+                if name == "scaffold":
+                    p.grad.add_(ctx["corr"][i])
+                if name == "feddyn":
+                    p.grad.sub_(ctx["grad"][i] + keys["feddyn-alpha"] * w_t[i])
+                    p.grad.add_(p.detach(), alpha=keys["feddyn-alpha"])
+        return loss.detach()
+
+    return step
 
 
 @pytest.mark.parametrize("model_name", ["cnn-small", "cnn-bn"])
@@ -139,7 +130,8 @@ def test_functional_round_equals_module_loop(name, model_name):
     hp = Hyper(lr=0.05, momentum=0.9, weight_decay=5e-4, keys=KEYS)
     result = local_round(Round(UPDATES[name], copy.deepcopy(model), params, buffers, state, server, hp,
                          x, y, 4, 2, torch.Generator().manual_seed(3)))
-    loss = module_round(name, model, x, y, hp, 4, 2, 3, ctx)
+    w_t = [p.detach().clone() for p in model.parameters()]
+    loss = module_round(corrected_step(name, w_t), model, x, y, hp, 4, 2, 3, ctx)
     assert result.metrics["train_loss"] == loss and result.metrics["num_steps"] == 6
     for n, p in model.named_parameters():
         assert torch.equal(result.params[n], p.detach()), n

@@ -38,7 +38,7 @@ from tasks.functional import Hyper, Round, cohort_round, local_round, module_sta
 from tasks.functional.rounds import stack_trees, unstack_tree
 from tasks.models import build_model
 from tests.helpers_baselines import softmax_regression_grad
-from tests.helpers_module import perturbed
+from tests.helpers_module import module_round, perturbed
 from tests.kit import assert_cohort_client_equals, make_client
 
 FEDASAM, FEDGAM, FEDGAM_CV, FEDSMOO, FEDSOL = (m.UPDATE for m in (fedasam, fedgam, fedgam_cv, fedsmoo, fedsol))
@@ -474,23 +474,6 @@ def module_fedsmoo(model, xb, yb, keys, ctx):
 MODULE_STEPS = {"fedsmoo": module_fedsmoo, "fedsmoo-code-clip": module_fedsmoo, "fedsmoo-none": module_fedsmoo,
          "fedsol": module_fedsol, "fedsol-text": module_fedsol, "fedasam": module_fedasam, "fedgam": module_fedgam, "fedgam-reference": module_fedgam,
          "fedgam-cv": module_fedgam_cv, "fedgam-cv-reference": module_fedgam_cv}
-
-
-def module_round(step, model, x, y, hp, batch_size, epochs, seed, ctx):
-    """The module-based loop: ``step`` fills .grad (and may correct it), then torch.optim steps."""
-    opt = torch.optim.SGD(model.parameters(), lr=hp.lr, momentum=hp.momentum, weight_decay=hp.weight_decay)
-    gen = torch.Generator().manual_seed(seed)
-    model.train()
-    loss_sum, steps = torch.zeros(()), 0
-    for _ in range(epochs):
-        order = torch.randperm(len(x), generator=gen)
-        for start in range(0, len(x), batch_size):
-            xb, yb = x[order[start:start + batch_size]], y[order[start:start + batch_size]]
-            opt.zero_grad(set_to_none=True)
-            loss_sum += step(model, xb, yb, hp.keys, ctx)
-            opt.step()
-            steps += 1
-    return loss_sum.item() / steps
 
 
 def _inputs_for(name, model, gen, keys):
