@@ -430,11 +430,6 @@ def load_now(samples: int = 10, interval: float = 0.05) -> float:
     return max(0.0, statistics.fmean(counts)) if counts else os.getloadavg()[0]
 
 
-def background_load(timing: Timing) -> float:
-    """The load beside a recorded run (``Timing.background``); -1 when it was not recorded."""
-    return timing.background
-
-
 def _background_of(entry: dict) -> float:
     """A timing file entry's background load: recorded (``background``), else read from an
     older entry's 1-minute load average at the run's end less the clients that trained at once
@@ -458,7 +453,7 @@ def closest_in_load(pool: list[Timing], load: float, keep: int = CLOSEST_TIMINGS
     known = [t for t in reversed(pool) if t.background >= 0]
     if not known:
         return list(pool)
-    distance = {id(t): abs(background_load(t) - load) for t in known}
+    distance = {id(t): abs(t.background - load) for t in known}
     nearest = min(distance.values())
     near = [t for t in known if distance[id(t)] <= nearest + LOAD_WINDOW]
     return sorted(near, key=lambda t: distance[id(t)])[:keep]

@@ -152,20 +152,20 @@ def test_the_timings_recorded_nearest_the_load_now_make_the_estimate():
     timings whose background load (``load_now`` as the run started) is nearest the load now, and
     all of them when none recorded it; an older entry's 1-minute load average at the run's end
     is read less the run's own ``parallel``."""
-    from runner.estimate import background_load, closest_in_load
+    from runner.estimate import closest_in_load
 
     cfg = validate_config({"strategy": "fedavg", "dataset": "mnist", "num-server-rounds": 5})
     idle = Timing(**{**PLAIN.__dict__, "background": 0.0})
     busy = Timing(**{**PLAIN.__dict__, "node": 6.0, "outside": 90.0, "background": 6.0})
-    assert background_load(idle) == 0.0 and background_load(busy) == 6.0
-    assert background_load(Timing(**PLAIN.__dict__)) == -1.0  # not recorded
+    assert idle.background == 0.0 and busy.background == 6.0
+    assert Timing(**PLAIN.__dict__).background == -1.0  # not recorded
     pool = [busy] * 9 + [idle]
     assert closest_in_load(pool, 0.3) == [idle] and closest_in_load(pool, 5.0) == [busy] * 8
     assert closest_in_load([PLAIN, PLAIN], 0.3) == [PLAIN, PLAIN]
     assert estimate([cfg], clients=100, timings=pool, load=0.2).runs == estimate([cfg], 100, timings=[idle]).runs
     assert estimate([cfg], clients=100, timings=pool, load=6.0).runs == estimate([cfg], 100, timings=[busy]).runs
     # no timings of this machine: the defaults nearest the load now (an idle one among them)
-    assert min(background_load(t) for t in DEFAULT_TIMINGS) < 0.5
+    assert min(t.background for t in DEFAULT_TIMINGS) < 0.5
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="load_now reads /proc/stat (Linux)")
