@@ -50,6 +50,7 @@ def unknown_keys(unknown, keys) -> str:
 PARTITIONERS = tuple(PARTITIONER_SETTINGS)
 SCREENING_MODES = ("none", "clip", "reject", "median", "trimmed-mean", "krum", "multi-krum", "bulyan")
 EXECUTIONS = ("auto", "per-client", "cohort")
+COHORT_REPLIES = ("auto", "full", "sum")
 # noise-sigma's two readings (tasks/feature_noise.py): the NIID-Bench paper's words (variance
 # sigma * i / N, drawn once per client) or its code (std sigma * p / (N - 1) for partition p,
 # drawn anew for every batch)
@@ -151,6 +152,10 @@ GENERAL_KEYS: dict[str, Key] = {
     "execution": Key("auto", choices=EXECUTIONS),
     "num-virtual-clients": Key(0, non_negative, ">= 0 (clients N the cohort nodes host, set by run_simulation.py"
                                                 " for the cohort path; 0 = each node is one client)"),
+    # What a cohort node replies (fl_app/common/execution_checks.py, summed_replies): every client's
+    # arrays (full), or one n_k-weighted mean and sums for its clients (sum: a server that declares
+    # REPLY_SUMS, screening none); auto = sum where it can, else full.
+    "cohort-replies": Key("auto", choices=COHORT_REPLIES),
     # Precision on CUDA (tasks.models.set_cuda_precision), set by both apps before any model is
     # built; decided here, not inherited from PyTorch (TF32 on for cuDNN convolutions by default).
     "cuda-tf32": Key(False, None, "true or false (TF32 for CUDA matmuls and convolutions; false = full fp32;"

@@ -11,6 +11,13 @@ should the product move there.
 | control variates (SCAFFOLD, FedPVR, FedGAM-CV, FedDC) | ``c`` | ``delta_c`` |
 | FedSMOO | ``s`` | ``stil`` |
 | every other method | - | - |
+
+A reply may stand for several clients: on the cohort path a node can reply, for the round's
+clients it hosts, the n_k-weighted mean of their weights and the plain sum of each ``up`` group
+a server declares it sums (``strategies.base.FromConfig.REPLY_SUMS``), with ``num_examples`` the
+clients' sum n_k and the metric ``SUMMED_CLIENTS`` = how many clients it stands for
+(``clients_in``; 1 for any other reply). A server that declares its sums reads a reply through
+those alone, so one summed reply and the clients' own replies aggregate to the same model.
 """
 
 from __future__ import annotations
@@ -30,6 +37,14 @@ class Traffic:
 CONTROL_VARIATES = Traffic(down=("c",), up=("delta_c",))
 SMOO = Traffic(down=("s",), up=("stil",))
 WEIGHTS_ONLY = Traffic()
+
+SUMMED_CLIENTS = "summed-clients"
+"""Metric of a reply that stands for several clients: their number (module docstring)."""
+
+
+def clients_in(metrics: Mapping) -> int:
+    """How many clients a reply with these metrics stands for: ``SUMMED_CLIENTS``, else 1."""
+    return int(metrics.get(SUMMED_CLIENTS, 1))
 
 
 def append_groups(weights: Sequence, groups: Mapping[str, Sequence], order: tuple[str, ...]) -> list:

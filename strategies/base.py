@@ -82,6 +82,15 @@ class FromConfig:
     (``tests/server/test_screening.py``)."""
     SCREENING_WHY: str = "its aggregation is not a mean of the client weights"
     """Why a screening mode outside ``SCREENING`` is refused (the refusal's one line names it)."""
+    REPLY_SUMS: tuple[str, ...] | None = None
+    """Whether one reply may stand for several clients (``protocol.traffic``: a cohort node's
+    n_k-weighted mean of its clients' weights and sum of their ``up`` groups): the ``up`` groups
+    the server sums, ``()`` for none, when its aggregation reads the replies only through the
+    n_k-weighted mean of their weights (Flower's FedAvg: ``num_examples`` weighs each reply) and
+    the plain sums of those groups, counting clients by ``protocol.traffic.clients_in``; ``None``
+    when it needs every client's own reply (a plain mean over clients, a per-client
+    normalisation, a rule over each update). Every registered strategy class declares it in its
+    own body, as ``SCREENING`` (``tests/server/test_summed_replies.py``)."""
     screen_skip: tuple[int, ...] = ()
     """Positions of state arrays the server does not aggregate (client-local): not screened."""
     UNIFORM_MEAN: bool = False
@@ -119,6 +128,7 @@ class DriftFedAvg(FromConfig, FedAvg):
     global_weights: list[np.ndarray] | None = None
     """w_t: the weights this round's fit instructions carry (set by ``configure_fit``)."""
     SCREENING = MEAN_OF_WEIGHTS  # FedAvg's weighted mean of weights
+    REPLY_SUMS = ()  # Flower's n_k-weighted mean of the weights, nothing else
 
     def configure_fit(self, server_round, parameters, client_manager):
         self.global_weights = parameters_to_ndarrays(parameters)

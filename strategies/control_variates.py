@@ -14,7 +14,7 @@ from flwr.common import Parameters
 from flwr.server.client_manager import ClientManager
 
 from protocol.layout import cv_names_in_state_order, trainable_param_names
-from protocol.traffic import CONTROL_VARIATES
+from protocol.traffic import CONTROL_VARIATES, clients_in
 from strategies.arrays import send_with_extras, split_replies, total_clients
 from strategies.base import DriftFedAvg
 from strategies.parts import ServerControlVariates, refuse_nonlinear_optimiser
@@ -35,6 +35,7 @@ class ControlVariateStrategy(DriftFedAvg):
     """FedAvg of the weights plus the server control variate c."""
 
     TRAFFIC = CONTROL_VARIATES  # c after the weights down, delta_c after them up (protocol.traffic)
+    REPLY_SUMS = ("delta_c",)  # the weighted mean and c's sum of delta c_i
     # Which parameters carry control variates: the same function as the names of the method's
     # LocalUpdate arrays (clients.control_variates.control_variate_arrays).
     cv_param_names = staticmethod(trainable_param_names)
@@ -88,5 +89,6 @@ class ControlVariateStrategy(DriftFedAvg):
         parameters, metrics = super().aggregate_fit(server_round, weight_results, failures)
         if parameters is None:
             return parameters, metrics
-        self.cv.update([e["delta_c"] for e in extras], self.num_total)
+        self.cv.update([e["delta_c"] for e in extras], self.num_total,
+                       participants=sum(clients_in(res.metrics) for _, res in results))
         return parameters, {**(metrics or {}), "cv_norm": self.cv.norm()}

@@ -152,6 +152,7 @@ class DPFedAvgStrategy(FromConfig):
 
     UNIFORM_MEAN = True  # UniformFedAvg: the mean the noise std z*C/m is calibrated for
     SCREENING = ()
+    REPLY_SUMS = None  # a plain mean over clients, each update clipped on its own
     SCREENING_WHY = ("it clips every update to dp-clipping-norm already, and screening against the "
                      "round's median would let one client's data change another client's "
                      "contribution, which the reported epsilon does not account for")

@@ -29,6 +29,7 @@ class FedACGStrategy(DriftFedAvg):
     }
     UNIFORM_MEAN = True  # the paper's and the code's (1/|S_t|) sum
     SCREENING = MEAN_OF_WEIGHTS  # theta' and m depend on the replies through their mean only
+    REPLY_SUMS = None  # a plain mean over clients (UNIFORM_MEAN)
 
     def __init__(self, *, lam: float, trainable: list[bool], **kwargs):
         super().__init__(**kwargs)

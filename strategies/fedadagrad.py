@@ -23,3 +23,4 @@ class FedAdagradStrategy(FedOptFromConfig, FedAdagrad):
 
     CONFIG_KEYS = {key: FEDOPT_KEYS[key] for key in ("fedopt-eta", "fedopt-tau")}
     SCREENING = MEAN_OF_WEIGHTS  # the step starts from Flower's weighted mean of the weights
+    REPLY_SUMS = ()  # the step starts from Flower's n_k-weighted mean, nothing else per client

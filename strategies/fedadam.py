@@ -22,3 +22,4 @@ class FedAdamStrategy(FedOptFromConfig, FedAdam):
     """Flower's FedAdam; m_t and v_t checkpointed."""
 
     SCREENING = MEAN_OF_WEIGHTS  # the step starts from Flower's weighted mean of the weights
+    REPLY_SUMS = ()  # the step starts from Flower's n_k-weighted mean, nothing else per client

@@ -31,6 +31,7 @@ class FedAvgMStrategy(ServerOptimiser, FedAvgM):
     }
     STATE = ("momentum_vector",)
     SCREENING = MEAN_OF_WEIGHTS  # the step starts from Flower's weighted mean of the weights
+    REPLY_SUMS = ()  # the step starts from Flower's n_k-weighted mean, nothing else per client
 
     @classmethod
     def from_config(cls, cfg: dict, **kwargs):

@@ -31,6 +31,7 @@ class FedBNStrategy(DriftFedAvg):
     """FedAvg on non-BN entries; BN entries of the sent model never change."""
 
     SCREENING = MEAN_OF_WEIGHTS  # the weighted mean of the non-BN entries (BN entries: screen_skip)
+    REPLY_SUMS = ()  # the n_k-weighted mean (its BN part kept for evaluation only)
 
     def __init__(self, *, bn: list[int], **kwargs):
         super().__init__(**kwargs)

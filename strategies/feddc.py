@@ -29,6 +29,7 @@ class FedDCStrategy(DriftFedAvg):
 
     CONFIG_KEYS = {"feddc-alpha": Key(0.01, non_negative, ">= 0 (drift penalty alpha)")}
     TRAFFIC = CONTROL_VARIATES  # c down, delta_c up (protocol.traffic)
+    REPLY_SUMS = None  # a plain mean over clients (UNIFORM_MEAN)
     UNIFORM_MEAN = True  # FedDyn's plain mean
     SCREENING = REPLIES_ONLY
     SCREENING_WHY = ("w = mean(w_k) + H with H accumulating the sum of the client drifts, and c moved by the "

@@ -31,6 +31,7 @@ class FedDynStrategy(DriftFedAvg):
     CONFIG_KEYS = {"feddyn-alpha": Key(0.01, positive, "> 0")}
     UNIFORM_MEAN = True  # Algorithm 1's plain mean
     SCREENING = REPLIES_ONLY
+    REPLY_SUMS = None  # a plain mean over clients (UNIFORM_MEAN)
     SCREENING_WHY = ("w = mean(w_k) - h/alpha with h accumulating the sum of the client drifts: a "
                      "coordinate-wise median of the weights would not match the h it updates")
 

@@ -58,6 +58,7 @@ class FedExPStrategy(DriftFedAvg):
         "fedexp-average-eval": Key(True, allowed="true: evaluate the mean of the last two global models"),
     }
     SCREENING = REPLIES_ONLY
+    REPLY_SUMS = None  # its step size reads each client's update norm
     SCREENING_WHY = ("eta_g is computed from each reply's own update norm ||w_k - w_t||^2, not from their mean: "
                      "replies replaced by a coordinate-wise median would report no spread")
 

@@ -15,3 +15,4 @@ from strategies.control_variates import ControlVariateStrategy
 class FedGAMCVStrategy(ControlVariateStrategy):
     CV_DIVISOR = "participants"
     SCREENING = REPLIES_ONLY  # c moves by the clients' delta c_i (SCREENING_WHY)
+    REPLY_SUMS = ("delta_c",)  # the weighted mean and c's sum of delta c_i

@@ -31,6 +31,7 @@ class FedNovaStrategy(DriftFedAvg):
     """w_t - tau_eff * sum p_k (w_t - w_k) / a_k; needs ``num_steps`` from every client."""
 
     SCREENING = REPLIES_ONLY
+    REPLY_SUMS = None  # each update normalised by its own client's step count
     SCREENING_WHY = ("its aggregation is a mean of updates normalised by each client's step count, "
                      "not a mean of the client weights")
 

@@ -30,6 +30,7 @@ class FedPGVCStrategy(DriftFedAvg):
     """Plain mean of client weights, mixed with the current global weights by eta_g."""
 
     SCREENING = MEAN_OF_WEIGHTS  # (1 - eta_g) w_t + eta_g times the plain mean of the weights
+    REPLY_SUMS = None  # a plain mean over clients (UNIFORM_MEAN)
     UNIFORM_MEAN = True  # Eq. 16's (1/K) sum, as the authors' avg_weights
     CONFIG_KEYS = {
         "pgvc-variant": Key("text", choices=VARIANTS),

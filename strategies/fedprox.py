@@ -11,6 +11,7 @@ class FedProxStrategy(FromConfig, FedProx):
 
     CONFIG_KEYS = {"proximal-mu": Key(0.01, non_negative, ">= 0")}
     SCREENING = MEAN_OF_WEIGHTS  # FedAvg's weighted mean of weights
+    REPLY_SUMS = ()  # Flower's n_k-weighted mean of the weights
 
     @classmethod
     def from_config(cls, cfg: dict, **kwargs):

@@ -12,4 +12,5 @@ class FedPVRStrategy(ControlVariateStrategy):
     CONFIG_KEYS = {"pvr-layers": Key(1, at_least(1), ">= 1 (last Linear layers with control variates)")}
     CV_DIVISOR = "total"
     SCREENING = REPLIES_ONLY  # c moves by the clients' delta c_i (SCREENING_WHY)
+    REPLY_SUMS = ("delta_c",)  # the weighted mean and c's sum of delta c_i
     cv_param_names = staticmethod(pvr_param_names)

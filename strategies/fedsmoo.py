@@ -39,6 +39,7 @@ class FedSMOOStrategy(DriftFedAvg):
     """FedDyn's server part (``DriftMemory``) and the global perturbation s."""
 
     TRAFFIC = SMOO  # s after the weights down, stil after them up (protocol.traffic)
+    REPLY_SUMS = None  # a plain mean over clients (UNIFORM_MEAN)
     SCREENING = REPLIES_ONLY
     SCREENING_WHY = ("w = mean(w_k) + H with H accumulating the sum of the client drifts, and s formed from the "
                      "clients' extra arrays: a coordinate-wise median of the weights would match neither")

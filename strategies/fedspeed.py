@@ -24,6 +24,7 @@ class FedSpeedStrategy(DriftFedAvg):
     CONFIG_KEYS = {"fedspeed-prox": Key(0.1, non_negative, ">= 0 (prox coefficient c = 1/lambda; the code's lamb)")}
     UNIFORM_MEAN = True  # FedDyn's plain mean
     SCREENING = REPLIES_ONLY
+    REPLY_SUMS = None  # a plain mean over clients (UNIFORM_MEAN)
     SCREENING_WHY = ("w = mean(w_k) + H with H accumulating the sum of the client drifts: a coordinate-wise median "
                      "of the weights would not match the H it updates")
 

@@ -94,9 +94,12 @@ class ServerControlVariates:
         self.divisor = divisor
         self.c = [np.zeros(s, dtype=np.float32) for s in shapes]
 
-    def update(self, deltas: list[list[np.ndarray]], n_total: int | None) -> None:
-        """c ← c + (1/D) Σ_i Δc_i over the replies' ``deltas`` (float64 sums, float32 c)."""
-        d = len(deltas) if self.divisor == "participants" else (n_total or len(deltas))
+    def update(self, deltas: list[list[np.ndarray]], n_total: int | None, participants: int | None = None) -> None:
+        """c ← c + (1/D) Σ_i Δc_i over the replies' ``deltas`` (float64 sums, float32 c).
+        ``participants`` = |S_t|, the clients the replies stand for (a reply may be a sum of
+        several: ``protocol.traffic.clients_in``); by default one per reply."""
+        participants = participants or len(deltas)
+        d = participants if self.divisor == "participants" else (n_total or participants)
         self.c = [(c.astype(np.float64) + sum(x[i].astype(np.float64) for x in deltas) / d).astype(np.float32)
                   for i, c in enumerate(self.c)]
 

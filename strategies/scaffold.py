@@ -28,6 +28,7 @@ from strategies.parts import DIVISORS
 class ScaffoldStrategy(ControlVariateStrategy):
     CV_DIVISOR = "total"
     SCREENING = REPLIES_ONLY  # c moves by the clients' delta c_i (SCREENING_WHY)
+    REPLY_SUMS = ("delta_c",)  # the weighted mean and c's sum of delta c_i
     CONFIG_KEYS = {
         "cv-divisor": Key("total", choices=DIVISORS),
     }

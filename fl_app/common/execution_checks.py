@@ -15,6 +15,12 @@ A method and settings can run as a cohort (every method has a functional local u
 wraps its messages in no client mods, and ``inject-faults`` asks no node to fault or attack
 (``cohort_problem``). ``execution = "cohort"`` (or a cohort launch) for a method or setting that
 cannot is refused here, before any training, never run another way (``check_execution``).
+
+What a cohort node replies (``cohort-replies``, ``summed_replies``): ``full``, every client's
+arrays; ``sum``, one n_k-weighted mean and sums for all its clients (``fl_app.node.cohort_wire``),
+for a method whose server declares ``REPLY_SUMS`` and a run without update screening (which
+acts on each reply); ``auto``, ``sum`` where it can, else ``full``. ``sum`` where it cannot is
+refused in one line (``sum_problem``).
 """
 
 from __future__ import annotations
@@ -44,6 +50,21 @@ def cohort_problem(cfg: dict, method: Method) -> str:
     return ""
 
 
+def sum_problem(cfg: dict, method: Method) -> str:
+    """Why a cohort node of ``cfg`` cannot reply one sum for its clients ('' when it can)."""
+    if getattr(method.strategy, "REPLY_SUMS", None) is None:
+        return (f"the server of method {cfg['strategy']!r} ({method.strategy.__name__}) needs every client's reply"
+                " (it declares no REPLY_SUMS)")
+    if cfg["screening"] != "none":
+        return f"screening = {cfg['screening']!r} acts on each client's reply"
+    return ""
+
+
+def summed_replies(cfg: dict, method: Method) -> bool:
+    """Whether the cohort nodes of ``cfg`` reply one sum each (``cohort-replies``, module docstring)."""
+    return cfg["cohort-replies"] == "sum" or (cfg["cohort-replies"] == AUTO and not sum_problem(cfg, method))
+
+
 def check_execution(cfg: dict, method: Method) -> None:
     """Refuse, before any training, ``execution = "cohort"`` (or a cohort launch,
     ``num-virtual-clients`` > 0) that cannot run as a cohort, and ``num-virtual-clients`` with
@@ -57,6 +78,12 @@ def check_execution(cfg: dict, method: Method) -> None:
         if problem:
             raise ConfigError(f"run-config key 'execution' = {execution!r} cannot run as a cohort: {problem};"
                               f" valid choices: {', '.join(c for c in CHOICES if c != COHORT)}")
+    if cfg["cohort-replies"] == "sum":
+        problem = sum_problem(cfg, method) or (
+            "execution = 'per-client' has no cohort node" if execution == PER_CLIENT else "")
+        if problem:
+            raise ConfigError(f"run-config key 'cohort-replies' = 'sum' is invalid: {problem};"
+                              " valid choices: auto, full")
     if virtual and cfg["min-available-clients"] > virtual:
         raise ConfigError(f"run-config key 'min-available-clients' = {cfg['min-available-clients']} is invalid:"
                           f" must be <= num-virtual-clients ({virtual}), the clients of a cohort run")

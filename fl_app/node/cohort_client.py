@@ -19,10 +19,12 @@ for the node's virtual clients as one bundle (``fl_app.node.cohort_wire``); ``fi
    separate cohorts; a client without data trains alone (``local_round``: 0 steps);
 4. per client, the client's ``finish_round`` (its reply, state kept) and the node's steps
    after training (``end_fit``: state mirrored to disk), then its state view written back;
-5. returns one reply for all (``bundle_replies``). A client that fails in steps 2 or 4 is
-   reported failed in the reply and the others go on; its state stays as it was before the
-   round (as Flower keeps a node's state when its ClientApp raises). A failure of the cohort's
-   training itself (step 3) fails the node's message, so the server fails each of its clients.
+5. returns one reply for all: every client's arrays (``bundle_replies``), or, when the server
+   asks for sums (``cohort_wire.SUM``), their n_k-weighted mean and sums (``sum_replies``).
+   A client that fails in steps 2 or 4 is reported failed in the reply and the others go on;
+   its state stays as it was before the round (as Flower keeps a node's state when its
+   ClientApp raises). A failure of the cohort's training itself (step 3) fails the node's
+   message, so the server fails each of its clients.
 
 Equal to the per-client path: each client's reply, state and metrics are those of its own
 ``DriftClient.fit`` within float rounding (vmap's batched kernels sum in another order: 1e-5
@@ -41,7 +43,16 @@ import numpy as np
 from flwr.app import Context, RecordDict
 from flwr.client import NumPyClient
 
-from fl_app.node.cohort_wire import COHORT_KEYS, NUM_PARTITIONS, PARTITIONS, bundle_replies, split_instructions
+from fl_app.node.cohort_wire import (
+    COHORT_KEYS,
+    NUM_PARTITIONS,
+    PARTITIONS,
+    SUM,
+    SumSpec,
+    bundle_replies,
+    split_instructions,
+    sum_replies,
+)
 from fl_app.node.drift_client import DriftClient
 from fl_app.node.node_client import NodeClient, NodeRound, round_timings, start_warm_up
 from tasks.functional import RoundResult, cohort_round, local_round
@@ -227,6 +238,9 @@ class CohortClient(NumPyClient):
         for partition, _, _, metrics in replies:
             metrics.update(round_timings(prepare[partition], train_share))
             metrics["fit_seconds"] = share  # each client's share of the node's round
+        if SUM in config:  # one reply for all: the mean and the sums (cohort_wire.sum_replies)
+            sent = {m.partition: m.arrays for m in members}
+            return sum_replies([(p, r, n, m, sent[p]) for p, r, n, m in replies], failed, SumSpec.decode(config[SUM]))
         return bundle_replies(replies, failed)
 
     def evaluate(self, parameters: list[np.ndarray], config: dict) -> tuple[float, int, dict]:

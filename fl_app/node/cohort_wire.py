@@ -1,6 +1,6 @@
 """The cohort wire codec: K virtual clients' fit instructions as ONE ``FitIns`` for their cohort
 node, and the node's one reply as K ``FitRes`` again (spec: the server routing and the cohort
-node share these names; ``fl_app.server`` imports them, this module imports nothing of ours).
+node share these names; ``fl_app.server`` imports them; of ours it imports only ``protocol``).
 
 Guarantees:
 
@@ -16,21 +16,55 @@ Guarantees:
   what all K share as plain keys and carries the per-client differences as JSON; a ``bytes``
   value that differs between clients, or a ``bytes`` metric, is refused (one-line ValueError
   naming the key): JSON cannot carry bytes and no method sends them per client.
+
+Summed replies (``SUM`` in the bundle's config, set by the server for a method whose server
+declares ``REPLY_SUMS``): the node replies ONE set of arrays for all its clients instead of K
+(``sum_replies`` / ``split_summed_reply``):
+
+- the first ``mean`` arrays: the n_k-weighted mean sum_k n_k w_k / sum_k n_k (float64 sums,
+  each array back in its reply dtype, an integer array rounded), ``num_examples`` = sum_k n_k,
+  the metric ``SUMMED_CLIENTS`` = K. One exception to "the same model as full replies": an
+  integer buffer (BatchNorm's ``num_batches_tracked``, which no computation reads while BN's
+  momentum is set). Flower's in-place FedAvg multiplies each reply's integer array by its weight
+  cast to an integer, 0 for every reply of several, so several replies give 0 whatever they
+  hold; from two or more nodes that holds for sums too, but one node's sum is one reply, whose
+  weight 1 keeps its rounded mean, where its clients' own replies would have given 0;
+- the arrays after them (the method's ``up`` groups, c's delta c_i say): their plain sums;
+- then, for the server's drift columns (``fl_app.server.drift.drift_from_sums``), over the
+  entries ``head`` and ``body`` name: sum_k n_k Delta_k and sum_k Delta_k / ||Delta_k||
+  (float64, Delta_k = w_k - w_t, clients with Delta_k = 0 left out of the second), and per
+  client ||Delta_k||^2 over the head and over the body in its record. In float64 so that the
+  columns are those of full replies to float64 rounding (float32 sums moved a one-client
+  cohort's diversity from 1 to 1 - 6e-9, below Jensen's bound).
+
+A summed reply carries the mean (one model) and the two drift sums (two float64 copies of the
+trainable entries: four float32 models' bytes), so it is smaller than full replies from six
+clients a node up: with 30 clients a round on one node (a GPU run), 5 models' bytes instead of 30.
+
+Each client's reply is checked before it is summed (``protocol.layout.reply_problem``, the
+server's own rule): a rejected client is named with its reason and left out of every sum, as
+the server leaves out a rejected reply. Every client keeps its own record (num_examples,
+metrics), so metrics.csv's client columns are those of full replies.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
-from flwr.common import Code, FitIns, FitRes, Parameters, Status
+from flwr.common import Code, FitIns, FitRes, Parameters, Status, bytes_to_ndarray
+
+from protocol.layout import reply_problem
+from protocol.traffic import SUMMED_CLIENTS
 
 PARTITIONS = "cohort-partitions"  # the bundle's virtual clients (partition ids), comma-separated, in order
 COUNTS = "cohort-array-counts"  # per-client array counts, comma-separated (instructions: only when arrays differ)
 CONFIGS = "cohort-configs"  # JSON list: per client, the config entries not shared by all K
 REPLIES = "cohort-replies"  # JSON list: per client, {"num_examples", "metrics"} or {"failed": reason}
-COHORT_KEYS = (PARTITIONS, COUNTS, CONFIGS, REPLIES)
+SUM = "cohort-sum"  # JSON {"mean": arrays averaged, "head": [...], "body": [...]}: reply one sum (module docstring)
+COHORT_KEYS = (PARTITIONS, COUNTS, CONFIGS, REPLIES, SUM)
 # Not a codec key: in every virtual client's own config (fit and evaluate), N, the partitions of
 # the run's data, which the server adds and the cohort node builds the client of partition p of N with.
 NUM_PARTITIONS = "num-partitions"
@@ -192,3 +226,147 @@ def split_replies(res: FitRes) -> list[tuple[int, FitRes | str]]:
                               num_examples=int(record["num_examples"]), metrics=dict(record["metrics"]))))
         start += n
     return out
+
+
+# ------------------------------------------------------------------ summed replies
+@dataclass(frozen=True)
+class SumSpec:
+    """What a summed reply holds (``SUM``): the first ``mean`` arrays are averaged, the rest
+    summed; ``head`` and ``body`` are the drift columns' entries (``fl_app.server.drift.layout``)."""
+
+    mean: int
+    head: tuple[int, ...]
+    body: tuple[int, ...]
+
+    @property
+    def drift(self) -> tuple[int, ...]:
+        return (*self.head, *self.body)
+
+    def encode(self) -> str:
+        return json.dumps({"mean": self.mean, "head": list(self.head), "body": list(self.body)})
+
+    @classmethod
+    def decode(cls, value) -> SumSpec:
+        try:
+            spec = json.loads(value)
+            return cls(int(spec["mean"]), tuple(int(i) for i in spec["head"]), tuple(int(i) for i in spec["body"]))
+        except (TypeError, ValueError, KeyError) as exc:
+            raise ValueError(f"cohort bundle: {SUM} = {value!r} is not {{\"mean\", \"head\", \"body\"}}") from exc
+
+
+@dataclass
+class ClientSum:
+    """One summed client as the server reads it: its partition, num_examples, metrics, and
+    ||Delta_k||^2 over the head and over the body."""
+
+    partition: int
+    num_examples: int
+    metrics: dict
+    head_sq: float
+    body_sq: float
+
+
+@dataclass
+class NodeSum:
+    """A cohort node's summed reply, split (``split_summed_reply``): ``reply`` is what the
+    method's strategy aggregates (the mean and the sums, ``SUMMED_CLIENTS`` = its clients, its
+    arrays the reply's own bytes); ``clients`` the clients in it, ``rejected`` (partition, reason)
+    the clients the node left out, ``failed`` those that failed; ``weighted_step`` sum_k n_k
+    Delta_k and ``directions`` sum_k Delta_k / ||Delta_k|| over the spec's drift entries."""
+
+    reply: FitRes
+    clients: list[ClientSum]
+    rejected: list[tuple[int, str]]
+    failed: list[tuple[int, str]]
+    weighted_step: list[np.ndarray]
+    directions: list[np.ndarray]
+
+
+def sum_replies(replies: Sequence[tuple[int, list[np.ndarray], int, dict, list[np.ndarray]]],
+                failed: Mapping[int, str], spec: SumSpec) -> tuple[list[np.ndarray], int, dict]:
+    """Node side: the cohort's ``NumPyClient.fit`` return value as ONE summed reply (module
+    docstring). ``replies``: per client (partition, reply arrays, num_examples, metrics, the
+    arrays it was sent)."""
+    kept, records, pids = [], [], []
+    rejected: list[tuple[int, str]] = []
+    for partition, reply, num_examples, metrics, sent in replies:
+        problem = reply_problem(reply, [a.shape for a in sent])
+        if problem:
+            rejected.append((int(partition), problem))
+        else:
+            kept.append((int(partition), reply, int(num_examples), metrics, sent))
+    total = sum(n for _, _, n, _, _ in kept)
+    arrays: list[np.ndarray] = []
+    weighted_step = [np.zeros(kept[0][4][i].shape) for i in spec.drift] if kept else []
+    directions = [np.zeros_like(a) for a in weighted_step]
+    if kept:
+        first = kept[0][1]
+        for i, ref in enumerate(first):
+            if i < spec.mean:
+                acc = sum(n * r[i].astype(np.float64) for _, r, n, _, _ in kept)
+                value = np.asarray(acc / total if total > 0 else acc)
+                arrays.append(np.rint(value).astype(ref.dtype) if np.issubdtype(ref.dtype, np.integer)
+                              else value.astype(ref.dtype))
+            else:
+                arrays.append(sum(r[i].astype(np.float64) for _, r, _, _, _ in kept).astype(ref.dtype))
+    for partition, reply, n, metrics, sent in kept:
+        deltas = [reply[i].astype(np.float64) - sent[i].astype(np.float64) for i in spec.drift]
+        squares = [float(np.vdot(d, d)) for d in deltas]
+        head_sq, body_sq = sum(squares[:len(spec.head)]), sum(squares[len(spec.head):])
+        norm = (head_sq + body_sq) ** 0.5
+        for j, d in enumerate(deltas):
+            weighted_step[j] += n * d
+            if norm > 0:
+                directions[j] += d / norm
+        pids.append(partition)
+        records.append({"num_examples": n, "metrics": {k: _scalar(k, v, "metric") for k, v in metrics.items()},
+                        "drift": [head_sq, body_sq]})
+    for partition, reason in rejected:
+        pids.append(partition)
+        records.append({"rejected": reason})
+    for partition, reason in failed.items():
+        pids.append(int(partition))
+        records.append({"failed": str(reason)})
+    if len(set(pids)) != len(pids):
+        raise ValueError(f"cohort reply: partition ids {pids} repeat; each virtual client replies once")
+    metrics = {PARTITIONS: _join(pids), REPLIES: json.dumps(records), SUMMED_CLIENTS: len(kept),
+               COUNTS: _join([len(arrays), len(weighted_step), len(directions)])}
+    return [*arrays, *weighted_step, *directions], total, metrics
+
+
+def split_summed_reply(res: FitRes) -> NodeSum:
+    """Server side: a node's summed reply (``sum_replies``) as a ``NodeSum``; its arrays are
+    slices of the reply's bytes (the mean and the sums never deserialised here), the drift sums
+    decoded. A reply whose own status is not OK fails every client it names."""
+    metrics = res.metrics
+    if PARTITIONS not in metrics or SUMMED_CLIENTS not in metrics:
+        raise ValueError(f"cohort reply: the metrics have no {PARTITIONS!r} and {SUMMED_CLIENTS!r}; "
+                         "this is not a summed cohort reply")
+    pids = _partition_list(metrics[PARTITIONS])
+    ok = Status(code=Code.OK, message="Success")
+    if res.status.code != Code.OK:
+        empty = FitRes(ok, Parameters(tensors=[], tensor_type=res.parameters.tensor_type), 0, {SUMMED_CLIENTS: 0})
+        return NodeSum(empty, [], [], [(p, f"cohort node failed: {res.status.message}") for p in pids], [], [])
+    records = json.loads(metrics.get(REPLIES, "[]"))
+    counts = _partition_list(metrics.get(COUNTS, ""))
+    tensors = res.parameters.tensors
+    if len(records) != len(pids) or len(counts) != 3 or sum(counts) != len(tensors):
+        raise ValueError(f"cohort reply: {len(pids)} clients, {len(records)} records and {COUNTS} = "
+                         f"{metrics.get(COUNTS)!r} do not cut {len(tensors)} tensors of a summed reply")
+    n_sum, n_step = counts[0], counts[1]
+    decoded = [bytes_to_ndarray(t) for t in tensors[n_sum:]]
+    node = NodeSum(FitRes(ok, Parameters(tensors=list(tensors[:n_sum]), tensor_type=res.parameters.tensor_type),
+                          int(res.num_examples), {SUMMED_CLIENTS: int(metrics[SUMMED_CLIENTS])}),
+                   [], [], [], decoded[:n_step], decoded[n_step:])
+    for p, record in zip(pids, records):
+        if "failed" in record:
+            node.failed.append((p, record["failed"]))
+        elif "rejected" in record:
+            node.rejected.append((p, record["rejected"]))
+        else:
+            node.clients.append(ClientSum(p, int(record["num_examples"]), dict(record["metrics"]),
+                                          float(record["drift"][0]), float(record["drift"][1])))
+    if len(node.clients) != node.reply.metrics[SUMMED_CLIENTS]:
+        raise ValueError(f"cohort reply: {SUMMED_CLIENTS} = {node.reply.metrics[SUMMED_CLIENTS]} but "
+                         f"{len(node.clients)} client records")
+    return node

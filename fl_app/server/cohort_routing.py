@@ -7,6 +7,8 @@ The routing keeps the method's ``Strategy`` unchanged: it samples from N clients
 ``VirtualClientProxy`` (partition p hosted by node p mod M, fixed for the run, so a client's state
 stays on one node), and ``fit_cohort`` sends a round's instructions as one bundle per node
 (``fl_app.node.cohort_wire``) and splits the replies back into one ``FitRes`` per virtual client.
+``fit_cohort_summed`` asks each node for one summed reply instead (``cohort_wire.sum_replies``),
+for a method whose server declares ``REPLY_SUMS``: one ``NodeSum`` per node.
 """
 
 from __future__ import annotations
@@ -30,7 +32,16 @@ from flwr.common import (
 )
 from flwr.server.client_proxy import ClientProxy
 
-from fl_app.node.cohort_wire import NUM_PARTITIONS, PARTITIONS, bundle_instructions, split_replies
+from fl_app.node.cohort_wire import (
+    NUM_PARTITIONS,
+    PARTITIONS,
+    SUM,
+    NodeSum,
+    SumSpec,
+    bundle_instructions,
+    split_replies,
+    split_summed_reply,
+)
 
 
 class VirtualClientProxy(ClientProxy):
@@ -112,3 +123,42 @@ def fit_cohort(instructions: Sequence[tuple[VirtualClientProxy, FitIns]], max_wo
                 else:
                     results.append((proxy, reply))
     return results, failures
+
+
+def fit_cohort_summed(instructions: Sequence[tuple[VirtualClientProxy, FitIns]], spec: SumSpec,
+                      max_workers: int | None, timeout: float | None, group_id: int) -> tuple[list, list]:
+    """``fit_cohort`` with summed replies: each node's bundle carries ``spec`` (``cohort_wire.SUM``)
+    and its reply comes back as one ``NodeSum`` (its clients' n_k-weighted mean and sums, the
+    clients' own records). Results: (the node's proxy, its ``NodeSum``) in the order of each
+    node's first partition (so float sums over nodes run in one order whatever order they reply
+    in); failures: a ``CohortFailure`` per client of a failed node, and per client a node names
+    as failed or does not name."""
+    by_host: dict[str, list[tuple[VirtualClientProxy, FitIns]]] = {}
+    for proxy, ins in instructions:
+        by_host.setdefault(proxy.host.cid, []).append((proxy, ins))
+
+    def send(items: list[tuple[VirtualClientProxy, FitIns]]) -> NodeSum:
+        host = items[0][0].host
+        bundle = bundle_instructions([(proxy.partition, proxy.instruction(ins)) for proxy, ins in items])
+        bundle.config[SUM] = spec.encode()
+        return split_summed_reply(host.fit(bundle, timeout=timeout, group_id=group_id))
+
+    results: list[tuple[ClientProxy, NodeSum]] = []
+    failures: list[BaseException] = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max_workers) as pool:
+        futures = {pool.submit(send, items): items for items in by_host.values()}
+        for future in concurrent.futures.as_completed(futures):
+            items = futures[future]
+            host = items[0][0].host
+            try:
+                node = future.result()
+            except Exception as exc:  # the node (or its message) failed: each of its clients did
+                failures += [CohortFailure(f"cohort node {host.cid} failed for {p.cid}: {exc!r}") for p, _ in items]
+                continue
+            named = {c.partition for c in node.clients} | {p for p, _ in node.rejected} | {p for p, _ in node.failed}
+            failures += [CohortFailure(f"partition-{p} failed on cohort node {host.cid}: {why}")
+                         for p, why in node.failed]
+            failures += [CohortFailure(f"{proxy.cid} failed on cohort node {host.cid}: the cohort node's reply does "
+                                       "not name it") for proxy, _ in items if proxy.partition not in named]
+            results.append((host, node, min(proxy.partition for proxy, _ in items)))
+    return [(host, node) for host, node, _ in sorted(results, key=lambda r: r[2])], failures

@@ -28,6 +28,12 @@ n_k / sum n (the n_k-weighted mean); entries its ``local_entries`` names (BatchN
 kept local, say) stay on the clients and are left out. A plain Flower strategy, which
 declares neither, is taken as the n_k-weighted mean with nothing local. No method is
 named or looked up here.
+
+From summed replies (a cohort node's sums, ``fl_app.node.cohort_wire.sum_replies``) the same
+columns follow without any client's arrays (``drift_from_sums``): each client's ||Delta_k||^2
+over the head and the body, sum_k n_k Delta_k (so the step sum_k p_k Delta_k with p_k = n_k / sum n)
+and sum_k Delta_k / ||Delta_k|| (so the mean cosine, <sum_k Delta_k/||Delta_k||, step> over the
+moving clients' count and ||step||). Summed replies exist only for a server that weighs by n_k.
 """
 
 from __future__ import annotations
@@ -136,4 +142,47 @@ def round_drift(
         out["head_diversity"] = diversity(g_head, p)
     if body:
         out["body_diversity"] = diversity(g_body, p)
+    return out
+
+
+def drift_from_sums(cfg: dict, strategy: type, nodes: list) -> dict[str, float]:
+    """The round's drift columns from summed replies (``nodes``: ``cohort_wire.NodeSum``, whose
+    sums run over ``layout``'s head then body entries): the same quantities as ``round_drift``
+    on the clients' own replies, within float64 rounding. Empty without a client. A strategy
+    that declares ``UNIFORM_MEAN`` never gets summed replies (its p_k = 1/K): refused."""
+    if getattr(strategy, "UNIFORM_MEAN", False):
+        raise ValueError(f"{strategy.__name__} takes a plain mean over clients: its drift columns need every reply")
+    _, head, body = layout(cfg["model"], cfg["dataset"], strategy)
+    clients = [c for node in nodes for c in node.clients]
+    if not clients:
+        return {}
+    n = np.array([c.num_examples for c in clients], dtype=np.float64)
+    p = n / n.sum() if n.sum() > 0 else np.full(len(n), 1.0 / len(n))
+    total = n.sum() if n.sum() > 0 else 1.0
+    entries = range(len(head) + len(body))
+    step = [sum(node.weighted_step[j].astype(np.float64) for node in nodes if node.clients) / total for j in entries]
+    directions = [sum(node.directions[j].astype(np.float64) for node in nodes if node.clients) for j in entries]
+    step_head = sum(float(np.vdot(s, s)) for s in step[:len(head)])
+    step_body = sum(float(np.vdot(s, s)) for s in step[len(head):])
+    head_sq = np.array([c.head_sq for c in clients])
+    body_sq = np.array([c.body_sq for c in clients])
+    norms = np.sqrt(np.clip(head_sq + body_sq, 0.0, None))
+    step_sq = step_head + step_body
+    step_norm = math.sqrt(step_sq)
+    moving = int((norms > 0).sum())
+    if step_norm > 0 and moving:
+        cosine = sum(float(np.vdot(u, s)) for u, s in zip(directions, step)) / (moving * step_norm)
+    else:
+        cosine = math.nan
+    out = {
+        "drift_norm_mean": float(norms.mean()),
+        "drift_norm_max": float(norms.max()),
+        "step_norm": step_norm,
+        "update_diversity": float(p @ (head_sq + body_sq)) / step_sq if step_sq > 0 else math.nan,
+        "update_cosine_mean": cosine,
+    }
+    if head:
+        out["head_diversity"] = float(p @ head_sq) / step_head if step_head > 0 else math.nan
+    if body:
+        out["body_diversity"] = float(p @ body_sq) / step_body if step_body > 0 else math.nan
     return out

@@ -15,11 +15,12 @@ from pathlib import Path
 FILE = "ray-nodes.csv"
 
 
-def record_ray_nodes(run_dir: Path, server_round: int, results: list) -> dict[str, int]:
-    """Append this round's (round, Flower node, Ray node) rows; returns ``num_ray_nodes``
-    (nothing when no fit reported a Ray node, e.g. on a deployment)."""
-    rows = [(server_round, proxy.cid, res.metrics["ray_node"]) for proxy, res in results
-            if isinstance(res.metrics.get("ray_node"), str)]
+def record_ray_nodes(run_dir: Path, server_round: int, clients: list[tuple[str, dict]]) -> dict[str, int]:
+    """Append this round's (round, Flower node, Ray node) rows from the clients' (cid, fit
+    metrics); returns ``num_ray_nodes`` (nothing when no fit reported a Ray node, e.g. on a
+    deployment)."""
+    rows = [(server_round, cid, metrics["ray_node"]) for cid, metrics in clients
+            if isinstance(metrics.get("ray_node"), str)]
     if not rows:
         return {}
     path = Path(run_dir) / FILE

@@ -44,7 +44,7 @@ from fl_app.common.files import atomic_write_text
 from fl_app.common.run_files import BASE_COLUMNS, FINGERPRINT_KEY, SUMMARY_FILE, write_metrics
 from fl_app.server.checkpoint import Checkpoint
 from fl_app.server.provenance import DataChanged, record_fingerprint, resumed_fingerprint, run_facts
-from protocol.layout import all_finite
+from protocol.layout import reply_problem
 from tasks.datasets import input_shape
 from tasks.train import accuracy_spread
 
@@ -117,18 +117,9 @@ def evaluated_round(server_round: int, every: int, last_round: int) -> bool:
 
 
 def check_reply(res: FitRes, sent_shapes: list[tuple] | None) -> str:
-    """Why a reply cannot be used ('' when it can): another count or shapes of arrays than
-    were sent, or non-finite values."""
-    arrays = array_views(res.parameters)
-    if sent_shapes is not None and len(arrays) != len(sent_shapes):
-        return f"{len(arrays)} arrays, expected {len(sent_shapes)}"
-    if sent_shapes is not None:
-        for i, (a, shape) in enumerate(zip(arrays, sent_shapes)):
-            if a.shape != shape:
-                return f"array {i} has shape {a.shape}, expected {shape}"
-    if not all_finite(arrays):
-        return "non-finite values (NaN or Inf)"
-    return ""
+    """Why a reply cannot be used ('' when it can): ``protocol.layout.reply_problem`` on its
+    arrays (another count or shapes than were sent, or non-finite values)."""
+    return reply_problem(array_views(res.parameters), sent_shapes)
 
 
 def in_node_order(results: list[tuple[ClientProxy, FitRes]], client_manager) -> list[tuple[ClientProxy, FitRes]]:

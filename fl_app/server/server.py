@@ -15,7 +15,12 @@ runs under Flower's own ``Server``. Sending and collecting use Flower's public
 uses (a thread per client, each reply or failure as it comes back); on the cohort path
 (``execution``, ``fl_app/common/execution_path.py``) one bundle goes to each cohort node
 instead (``fl_app/server/cohort_routing.py``) and its reply is split back into one reply or
-failure per virtual client, so every later step sees what a per-client run would.
+failure per virtual client, so every later step sees what a per-client run would. With summed
+replies (``cohort-replies``, ``fl_app.common.execution_checks.summed_replies``) each node replies
+one n_k-weighted mean and sums for its clients instead; the method's strategy aggregates the
+nodes' replies (each standing for its clients, ``protocol.traffic.clients_in``), and the
+clients' metrics, counts and drift columns come from the clients' own records in them
+(``screen_sums``, ``drift_from_sums``).
 
 The rules the steps apply, whatever the method:
 - a reply whose arrays contain NaN/Inf, or whose count or shapes differ from what was sent,
@@ -46,12 +51,14 @@ from flwr.server.history import History
 from flwr.server.server import evaluate_clients, fit_clients
 from flwr.server.strategy import Strategy
 
-from fl_app.common.execution_checks import PER_CLIENT
+from fl_app.common.execution_checks import PER_CLIENT, summed_replies
 from fl_app.common.execution_path import Execution
+from fl_app.common.method import Method
+from fl_app.node.cohort_wire import SumSpec
 from fl_app.server.checkpoint import Checkpoint, checkpoint_due, drop_checkpoint, save_checkpoint
-from fl_app.server.cohort_routing import fit_cohort
+from fl_app.server.cohort_routing import fit_cohort, fit_cohort_summed
 from fl_app.server.crash import crash_if_injected
-from fl_app.server.drift import round_drift
+from fl_app.server.drift import drift_from_sums, layout, round_drift
 from fl_app.server.participation import Participation, RunAborted
 from fl_app.server.placement import record_ray_nodes
 from fl_app.server.preflight import loud
@@ -114,6 +121,8 @@ class DriftServer(Server):
         self.sent_shapes: list[tuple] | None = None  # what every reply must match
         self.round_started = 0.0
         self.execution = execution or Execution(PER_CLIENT, "one node per client")
+        self.sum_spec: SumSpec | None = None  # the cohort nodes reply one sum each (``reply_sums``)
+        self.round_sums: list | None = None  # this round's accepted node sums, for the drift columns
         self.record.facts["execution"] = self.execution.record()
         if resume_from is not None:
             self.record.resume(resume_from, previous_rows or [])
@@ -126,8 +135,20 @@ class DriftServer(Server):
         super().set_strategy(strategy)
         self.method_class = self.method_class or type(strategy)
         self.screening.skip = frozenset(getattr(strategy, "screen_skip", ()))
+        self.sum_spec = self.reply_sums()
         if self.resume_from is not None and hasattr(strategy, "set_state"):
             strategy.set_state(self.resume_from.strategy_state)
+
+    def reply_sums(self) -> SumSpec | None:
+        """What a cohort node sums (``cohort_wire.SumSpec``: the model's arrays averaged, the
+        drift columns' entries), or None when every client replies its own arrays: the
+        per-client path, ``cohort-replies = "full"``, or a method or setting that cannot
+        (``summed_replies``)."""
+        method = Method(self.method_class, None)
+        if not self.execution.cohort or not summed_replies(self.cfg, method):
+            return None
+        num_state, head, body = layout(self.cfg["model"], self.cfg["dataset"], self.method_class)
+        return SumSpec(num_state, head, body)
 
     # ------------------------------------------------------------------ the run
     def fit(self, num_rounds: int, timeout: float | None) -> tuple[History, float]:
@@ -208,6 +229,9 @@ class DriftServer(Server):
         """Send the instructions, then collect the replies and failures: one message per client
         (Flower's ``fit_clients``), or on the cohort path one bundle per cohort node, split back
         into one reply or failure per virtual client (``fl_app.server.cohort_routing.fit_cohort``)."""
+        if self.sum_spec is not None:
+            return fit_cohort_summed(instructions, self.sum_spec, max_workers=self.max_workers, timeout=timeout,
+                                     group_id=server_round)
         send = fit_cohort if self.execution.cohort else fit_clients
         return send(instructions, max_workers=self.max_workers, timeout=timeout, group_id=server_round)
 
@@ -244,6 +268,8 @@ class DriftServer(Server):
         run (``RunAborted``) when too few sampled clients succeeded."""
         row = self.record.row
         row["fit_phase_seconds"] = time.monotonic() - self.round_started  # sampling to the last reply
+        if self.sum_spec is not None:
+            return self.screen_sums(server_round, results, failures)
         row["bytes_up_per_client"] = message_nbytes([res.parameters for _, res in results])
         accepted = []
         for client, res in in_node_order(results, self.client_manager()):
@@ -257,12 +283,54 @@ class DriftServer(Server):
         for failure in failures:
             log.warning("round %d: a client failed: %r", server_round, failure)
         row.update(summarise_client_metrics([(r.num_examples, r.metrics) for _, r in accepted]))
-        row.update(record_ray_nodes(self.record.folder(), server_round, accepted))
-        reason = self.participation.shortfall(server_round, len(accepted), len(results), len(failures))
+        row.update(record_ray_nodes(self.record.folder(), server_round,
+                                    [(client.cid, res.metrics) for client, res in accepted]))
+        self.stop_if_short(server_round, len(accepted), len(results), len(failures))
+        return accepted
+
+    def screen_sums(self, server_round: int, results: list, failures: list) -> list:
+        """``screen`` for summed replies (``results``: (node proxy, ``cohort_wire.NodeSum``)):
+        the clients each node rejected (its check is the server's, ``reply_problem``) or whose
+        sum is not usable are counted as rejected; the clients' own records give the metrics and
+        counts; the nodes' replies, each standing for its clients, are what the method aggregates.
+        ``bytes_up_per_client`` is the nodes' reply bytes over the clients in them."""
+        row = self.record.row
+        accepted, clients, rejected = [], [], 0
+        for host, node in results:
+            for partition, reason in node.rejected:
+                log.warning("round %d: rejected the update of partition-%d: %s", server_round, partition, reason)
+            rejected += len(node.rejected)
+            if not node.clients:
+                continue
+            problem = check_reply(node.reply, self.sent_shapes)
+            if problem:
+                log.warning("round %d: rejected the summed update of node %s (%d clients): %s", server_round,
+                            host.cid, len(node.clients), problem)
+                rejected += len(node.clients)
+                continue
+            accepted.append((host, node))
+            clients += node.clients
+        replied = sum(len(node.clients) + len(node.rejected) for _, node in results)
+        if replied:  # every array the nodes sent: the mean and sums, and the drift columns' sums
+            sent = sum(message_nbytes([node.reply.parameters]) or 0.0 for _, node in results)
+            sent += sum(int(a.nbytes) for _, node in results for a in node.weighted_step + node.directions)
+            row["bytes_up_per_client"] = sent / replied
+        row.update(num_clients=len(clients), num_failures=len(failures), num_rejected=rejected)
+        for failure in failures:
+            log.warning("round %d: a client failed: %r", server_round, failure)
+        row.update(summarise_client_metrics([(c.num_examples, c.metrics) for c in clients]))
+        row.update(record_ray_nodes(self.record.folder(), server_round,
+                                    [(f"partition-{c.partition}", c.metrics) for c in clients]))
+        self.stop_if_short(server_round, len(clients), len(clients) + rejected, len(failures))
+        self.round_sums = [node for _, node in accepted]
+        return [(host, node.reply) for host, node in accepted]
+
+    def stop_if_short(self, server_round: int, accepted: int, replied: int, failed: int) -> None:
+        """Stop the run (``RunAborted``) when too few sampled clients succeeded."""
+        reason = self.participation.shortfall(server_round, accepted, replied, failed)
         if reason:  # the rounds so far are a result: the summary says why and where the run stopped
             self.record.write_summary(self.client_manager(), stopped=reason)
             raise RunAborted(f"{reason}. Stopping the run; the summary and the last checkpoint are kept.")
-        return accepted
 
     def aggregate(self, server_round: int, accepted: list, failures: list, history: History) -> tuple:
         """The drift columns, then the method's aggregation into the new global model; a
@@ -270,8 +338,11 @@ class DriftServer(Server):
         The new parameters and the method's metrics, or (None, {}) when the model stays."""
         if not accepted:
             return None, {}
-        replies = [(r.num_examples, array_views(r.parameters)) for _, r in accepted]
-        self.record.row.update(round_drift(self.cfg, self.method_class, self.sent_weights, replies))
+        if self.sum_spec is not None:
+            self.record.row.update(drift_from_sums(self.cfg, self.method_class, self.round_sums or []))
+        else:
+            replies = [(r.num_examples, array_views(r.parameters)) for _, r in accepted]
+            self.record.row.update(round_drift(self.cfg, self.method_class, self.sent_weights, replies))
         parameters, metrics = self.strategy.aggregate_fit(server_round, accepted, failures)
         if parameters is not None and not all_finite(parameters_to_ndarrays(parameters)):
             log.error("round %d: the aggregate is not finite; keeping the previous global model", server_round)
