@@ -50,19 +50,21 @@ def cohort_problem(cfg: dict, method: Method) -> str:
     return ""
 
 
-def sum_problem(cfg: dict, method: Method) -> str:
-    """Why a cohort node of ``cfg`` cannot reply one sum for its clients ('' when it can)."""
-    if getattr(method.strategy, "REPLY_SUMS", None) is None:
-        return (f"the server of method {cfg['strategy']!r} ({method.strategy.__name__}) needs every client's reply"
+def sum_problem(cfg: dict, strategy: type) -> str:
+    """Why a cohort node of ``cfg`` cannot reply one sum for its clients to a server of the
+    strategy class ``strategy`` ('' when it can)."""
+    if getattr(strategy, "REPLY_SUMS", None) is None:
+        return (f"the server of method {cfg['strategy']!r} ({strategy.__name__}) needs every client's reply"
                 " (it declares no REPLY_SUMS)")
     if cfg["screening"] != "none":
         return f"screening = {cfg['screening']!r} acts on each client's reply"
     return ""
 
 
-def summed_replies(cfg: dict, method: Method) -> bool:
-    """Whether the cohort nodes of ``cfg`` reply one sum each (``cohort-replies``, module docstring)."""
-    return cfg["cohort-replies"] == "sum" or (cfg["cohort-replies"] == AUTO and not sum_problem(cfg, method))
+def summed_replies(cfg: dict, strategy: type) -> bool:
+    """Whether the cohort nodes of ``cfg`` reply one sum each to a server of the strategy class
+    ``strategy`` (``cohort-replies``, module docstring)."""
+    return cfg["cohort-replies"] == "sum" or (cfg["cohort-replies"] == AUTO and not sum_problem(cfg, strategy))
 
 
 def check_execution(cfg: dict, method: Method) -> None:
@@ -79,7 +81,7 @@ def check_execution(cfg: dict, method: Method) -> None:
             raise ConfigError(f"run-config key 'execution' = {execution!r} cannot run as a cohort: {problem};"
                               f" valid choices: {', '.join(c for c in CHOICES if c != COHORT)}")
     if cfg["cohort-replies"] == "sum":
-        problem = sum_problem(cfg, method) or (
+        problem = sum_problem(cfg, method.strategy) or (
             "execution = 'per-client' has no cohort node" if execution == PER_CLIENT else "")
         if problem:
             raise ConfigError(f"run-config key 'cohort-replies' = 'sum' is invalid: {problem};"

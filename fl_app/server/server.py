@@ -53,7 +53,6 @@ from flwr.server.strategy import Strategy
 
 from fl_app.common.execution_checks import PER_CLIENT, summed_replies
 from fl_app.common.execution_path import Execution
-from fl_app.common.method import Method
 from fl_app.node.cohort_wire import SumSpec
 from fl_app.server.checkpoint import Checkpoint, checkpoint_due, drop_checkpoint, save_checkpoint
 from fl_app.server.cohort_routing import fit_cohort, fit_cohort_summed
@@ -144,8 +143,7 @@ class DriftServer(Server):
         drift columns' entries), or None when every client replies its own arrays: the
         per-client path, ``cohort-replies = "full"``, or a method or setting that cannot
         (``summed_replies``)."""
-        method = Method(self.method_class, None)
-        if not self.execution.cohort or not summed_replies(self.cfg, method):
+        if not self.execution.cohort or not summed_replies(self.cfg, self.method_class):
             return None
         num_state, head, body = layout(self.cfg["model"], self.cfg["dataset"], self.method_class)
         return SumSpec(num_state, head, body)
