@@ -26,6 +26,18 @@ for the node's virtual clients as one bundle (``fl_app.node.cohort_wire``); ``fi
    ClientApp raises). A failure of the cohort's training itself (step 3) fails the node's
    message, so the server fails each of its clients.
 
+Where the virtual clients' state lives between rounds (``NodeResidentState``): in the node's
+process, not in ``context.state``, whenever the state is also mirrored on disk (the server
+checkpoints: ``checkpoint-every`` > 0 and its run folder is visible here) and
+``client-state = "memory"``. Flower's simulation ships a node's whole ``context.state`` to the
+actor and back with every message, which for a cohort node is every hosted client's state
+(SCAFFOLD's c_i of 100 clients: 100 models, each way, each round); the process keeps the
+records instead and ``context.state`` carries a token naming the process's copy. A message
+that lands in another process (another actor, a restarted one, a resumed run) finds no copy
+with that token and restores each client from its disk mirror at its last round (as
+``client-state = "disk"`` does), so the state is the same records wherever it is read. Without
+a disk mirror the state stays in ``context.state``, as on a per-client node.
+
 Equal to the per-client path: each client's reply, state and metrics are those of its own
 ``DriftClient.fit`` within float rounding (vmap's batched kernels sum in another order: 1e-5
 relative in float32, tests/node/test_cohort_node.py), and exactly for a cohort of one. The metric
@@ -36,11 +48,14 @@ relative in float32, tests/node/test_cohort_node.py), and exactly for a cohort o
 from __future__ import annotations
 
 import logging
+import sys
 import time
+import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
-from flwr.app import Context, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 from flwr.client import NumPyClient
 
 from fl_app.node.cohort_wire import (
@@ -55,6 +70,7 @@ from fl_app.node.cohort_wire import (
 )
 from fl_app.node.drift_client import DriftClient
 from fl_app.node.node_client import NodeClient, NodeRound, round_timings, start_warm_up
+from fl_app.node.state_mirror import ClientStateMirror
 from tasks.functional import RoundResult, cohort_round, local_round
 from tasks.functional.rounds import stack_trees
 from tasks.functional.update import LocalUpdate, Round
@@ -82,6 +98,31 @@ def store_view(state: RecordDict, partition: int, view: RecordDict) -> None:
         del state[key]
     for key, record in view.items():
         state[prefix + key] = record
+
+
+RESIDENT = "cohort-resident-state"  # a ConfigRecord in context.state: the token of the process's copy
+
+
+class NodeResidentState:
+    """A cohort node's virtual clients' state records kept in this process between rounds, in
+    front of their disk mirrors (module docstring). One per (run, node) in a process
+    (``_RESIDENT``); ``token`` names this copy, and ``context.state`` carries it."""
+
+    def __init__(self, token: str):
+        self.token = token
+        self.records: dict[int, RecordDict] = {}  # partition -> its records, under their own names
+
+
+_RESIDENT: dict[tuple[int, int], NodeResidentState] = {}
+
+
+def resident_wanted(cfg: dict, config: dict) -> bool:
+    """Whether a cohort node keeps its clients' state in its process this round: the state is
+    mirrored on disk (``checkpoint-every`` > 0, the run folder visible here) and
+    ``client-state = "memory"`` (with ``"disk"`` the state already lives only on disk)."""
+    run_dir = str(config.get("run-dir", ""))
+    return (cfg["client-state"] == "memory" and bool(config.get("checkpoint-every")) and bool(run_dir)
+            and Path(run_dir).is_dir())
 
 
 def failure(exc: BaseException) -> str:
@@ -199,6 +240,36 @@ class CohortClient(NumPyClient):
         store_view(self.context.state, member.partition, member.client.context.state)
         return member.partition, reply, num_examples, metrics
 
+    # ------------------------------------------------------------ state between rounds
+    def resident(self, run_dir: str) -> NodeResidentState:
+        """This process's copy of the node's clients' state, if ``context.state``'s token names
+        it; else a new, empty one (its clients then come back from their disk mirrors in
+        ``run_dir``, which the token's record keeps for the node's evaluate messages)."""
+        key = (self.context.run_id, self.context.node_id)
+        record = self.context.state.config_records.get(RESIDENT)
+        token = str(record["token"]) if record is not None and "token" in record else ""
+        kept = _RESIDENT.get(key)
+        if kept is None or not token or kept.token != token:
+            kept = _RESIDENT[key] = NodeResidentState(uuid.uuid4().hex)
+            self.context.state[RESIDENT] = ConfigRecord({"token": kept.token, "run-dir": run_dir})
+        return kept
+
+    def bring_in(self, kept: NodeResidentState, partition: int, run_dir: str, up_to_round: int) -> None:
+        """Virtual client ``partition``'s records into ``context.state`` (under its prefix) for
+        this round: from the process's copy, else from its disk mirror (the newest state saved
+        at or before ``up_to_round``), else none (a client's first round)."""
+        records = kept.records.get(partition)
+        if records is None:
+            saved = ClientStateMirror(run_dir, f"partition-{partition}").load(up_to_round) or {}
+            records = RecordDict({name: ArrayRecord(numpy_ndarrays=list(arrays)) for name, arrays in saved.items()})
+        store_view(self.context.state, partition, records)
+
+    def take_out(self, kept: NodeResidentState, partition: int) -> None:
+        """Virtual client ``partition``'s records out of ``context.state`` into the process's
+        copy (after its round, its mirror written), so that Flower does not ship them."""
+        kept.records[partition] = state_view(self.context.state, partition)
+        store_view(self.context.state, partition, RecordDict())
+
     # --------------------------------------------------------------- NumPyClient API
     def get_properties(self, config: dict) -> dict:
         """The node's own partition (the server orders its cohort nodes by it); starts the
@@ -216,9 +287,15 @@ class CohortClient(NumPyClient):
         members: list[Member] = []
         failed: dict[int, str] = {}
         prepare: dict[int, float] = {}  # each client's own preparation (one after another)
+        kept = self.resident(str(config["run-dir"])) if resident_wanted(self.cfg, config) else None
+        brought: list[int] = []  # the clients whose records came in from the process or the mirror
         for partition, arrays, client_config in split_instructions(parameters, config):
             begun = time.perf_counter()
             try:
+                if kept is not None:
+                    up_to = int(client_config.get("server-round", 1)) - 1  # its last round's state
+                    self.bring_in(kept, partition, str(config["run-dir"]), up_to)
+                    brought.append(partition)
                 members.append(self._prepare(partition, arrays, client_config))
             except Exception as exc:  # this client fails; the others go on
                 log.warning("cohort node: virtual client %d failed before training", partition, exc_info=True)
@@ -234,6 +311,8 @@ class CohortClient(NumPyClient):
             except Exception as exc:
                 log.warning("cohort node: virtual client %d failed after training", member.partition, exc_info=True)
                 failed[member.partition] = failure(exc)
+        for partition in brought:  # back to the process, a failed client's records as they were
+            self.take_out(kept, partition)
         share = (time.perf_counter() - started) / max(len(members), 1)
         for partition, _, _, metrics in replies:
             metrics.update(round_timings(prepare[partition], train_share))
@@ -251,4 +330,14 @@ class CohortClient(NumPyClient):
         if not named.strip().isdigit():
             raise ValueError(f"cohort node: evaluate needs {PARTITIONS!r} naming one virtual client, got {named!r}")
         client_config = {k: v for k, v in config.items() if k not in COHORT_KEYS}
-        return NodeClient(self.virtual_client(int(named), client_config)).evaluate(parameters, client_config)
+        partition = int(named)
+        record = self.context.state.config_records.get(RESIDENT)
+        if record is None:  # the state lives in context.state
+            return NodeClient(self.virtual_client(partition, client_config)).evaluate(parameters, client_config)
+        run_dir = str(record["run-dir"])
+        kept = self.resident(run_dir)
+        self.bring_in(kept, partition, run_dir, sys.maxsize)  # after its latest fit
+        try:
+            return NodeClient(self.virtual_client(partition, client_config)).evaluate(parameters, client_config)
+        finally:
+            self.take_out(kept, partition)
