@@ -106,7 +106,9 @@ RESIDENT = "cohort-resident-state"  # a ConfigRecord in context.state: the token
 class NodeResidentState:
     """A cohort node's virtual clients' state records kept in this process between rounds, in
     front of their disk mirrors (module docstring). One per (run, node) in a process
-    (``_RESIDENT``); ``token`` names this copy, and ``context.state`` carries it."""
+    (``_RESIDENT``); ``token`` names this copy, and ``context.state`` carries it. With several
+    cohort nodes and actors a process may hold a copy for each node it served; a copy whose
+    token its node no longer carries is replaced the next time that node's message lands here."""
 
     def __init__(self, token: str):
         self.token = token
