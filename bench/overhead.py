@@ -6,7 +6,7 @@ fl-drift simulation (``LocalSimulation`` -> ``flwr run`` on Ray). Not a test; ru
     FL_DATA_DIR=/path/to/data python bench/overhead.py --mode sim --clients 200 --rounds 3
     FL_DATA_DIR=/path/to/data python bench/overhead.py --mode sim --execution per-client,cohort
 
-Per path it also prints where a round's seconds go (``PHASES``): preparing, training, finishing,
+Per path it also prints where a round's seconds go (``PHASES``) and its replies' megabytes: preparing, training, finishing,
 the messages, aggregating, evaluating, from the timings the product records in metrics.csv
 (the clients' ``prepare_seconds``/``train_seconds``/``fit_seconds``, spread over the processes
 that ran them; the server's ``fit_phase_seconds``, ``aggregate_seconds``, ``evaluate_seconds``),
@@ -355,7 +355,7 @@ def simulation(args: argparse.Namespace) -> dict:
 
 # metrics.csv columns the phase breakdown reads (fl_app/server/recording.py, node_client.round_timings)
 PHASE_COLUMNS = ("num_clients", "round_seconds", "fit_phase_seconds", "aggregate_seconds", "evaluate_seconds",
-                 "fit_seconds_mean", "prepare_seconds_mean", "train_seconds_mean")
+                 "fit_seconds_mean", "prepare_seconds_mean", "train_seconds_mean", "bytes_up_per_client")
 PHASES = (("preparing", "node steps, client built, data loaded/decoded, prepare_round"),
           ("training", "the local loop (cohort: the one cohort_round)"),
           ("finishing", "finish_round, reply arrays, state kept"),
@@ -383,6 +383,8 @@ def round_phases(row: dict, parallel: int) -> dict[str, float] | None:
            "evaluating": row["evaluate_seconds"]}
     out["other"] = row["round_seconds"] - row["fit_phase_seconds"] - out["aggregating"] - out["evaluating"]
     out["round"] = row["round_seconds"]
+    # the replies' bytes a round (a cohort's summed reply: the node's one reply over its clients)
+    out["mb_up"] = k * row.get("bytes_up_per_client", 0.0) / 1e6
     return out
 
 
@@ -544,6 +546,8 @@ def print_phase_table(phases: dict[str, dict[str, dict[str, float]]]) -> None:
     print("| outside training and evaluation | | " + " | ".join(
         f"{p['round'] - p['training'] - p['evaluating']:.2f}" for p in (phases[e]['rounds 2+'] for e in paths))
         + " |", flush=True)
+    print("| MB of replies a round | the clients' (a cohort's: its nodes') reply arrays | " + " | ".join(
+        f"{phases[e]['rounds 2+']['mb_up']:.1f}" for e in paths) + " |", flush=True)
 
 
 def plain_pass(args: argparse.Namespace, report: dict) -> None:
