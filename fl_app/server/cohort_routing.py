@@ -86,42 +86,57 @@ class CohortFailure(RuntimeError):
     """A virtual client's fit failed on its cohort node (the node failed, or the client did)."""
 
 
-def fit_cohort(instructions: Sequence[tuple[VirtualClientProxy, FitIns]], max_workers: int | None,
-               timeout: float | None, group_id: int) -> tuple[list, list]:
-    """``flwr.server.server.fit_clients`` for virtual clients: the instructions grouped by host
-    node, one bundle and one ``fit`` per node (a thread each), the replies split back into
-    (virtual proxy, ``FitRes``) results and failures. A node that fails (raises, times out, a
-    status not OK) is a failure for each of its clients; a client the node names as failed, or
-    does not name, is one failure."""
+def per_node(instructions: Sequence[tuple[VirtualClientProxy, FitIns]], extra_config: dict, split,
+             max_workers: int | None, timeout: float | None, group_id: int):
+    """The instructions grouped by host node, one bundle (with ``extra_config``) and one ``fit``
+    per node (a thread each); yields, per node as it completes, (its instructions, ``split`` of
+    its reply, None) or (its instructions, None, the exception its message raised)."""
     by_host: dict[str, list[tuple[VirtualClientProxy, FitIns]]] = {}
     for proxy, ins in instructions:
         by_host.setdefault(proxy.host.cid, []).append((proxy, ins))
 
-    def send(items: list[tuple[VirtualClientProxy, FitIns]]) -> list:
-        host = items[0][0].host
+    def send(items: list[tuple[VirtualClientProxy, FitIns]]):
         bundle = bundle_instructions([(proxy.partition, proxy.instruction(ins)) for proxy, ins in items])
-        return split_replies(host.fit(bundle, timeout=timeout, group_id=group_id))
+        bundle.config.update(extra_config)
+        return split(items[0][0].host.fit(bundle, timeout=timeout, group_id=group_id))
 
-    results: list[tuple[ClientProxy, FitRes]] = []
-    failures: list[BaseException] = []
     with concurrent.futures.ThreadPoolExecutor(max_workers=max_workers) as pool:
         futures = {pool.submit(send, items): items for items in by_host.values()}
         for future in concurrent.futures.as_completed(futures):
-            items = futures[future]
-            host = items[0][0].host.cid
             try:
-                replies = dict(future.result())
-            except Exception as exc:  # the node (or its message) failed: each of its clients did
-                failures += [CohortFailure(f"cohort node {host} failed for {p.cid}: {exc!r}") for p, _ in items]
-                continue
-            for proxy, _ in items:
-                reply = replies.get(proxy.partition, "the cohort node's reply does not name it")
-                if isinstance(reply, str):
-                    failures.append(CohortFailure(f"{proxy.cid} failed on cohort node {host}: {reply}"))
-                elif reply.status.code != Code.OK:
-                    failures.append((proxy, reply))
-                else:
-                    results.append((proxy, reply))
+                yield futures[future], future.result(), None
+            except Exception as exc:  # the node (or its message) failed
+                yield futures[future], None, exc
+
+
+def node_failed(items: list, exc: BaseException) -> list[CohortFailure]:
+    """A failed node's message: a failure for each of its clients."""
+    host = items[0][0].host.cid
+    return [CohortFailure(f"cohort node {host} failed for {proxy.cid}: {exc!r}") for proxy, _ in items]
+
+
+def fit_cohort(instructions: Sequence[tuple[VirtualClientProxy, FitIns]], max_workers: int | None,
+               timeout: float | None, group_id: int) -> tuple[list, list]:
+    """``flwr.server.server.fit_clients`` for virtual clients: the instructions grouped by host
+    node, one bundle and one ``fit`` per node (a thread each, ``per_node``), the replies split
+    back into (virtual proxy, ``FitRes``) results and failures. A node that fails (raises, times
+    out, a status not OK) is a failure for each of its clients; a client the node names as
+    failed, or does not name, is one failure."""
+    results: list[tuple[ClientProxy, FitRes]] = []
+    failures: list[BaseException] = []
+    for items, replies, exc in per_node(instructions, {}, split_replies, max_workers, timeout, group_id):
+        if exc is not None:
+            failures += node_failed(items, exc)
+            continue
+        host, replies = items[0][0].host.cid, dict(replies)
+        for proxy, _ in items:
+            reply = replies.get(proxy.partition, "the cohort node's reply does not name it")
+            if isinstance(reply, str):
+                failures.append(CohortFailure(f"{proxy.cid} failed on cohort node {host}: {reply}"))
+            elif reply.status.code != Code.OK:
+                failures.append((proxy, reply))
+            else:
+                results.append((proxy, reply))
     return results, failures
 
 
@@ -133,32 +148,18 @@ def fit_cohort_summed(instructions: Sequence[tuple[VirtualClientProxy, FitIns]],
     node's first partition (so float sums over nodes run in one order whatever order they reply
     in); failures: a ``CohortFailure`` per client of a failed node, and per client a node names
     as failed or does not name."""
-    by_host: dict[str, list[tuple[VirtualClientProxy, FitIns]]] = {}
-    for proxy, ins in instructions:
-        by_host.setdefault(proxy.host.cid, []).append((proxy, ins))
-
-    def send(items: list[tuple[VirtualClientProxy, FitIns]]) -> NodeSum:
-        host = items[0][0].host
-        bundle = bundle_instructions([(proxy.partition, proxy.instruction(ins)) for proxy, ins in items])
-        bundle.config[SUM] = spec.encode()
-        return split_summed_reply(host.fit(bundle, timeout=timeout, group_id=group_id))
-
-    results: list[tuple[ClientProxy, NodeSum]] = []
+    results: list[tuple[ClientProxy, NodeSum, int]] = []
     failures: list[BaseException] = []
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max_workers) as pool:
-        futures = {pool.submit(send, items): items for items in by_host.values()}
-        for future in concurrent.futures.as_completed(futures):
-            items = futures[future]
-            host = items[0][0].host
-            try:
-                node = future.result()
-            except Exception as exc:  # the node (or its message) failed: each of its clients did
-                failures += [CohortFailure(f"cohort node {host.cid} failed for {p.cid}: {exc!r}") for p, _ in items]
-                continue
-            named = {c.partition for c in node.clients} | {p for p, _ in node.rejected} | {p for p, _ in node.failed}
-            failures += [CohortFailure(f"partition-{p} failed on cohort node {host.cid}: {why}")
-                         for p, why in node.failed]
-            failures += [CohortFailure(f"{proxy.cid} failed on cohort node {host.cid}: the cohort node's reply does "
-                                       "not name it") for proxy, _ in items if proxy.partition not in named]
-            results.append((host, node, min(proxy.partition for proxy, _ in items)))
+    for items, node, exc in per_node(instructions, {SUM: spec.encode()}, split_summed_reply, max_workers, timeout,
+                                     group_id):
+        if exc is not None:
+            failures += node_failed(items, exc)
+            continue
+        host = items[0][0].host
+        named = {c.partition for c in node.clients} | {p for p, _ in node.rejected} | {p for p, _ in node.failed}
+        failures += [CohortFailure(f"partition-{p} failed on cohort node {host.cid}: {why}")
+                     for p, why in node.failed]
+        failures += [CohortFailure(f"{proxy.cid} failed on cohort node {host.cid}: the cohort node's reply does "
+                                   "not name it") for proxy, _ in items if proxy.partition not in named]
+        results.append((host, node, min(proxy.partition for proxy, _ in items)))
     return [(host, node) for host, node, _ in sorted(results, key=lambda r: r[2])], failures
