@@ -52,7 +52,6 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
@@ -70,7 +69,7 @@ from fl_app.node.cohort_wire import (
 )
 from fl_app.node.drift_client import DriftClient
 from fl_app.node.node_client import NodeClient, NodeRound, round_timings, start_warm_up
-from fl_app.node.state_mirror import ClientStateMirror
+from fl_app.node.state_mirror import ClientStateMirror, visible_run_dir
 from tasks.functional import RoundResult, cohort_round, local_round
 from tasks.functional.rounds import stack_trees
 from tasks.functional.update import LocalUpdate, Round
@@ -122,9 +121,8 @@ def resident_wanted(cfg: dict, config: dict) -> bool:
     """Whether a cohort node keeps its clients' state in its process this round: the state is
     mirrored on disk (``checkpoint-every`` > 0, the run folder visible here) and
     ``client-state = "memory"`` (with ``"disk"`` the state already lives only on disk)."""
-    run_dir = str(config.get("run-dir", ""))
-    return (cfg["client-state"] == "memory" and bool(config.get("checkpoint-every")) and bool(run_dir)
-            and Path(run_dir).is_dir())
+    return (cfg["client-state"] == "memory" and bool(config.get("checkpoint-every"))
+            and visible_run_dir(config) is not None)
 
 
 def failure(exc: BaseException) -> str:

@@ -30,7 +30,6 @@ import sys
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -40,7 +39,7 @@ from fl_app.common.background import in_background
 from fl_app.common.faults import parse_faults
 from fl_app.node.attacks import attacked_reply
 from fl_app.node.drift_client import DriftClient
-from fl_app.node.state_mirror import ClientStateMirror
+from fl_app.node.state_mirror import ClientStateMirror, visible_run_dir
 from tasks.functional import local_round
 from tasks.partitioning import PartitionSpec, federated_dataset, load_partition, reads_decoded
 
@@ -260,9 +259,9 @@ class NodeClient(NumPyClient):
         deployment on a shared filesystem); a device elsewhere never creates the server's path.
         """
         c = self.client
-        run_dir = str(config.get("run-dir", ""))
+        run_dir = visible_run_dir(config)
         wanted = config.get("checkpoint-every") or (c.cfg["client-state"] == "disk" and in_ray_worker())
-        if not wanted or not run_dir or not Path(run_dir).is_dir():
+        if not wanted or run_dir is None:
             return None
         if c.data_path:  # nodes with their own data have no partition id
             name = "data-" + hashlib.sha1(c.data_path.encode()).hexdigest()[:12]

@@ -11,6 +11,14 @@ import numpy as np
 from fl_app.common.files import atomic_savez
 
 
+def visible_run_dir(config: dict) -> str | None:
+    """The server's run folder named in a fit instruction (``run-dir``), when this process sees
+    it (simulation, or a deployment on a shared filesystem), else None: a client mirrors its
+    state only there, and never creates the server's path elsewhere."""
+    run_dir = str(config.get("run-dir", ""))
+    return run_dir if run_dir and Path(run_dir).is_dir() else None
+
+
 class ClientStateMirror:
     """One client's ``context.state`` arrays on disk, per round, for resuming."""
 
