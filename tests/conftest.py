@@ -10,10 +10,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-import torch
-from flwr.app import Context, RecordDict
-from flwr.server.client_proxy import ClientProxy
+# No telemetry from the tests (they run offline): flwr-datasets' telemetry thread, opening an
+# https connection while the main thread read a parquet file's metadata, once segfaulted a
+# fresh-clone CI run (ssl.load_default_certs beside pyarrow's read_metadata). Set before Flower
+# is imported, which reads it at import time; the processes the tests start inherit it.
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from flwr.app import Context, RecordDict  # noqa: E402
+from flwr.server.client_proxy import ClientProxy  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
