@@ -25,7 +25,7 @@ is the ClientApp's: ``fl_app.node.node_client.NodeClient`` wraps it.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import torch
@@ -110,6 +110,97 @@ def arrays_to_tree(arrays: list[np.ndarray], names: list[str], model: nn.Module,
     return tree
 
 
+def round_generator(seed: int, partition_id: int, server_round: int) -> torch.Generator:
+    """A client's batch-order generator for ``server_round``, seeded from (seed, partition, round)."""
+    return torch.Generator().manual_seed(hash((seed, partition_id, server_round)) & 0x7FFFFFFF)
+
+
+def prepared_round(update: LocalUpdate, model: nn.Module, cfg: dict, device: torch.device, partition_id: int,
+                   num_partitions: int | None, server_round: int, params: dict, buffers: dict, state: dict,
+                   received: dict, x: torch.Tensor, y: torch.Tensor) -> Round:
+    """One client's round, prepared: w_t (``params``, ``buffers``), its kept ``state`` and what
+    the server sent besides the weights (``received``), the round's learning rate, the client's
+    data, batch-order generator and augmentation (``num_partitions`` None for a node with its own
+    data), then the update's ``prepare`` step. The one preparation of the per-client path
+    (``DriftClient.prepare_round``) and of a cohort node's rows (``fl_app.node.cohort_rows``);
+    the tensors given are only read (a cohort's clients may share w_t's)."""
+    lr = cfg["learning-rate"] * cfg["lr-decay"] ** (server_round - 1)
+    job = Round(update, model, params, buffers, state, {"buffers": buffers, **received},
+                Hyper.from_config(cfg, lr, update.key_names()), x, y, cfg["batch-size"], cfg["local-epochs"],
+                round_generator(cfg["seed"], partition_id, server_round),
+                Augment.for_round(cfg, device, partition_id, server_round, num_partitions),
+                cfg["seed"], partition_id, server_round)
+    return update.prepare(job) if update.prepare is not None else job
+
+
+def finished_round(job: Round, result: RoundResult, cfg: dict) -> tuple[list[np.ndarray], dict | None, int, dict]:
+    """Everything after one client's loop: the update's ``finish`` step, then (the reply: the
+    trained weights, then the declared ``sends``; the declared state and ``personal`` entries to
+    keep, {record: arrays}, or None when the reply or the state is not finite; the number of
+    training examples; the fit metrics).
+
+    None: a reply with NaN or Inf is left out by the server (``fl_app.server.recording.check_reply``),
+    so the client keeps the state it had: a c_i or h_i moved by an update the server never counted
+    would be out of step with the server's c or h from then on (and a non-finite one would poison
+    every later round of this client)."""
+    update, model = job.update, job.model
+    if update.finish is not None:
+        result = update.finish(job, result)
+    kept = {arrays.record: tensors_to_arrays(result.state[key], list(arrays.names(model, cfg)))
+            for key, arrays in update.state.items() if key in result.state}
+    trained = {**result.params, **result.buffers}
+    if update.personal is not None:
+        kept[update.personal.record] = tensors_to_arrays(trained, list(update.personal.names(model, cfg)))
+    reply = append_groups(tensors_to_arrays(trained, list(model.state_dict())),
+                          {key: tensors_to_arrays(result.reply[key], list(arrays.names(model, cfg)))
+                           for key, arrays in update.sends.items()}, tuple(update.sends))
+    finite = all_finite(reply) and all(all_finite(a) for a in kept.values())
+    return reply, kept if finite else None, len(job.x), dict(result.metrics)
+
+
+Load = Callable[[str], "list[np.ndarray] | None"]  # a client's arrays kept under a record name, or None
+
+
+def kept_state(update: LocalUpdate, model: nn.Module, cfg: dict, load: Load) -> dict:
+    """{state key: tree} of the declared state a client kept in earlier rounds, read through
+    ``load`` (its ``context.state``, or a cohort node's rows); an entry it never kept is absent
+    (``begin`` supplies its initial value)."""
+    state = {}
+    for key, arrays in update.state.items():
+        stored = load(arrays.record)
+        if stored is not None:
+            state[key] = arrays_to_tree(stored, list(arrays.names(model, cfg)), model, f"stored {arrays.record!r}",
+                                        arrays.as_weights)
+    return state
+
+
+def split_received(update: LocalUpdate, model: nn.Module, cfg: dict, parameters: list[np.ndarray],
+                   load: Load) -> tuple[list[np.ndarray], dict]:
+    """(the model's state arrays, with the client's kept ``personal`` entries (read through
+    ``load``) in place of the received ones; {name: tree} of the declared ``receives`` that
+    arrived after them: ``received_extras``)."""
+    n_state = len(model.state_dict())
+    weights, extra = list(parameters[:n_state]), list(parameters[n_state:])
+    personal = update.personal
+    kept = load(personal.record) if personal is not None else None
+    if kept is not None:
+        index = {n: i for i, n in enumerate(model.state_dict())}
+        for name, arr in zip(personal.names(model, cfg), kept):
+            weights[index[name]] = arr
+    return weights, received_extras(update, model, cfg, extra)
+
+
+def received_extras(update: LocalUpdate, model: nn.Module, cfg: dict, extra: list[np.ndarray]) -> dict:
+    """The arrays after the weights, split into the declared ``receives`` in order ({} when
+    the server sent only the weights); any other count refused in one line."""
+    if not extra:
+        return {}
+    names = {key: list(arrays.names(model, cfg)) for key, arrays in update.receives.items()}
+    _, groups = split_groups(extra, 0, {key: len(n) for key, n in names.items()},
+                             f"{update.name}: the server's message")
+    return {key: arrays_to_tree(groups[key], names[key], model, key) for key in names}
+
+
 class DriftClient(NumPyClient):
     """Any method's client: ``fit`` trains ``update`` (module docstring).
 
@@ -179,39 +270,13 @@ class DriftClient(NumPyClient):
         return list(arrays.names(self.model, self.cfg))
 
     def kept_state(self) -> dict:
-        """The declared state this client kept in earlier rounds (an entry it never kept is
-        absent: ``begin`` supplies its initial value)."""
-        state = {}
-        for key, arrays in self.update.state.items():
-            stored = self.load_state(arrays.record)
-            if stored is not None:
-                state[key] = arrays_to_tree(stored, self.names(arrays), self.model, f"stored {arrays.record!r}",
-                                            arrays.as_weights)
-        return state
+        """The declared state this client kept in earlier rounds (``kept_state``)."""
+        return kept_state(self.update, self.model, self.cfg, self.load_state)
 
     # -------------------------------------------------------------------- the wire
     def split_received(self, parameters: list[np.ndarray]) -> tuple[list[np.ndarray], dict]:
-        """(the model's state arrays, with the client's ``personal`` entries in place of the
-        received ones; {name: tree} of the declared ``receives`` that arrived after them)."""
-        n_state = len(self.model.state_dict())
-        weights, extra = list(parameters[:n_state]), list(parameters[n_state:])
-        personal = self.update.personal
-        kept = self.load_state(personal.record) if personal is not None else None
-        if kept is not None:
-            index = {n: i for i, n in enumerate(self.model.state_dict())}
-            for name, arr in zip(self.names(personal), kept):
-                weights[index[name]] = arr
-        return weights, self.received_extras(extra)
-
-    def received_extras(self, extra: list[np.ndarray]) -> dict:
-        """The arrays after the weights, split into the declared ``receives`` in order ({} when
-        the server sent only the weights); any other count refused in one line."""
-        if not extra:
-            return {}
-        names = {key: self.names(arrays) for key, arrays in self.update.receives.items()}
-        _, groups = split_groups(extra, 0, {key: len(n) for key, n in names.items()},
-                                 f"{self.update.name}: the server's message")
-        return {key: arrays_to_tree(groups[key], names[key], self.model, key) for key in names}
+        """``split_received`` of the arrays the server sent, with this client's kept state."""
+        return split_received(self.update, self.model, self.cfg, parameters, self.load_state)
 
     # --------------------------------------------------------------- NumPyClient API
     def get_properties(self, config: dict) -> dict:
@@ -231,52 +296,28 @@ class DriftClient(NumPyClient):
         return self.finish_round(job, local_round(job))
 
     def round_generator(self, server_round: int) -> torch.Generator:
-        """The client's batch-order generator for ``server_round``, seeded from (seed, partition, round)."""
-        return torch.Generator().manual_seed(hash((self.cfg["seed"], self.partition_id, server_round)) & 0x7FFFFFFF)
+        """The client's batch-order generator for ``server_round`` (``round_generator``)."""
+        return round_generator(self.cfg["seed"], self.partition_id, server_round)
 
     def prepare_round(self, parameters: list[np.ndarray], config: dict) -> Round:
-        """Everything before the training loop: w_t as tensors (``split_received``), the round's
-        learning rate, the client's data, batch-order generator and augmentation, its kept
-        state and what the server sent, then the update's ``prepare`` step."""
+        """Everything before the training loop: w_t as tensors (``split_received``), then
+        ``prepared_round`` on the client's data and its kept state."""
         server_round = int(config.get("server-round", 1))
         self.fit_config = config
-        lr = self.cfg["learning-rate"] * self.cfg["lr-decay"] ** (server_round - 1)
         weights, received = self.split_received(parameters)
         params, buffers = weights_to_tensors(self.model, weights)
         x, y = self.data
-        job = Round(self.update, self.model, params, buffers, self.kept_state(), {"buffers": buffers, **received},
-                    Hyper.from_config(self.cfg, lr, self.update.key_names()), x, y, self.cfg["batch-size"],
-                    self.cfg["local-epochs"], self.round_generator(server_round),
-                    Augment.for_round(self.cfg, self.device, self.partition_id, server_round,
-                                      None if self.data_path else self.num_partitions),
-                    self.cfg["seed"], self.partition_id, server_round)
-        return self.update.prepare(job) if self.update.prepare is not None else job
+        return prepared_round(self.update, self.model, self.cfg, self.device, self.partition_id,
+                              None if self.data_path else self.num_partitions, server_round, params, buffers,
+                              self.kept_state(), received, x, y)
 
     def finish_round(self, job: Round, result: RoundResult) -> tuple[list[np.ndarray], int, dict]:
-        """Everything after the loop: the update's ``finish`` step, the declared state and
-        ``personal`` entries kept in ``context.state``, then the reply (the trained weights, then
-        the declared ``sends``), the number of training examples and the fit metrics. The state is
-        kept only when the reply and the state are finite: a reply with NaN or Inf is left out by
-        the server, and the client's state then stays that of its last counted round."""
-        update = self.update
-        if update.finish is not None:
-            result = update.finish(job, result)
-        kept = {arrays.record: tensors_to_arrays(result.state[key], self.names(arrays))
-                for key, arrays in update.state.items() if key in result.state}
-        trained = {**result.params, **result.buffers}
-        if update.personal is not None:
-            kept[update.personal.record] = tensors_to_arrays(trained, self.names(update.personal))
-        reply = append_groups(tensors_to_arrays(trained, list(self.model.state_dict())),
-                              {key: tensors_to_arrays(result.reply[key], self.names(arrays))
-                               for key, arrays in update.sends.items()}, tuple(update.sends))
-        if all_finite(reply) and all(all_finite(a) for a in kept.values()):
-            for name, arrays in kept.items():
-                self.save_state(name, arrays)
-        # else: the server leaves this reply out (``fl_app.server.recording.check_reply``), so the
-        # client keeps the state it had: a c_i or h_i moved by an update the server never counted
-        # would be out of step with the server's c or h from then on (and a non-finite one would
-        # poison every later round of this client).
-        return reply, len(job.x), dict(result.metrics)
+        """Everything after the loop (``finished_round``), the kept state saved in
+        ``context.state`` when it and the reply are finite."""
+        reply, kept, num_examples, metrics = finished_round(job, result, self.cfg)
+        for name, arrays in (kept or {}).items():
+            self.save_state(name, arrays)
+        return reply, num_examples, metrics
 
     def evaluate(self, parameters: list[np.ndarray], config: dict) -> tuple[float, int, dict]:
         """Loss and accuracy of the received model (with the client's ``personal`` entries) on
