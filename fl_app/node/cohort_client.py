@@ -3,7 +3,13 @@ clients it hosts together, in one ``tasks.functional.cohort_round`` (one ``torch
 
 The ClientApp builds it instead of a method's client when the run is a cohort run
 (``num-virtual-clients`` > 0, ``fl_app.common.execution_path``). The server sends a round's instructions
-for the node's virtual clients as one bundle (``fl_app.node.cohort_wire``); ``fit``:
+for the node's virtual clients as one bundle (``fl_app.node.cohort_wire``).
+
+A round runs as rows (``fit_rows``, ``fl_app.node.cohort_rows``: one preparation for the round's
+clients, their state in one N-row store journalled once a round) unless ``rows_problem`` names
+what needs a client object each (an injected fault or attack, ``client-state = "disk"``, a
+stateful method without a disk mirror); then, and as the reference the rows are tested against
+bit for bit, ``fit`` takes the object path:
 
 1. splits the bundle into per-client (partition p, arrays, config), the config carrying N as
    ``num-partitions``;
@@ -57,6 +63,16 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 from flwr.client import NumPyClient
 
+from fl_app.node.cohort_rows import (
+    ROWS,
+    RowsJournal,
+    node_rows,
+    rows_problem,
+    rows_round,
+    state_of,
+    stateful,
+    virtual_partition,
+)
 from fl_app.node.cohort_wire import (
     COHORT_KEYS,
     NUM_PARTITIONS,
@@ -190,12 +206,25 @@ def train(jobs: list[Round]) -> list[RoundResult]:
     return results
 
 
+def node_reply(replies: list, failed: dict[int, str], sent: dict[int, list[np.ndarray]],
+               config: dict) -> tuple[list[np.ndarray], int, dict]:
+    """The node's one reply: every client's arrays (``bundle_replies``), or, when the server asks
+    for sums (``cohort_wire.SUM``), their n_k-weighted mean and sums (``sum_replies``)."""
+    if SUM in config:
+        return sum_replies([(p, r, n, m, sent[p]) for p, r, n, m in replies], failed, SumSpec.decode(config[SUM]))
+    return bundle_replies(replies, failed)
+
+
 class CohortClient(NumPyClient):
     """A cohort node: many virtual clients of one method (see the module docstring).
 
     ``update`` is the method's client side (the registry's ``Method.update``), ``cfg`` the
     validated run config; ``partition_id`` / ``num_partitions`` are the node's own (its node
-    config), which ``get_properties`` reports and the server orders the nodes by."""
+    config), which ``get_properties`` reports and the server orders the nodes by. ``rows``:
+    whether a round may run as rows (``fl_app.node.cohort_rows``); False runs every round with
+    one client object per virtual client (the reference the rows are tested against)."""
+
+    rows = True
 
     def __init__(self, cfg: dict, context: Context, update: LocalUpdate, partition_id: int,
                  num_partitions: int):
@@ -213,19 +242,15 @@ class CohortClient(NumPyClient):
         self.num_partitions = num_partitions
 
     # ----------------------------------------------------------------- virtual clients
-    def virtual_client(self, partition: int, config: dict) -> DriftClient:
+    def virtual_client(self, partition: int, config: dict, state: RecordDict | None = None) -> DriftClient:
         """The method's client of virtual client ``partition`` of N (``num-partitions`` in
         ``config``), as ``client_fn`` builds it on a node of that partition, on its own view of
-        the node's state."""
-        if NUM_PARTITIONS not in config:
-            raise ValueError(f"cohort node: the config of virtual client {partition} has no {NUM_PARTITIONS!r} "
-                             "(the server sends N, the partitions of the run's data, to every virtual client)")
-        num_partitions = int(config[NUM_PARTITIONS])
-        if not 0 <= partition < num_partitions:
-            raise ValueError(f"cohort node: virtual client {partition} is not a partition of {num_partitions}")
+        the node's state (or on ``state``, its records read from the node's rows)."""
+        num_partitions = virtual_partition(partition, config)
         context = Context(run_id=self.context.run_id, node_id=self.context.node_id,
                           node_config={"partition-id": partition, "num-partitions": num_partitions},
-                          state=state_view(self.context.state, partition), run_config=self.context.run_config)
+                          state=state if state is not None else state_view(self.context.state, partition),
+                          run_config=self.context.run_config)
         return DriftClient(self.update, self.cfg, context, partition, num_partitions)
 
     def _prepare(self, partition: int, arrays: list[np.ndarray], config: dict) -> Member:
@@ -282,7 +307,11 @@ class CohortClient(NumPyClient):
                            self.num_partitions).get_parameters(config)
 
     def fit(self, parameters: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
-        """The bundled round of this node's virtual clients (module docstring)."""
+        """The bundled round of this node's virtual clients (module docstring): as rows
+        (``fl_app.node.cohort_rows``) where ``rows_problem`` finds nothing against it, else one
+        client object each."""
+        if self.rows and not rows_problem(self.cfg, config, self.update):
+            return self.fit_rows(parameters, config)
         started = time.perf_counter()
         members: list[Member] = []
         failed: dict[int, str] = {}
@@ -317,10 +346,36 @@ class CohortClient(NumPyClient):
         for partition, _, _, metrics in replies:
             metrics.update(round_timings(prepare[partition], train_share))
             metrics["fit_seconds"] = share  # each client's share of the node's round
-        if SUM in config:  # one reply for all: the mean and the sums (cohort_wire.sum_replies)
-            sent = {m.partition: m.arrays for m in members}
-            return sum_replies([(p, r, n, m, sent[p]) for p, r, n, m in replies], failed, SumSpec.decode(config[SUM]))
-        return bundle_replies(replies, failed)
+        return node_reply(replies, failed, {m.partition: m.arrays for m in members}, config)
+
+    def fit_rows(self, parameters: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
+        """The bundled round as rows (``cohort_rows.rows_round``): the clients' kept state read
+        from and put in the node's ``ClientRows`` (restored from its journal in a process without
+        this node's copy) and journalled once for the round; the same reply and metrics as
+        ``fit``'s object path."""
+        started = time.perf_counter()
+        instructions = split_instructions(parameters, config)
+        server_round = int(instructions[0][2].get("server-round", 1))
+        num_partitions = int(config.get(NUM_PARTITIONS, 0))
+        rows, journal = None, None
+        if stateful(self.update) and num_partitions > 0:
+            journal = RowsJournal(str(config["run-dir"]), self.partition_id)
+            rows = node_rows(self.context, self.partition_id, num_partitions, str(config["run-dir"]),
+                             server_round - 1)
+
+        def on_failure(partition: int, exc: BaseException, when: str) -> str:
+            log.warning("cohort node: virtual client %d failed %s", partition, when, exc_info=True)
+            return failure(exc)
+        replies, failed, written, members, train_seconds = rows_round(self.update, self.cfg, instructions, rows,
+                                                                      train, on_failure)
+        if journal is not None:
+            journal.write(server_round, written, int(config.get("checkpoint-round", 0)))
+        share = (time.perf_counter() - started) / max(len(members), 1)
+        prepare = {m.partition: m.prepare_seconds for m in members}
+        for partition, _, _, metrics in replies:
+            metrics.update(round_timings(prepare[partition], train_seconds / max(len(members), 1)))
+            metrics["fit_seconds"] = share
+        return node_reply(replies, failed, {m.partition: m.arrays for m in members}, config)
 
     def evaluate(self, parameters: list[np.ndarray], config: dict) -> tuple[float, int, dict]:
         """Evaluate one virtual client (the server sends evaluate instructions one client at a
@@ -331,6 +386,12 @@ class CohortClient(NumPyClient):
             raise ValueError(f"cohort node: evaluate needs {PARTITIONS!r} naming one virtual client, got {named!r}")
         client_config = {k: v for k, v in config.items() if k not in COHORT_KEYS}
         partition = int(named)
+        rows_record = self.context.state.config_records.get(ROWS)
+        if rows_record is not None:  # the state lives in the node's rows (fit_rows)
+            rows = node_rows(self.context, self.partition_id, int(rows_record["num-partitions"]),
+                             str(rows_record["run-dir"]), sys.maxsize)
+            client = self.virtual_client(partition, client_config, state_of(rows, partition))
+            return NodeClient(client).evaluate(parameters, client_config)
         record = self.context.state.config_records.get(RESIDENT)
         if record is None:  # the state lives in context.state
             return NodeClient(self.virtual_client(partition, client_config)).evaluate(parameters, client_config)

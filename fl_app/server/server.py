@@ -412,11 +412,12 @@ class DriftServer(Server):
         self.last_checkpoint = server_round
 
     def finish(self) -> None:
-        """Summary file; client-state mirrors are only needed to resume, so remove them, and the
-        checkpoint too with ``keep-checkpoint = false`` (after the summary: a crash before it
-        leaves a run that resume finishes)."""
+        """Summary file; client-state mirrors and cohort nodes' row journals are only needed to
+        resume, so remove them, and the checkpoint too with ``keep-checkpoint = false`` (after
+        the summary: a crash before it leaves a run that resume finishes)."""
         self.record.write_summary(self.client_manager())
         self.tracker.close()
-        shutil.rmtree(self.run_dir / "client-state", ignore_errors=True)
+        for kept in ("client-state", "client-rows"):
+            shutil.rmtree(self.run_dir / kept, ignore_errors=True)
         if not self.cfg["keep-checkpoint"]:
             drop_checkpoint(self.run_dir)

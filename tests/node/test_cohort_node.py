@@ -183,21 +183,30 @@ def test_bad_bundle_config_is_refused():
 
 
 # ------------------------------------------------------------------------ resume, evaluate
-def test_resumed_cohort_equals_uninterrupted(tmp_path):
+@pytest.mark.parametrize("rows", [False, True])
+def test_resumed_cohort_equals_uninterrupted(tmp_path, rows):
     """Round 2 on a fresh node (empty context.state: a resumed run) restores each virtual
-    client's state from its on-disk mirror and equals round 2 on the node that kept it."""
+    client's state from disk (the object path's per-client mirrors, or the rows' journal) and
+    equals round 2 on the node that kept it."""
     cfg = config_of(strategy="scaffold")
     arrays = initial(cfg, "scaffold")
     partitions = [1, 3]
     mirror = {"run-dir": str(tmp_path), "checkpoint-every": 1}
     kept = RecordDict()
-    cohort_fit(cohort_node(cfg, "scaffold", kept), arrays, partitions,
-               {"server-round": 1, "checkpoint-round": 0, **mirror})
-    assert sorted(p.name for p in (tmp_path / "client-state").iterdir()) == ["partition-1", "partition-3"]
+
+    def node(state):
+        client = cohort_node(cfg, "scaffold", state)
+        client.rows = rows
+        return client
+    cohort_fit(node(kept), arrays, partitions, {"server-round": 1, "checkpoint-round": 0, **mirror})
+    if rows:
+        assert [p.name for p in (tmp_path / "client-rows" / "node-0").iterdir()] == ["round-1.npz"]
+    else:
+        assert sorted(p.name for p in (tmp_path / "client-state").iterdir()) == ["partition-1", "partition-3"]
     round_2 = {"server-round": 2, "checkpoint-round": 1, **mirror}
     resumed_state = RecordDict()
-    resumed = cohort_fit(cohort_node(cfg, "scaffold", resumed_state), arrays, partitions, round_2)
-    uninterrupted = cohort_fit(cohort_node(cfg, "scaffold", kept), arrays, partitions, round_2)
+    resumed = cohort_fit(node(resumed_state), arrays, partitions, round_2)
+    uninterrupted = cohort_fit(node(kept), arrays, partitions, round_2)
     for p in partitions:
         assert resumed[p].parameters.tensors == uninterrupted[p].parameters.tensors
         assert resumed[p].metrics["ci_norm"] == uninterrupted[p].metrics["ci_norm"]

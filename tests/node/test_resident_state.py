@@ -1,6 +1,7 @@
 """A cohort node's virtual clients' state kept in its process between rounds, not in
-``context.state`` (fl_app/node/cohort_client.py ``NodeResidentState``, issue 68 item 4's
-first part): Flower ships a node's ``context.state`` with every message, which for a cohort node
+``context.state`` (fl_app/node/cohort_client.py ``NodeResidentState``: the object path, which a
+cohort round takes when it cannot run as rows; the rows' own store is tested in
+tests/node/test_cohort_rows.py): Flower ships a node's ``context.state`` with every message, which for a cohort node
 is every hosted client's state.
 
 - With a disk mirror (the server checkpoints), after a round ``context.state`` holds no array,
@@ -32,7 +33,9 @@ def node(state: RecordDict) -> CohortClient:
     context = fake_context()
     context.node_config = {"partition-id": 0, "num-partitions": 1}
     context.state = state
-    return CohortClient(validate_config(CFG), context, METHODS["scaffold"].update, 0, 1)
+    client = CohortClient(validate_config(CFG), context, METHODS["scaffold"].update, 0, 1)
+    client.rows = False  # the object path's store
+    return client
 
 
 def initial() -> list[np.ndarray]:

@@ -419,15 +419,15 @@ def test_cohort_of_one_client_equals_per_client_exactly(method, tmp_path, reques
 def test_cohort_resume_equals_uninterrupted_cohort_run(method, tmp_path):
     """A cohort run crashes after round 2 (``crash-after:2``) and resumes with new cohort nodes
     (empty ``context.state``): rounds 3-4 equal the uninterrupted cohort run's (the clients'
-    state comes back from the mirror, the sampler's draws from the checkpoint)."""
+    state comes back from the rows' journal, the sampler's draws from the checkpoint)."""
     from runner.results.report import read_metrics, read_summary
 
     keys = {"num-server-rounds": 4}
     full = cohort_run(method, tmp_path, name="full", **keys)
     with pytest.raises(RuntimeError, match="injected crash after round 2"):
         cohort_run(method, tmp_path, name="cut", **keys, **{"inject-faults": "crash-after:2"})
-    if method == "scaffold":
-        assert any((tmp_path / "cut" / "client-state").rglob("round-*.npz"))
+    if method == "scaffold":  # the clients' state, journalled by the cohort node's rows
+        assert any((tmp_path / "cut" / "client-rows").rglob("round-*.npz"))
     serve_cohort(base_config(method, tmp_path, **cohort_keys(**keys), **{"run-name": "cut", "resume": True}), 1)
     resumed = read_metrics(tmp_path / "cut")
     assert [r["round"] for r in resumed] == [1, 2, 3, 4]

@@ -1,0 +1,314 @@
+"""A cohort node's virtual clients as rows: one preparation for the round's clients and one
+N-row store of their kept state, instead of a ``DriftClient``, a ``NodeClient``, a ``Context``
+and a view of ``context.state`` built and torn down per client each round.
+
+``rows_round`` runs a bundle's clients through the same functions the per-client path runs
+(``fl_app.node.drift_client``: ``split_received``, ``kept_state``, ``prepared_round``,
+``finished_round``) and the same training (``cohort_client.train``), so each client's reply,
+kept state and metrics are those of the object path bit for bit (tests/node/test_cohort_rows.py);
+what it saves is the work around them:
+
+- w_t (and what the server sent besides it) converted to tensors once per distinct set of arrays,
+  not once per client (clients with ``personal`` entries, FedBN's, get their own);
+- the kept state read from and written to ``ClientRows``, per record one ``[N, ...]`` array per
+  entry in the node's memory, instead of Flower ``ArrayRecord``s serialised into and parsed out
+  of ``context.state`` per client;
+- one journal file a round for the node (``RowsJournal``: the round's kept rows) instead of one
+  mirror file per client.
+
+Where it runs (``rows_problem``): a cohort run whose clients carry no injected fault or attack
+(those act on one client's reply: ``fl_app.node.node_client``), with ``client-state = "memory"``,
+and, for a method that keeps state, with the state mirrored on disk (``checkpoint-every`` > 0 and
+the run folder visible: the resident-state conditions, ``cohort_client.resident_wanted``). Any
+other cohort run takes the object path, as before.
+
+State between rounds: ``ClientRows`` stays in the node's process, named by a token in
+``context.state`` (the ``ROWS`` record), as ``cohort_client.NodeResidentState`` does for the
+object path: a message that lands in a process without that copy (another actor, a restarted
+one, a resumed run) rebuilds it from the journal up to the round before (``RowsJournal.restore``),
+so the rows are the same wherever they are read, and a resumed run restores each client's state
+as of the checkpoint's round; a run whose journal has nothing yet but whose clients were mirrored
+one by one (checkpointed on the object path, or before the rows) is restored from those mirrors.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
+
+from fl_app.common.faults import parse_faults
+from fl_app.common.files import atomic_savez
+from fl_app.node import drift_client
+from fl_app.node.drift_client import finished_round, kept_state, prepared_round, split_received, weights_to_tensors
+from fl_app.node.node_client import in_ray_worker, ray_node_id, wait_for_warm_up
+from fl_app.node.state_mirror import ClientStateMirror, visible_run_dir
+from tasks.datasets import input_shape
+from tasks.functional.update import LocalUpdate, Round
+from tasks.models import cached_model, default_device
+from tasks.partitioning import PartitionSpec
+
+ROWS = "cohort-client-rows"  # a ConfigRecord in context.state: the token of the process's ClientRows
+
+
+def stateful(update: LocalUpdate) -> bool:
+    """Whether the method's clients keep arrays across rounds (declared state or personal entries)."""
+    return bool(update.state) or update.personal is not None
+
+
+def rows_problem(cfg: dict, config: dict, update: LocalUpdate) -> str:
+    """Why this round's clients take the object path ('' when they run as rows; module docstring)."""
+    if any(isinstance(target, int) for target in parse_faults(cfg["inject-faults"])):
+        return "inject-faults names a client (its fault or attack acts on that client's reply)"
+    if cfg["client-state"] != "memory":
+        return f"client-state = {cfg['client-state']!r} keeps each client's state in its own mirror"
+    if stateful(update) and not (config.get("checkpoint-every") and visible_run_dir(config) is not None):
+        return "the clients keep state and it is not mirrored on disk (checkpoint-every = 0 or no run folder here)"
+    return ""
+
+
+class ClientRows:
+    """N virtual clients' kept state as rows: per record name (``Arrays.record``), one
+    ``[N, ...]`` array per entry, and a bool ``[N]`` of the clients that kept it (a client that
+    never did has no row: ``begin`` supplies its initial value). ``token`` names this copy."""
+
+    def __init__(self, num_partitions: int, token: str):
+        self.num_partitions = num_partitions
+        self.token = token
+        self.rows: dict[str, list[np.ndarray]] = {}
+        self.kept: dict[str, np.ndarray] = {}
+
+    def loader(self, partition: int) -> Callable[[str], list[np.ndarray] | None]:
+        """Client ``partition``'s arrays of a record, or None (``drift_client.Load``): views of
+        its rows, which the client's preparation copies into tensors."""
+        def load(record: str) -> list[np.ndarray] | None:
+            if record not in self.kept or not self.kept[record][partition]:
+                return None
+            return [rows[partition] for rows in self.rows[record]]
+        return load
+
+    def records(self, partition: int) -> dict[str, list[np.ndarray]]:
+        """Every record client ``partition`` kept, {record: its arrays} (views)."""
+        return {record: [rows[partition] for rows in self.rows[record]]
+                for record, kept in self.kept.items() if kept[partition]}
+
+    def count(self, partition: int) -> int:
+        """How many arrays client ``partition`` has kept (``state_arrays_in``)."""
+        return sum(len(self.rows[record]) for record, kept in self.kept.items() if kept[partition])
+
+    def put(self, partition: int, kept: dict[str, list[np.ndarray]]) -> None:
+        """Client ``partition``'s new arrays of each record in ``kept`` (others stay as they were)."""
+        for record, arrays in kept.items():
+            if record not in self.rows:
+                self.rows[record] = [np.zeros((self.num_partitions, *np.shape(a)), dtype=np.asarray(a).dtype)
+                                     for a in arrays]
+                self.kept[record] = np.zeros(self.num_partitions, dtype=bool)
+            rows = self.rows[record]
+            if len(arrays) != len(rows):
+                raise ValueError(f"client {partition} kept {len(arrays)} arrays under {record!r}, "
+                                 f"its rows hold {len(rows)}")
+            for row, array in zip(rows, arrays):
+                row[partition] = array
+            self.kept[record][partition] = True
+
+
+class RowsJournal:
+    """A cohort node's ``ClientRows`` on disk: ``<run-dir>/client-rows/node-<i>/round-<t>.npz``
+    holds the rows its clients kept in round t (per record the partitions, then each entry's
+    ``[k, ...]`` rows), written atomically once per round while the state is mirrored. The store
+    as of round u is every file up to u applied in round order (``restore``); a file no resume can
+    need (each of its rows superseded by a later file at or before the last checkpoint's round)
+    is removed (``prune``)."""
+
+    PATTERN = re.compile(r"round-(\d+)\.npz$")
+
+    def __init__(self, run_dir: str, node: int):
+        self.dir = Path(run_dir) / "client-rows" / f"node-{node}"
+
+    def files(self) -> list[tuple[int, Path]]:
+        if not self.dir.exists():
+            return []
+        return sorted((int(m.group(1)), p) for p in self.dir.iterdir() if (m := self.PATTERN.search(p.name)))
+
+    def write(self, server_round: int, kept: dict[int, dict[str, list[np.ndarray]]], keep_from: int) -> None:
+        """The rows kept in ``server_round`` ({partition: {record: arrays}}), then ``prune``."""
+        if kept:
+            by_record: dict[str, list[int]] = {}
+            for partition, records in kept.items():
+                for record in records:
+                    by_record.setdefault(record, []).append(partition)
+            arrays = {}
+            for record, partitions in by_record.items():
+                arrays[f"{record}\x1fpartitions"] = np.asarray(partitions, dtype=np.int64)
+                for i in range(len(kept[partitions[0]][record])):
+                    arrays[f"{record}\x1f{i}"] = np.stack([np.asarray(kept[p][record][i]) for p in partitions])
+            atomic_savez(self.dir / f"round-{server_round}.npz", arrays)
+        self.prune(keep_from)
+
+    @staticmethod
+    def _read(path: Path) -> dict[str, tuple[np.ndarray, list[np.ndarray]]]:
+        """{record: (partitions, [each entry's rows])} of one file."""
+        out: dict[str, dict] = {}
+        with np.load(path) as data:
+            for key in data.files:
+                record, part = key.rsplit("\x1f", 1)
+                out.setdefault(record, {})[part] = data[key]
+        return {record: (d.pop("partitions"), [d[str(i)] for i in range(len(d))]) for record, d in out.items()}
+
+    def restore(self, rows: ClientRows, up_to_round: int) -> None:
+        """``rows`` as of round ``up_to_round``: every file up to it applied in round order."""
+        for _, path in [(r, p) for r, p in self.files() if r <= up_to_round]:
+            for record, (partitions, entries) in self._read(path).items():
+                for j, partition in enumerate(partitions):
+                    rows.put(int(partition), {record: [e[j] for e in entries]})
+
+    def drop_after(self, server_round: int) -> None:
+        """Remove files of rounds after ``server_round`` (a killed run's rounds past the checkpoint
+        a resumed run restarts from: the resumed run writes its own)."""
+        for r, path in self.files():
+            if r > server_round:
+                path.unlink(missing_ok=True)
+
+    def prune(self, keep_from: int) -> None:
+        """Remove each file at or before ``keep_from`` whose every row a later file at or before
+        ``keep_from`` holds again (a resume from that round or later never reads it)."""
+        files = [(r, p) for r, p in self.files() if r <= keep_from]
+        later: set[tuple[str, int]] = set()
+        for _, path in reversed(files):
+            with np.load(path) as data:
+                rows = {(key.rsplit("\x1f", 1)[0], int(p)) for key in data.files if key.endswith("\x1fpartitions")
+                        for p in data[key]}
+            if rows <= later:
+                path.unlink(missing_ok=True)
+            later |= rows
+
+
+_ROWS: dict[tuple[int, int], ClientRows] = {}  # (run, node) -> this process's copy
+
+
+def node_rows(context: Context, node: int, num_partitions: int, run_dir: str, up_to_round: int) -> ClientRows:
+    """This process's ``ClientRows`` of the node, if ``context.state``'s token names it; else a new
+    copy restored from the node's journal up to ``up_to_round`` (its files after that round are
+    removed: a resumed run's, or no one's), its token then put in ``context.state``."""
+    key = (context.run_id, context.node_id)
+    record = context.state.config_records.get(ROWS)
+    token = str(record["token"]) if record is not None and "token" in record else ""
+    kept = _ROWS.get(key)
+    if kept is None or not token or kept.token != token or kept.num_partitions != num_partitions:
+        kept = _ROWS[key] = ClientRows(num_partitions, uuid.uuid4().hex)
+        journal = RowsJournal(run_dir, node)
+        if up_to_round < sys.maxsize:
+            journal.drop_after(up_to_round)
+        if any(r <= up_to_round for r, _ in journal.files()):
+            journal.restore(kept, up_to_round)
+        else:  # a run checkpointed with one mirror per client (the object path, or before the rows)
+            restore_from_mirrors(kept, run_dir, up_to_round)
+        context.state[ROWS] = ConfigRecord({"token": kept.token, "run-dir": run_dir,
+                                            "num-partitions": num_partitions})
+    return kept
+
+
+def restore_from_mirrors(rows: ClientRows, run_dir: str, up_to_round: int) -> None:
+    """``rows`` from the per-client mirrors in ``run_dir`` (``ClientStateMirror``: each client's
+    newest state at or before ``up_to_round``), for a run whose clients were mirrored one by one."""
+    folder = Path(run_dir) / "client-state"
+    names = [p.name for p in folder.iterdir()] if folder.is_dir() else []
+    for name in names:
+        if not name.startswith("partition-") or not name[len("partition-"):].isdigit():
+            continue
+        partition = int(name[len("partition-"):])
+        saved = ClientStateMirror(run_dir, name).load(up_to_round)
+        if saved and partition < rows.num_partitions:
+            rows.put(partition, saved)
+
+
+def state_of(rows: ClientRows, partition: int) -> RecordDict:
+    """Client ``partition``'s records as its own ``context.state`` would hold them (its evaluate)."""
+    return RecordDict({record: ArrayRecord(numpy_ndarrays=[np.array(a) for a in arrays])
+                       for record, arrays in rows.records(partition).items()})
+
+
+@dataclass
+class RowMember:
+    """A virtual client of the round, prepared as a row of the cohort."""
+
+    partition: int
+    arrays: list[np.ndarray]
+    job: Round
+    carried: int  # arrays it had kept when the round began (``state_arrays_in``)
+    prepare_seconds: float
+
+
+def rows_round(update: LocalUpdate, cfg: dict, instructions, rows: ClientRows | None, train, on_failure):
+    """The bundle's clients (``split_instructions``' (partition, arrays, config)) prepared as rows,
+    trained by ``train`` (``cohort_client.train``) and finished; the kept state put in ``rows``.
+    Returns (replies [(partition, reply, num_examples, metrics)], {partition: failure}, the
+    {partition: kept records} of the round, the members, the seconds before training ended).
+    A client that fails before or after training is reported by ``on_failure(partition, exc,
+    when)`` and left out; its rows stay as they were."""
+    device = default_device()
+    model = cached_model(cfg["model"], input_shape(cfg["dataset"]), device)
+    converted: dict[tuple, tuple] = {}  # ids of the sent arrays -> (params, buffers, received)
+    members: list[RowMember] = []
+    failed: dict[int, str] = {}
+    no_state = lambda record: None  # noqa: E731
+    for partition, arrays, config in instructions:
+        begun = time.perf_counter()
+        try:
+            num_partitions = virtual_partition(partition, config)
+            load = rows.loader(partition) if rows is not None else no_state
+            key = tuple(id(a) for a in arrays)
+            if update.personal is not None or key not in converted:
+                weights, received = split_received(update, model, cfg, arrays, load)
+                params, buffers = weights_to_tensors(model, weights)
+                converted[key] = (params, buffers, received)
+            params, buffers, received = converted[key]
+            spec = PartitionSpec.from_config(cfg, num_partitions)
+            (x, y), _ = drift_client.partition_on_device(  # the per-client path's loader
+                spec, partition, device, cfg["client-test-fraction"])
+            job = prepared_round(update, model, cfg, device, partition, num_partitions,
+                                 int(config.get("server-round", 1)), params, buffers,
+                                 kept_state(update, model, cfg, load), received, x, y)
+            carried = rows.count(partition) if rows is not None else 0
+            members.append(RowMember(partition, arrays, job, carried, time.perf_counter() - begun))
+        except Exception as exc:
+            failed[partition] = on_failure(partition, exc, "before training")
+    wait_for_warm_up()
+    prepared = time.perf_counter()
+    results = train([m.job for m in members]) if members else []
+    train_seconds = time.perf_counter() - prepared
+    replies, written = [], {}
+    for member, result in zip(members, results):
+        try:
+            reply, kept, num_examples, metrics = finished_round(member.job, result, cfg)
+        except Exception as exc:
+            failed[member.partition] = on_failure(member.partition, exc, "after training")
+            continue
+        if kept and rows is not None:
+            rows.put(member.partition, kept)
+            written[member.partition] = kept
+        if rows is not None and rows.count(member.partition):  # stateful methods only: 0 in a first round
+            metrics["state_arrays_in"] = member.carried
+        if in_ray_worker():
+            metrics["ray_node"] = ray_node_id()
+        replies.append((member.partition, reply, num_examples, metrics))
+    return replies, failed, written, members, train_seconds
+
+
+def virtual_partition(partition: int, config: dict) -> int:
+    """N (``num-partitions`` in a virtual client's config), checked: the server sends it to
+    every virtual client, and ``partition`` must be one of its N."""
+    if "num-partitions" not in config:
+        raise ValueError(f"cohort node: the config of virtual client {partition} has no 'num-partitions' "
+                         "(the server sends N, the partitions of the run's data, to every virtual client)")
+    num_partitions = int(config["num-partitions"])
+    if not 0 <= partition < num_partitions:
+        raise ValueError(f"cohort node: virtual client {partition} is not a partition of {num_partitions}")
+    return num_partitions
