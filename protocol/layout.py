@@ -21,18 +21,20 @@ def all_finite(arrays: list[np.ndarray]) -> bool:
     return all(np.isfinite(a).all() for a in arrays if np.issubdtype(np.asarray(a).dtype, np.number))
 
 
-def reply_problem(arrays: list[np.ndarray], sent_shapes: list[tuple] | None) -> str:
+def reply_problem(arrays: list, sent_shapes: list[tuple] | None, finite=all_finite) -> str:
     """Why a client's reply cannot be used ('' when it can): another count or shapes of arrays
     than it was sent, or non-finite values. The server's check of every reply
     (``fl_app.server.recording.check_reply``) and a cohort node's check of each client before it
-    sums them (``fl_app.node.cohort_wire.sum_replies``): one rule on both sides."""
+    sums them (``fl_app.node.cohort_wire.sum_replies``): one rule on both sides. ``finite``: the
+    finiteness test of the arrays' library (numpy's ``all_finite``; a node summing tensors on
+    their device passes its own)."""
     if sent_shapes is not None and len(arrays) != len(sent_shapes):
         return f"{len(arrays)} arrays, expected {len(sent_shapes)}"
     if sent_shapes is not None:
         for i, (a, shape) in enumerate(zip(arrays, sent_shapes)):
             if tuple(a.shape) != tuple(shape):
                 return f"array {i} has shape {tuple(a.shape)}, expected {tuple(shape)}"
-    if not all_finite(arrays):
+    if not finite(arrays):
         return "non-finite values (NaN or Inf)"
     return ""
 

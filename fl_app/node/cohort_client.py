@@ -60,17 +60,20 @@ import uuid
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 from flwr.client import NumPyClient
 
 from fl_app.node.cohort_rows import (
     ROWS,
     RowsJournal,
+    device_sums,
     node_rows,
     rows_problem,
     rows_round,
     state_of,
     stateful,
+    sums_on_device,
     virtual_partition,
 )
 from fl_app.node.cohort_wire import (
@@ -89,6 +92,7 @@ from fl_app.node.state_mirror import ClientStateMirror, visible_run_dir
 from tasks.functional import RoundResult, cohort_round, local_round
 from tasks.functional.rounds import stack_trees
 from tasks.functional.update import LocalUpdate, Round
+from tasks.models import default_device
 
 log = logging.getLogger("flwr.fl_drift")
 
@@ -206,6 +210,19 @@ def train(jobs: list[Round]) -> list[RoundResult]:
     return results
 
 
+def sent_on_device(members, device: torch.device) -> dict[int, list[torch.Tensor]]:
+    """Per member, the arrays it was sent as tensors on ``device`` (the drift sums' w_t), each
+    distinct set converted once."""
+    converted: dict[tuple, list[torch.Tensor]] = {}
+    sent = {}
+    for m in members:
+        key = tuple(id(a) for a in m.arrays)
+        if key not in converted:
+            converted[key] = [torch.as_tensor(np.asarray(a)).to(device) for a in m.arrays]
+        sent[m.partition] = converted[key]
+    return sent
+
+
 def node_reply(replies: list, failed: dict[int, str], sent: dict[int, list[np.ndarray]],
                config: dict) -> tuple[list[np.ndarray], int, dict]:
     """The node's one reply: every client's arrays (``bundle_replies``), or, when the server asks
@@ -225,6 +242,7 @@ class CohortClient(NumPyClient):
     one client object per virtual client (the reference the rows are tested against)."""
 
     rows = True
+    device_sums: bool | None = None  # sum on the training device: None = on CUDA (cohort_rows.sums_on_device)
 
     def __init__(self, cfg: dict, context: Context, update: LocalUpdate, partition_id: int,
                  num_partitions: int):
@@ -366,8 +384,9 @@ class CohortClient(NumPyClient):
         def on_failure(partition: int, exc: BaseException, when: str) -> str:
             log.warning("cohort node: virtual client %d failed %s", partition, when, exc_info=True)
             return failure(exc)
+        on_device = SUM in config and sums_on_device(default_device(), self.device_sums)
         replies, failed, written, members, train_seconds = rows_round(self.update, self.cfg, instructions, rows,
-                                                                      train, on_failure)
+                                                                      train, on_failure, on_host=not on_device)
         if journal is not None:
             journal.write(server_round, written, int(config.get("checkpoint-round", 0)))
         share = (time.perf_counter() - started) / max(len(members), 1)
@@ -375,6 +394,10 @@ class CohortClient(NumPyClient):
         for partition, _, _, metrics in replies:
             metrics.update(round_timings(prepare[partition], train_seconds / max(len(members), 1)))
             metrics["fit_seconds"] = share
+        if on_device:  # summed where they were trained (cohort_rows.device_sums)
+            sent = sent_on_device(members, default_device())
+            return sum_replies([(p, r, n, m, sent[p]) for p, r, n, m in replies], failed,
+                               SumSpec.decode(config[SUM]), device_sums(default_device()))
         return node_reply(replies, failed, {m.partition: m.arrays for m in members}, config)
 
     def evaluate(self, parameters: list[np.ndarray], config: dict) -> tuple[float, int, dict]:

@@ -42,12 +42,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 
 from fl_app.common.faults import parse_faults
 from fl_app.common.files import atomic_savez
 from fl_app.node import drift_client
-from fl_app.node.drift_client import finished_round, kept_state, prepared_round, split_received, weights_to_tensors
+from fl_app.node.cohort_wire import SumOps
+from fl_app.node.drift_client import (
+    finished_round,
+    kept_state,
+    prepared_round,
+    split_received,
+    tensors_finite,
+    weights_to_tensors,
+)
 from fl_app.node.node_client import in_ray_worker, ray_node_id, wait_for_warm_up
 from fl_app.node.state_mirror import ClientStateMirror, visible_run_dir
 from tasks.datasets import input_shape
@@ -246,13 +255,42 @@ class RowMember:
     prepare_seconds: float
 
 
-def rows_round(update: LocalUpdate, cfg: dict, instructions, rows: ClientRows | None, train, on_failure):
+def device_sums(device: torch.device) -> SumOps:
+    """``cohort_wire.sum_replies``' operations on tensors on ``device``: the replies of a round
+    summed where they were trained, in float64, and only the sums copied to the host (on a GPU,
+    one model's and the drift sums' bytes instead of every client's model). The same products and
+    sums, in the same order, as numpy's (``NUMPY_SUMS``): equal bit for bit but ``dot`` (float64
+    rounding), tests/node/test_cohort_rows.py."""
+    def to64(a):
+        return a.to(torch.float64) if isinstance(a, torch.Tensor) else torch.as_tensor(np.asarray(a), device=device,
+                                                                                       dtype=torch.float64)
+
+    def cast(value, ref):
+        return (torch.round(value) if not ref.is_floating_point() else value).to(ref.dtype)
+
+    def to_numpy(a):
+        return a.detach().to("cpu", memory_format=torch.contiguous_format).numpy()
+    return SumOps(to64=to64, dot=lambda d: float(torch.dot(d.reshape(-1), d.reshape(-1))),
+                  zeros64=lambda a: torch.zeros(tuple(a.shape), dtype=torch.float64, device=device),
+                  cast=cast, finite=tensors_finite, to_numpy=to_numpy)
+
+
+def sums_on_device(device: torch.device, forced: bool | None) -> bool:
+    """Whether a node sums its replies on its training device: on CUDA (the sums' inputs are
+    there), not on a CPU, where numpy's float64 sums measured faster (docs/performance.md
+    section 14); ``forced`` (a test's) decides when not None."""
+    return forced if forced is not None else device.type == "cuda"
+
+
+def rows_round(update: LocalUpdate, cfg: dict, instructions, rows: ClientRows | None, train, on_failure,
+               on_host: bool = True):
     """The bundle's clients (``split_instructions``' (partition, arrays, config)) prepared as rows,
     trained by ``train`` (``cohort_client.train``) and finished; the kept state put in ``rows``.
     Returns (replies [(partition, reply, num_examples, metrics)], {partition: failure}, the
     {partition: kept records} of the round, the members, the seconds before training ended).
-    A client that fails before or after training is reported by ``on_failure(partition, exc,
-    when)`` and left out; its rows stay as they were."""
+    The replies are numpy arrays, or with ``on_host`` False their tensors on the training device
+    (for ``device_sums``). A client that fails before or after training is reported by
+    ``on_failure(partition, exc, when)`` and left out; its rows stay as they were."""
     device = default_device()
     model = cached_model(cfg["model"], input_shape(cfg["dataset"]), device)
     converted: dict[tuple, tuple] = {}  # ids of the sent arrays -> (params, buffers, received)
@@ -287,7 +325,7 @@ def rows_round(update: LocalUpdate, cfg: dict, instructions, rows: ClientRows | 
     replies, written = [], {}
     for member, result in zip(members, results):
         try:
-            reply, kept, num_examples, metrics = finished_round(member.job, result, cfg)
+            reply, kept, num_examples, metrics = finished_round(member.job, result, cfg, on_host)
         except Exception as exc:
             failed[member.partition] = on_failure(member.partition, exc, "after training")
             continue

@@ -50,13 +50,13 @@ metrics), so metrics.csv's client columns are those of full replies.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from flwr.common import Code, FitIns, FitRes, Parameters, Status, bytes_to_ndarray
 
-from protocol.layout import reply_problem
+from protocol.layout import all_finite, reply_problem
 from protocol.traffic import SUMMED_CLIENTS
 
 PARTITIONS = "cohort-partitions"  # the bundle's virtual clients (partition ids), comma-separated, in order
@@ -282,36 +282,59 @@ class NodeSum:
     directions: list[np.ndarray]
 
 
-def sum_replies(replies: Sequence[tuple[int, list[np.ndarray], int, dict, list[np.ndarray]]],
-                failed: Mapping[int, str], spec: SumSpec) -> tuple[list[np.ndarray], int, dict]:
+@dataclass(frozen=True)
+class SumOps:
+    """The array operations ``sum_replies`` runs on: numpy's on the host (``NUMPY_SUMS``), or a
+    node's own on its training device (``fl_app.node.cohort_rows.device_sums``: the replies summed
+    where they were trained, and only the sums copied to the host). Each must give what numpy's
+    gives: float64 products and sums in the same order (bit for bit), ``dot`` within float64
+    rounding (its summation order is the library's)."""
+
+    to64: Callable  # an array as float64
+    dot: Callable  # float(d . d) of a float64 array
+    zeros64: Callable  # float64 zeros of an array's shape, on its device
+    cast: Callable  # a float64 value back to a reference array's dtype (an integer one rounded half to even)
+    finite: Callable  # whether every numeric array of a list is finite
+    to_numpy: Callable  # an output array on the host
+
+
+def _numpy_cast(value, ref):
+    value = np.asarray(value)
+    return np.rint(value).astype(ref.dtype) if np.issubdtype(ref.dtype, np.integer) else value.astype(ref.dtype)
+
+
+NUMPY_SUMS = SumOps(to64=lambda a: a.astype(np.float64), dot=lambda d: float(np.vdot(d, d)),
+                    zeros64=lambda a: np.zeros(a.shape), cast=_numpy_cast, finite=all_finite, to_numpy=np.asarray)
+
+
+def sum_replies(replies: Sequence[tuple[int, list, int, dict, list]], failed: Mapping[int, str], spec: SumSpec,
+                ops: SumOps = NUMPY_SUMS) -> tuple[list[np.ndarray], int, dict]:
     """Node side: the cohort's ``NumPyClient.fit`` return value as ONE summed reply (module
     docstring). ``replies``: per client (partition, reply arrays, num_examples, metrics, the
-    arrays it was sent)."""
+    arrays it was sent), arrays of ``ops``' library (numpy's by default)."""
     kept, records, pids = [], [], []
     rejected: list[tuple[int, str]] = []
     for partition, reply, num_examples, metrics, sent in replies:
-        problem = reply_problem(reply, [a.shape for a in sent])
+        problem = reply_problem(reply, [tuple(a.shape) for a in sent], ops.finite)
         if problem:
             rejected.append((int(partition), problem))
         else:
             kept.append((int(partition), reply, int(num_examples), metrics, sent))
     total = sum(n for _, _, n, _, _ in kept)
-    arrays: list[np.ndarray] = []
-    weighted_step = [np.zeros(kept[0][4][i].shape) for i in spec.drift] if kept else []
-    directions = [np.zeros_like(a) for a in weighted_step]
+    arrays: list = []
+    weighted_step = [ops.zeros64(kept[0][4][i]) for i in spec.drift] if kept else []
+    directions = [ops.zeros64(kept[0][4][i]) for i in spec.drift] if kept else []
     if kept:
         first = kept[0][1]
         for i, ref in enumerate(first):
             if i < spec.mean:
-                acc = sum(n * r[i].astype(np.float64) for _, r, n, _, _ in kept)
-                value = np.asarray(acc / total if total > 0 else acc)
-                arrays.append(np.rint(value).astype(ref.dtype) if np.issubdtype(ref.dtype, np.integer)
-                              else value.astype(ref.dtype))
+                acc = sum(n * ops.to64(r[i]) for _, r, n, _, _ in kept)
+                arrays.append(ops.cast(acc / total if total > 0 else acc, ref))
             else:
-                arrays.append(sum(r[i].astype(np.float64) for _, r, _, _, _ in kept).astype(ref.dtype))
+                arrays.append(ops.cast(sum(ops.to64(r[i]) for _, r, _, _, _ in kept), ref))
     for partition, reply, n, metrics, sent in kept:
-        deltas = [reply[i].astype(np.float64) - sent[i].astype(np.float64) for i in spec.drift]
-        squares = [float(np.vdot(d, d)) for d in deltas]
+        deltas = [ops.to64(reply[i]) - ops.to64(sent[i]) for i in spec.drift]
+        squares = [ops.dot(d) for d in deltas]
         head_sq, body_sq = sum(squares[:len(spec.head)]), sum(squares[len(spec.head):])
         norm = (head_sq + body_sq) ** 0.5
         for j, d in enumerate(deltas):
@@ -331,7 +354,7 @@ def sum_replies(replies: Sequence[tuple[int, list[np.ndarray], int, dict, list[n
         raise ValueError(f"cohort reply: partition ids {pids} repeat; each virtual client replies once")
     metrics = {PARTITIONS: _join(pids), REPLIES: json.dumps(records), SUMMED_CLIENTS: len(kept),
                COUNTS: _join([len(arrays), len(weighted_step), len(directions)])}
-    return [*arrays, *weighted_step, *directions], total, metrics
+    return [ops.to_numpy(a) for a in (*arrays, *weighted_step, *directions)], total, metrics
 
 
 def split_summed_reply(res: FitRes) -> NodeSum:

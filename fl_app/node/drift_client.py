@@ -133,11 +133,13 @@ def prepared_round(update: LocalUpdate, model: nn.Module, cfg: dict, device: tor
     return update.prepare(job) if update.prepare is not None else job
 
 
-def finished_round(job: Round, result: RoundResult, cfg: dict) -> tuple[list[np.ndarray], dict | None, int, dict]:
+def finished_round(job: Round, result: RoundResult, cfg: dict,
+                   on_host: bool = True) -> tuple[list, dict | None, int, dict]:
     """Everything after one client's loop: the update's ``finish`` step, then (the reply: the
-    trained weights, then the declared ``sends``; the declared state and ``personal`` entries to
-    keep, {record: arrays}, or None when the reply or the state is not finite; the number of
-    training examples; the fit metrics).
+    trained weights, then the declared ``sends``, as numpy copies, or with ``on_host`` False the
+    tensors themselves, on their device, for a cohort node that sums them there; the declared
+    state and ``personal`` entries to keep, {record: arrays}, or None when the reply or the state
+    is not finite; the number of training examples; the fit metrics).
 
     None: a reply with NaN or Inf is left out by the server (``fl_app.server.recording.check_reply``),
     so the client keeps the state it had: a c_i or h_i moved by an update the server never counted
@@ -151,11 +153,25 @@ def finished_round(job: Round, result: RoundResult, cfg: dict) -> tuple[list[np.
     trained = {**result.params, **result.buffers}
     if update.personal is not None:
         kept[update.personal.record] = tensors_to_arrays(trained, list(update.personal.names(model, cfg)))
-    reply = append_groups(tensors_to_arrays(trained, list(model.state_dict())),
-                          {key: tensors_to_arrays(result.reply[key], list(arrays.names(model, cfg)))
-                           for key, arrays in update.sends.items()}, tuple(update.sends))
-    finite = all_finite(reply) and all(all_finite(a) for a in kept.values())
+    if on_host:
+        reply = append_groups(tensors_to_arrays(trained, list(model.state_dict())),
+                              {key: tensors_to_arrays(result.reply[key], list(arrays.names(model, cfg)))
+                               for key, arrays in update.sends.items()}, tuple(update.sends))
+        finite = all_finite(reply)
+    else:
+        reply = append_groups([trained[n].detach() for n in model.state_dict()],
+                              {key: [result.reply[key][n].detach() for n in arrays.names(model, cfg)]
+                               for key, arrays in update.sends.items()}, tuple(update.sends))
+        finite = tensors_finite(reply)
+    finite = finite and all(all_finite(a) for a in kept.values())
     return reply, kept if finite else None, len(job.x), dict(result.metrics)
+
+
+def tensors_finite(tensors: list[torch.Tensor]) -> bool:
+    """No NaN or Inf in any floating tensor (``protocol.layout.all_finite`` for tensors on any
+    device: one host sync for the list)."""
+    flags = [torch.isfinite(t).all() for t in tensors if t.is_floating_point()]
+    return bool(torch.stack(flags).all()) if flags else True
 
 
 Load = Callable[[str], "list[np.ndarray] | None"]  # a client's arrays kept under a record name, or None

@@ -51,12 +51,13 @@ def image_partition(spec, partition_id, device, test_fraction=0.0):
     return (torch.randn(n, 1, 28, 28, generator=gen), torch.randint(0, 10, (n,), generator=gen)), None
 
 
-def node(cfg: dict, method: str, state: RecordDict, rows: bool) -> CohortClient:
+def node(cfg: dict, method: str, state: RecordDict, rows: bool, device_sums: bool | None = None) -> CohortClient:
     context = fake_context()
     context.node_config = {"partition-id": 0, "num-partitions": 1}
     context.state = state
     client = CohortClient(cfg, context, METHODS[method].update, 0, 1)
     client.rows = rows
+    client.device_sums = device_sums
     return client
 
 
@@ -67,7 +68,8 @@ def initial(cfg: dict, method: str) -> list[np.ndarray]:
 
 
 def run(tmp_path, cfg: dict, method: str, rows: bool, forget: bool = False, summed: bool = False, rounds=ROUNDS,
-        checkpoint_every: int = 1, state: RecordDict | None = None, first_round: int = 1):
+        checkpoint_every: int = 1, state: RecordDict | None = None, first_round: int = 1,
+        device_sums: bool | None = None):
     """Rounds of one cohort node (a new CohortClient per message, on the node's one state), the
     server's run folder ``tmp_path``; per round the replies. ``forget``: every message lands in
     a process without the node's copy."""
@@ -85,8 +87,8 @@ def run(tmp_path, cfg: dict, method: str, rows: bool, forget: bool = False, summ
             config = {**config, "num-partitions": N}
             bundle = bundle_instructions([(p, FitIns(ndarrays_to_parameters(arrays), config)) for p in partitions])
             bundle.config[SUM] = SumSpec(num_state, (0,), (1,)).encode()
-            out.append(node(cfg, method, state, rows).fit(parameters_to_ndarrays(bundle.parameters),
-                                                         dict(bundle.config)))
+            out.append(node(cfg, method, state, rows, device_sums).fit(parameters_to_ndarrays(bundle.parameters),
+                                                                      dict(bundle.config)))
             continue
         out.append(cohort_fit(node(cfg, method, state, rows), arrays, partitions, config))
     return out, state
@@ -165,6 +167,46 @@ def test_summed_rows_equal_summed_client_objects(tmp_path):
         for record, want in zip(records, want_records, strict=True):
             record["metrics"], want["metrics"] = untimed(record["metrics"]), untimed(want["metrics"])
             assert record == want
+
+
+DRIFT_REL = 1e-12  # the drift sums' squared norms: float64 dot products summed in each library's own order
+
+
+@pytest.mark.parametrize("method", ["scaffold", "fedbn"])
+def test_sums_on_the_training_device_equal_numpys(tmp_path, monkeypatch, method):
+    """The node's sums as tensors on its training device (``device_sums``, what a GPU node runs;
+    here on the CPU) against numpy's on the host: the mean, the plain sums (SCAFFOLD's delta c)
+    and BatchNorm's integer counter bit for bit, every client record's metrics equal, the drift
+    sums and squared norms within 1e-12 relative (float64 dot products: another summation
+    order), and the kept state bit for bit."""
+    extra = {}
+    if method == "fedbn":
+        monkeypatch.setattr(drift_client, "partition_on_device", image_partition)
+        extra = {"dataset": "mnist", "model": "lenet-bn"}
+    cfg = validate_config({**BASE, "strategy": method, **extra})
+    used = []
+    monkeypatch.setattr(cohort_client, "device_sums", lambda device: used.append(device) or cohort_rows.device_sums(device))
+    on_device, _ = run(tmp_path / "device", cfg, method, rows=True, summed=True, device_sums=True)
+    assert len(used) == len(ROUNDS)  # the sums ran on tensors
+    device_rows = cohort_rows._ROWS.pop((0, 0))
+    on_host, _ = run(tmp_path / "host", cfg, method, rows=True, summed=True, device_sums=False)
+    host_rows = cohort_rows._ROWS[(0, 0)]
+    num_model = len(initial(cfg, method)) // (2 if METHODS[method].update.receives else 1)
+    for t, ((arrays, n, metrics), (want_arrays, want_n, want_metrics)) in enumerate(zip(on_device, on_host), 1):
+        assert n == want_n
+        counts = [int(c) for c in metrics["cohort-array-counts"].split(",")]
+        summed = counts[0]
+        assert summed >= num_model
+        assert_arrays_close(arrays[:summed], want_arrays[:summed], 0, f"round {t}'s mean and sums")
+        assert_arrays_close(arrays[summed:], want_arrays[summed:], DRIFT_REL, f"round {t}'s drift sums")
+        records, want_records = json.loads(metrics.pop(REPLIES)), json.loads(want_metrics.pop(REPLIES))
+        assert metrics == want_metrics
+        for record, want in zip(records, want_records, strict=True):
+            assert untimed(record["metrics"]) == untimed(want["metrics"])
+            assert record["drift"] == pytest.approx(want["drift"], rel=DRIFT_REL)
+    for p in range(N):
+        for record, kept in host_rows.records(p).items():
+            assert_arrays_close(device_rows.records(p)[record], kept, 0, f"{record} of {p}")
 
 
 @pytest.mark.parametrize("checkpoint_every", [1, 2])
@@ -301,3 +343,29 @@ def test_rows_resume_a_run_mirrored_client_by_client(tmp_path):
     resumed, _ = run(tmp_path / "cut", cfg, "scaffold", rows=True, rounds=ROUNDS[2:], first_round=3)
     assert_same_rounds(resumed, full[2:])
     assert resumed[0][3].metrics["state_arrays_in"] > 0
+
+
+def test_device_sums_reject_a_non_finite_client_as_numpys_do():
+    """A client with NaN is rejected by the tensors' own finiteness test and left out of every
+    sum; the integer array is rounded half to even; the same reply as numpy's (hand-checkable:
+    the mean of clients 0 and 2 weighted 2 : 1)."""
+    spec = SumSpec(2, (0,), ())
+    sent = [np.zeros(2, np.float32), np.zeros(1, np.int64)]
+    replies = [(0, [np.array([1.0, 2.0], np.float32), np.array([3])], 2, {"loss": 1.0}, sent),
+               (1, [np.array([np.nan, 0.0], np.float32), np.array([9])], 5, {"loss": 2.0}, sent),
+               (2, [np.array([4.0, -1.0], np.float32), np.array([4])], 1, {"loss": 3.0}, sent)]
+    want = cohort_wire_sum(replies, spec)
+    as_tensors = [(p, [torch.as_tensor(a) for a in r], n, m, [torch.as_tensor(a) for a in s])
+                  for p, r, n, m, s in replies]
+    got = cohort_wire_sum(as_tensors, spec, cohort_rows.device_sums(torch.device("cpu")))
+    assert got[1] == want[1] == 3 and got[2] == want[2]
+    assert_arrays_close(got[0], want[0], 0, "summed reply")
+    np.testing.assert_array_equal(got[0][0], np.array([2.0, 1.0], np.float32))  # (2*[1,2] + [4,-1]) / 3
+    np.testing.assert_array_equal(got[0][1], np.array([3]))  # (2*3 + 4) / 3 = 3.33 -> 3
+    assert "non-finite" in json.loads(got[2][REPLIES])[2]["rejected"]
+
+
+def cohort_wire_sum(replies, spec, ops=None):
+    from fl_app.node.cohort_wire import sum_replies
+
+    return sum_replies(replies, {}, spec) if ops is None else sum_replies(replies, {}, spec, ops)
