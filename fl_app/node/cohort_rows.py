@@ -284,19 +284,32 @@ def sums_on_device(device: torch.device, forced: bool | None) -> bool:
 
 def rows_round(update: LocalUpdate, cfg: dict, instructions, rows: ClientRows | None, train, on_failure,
                on_host: bool = True):
-    """The bundle's clients (``split_instructions``' (partition, arrays, config)) prepared as rows,
-    trained by ``train`` (``cohort_client.train``) and finished; the kept state put in ``rows``.
-    Returns (replies [(partition, reply, num_examples, metrics)], {partition: failure}, the
-    {partition: kept records} of the round, the members, the seconds before training ended).
-    The replies are numpy arrays, or with ``on_host`` False their tensors on the training device
-    (for ``device_sums``). A client that fails before or after training is reported by
-    ``on_failure(partition, exc, when)`` and left out; its rows stay as they were."""
+    """The bundle's clients (``split_instructions``' (partition, arrays, config)) prepared as rows
+    (``prepare_rows``), trained by ``train`` (``cohort_client.train``) and finished
+    (``finish_rows``); the kept state put in ``rows``. Returns (replies [(partition, reply,
+    num_examples, metrics)], {partition: failure}, the {partition: kept records} of the round, the
+    members, the seconds the training took). The replies are numpy arrays, or with ``on_host``
+    False their tensors on the training device (for ``device_sums``). A client that fails before
+    or after training is reported by ``on_failure(partition, exc, when)`` and left out; its rows
+    stay as they were."""
+    failed: dict[int, str] = {}
+    members = prepare_rows(update, cfg, instructions, rows, on_failure, failed)
+    wait_for_warm_up()
+    prepared = time.perf_counter()
+    results = train([m.job for m in members]) if members else []
+    train_seconds = time.perf_counter() - prepared
+    replies, written = finish_rows(cfg, members, results, rows, on_failure, failed, on_host)
+    return replies, failed, written, members, train_seconds
+
+
+def prepare_rows(update: LocalUpdate, cfg: dict, instructions, rows: ClientRows | None, on_failure,
+                 failed: dict[int, str]) -> list[RowMember]:
+    """Each client's ``Round`` as its own node would prepare it, w_t converted once per distinct
+    set of sent arrays (per client for an update with ``personal`` entries, which replace some)."""
     device = default_device()
     model = cached_model(cfg["model"], input_shape(cfg["dataset"]), device)
     converted: dict[tuple, tuple] = {}  # ids of the sent arrays -> (params, buffers, received)
     members: list[RowMember] = []
-    failed: dict[int, str] = {}
-    no_state = lambda record: None  # noqa: E731
     for partition, arrays, config in instructions:
         begun = time.perf_counter()
         try:
@@ -305,8 +318,7 @@ def rows_round(update: LocalUpdate, cfg: dict, instructions, rows: ClientRows | 
             key = tuple(id(a) for a in arrays)
             if update.personal is not None or key not in converted:
                 weights, received = split_received(update, model, cfg, arrays, load)
-                params, buffers = weights_to_tensors(model, weights)
-                converted[key] = (params, buffers, received)
+                converted[key] = (*weights_to_tensors(model, weights), received)
             params, buffers, received = converted[key]
             spec = PartitionSpec.from_config(cfg, num_partitions)
             (x, y), _ = drift_client.partition_on_device(  # the per-client path's loader
@@ -318,10 +330,19 @@ def rows_round(update: LocalUpdate, cfg: dict, instructions, rows: ClientRows | 
             members.append(RowMember(partition, arrays, job, carried, time.perf_counter() - begun))
         except Exception as exc:
             failed[partition] = on_failure(partition, exc, "before training")
-    wait_for_warm_up()
-    prepared = time.perf_counter()
-    results = train([m.job for m in members]) if members else []
-    train_seconds = time.perf_counter() - prepared
+    return members
+
+
+def no_state(record: str) -> None:
+    """The kept arrays of a client of a method that keeps none."""
+    return None
+
+
+def finish_rows(cfg: dict, members: list[RowMember], results, rows: ClientRows | None, on_failure,
+                failed: dict[int, str], on_host: bool) -> tuple[list, dict]:
+    """Each trained client's reply and metrics (``finished_round``, then the node's
+    ``state_arrays_in`` and ``ray_node``), its kept state put in ``rows``; returns (the replies,
+    {partition: the records it kept this round})."""
     replies, written = [], {}
     for member, result in zip(members, results):
         try:
@@ -337,7 +358,7 @@ def rows_round(update: LocalUpdate, cfg: dict, instructions, rows: ClientRows | 
         if in_ray_worker():
             metrics["ray_node"] = ray_node_id()
         replies.append((member.partition, reply, num_examples, metrics))
-    return replies, failed, written, members, train_seconds
+    return replies, written
 
 
 def virtual_partition(partition: int, config: dict) -> int:
