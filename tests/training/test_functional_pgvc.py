@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from flwr.app import RecordDict
 from torch import nn
 
+import fl_app.node.drift_client as drift_client
 from clients import fedavg, fedpgvc
 from clients.fedpgvc import authors_rescale, fedpgvc_finish
 from fl_app.common.execution_checks import cohort_problem
@@ -211,10 +212,10 @@ def seeded_clients(monkeypatch):
     """Every client (per-client nodes and a cohort node's virtual clients) trains on
     ``seeded_partition`` (no data folder needed), of a size that depends on the partition: so
     virtual clients differ in steps and last batches."""
-    def load(self):
-        self.use_data(seeded_partition(self.partition_id))
+    def partition(spec, partition_id, device, test_fraction=0.0):  # the loader both paths read through
+        return seeded_partition(partition_id), None
 
-    monkeypatch.setattr(DriftClient, "_load", load)
+    monkeypatch.setattr(drift_client, "partition_on_device", partition)
 
 
 def pgvc_config(variant: str, optimizer: str = "sgd", momentum: float = 0.9, batch_size: int = 8) -> dict:
