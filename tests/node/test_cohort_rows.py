@@ -283,6 +283,8 @@ def test_which_rounds_run_as_rows(tmp_path):
     assert "not mirrored" in rows_problem(cfg(), {}, scaffold)
     assert "not mirrored" in rows_problem(cfg(), {**mirrored, "checkpoint-every": 0}, scaffold)
     assert "inject-faults" in rows_problem(cfg(**{"inject-faults": "nan:1"}), mirrored, scaffold)
+    assert "inject-faults" in rows_problem(cfg(**{"inject-faults": "scale:2:10"}), mirrored, scaffold)
+    assert rows_problem(cfg(**{"inject-faults": "crash-after:2"}), mirrored, scaffold) == ""  # the server's fault
     assert "client-state" in rows_problem(cfg(**{"client-state": "disk"}), mirrored, scaffold)
 
 
