@@ -165,14 +165,24 @@ def decode_images(cells: list, ds, info: DatasetInfo) -> np.ndarray:
 
 
 def normalise(images: np.ndarray, labels: np.ndarray, info: DatasetInfo) -> tuple[torch.Tensor, torch.Tensor]:
-    """uint8 N x H x W (grey) or N x H x W x C images -> the dataset's normalised NCHW float32."""
-    if images.ndim == 3:  # greyscale: N x H x W
+    """uint8 N x H x W (grey) or N x H x W x C images -> the dataset's normalised NCHW float32
+    (``normalise_tensors`` on the host)."""
+    return normalise_tensors(torch.from_numpy(np.asarray(images)), torch.as_tensor(labels), info)
+
+
+def normalise_tensors(images: torch.Tensor, labels: torch.Tensor,
+                      info: DatasetInfo) -> tuple[torch.Tensor, torch.Tensor]:
+    """uint8 N x H x W (grey) or N x H x W x C image tensors, on any device -> the dataset's
+    normalised NCHW float32 there, and the labels as int64: the one normalisation of every path
+    (the host's ``normalise``, a GPU node's ``partitioning.partition_on_split``), elementwise
+    float32 operations that give the same bits on any device."""
+    if images.dim() == 3:  # greyscale: N x H x W
         images = images[:, None]
     else:  # colour: N x H x W x C
-        images = images.transpose(0, 3, 1, 2)
-    x = torch.from_numpy(images).float().div_(255.0)
-    mean = torch.tensor(info.mean).view(1, -1, 1, 1)
-    std = torch.tensor(info.std).view(1, -1, 1, 1)
+        images = images.permute(0, 3, 1, 2)
+    x = images.float().div_(255.0)
+    mean = torch.tensor(info.mean, device=x.device).view(1, -1, 1, 1)
+    std = torch.tensor(info.std, device=x.device).view(1, -1, 1, 1)
     x = (x - mean) / std
-    y = torch.as_tensor(labels, dtype=torch.long)
+    y = labels.to(dtype=torch.long)
     return x.contiguous(), y

@@ -41,7 +41,7 @@ from tasks.functional import Hyper, RoundResult, local_round
 from tasks.functional.update import Arrays, LocalUpdate, Round
 from tasks.local_files import load_local_file
 from tasks.models import cached_model, default_device, set_weights
-from tasks.partitioning import PartitionSpec, load_client_split, load_partition, split_tensors
+from tasks.partitioning import PartitionSpec, load_client_split, load_partition, partition_on_split, split_tensors
 from tasks.train import evaluate
 
 
@@ -54,13 +54,19 @@ def partition_on_device(
     the whole partition).
 
     Flower builds a new client object for every message, so without this a GPU actor would
-    copy the partition host-to-device again in every round. On CPU ``.to`` returns the decoded
+    copy the partition host-to-device again in every round. On CUDA a partition of local
+    decoded data is gathered there from the training split, copied to the GPU once per process
+    (``tasks.partitioning.partition_on_split``: the same tensors), not from the host. On CPU ``.to`` returns the decoded
     tensors themselves (no copy, no extra memory). Callers must not write into the tensors:
     batches are taken by indexing (a copy), augmentation returns new tensors.
     """
     if test_fraction > 0:
         train, test = load_client_split(spec, partition_id, test_fraction)
         return tuple(t.to(device) for t in train), tuple(t.to(device) for t in test)
+    if device.type == "cuda":  # gathered and normalised on the GPU from the split held there
+        on_split = partition_on_split(spec, partition_id, device)
+        if on_split is not None:
+            return on_split, None
     x, y = load_partition(spec, partition_id)
     return (x.to(device), y.to(device)), None
 

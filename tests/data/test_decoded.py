@@ -152,3 +152,39 @@ def test_kept_assignment_names_rows_of_the_split_the_partitioner_was_given(monke
     labels = np.asarray(split.with_format("arrow")["label"])
     for p, want in served.items():
         assert np.array_equal(labels[np.asarray(kept[p])], want)
+
+
+@pytest.mark.parametrize("partitioner,keys", [("dirichlet", {"alpha": 0.3}), ("iid", {}),
+                                              ("dirichlet", {"alpha": 0.5, "validation-fraction": 0.1})])
+def test_a_partition_gathered_from_the_split_on_the_device_equals_load_partition(monkeypatch, mnist_sample,
+                                                                                 partitioner, keys):
+    """What a GPU node reads (``partition_on_split``: the training file's uint8 images held on
+    the device, a partition gathered and normalised there) is ``load_partition``'s tensors bit
+    for bit; here the device is the CPU (the same function, the same elementwise float32 ops)."""
+    spec = spec_of(mnist_sample(2000, 300), partitioner, keys)
+    forget(monkeypatch, decoded=True)
+    for partition in (0, 3, 9):
+        assert_identical(partitioning.partition_on_split(spec, partition, torch.device("cpu")),
+                         load_partition(spec, partition))
+    noisy = spec_of(mnist_sample(2000, 300), partitioner, {**keys, "noise-sigma": 0.1})
+    assert partitioning.partition_on_split(noisy, 0, torch.device("cpu")) is None  # the host adds its noise
+
+
+def test_a_cifar10_partition_gathered_on_the_device_equals_load_partition(monkeypatch, shared_data, tmp_path):
+    """Colour images: N x H x W x 3 held, NCHW out, as ``load_partition``'s."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if not (shared_data / "cifar10" / "train.parquet").exists():
+        pytest.skip(f"no cifar10 in {shared_data}")
+    (tmp_path / "cifar10").mkdir()
+    for split, rows in (("train", 600), ("test", 100)):
+        source = pq.ParquetFile(shared_data / "cifar10" / f"{split}.parquet")
+        pq.write_table(pa.Table.from_batches([next(source.iter_batches(batch_size=rows))]),
+                       tmp_path / "cifar10" / f"{split}.parquet")
+    spec = spec_of(tmp_path, "dirichlet", {"alpha": 0.5}, dataset="cifar10", clients=5)
+    forget(monkeypatch, decoded=True)
+    for partition in (0, 4):
+        got = partitioning.partition_on_split(spec, partition, torch.device("cpu"))
+        assert got[0].shape[1] == 3
+        assert_identical(got, load_partition(spec, partition))
