@@ -130,11 +130,13 @@ class ClientRows:
 
 class RowsJournal:
     """A cohort node's ``ClientRows`` on disk: ``<run-dir>/client-rows/node-<i>/round-<t>.npz``
-    holds the rows its clients kept in round t (per record the partitions, then each entry's
-    ``[k, ...]`` rows), written atomically once per round while the state is mirrored. The store
-    as of round u is every file up to u applied in round order (``restore``); a file no resume can
-    need (each of its rows superseded by a later file at or before the last checkpoint's round)
-    is removed (``prune``)."""
+    holds the rows its clients kept in round t, one array per (record, partition, entry) under
+    the key ``record/partition/entry`` (\x1f-separated: one file, no stacked copy; on the 2-core
+    machine 0.08 s for SCAFFOLD's 30 rows of ``cnn-small`` against 0.34 s for the rows stacked per
+    entry and 0.09 s for one file per client), written atomically once per round while the state
+    is mirrored. The store as of round u is every file up to u applied in round order
+    (``restore``); a file no resume can need (each of its rows superseded by a later file at or
+    before the last checkpoint's round) is removed (``prune``)."""
 
     PATTERN = re.compile(r"round-(\d+)\.npz$")
 
@@ -149,34 +151,27 @@ class RowsJournal:
     def write(self, server_round: int, kept: dict[int, dict[str, list[np.ndarray]]], keep_from: int) -> None:
         """The rows kept in ``server_round`` ({partition: {record: arrays}}), then ``prune``."""
         if kept:
-            by_record: dict[str, list[int]] = {}
-            for partition, records in kept.items():
-                for record in records:
-                    by_record.setdefault(record, []).append(partition)
-            arrays = {}
-            for record, partitions in by_record.items():
-                arrays[f"{record}\x1fpartitions"] = np.asarray(partitions, dtype=np.int64)
-                for i in range(len(kept[partitions[0]][record])):
-                    arrays[f"{record}\x1f{i}"] = np.stack([np.asarray(kept[p][record][i]) for p in partitions])
-            atomic_savez(self.dir / f"round-{server_round}.npz", arrays)
+            atomic_savez(self.dir / f"round-{server_round}.npz",
+                         {f"{record}\x1f{partition}\x1f{i}": np.asarray(array)
+                          for partition, records in kept.items() for record, arrays in records.items()
+                          for i, array in enumerate(arrays)})
         self.prune(keep_from)
 
     @staticmethod
-    def _read(path: Path) -> dict[str, tuple[np.ndarray, list[np.ndarray]]]:
-        """{record: (partitions, [each entry's rows])} of one file."""
-        out: dict[str, dict] = {}
-        with np.load(path) as data:
-            for key in data.files:
-                record, part = key.rsplit("\x1f", 1)
-                out.setdefault(record, {})[part] = data[key]
-        return {record: (d.pop("partitions"), [d[str(i)] for i in range(len(d))]) for record, d in out.items()}
+    def _rows(keys) -> dict[tuple[str, int], list[str]]:
+        """{(record, partition): its keys in entry order} of a file's keys."""
+        rows: dict[tuple[str, int], dict[int, str]] = {}
+        for key in keys:
+            record, partition, entry = key.rsplit("\x1f", 2)
+            rows.setdefault((record, int(partition)), {})[int(entry)] = key
+        return {row: [entries[i] for i in sorted(entries)] for row, entries in rows.items()}
 
     def restore(self, rows: ClientRows, up_to_round: int) -> None:
         """``rows`` as of round ``up_to_round``: every file up to it applied in round order."""
         for _, path in [(r, p) for r, p in self.files() if r <= up_to_round]:
-            for record, (partitions, entries) in self._read(path).items():
-                for j, partition in enumerate(partitions):
-                    rows.put(int(partition), {record: [e[j] for e in entries]})
+            with np.load(path) as data:
+                for (record, partition), keys in self._rows(data.files).items():
+                    rows.put(partition, {record: [data[key] for key in keys]})
 
     def drop_after(self, server_round: int) -> None:
         """Remove files of rounds after ``server_round`` (a killed run's rounds past the checkpoint
@@ -187,13 +182,13 @@ class RowsJournal:
 
     def prune(self, keep_from: int) -> None:
         """Remove each file at or before ``keep_from`` whose every row a later file at or before
-        ``keep_from`` holds again (a resume from that round or later never reads it)."""
+        ``keep_from`` holds again (a resume from that round or later never reads it). Reads the
+        files' key names only."""
         files = [(r, p) for r, p in self.files() if r <= keep_from]
         later: set[tuple[str, int]] = set()
         for _, path in reversed(files):
             with np.load(path) as data:
-                rows = {(key.rsplit("\x1f", 1)[0], int(p)) for key in data.files if key.endswith("\x1fpartitions")
-                        for p in data[key]}
+                rows = set(self._rows(data.files))
             if rows <= later:
                 path.unlink(missing_ok=True)
             later |= rows
