@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU path's figures (docs/performance.md sections 12 and 14), as one prepared script for a
 # lent GPU machine, where each command may run 10 minutes and the whole loan is 15: run part
-# "paths" first (the two paths through the simulation at 10 and 30 clients a round, and the
-# cohort's training alone), then part "paper" (10 rounds of every row of the FedSOL CIFAR-10
+# "paths" first (the two paths through the simulation at 10 and 30 clients a round, the
+# cohort's training alone, and a cohort node's round around its training: client objects vs
+# rows vs sums on the GPU, bench/cohort_node.py), then part "paper" (10 rounds of every row of the FedSOL CIFAR-10
 # table). Everything it prints goes to $OUT (default /tmp/gpu-figures); the data are generated
 # (bench/fake_data.py: MNIST's and CIFAR-10's schema and shapes), never downloaded.
 #
@@ -27,6 +28,8 @@ case "$part" in
     done
     timeout 120 python bench/cohort.py --models cnn --clients 10 30 --samples 600 --batch-size 32 \
       > "$out/cohort.txt" 2>&1 || echo "cohort: rc $?" >> "$out/failed.txt"
+    FL_DATA_DIR="$data" timeout 90 python bench/cohort_node.py --model cnn --per-round 30 --rounds 4 \
+      > "$out/cohort-node.txt" 2>&1 || echo "cohort-node: rc $?" >> "$out/failed.txt"
     ;;
   paper)
     [ -d "$data/cifar10" ] || python bench/fake_data.py --out "$data" --datasets cifar10
