@@ -190,11 +190,19 @@ def reads_decoded(spec: PartitionSpec) -> bool:
 
 def _decoded_partition(spec: PartitionSpec, partition_id: int) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Partition ``partition_id`` of local parquet files from the file's kept decoded arrays
-    (``tasks/decoded.py``): the partitioner's indices into the training split, mapped to the
-    file's rows (``split_order``), the images and labels taken at them and normalised as
-    ``to_tensors`` does; the same tensors bit for bit. None for hub data (or with
-    ``FL_DRIFT_DECODED=0``, or a partitioner whose indices cannot be read): decoded through
-    ``datasets`` then."""
+    (``tasks/decoded.py``): the images and labels taken at its rows of the file
+    (``_decoded_file_rows``) and normalised as ``to_tensors`` does; the same tensors bit for bit.
+    None for hub data (or with ``FL_DRIFT_DECODED=0``, or a partitioner whose indices cannot be
+    read): decoded through ``datasets`` then."""
+    found = _decoded_file_rows(spec, partition_id)
+    return None if found is None else _decoded_rows(spec.dataset, found[0], "train", found[1])
+
+
+def _decoded_file_rows(spec: PartitionSpec, partition_id: int) -> tuple[str, np.ndarray] | None:
+    """(the training split's local parquet file, the rows of it that make partition
+    ``partition_id``): the partitioner's indices into the training split, mapped to the file's
+    rows (``split_order``). None for hub data (or with ``FL_DRIFT_DECODED=0``, or a partitioner
+    whose indices cannot be read); an empty partition refused in one line."""
     if not reads_decoded(spec):
         return None
     files = local_parquet_files(spec.dataset, spec.data_dir)
@@ -208,31 +216,25 @@ def _decoded_partition(spec: PartitionSpec, partition_id: int) -> tuple[torch.Te
             "raise min-partition-size, raise alpha or use fewer clients"
         )
     path, order = split_order(spec.dataset, files, spec.seed, spec.validation_fraction, "train")
-    return _decoded_rows(spec.dataset, path, "train", order[positions])
+    return path, order[positions]
 
 
 def partition_on_split(spec: PartitionSpec, partition_id: int,
                        device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Partition ``partition_id`` gathered from the training file's decoded images held on
     ``device`` (``split_on_device``: copied there once per process) and normalised there: the
-    tensors ``load_partition`` gives, bit for bit (the same ``normalise_tensors``), without the
-    host gathering and normalising each partition and copying its float32 images over. A
-    partition is then its row indices; a GPU cohort node reads any partition of any split size
-    without a cache of partitions. None where ``load_partition`` must run: hub data, synthetic
-    data, feature noise, a partitioner whose indices cannot be read."""
-    if spec.noise_sigma or not reads_decoded(spec):
+    tensors ``load_partition`` gives, bit for bit (the same rows, ``_decoded_file_rows``, and the
+    same ``normalise_tensors``), without the host gathering and normalising each partition and
+    copying its float32 images over. A partition is then its row indices; a GPU cohort node reads
+    any partition of any split size without a cache of partitions. None where ``load_partition``
+    must run: hub data, synthetic data, feature noise, a partitioner whose indices cannot be read."""
+    found = None if spec.noise_sigma else _decoded_file_rows(spec, partition_id)
+    if found is None:
         return None
-    _check_partition_id(spec, partition_id)
-    positions = _partition_positions(spec, partition_id)
-    if positions is None:
-        return None
-    if len(positions) == 0:
-        return _decoded_partition(spec, partition_id)  # its one-line PartitionError
-    files = local_parquet_files(spec.dataset, spec.data_dir)
-    path, order = split_order(spec.dataset, files, spec.seed, spec.validation_fraction, "train")
+    path, rows = found
     images, labels = split_on_device(spec.dataset, path, "train", device)
-    rows = torch.as_tensor(order[positions], dtype=torch.long).to(device)
-    return normalise_tensors(images[rows], labels[rows], DATASETS[spec.dataset])
+    index = torch.as_tensor(rows, dtype=torch.long).to(device)
+    return normalise_tensors(images[index], labels[index], DATASETS[spec.dataset])
 
 
 @functools.lru_cache(maxsize=2)
