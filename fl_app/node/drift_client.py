@@ -56,8 +56,8 @@ def partition_on_device(
     Flower builds a new client object for every message, so without this a GPU actor would
     copy the partition host-to-device again in every round. On CUDA a partition of local
     decoded data is gathered there from the training split, copied to the GPU once per process
-    (``tasks.partitioning.partition_on_split``: the same tensors), not from the host. On CPU ``.to`` returns the decoded
-    tensors themselves (no copy, no extra memory). Callers must not write into the tensors:
+    (``tasks.partitioning.partition_on_split``: the same tensors), not from the host. On CPU
+    ``.to`` returns the decoded tensors themselves (no copy, no extra memory). Callers must not write into the tensors:
     batches are taken by indexing (a copy), augmentation returns new tensors.
     """
     if test_fraction > 0:
@@ -93,7 +93,12 @@ def weights_to_tensors(model: nn.Module, arrays: list[np.ndarray]) -> tuple[dict
 def tensors_to_arrays(tensors: Mapping[str, torch.Tensor], names: list[str]) -> list[np.ndarray]:
     """``tensors[name]`` for each of ``names`` as a contiguous CPU numpy copy (never aliasing a
     tensor that trains again in this process)."""
-    return [tensors[n].detach().to("cpu", copy=True, memory_format=torch.contiguous_format).numpy() for n in names]
+    return [tensor_to_array(tensors[n]) for n in names]
+
+
+def tensor_to_array(tensor: torch.Tensor) -> np.ndarray:
+    """``tensor`` as a contiguous CPU numpy copy (never aliasing a tensor that trains again)."""
+    return tensor.detach().to("cpu", copy=True, memory_format=torch.contiguous_format).numpy()
 
 
 def arrays_to_tree(arrays: list[np.ndarray], names: list[str], model: nn.Module, what: str,
@@ -159,17 +164,12 @@ def finished_round(job: Round, result: RoundResult, cfg: dict,
     trained = {**result.params, **result.buffers}
     if update.personal is not None:
         kept[update.personal.record] = tensors_to_arrays(trained, list(update.personal.names(model, cfg)))
+    reply = append_groups([trained[n].detach() for n in model.state_dict()],
+                          {key: [result.reply[key][n].detach() for n in arrays.names(model, cfg)]
+                           for key, arrays in update.sends.items()}, tuple(update.sends))
     if on_host:
-        reply = append_groups(tensors_to_arrays(trained, list(model.state_dict())),
-                              {key: tensors_to_arrays(result.reply[key], list(arrays.names(model, cfg)))
-                               for key, arrays in update.sends.items()}, tuple(update.sends))
-        finite = all_finite(reply)
-    else:
-        reply = append_groups([trained[n].detach() for n in model.state_dict()],
-                              {key: [result.reply[key][n].detach() for n in arrays.names(model, cfg)]
-                               for key, arrays in update.sends.items()}, tuple(update.sends))
-        finite = tensors_finite(reply)
-    finite = finite and all(all_finite(a) for a in kept.values())
+        reply = [tensor_to_array(t) for t in reply]
+    finite = (all_finite(reply) if on_host else tensors_finite(reply)) and all(all_finite(a) for a in kept.values())
     return reply, kept if finite else None, len(job.x), dict(result.metrics)
 
 
