@@ -68,6 +68,7 @@ from fl_app.node.cohort_rows import (
     ROWS,
     RowsJournal,
     device_sums,
+    named_copy,
     node_rows,
     rows_problem,
     rows_round,
@@ -79,8 +80,10 @@ from fl_app.node.cohort_rows import (
 from fl_app.node.cohort_wire import (
     COHORT_KEYS,
     NUM_PARTITIONS,
+    NUMPY_SUMS,
     PARTITIONS,
     SUM,
+    SumOps,
     SumSpec,
     bundle_replies,
     split_instructions,
@@ -88,7 +91,7 @@ from fl_app.node.cohort_wire import (
 )
 from fl_app.node.drift_client import DriftClient
 from fl_app.node.node_client import NodeClient, NodeRound, round_timings, start_warm_up
-from fl_app.node.state_mirror import ClientStateMirror, visible_run_dir
+from fl_app.node.state_mirror import partition_mirror, state_mirrored
 from tasks.functional import RoundResult, cohort_round, local_round
 from tasks.functional.rounds import stack_trees
 from tasks.functional.update import LocalUpdate, Round
@@ -141,8 +144,7 @@ def resident_wanted(cfg: dict, config: dict) -> bool:
     """Whether a cohort node keeps its clients' state in its process this round: the state is
     mirrored on disk (``checkpoint-every`` > 0, the run folder visible here) and
     ``client-state = "memory"`` (with ``"disk"`` the state already lives only on disk)."""
-    return (cfg["client-state"] == "memory" and bool(config.get("checkpoint-every"))
-            and visible_run_dir(config) is not None)
+    return cfg["client-state"] == "memory" and state_mirrored(config)
 
 
 def failure(exc: BaseException) -> str:
@@ -223,12 +225,14 @@ def sent_on_device(members, device: torch.device) -> dict[int, list[torch.Tensor
     return sent
 
 
-def node_reply(replies: list, failed: dict[int, str], sent: dict[int, list[np.ndarray]],
-               config: dict) -> tuple[list[np.ndarray], int, dict]:
+def node_reply(replies: list, failed: dict[int, str], sent: dict[int, list], config: dict,
+               ops: SumOps = NUMPY_SUMS) -> tuple[list[np.ndarray], int, dict]:
     """The node's one reply: every client's arrays (``bundle_replies``), or, when the server asks
-    for sums (``cohort_wire.SUM``), their n_k-weighted mean and sums (``sum_replies``)."""
+    for sums (``cohort_wire.SUM``), their n_k-weighted mean and sums (``sum_replies`` on ``ops``:
+    numpy's, or the training device's, ``cohort_rows.device_sums``)."""
     if SUM in config:
-        return sum_replies([(p, r, n, m, sent[p]) for p, r, n, m in replies], failed, SumSpec.decode(config[SUM]))
+        return sum_replies([(p, r, n, m, sent[p]) for p, r, n, m in replies], failed, SumSpec.decode(config[SUM]),
+                           ops)
     return bundle_replies(replies, failed)
 
 
@@ -288,12 +292,9 @@ class CohortClient(NumPyClient):
         """This process's copy of the node's clients' state, if ``context.state``'s token names
         it; else a new, empty one (its clients then come back from their disk mirrors in
         ``run_dir``, which the token's record keeps for the node's evaluate messages)."""
-        key = (self.context.run_id, self.context.node_id)
-        record = self.context.state.config_records.get(RESIDENT)
-        token = str(record["token"]) if record is not None and "token" in record else ""
-        kept = _RESIDENT.get(key)
-        if kept is None or not token or kept.token != token:
-            kept = _RESIDENT[key] = NodeResidentState(uuid.uuid4().hex)
+        kept = named_copy(self.context, RESIDENT, _RESIDENT)
+        if kept is None:
+            kept = _RESIDENT[(self.context.run_id, self.context.node_id)] = NodeResidentState(uuid.uuid4().hex)
             self.context.state[RESIDENT] = ConfigRecord({"token": kept.token, "run-dir": run_dir})
         return kept
 
@@ -303,7 +304,7 @@ class CohortClient(NumPyClient):
         at or before ``up_to_round``), else none (a client's first round)."""
         records = kept.records.get(partition)
         if records is None:
-            saved = ClientStateMirror(run_dir, f"partition-{partition}").load(up_to_round) or {}
+            saved = partition_mirror(run_dir, partition).load(up_to_round) or {}
             records = RecordDict({name: ArrayRecord(numpy_ndarrays=list(arrays)) for name, arrays in saved.items()})
         store_view(self.context.state, partition, records)
 
@@ -395,9 +396,8 @@ class CohortClient(NumPyClient):
             metrics.update(round_timings(prepare[partition], train_seconds / max(len(members), 1)))
             metrics["fit_seconds"] = share
         if on_device:  # summed where they were trained (cohort_rows.device_sums)
-            sent = sent_on_device(members, default_device())
-            return sum_replies([(p, r, n, m, sent[p]) for p, r, n, m in replies], failed,
-                               SumSpec.decode(config[SUM]), device_sums(default_device()))
+            return node_reply(replies, failed, sent_on_device(members, default_device()), config,
+                              device_sums(default_device()))
         return node_reply(replies, failed, {m.partition: m.arrays for m in members}, config)
 
     def evaluate(self, parameters: list[np.ndarray], config: dict) -> tuple[float, int, dict]:

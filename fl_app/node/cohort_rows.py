@@ -58,7 +58,7 @@ from fl_app.node.drift_client import (
     weights_to_tensors,
 )
 from fl_app.node.node_client import in_ray_worker, ray_node_id, wait_for_warm_up
-from fl_app.node.state_mirror import ClientStateMirror, visible_run_dir
+from fl_app.node.state_mirror import mirrored_partitions, partition_mirror, state_mirrored
 from tasks.datasets import input_shape
 from tasks.functional.update import LocalUpdate, Round
 from tasks.models import cached_model, default_device
@@ -78,7 +78,7 @@ def rows_problem(cfg: dict, config: dict, update: LocalUpdate) -> str:
         return "inject-faults names a client (its fault or attack acts on that client's reply)"
     if cfg["client-state"] != "memory":
         return f"client-state = {cfg['client-state']!r} keeps each client's state in its own mirror"
-    if stateful(update) and not (config.get("checkpoint-every") and visible_run_dir(config) is not None):
+    if stateful(update) and not state_mirrored(config):
         return "the clients keep state and it is not mirrored on disk (checkpoint-every = 0 or no run folder here)"
     return ""
 
@@ -197,16 +197,24 @@ class RowsJournal:
 _ROWS: dict[tuple[int, int], ClientRows] = {}  # (run, node) -> this process's copy
 
 
+def named_copy(context: Context, record: str, copies: dict):
+    """This process's copy of the node's clients' state in ``copies`` (keyed by (run, node)) when
+    the ConfigRecord ``record`` in ``context.state`` names its token; else None (the copy of
+    another process, of a restarted one, or none yet: the caller makes one and names it). The one
+    check of the object path's ``NodeResidentState`` and the rows' ``ClientRows``."""
+    named = context.state.config_records.get(record)
+    token = str(named["token"]) if named is not None and "token" in named else ""
+    kept = copies.get((context.run_id, context.node_id))
+    return kept if kept is not None and token and kept.token == token else None
+
+
 def node_rows(context: Context, node: int, num_partitions: int, run_dir: str, up_to_round: int) -> ClientRows:
     """This process's ``ClientRows`` of the node, if ``context.state``'s token names it; else a new
     copy restored from the node's journal up to ``up_to_round`` (its files after that round are
     removed: a resumed run's, or no one's), its token then put in ``context.state``."""
-    key = (context.run_id, context.node_id)
-    record = context.state.config_records.get(ROWS)
-    token = str(record["token"]) if record is not None and "token" in record else ""
-    kept = _ROWS.get(key)
-    if kept is None or not token or kept.token != token or kept.num_partitions != num_partitions:
-        kept = _ROWS[key] = ClientRows(num_partitions, uuid.uuid4().hex)
+    kept = named_copy(context, ROWS, _ROWS)
+    if kept is None or kept.num_partitions != num_partitions:
+        kept = _ROWS[(context.run_id, context.node_id)] = ClientRows(num_partitions, uuid.uuid4().hex)
         journal = RowsJournal(run_dir, node)
         if up_to_round < sys.maxsize:
             journal.drop_after(up_to_round)
@@ -222,13 +230,8 @@ def node_rows(context: Context, node: int, num_partitions: int, run_dir: str, up
 def restore_from_mirrors(rows: ClientRows, run_dir: str, up_to_round: int) -> None:
     """``rows`` from the per-client mirrors in ``run_dir`` (``ClientStateMirror``: each client's
     newest state at or before ``up_to_round``), for a run whose clients were mirrored one by one."""
-    folder = Path(run_dir) / "client-state"
-    names = [p.name for p in folder.iterdir()] if folder.is_dir() else []
-    for name in names:
-        if not name.startswith("partition-") or not name[len("partition-"):].isdigit():
-            continue
-        partition = int(name[len("partition-"):])
-        saved = ClientStateMirror(run_dir, name).load(up_to_round)
+    for partition in mirrored_partitions(run_dir):
+        saved = partition_mirror(run_dir, partition).load(up_to_round)
         if saved and partition < rows.num_partitions:
             rows.put(partition, saved)
 

@@ -39,7 +39,7 @@ from fl_app.common.background import in_background
 from fl_app.common.faults import parse_faults
 from fl_app.node.attacks import attacked_reply
 from fl_app.node.drift_client import DriftClient
-from fl_app.node.state_mirror import ClientStateMirror, visible_run_dir
+from fl_app.node.state_mirror import ClientStateMirror, partition_mirror, visible_run_dir
 from tasks.functional import local_round
 from tasks.partitioning import PartitionSpec, federated_dataset, load_partition, reads_decoded
 
@@ -264,7 +264,5 @@ class NodeClient(NumPyClient):
         if not wanted or run_dir is None:
             return None
         if c.data_path:  # nodes with their own data have no partition id
-            name = "data-" + hashlib.sha1(c.data_path.encode()).hexdigest()[:12]
-        else:
-            name = f"partition-{c.partition_id}"
-        return ClientStateMirror(run_dir, name)
+            return ClientStateMirror(run_dir, "data-" + hashlib.sha1(c.data_path.encode()).hexdigest()[:12])
+        return partition_mirror(run_dir, c.partition_id)

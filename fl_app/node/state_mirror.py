@@ -19,6 +19,12 @@ def visible_run_dir(config: dict) -> str | None:
     return run_dir if run_dir and Path(run_dir).is_dir() else None
 
 
+def state_mirrored(config: dict) -> bool:
+    """Whether the clients' state is mirrored on disk this round: the server checkpoints
+    (``checkpoint-every`` > 0) and its run folder is visible here (``visible_run_dir``)."""
+    return bool(config.get("checkpoint-every")) and visible_run_dir(config) is not None
+
+
 class ClientStateMirror:
     """One client's ``context.state`` arrays on disk, per round, for resuming."""
 
@@ -58,3 +64,18 @@ class ClientStateMirror:
                 name, i = key.rsplit("\x1f", 1)
                 state.setdefault(name, {})[int(i)] = data[key]
         return {name: [d[i] for i in sorted(d)] for name, d in state.items()}
+
+
+PARTITION = "partition-"  # a partition's mirror is client-state/partition-<p>
+
+
+def partition_mirror(run_dir: str, partition: int) -> ClientStateMirror:
+    """The mirror of the client of partition ``partition`` (a data-path node's is named otherwise)."""
+    return ClientStateMirror(run_dir, f"{PARTITION}{partition}")
+
+
+def mirrored_partitions(run_dir: str) -> list[int]:
+    """The partitions whose clients have a mirror in ``run_dir``."""
+    folder = Path(run_dir) / "client-state"
+    names = [p.name for p in folder.iterdir()] if folder.is_dir() else []
+    return sorted(int(n[len(PARTITION):]) for n in names if n.startswith(PARTITION) and n[len(PARTITION):].isdigit())
