@@ -32,8 +32,8 @@ bit for bit, ``fit`` takes the object path:
    ClientApp raises). A failure of the cohort's training itself (step 3) fails the node's
    message, so the server fails each of its clients.
 
-Where the virtual clients' state lives between rounds (``NodeResidentState``): in the node's
-process, not in ``context.state``, whenever the state is also mirrored on disk (the server
+Where the object path keeps the virtual clients' state between rounds (``NodeResidentState``;
+the rows keep theirs in ``cohort_rows.ClientRows`` likewise): in the node's process, not in ``context.state``, whenever the state is also mirrored on disk (the server
 checkpoints: ``checkpoint-every`` > 0 and its run folder is visible here) and
 ``client-state = "memory"``. Flower's simulation ships a node's whole ``context.state`` to the
 actor and back with every message, which for a cohort node is every hosted client's state
