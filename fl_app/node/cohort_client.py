@@ -33,16 +33,17 @@ bit for bit, ``fit`` takes the object path:
    message, so the server fails each of its clients.
 
 Where the object path keeps the virtual clients' state between rounds (``NodeResidentState``;
-the rows keep theirs in ``cohort_rows.ClientRows`` likewise): in the node's process, not in ``context.state``, whenever the state is also mirrored on disk (the server
-checkpoints: ``checkpoint-every`` > 0 and its run folder is visible here) and
-``client-state = "memory"``. Flower's simulation ships a node's whole ``context.state`` to the
-actor and back with every message, which for a cohort node is every hosted client's state
-(SCAFFOLD's c_i of 100 clients: 100 models, each way, each round); the process keeps the
-records instead and ``context.state`` carries a token naming the process's copy. A message
-that lands in another process (another actor, a restarted one, a resumed run) finds no copy
-with that token and restores each client from its disk mirror at its last round (as
-``client-state = "disk"`` does), so the state is the same records wherever it is read. Without
-a disk mirror the state stays in ``context.state``, as on a per-client node.
+the rows keep theirs in ``cohort_rows.ClientRows`` likewise): in the node's process, not in
+``context.state``, whenever the state is also mirrored on disk (the server checkpoints:
+``checkpoint-every`` > 0 and its run folder is visible here) and ``client-state = "memory"``.
+Flower's simulation ships a node's whole ``context.state`` to the actor and back with every
+message, which for a cohort node is every hosted client's state (SCAFFOLD's c_i of 100 clients:
+100 models, each way, each round); the process keeps the records instead and ``context.state``
+carries a token naming the process's copy. A message that lands in another process (another
+actor, a restarted one, a resumed run) finds no copy with that token and restores each client
+from its disk mirror at its last round (as ``client-state = "disk"`` does), so the state is the
+same records wherever it is read. Without a disk mirror the state stays in ``context.state``, as
+on a per-client node.
 
 Equal to the per-client path: each client's reply, state and metrics are those of its own
 ``DriftClient.fit`` within float rounding (vmap's batched kernels sum in another order: 1e-5
