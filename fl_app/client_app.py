@@ -1,7 +1,7 @@
 """ClientApp: builds the one ``DriftClient`` running the chosen method's ``LocalUpdate`` for this
 node's partition or data-path,
-wrapped in ``NodeClient`` (faults, state mirror, warm-up, timing around the method's fit); on a
-cohort run's node, a ``CohortClient`` (its virtual clients, each in its own ``NodeClient``)."""
+wrapped in ``NodeClient`` (faults, the client-state store, warm-up, timing around the method's
+fit); on a cohort run's node, a ``CohortClient`` (its virtual clients trained together)."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ def reply_problem(arrays: list, sent_shapes: list[tuple] | None, finite=all_fini
     """Why a client's reply cannot be used ('' when it can): another count or shapes of arrays
     than it was sent, or non-finite values. The server's check of every reply
     (``fl_app.server.recording.check_reply``) and a cohort node's check of each client before it
-    sums them (``fl_app.node.cohort_wire.sum_replies``): one rule on both sides. ``finite``: the
+    sums them (``protocol.cohort.sum_replies``): one rule on both sides. ``finite``: the
     finiteness test of the arrays' library (numpy's ``all_finite``; a node summing tensors on
     their device passes its own)."""
     if sent_shapes is not None and len(arrays) != len(sent_shapes):

@@ -2,9 +2,9 @@
 # The GPU path's figures (docs/performance.md sections 12 and 14), as one prepared script for a
 # lent GPU machine, where each command may run 10 minutes and the whole loan is 15: run part
 # "paths" first (the two paths through the simulation at 10 and 30 clients a round, the
-# cohort's training alone, and a cohort node's round around its training: client objects vs
-# rows vs sums on the GPU, bench/cohort_node.py), then part "paper" (10 rounds of every row of the FedSOL CIFAR-10
-# table). Everything it prints goes to $OUT (default /tmp/gpu-figures); the data are generated
+# cohort's training alone, and a cohort node's round around its training: host vs device sums
+# on the GPU, bench/cohort_node.py), then part "paper" (10 rounds of every row of the FedSOL
+# CIFAR-10 table). Everything it prints goes to $OUT (default /tmp/gpu-figures); the data are generated
 # (bench/fake_data.py: MNIST's and CIFAR-10's schema and shapes), never downloaded.
 #
 #   bash scripts/gpu_figures.sh paths    # about 6 minutes on an H200

@@ -2,11 +2,14 @@
 metrics.csv, every column but the timings.
 
     python scripts/same_metrics.py run OUT [--methods fedavg,feddyn,...] [--rounds 3]
+                                           [--execution per-client|cohort] [--set KEY=VALUE ...]
     python scripts/same_metrics.py compare OUT_BEFORE OUT_AFTER
 
 ``run`` runs each method once through ``flwr run`` on a private SuperLink (the app in the
 current directory, synthetic data and logreg unless the method needs more, 4 SuperNodes, half
-of them per round, seed 0) into OUT/<method>/. ``compare`` exits non-zero and names the first
+of them per round, seed 0) into OUT/<method>/; with ``--execution cohort`` the same 4 clients are
+virtual clients of one cohort node (the cohort path); ``--set`` adds run-config keys to every
+run (``checkpoint-every=0``: unmirrored client state). ``compare`` exits non-zero and names the first
 difference when two such folders differ in any metrics.csv cell except the timing columns
 (``*seconds*``) and ``ray_node``. Cells are compared as text, so equal means to the last digit.
 """
@@ -37,7 +40,7 @@ def ignored(column: str) -> bool:
     return "seconds" in column or column == "ray_node"
 
 
-def run(out: Path, methods: list[str], rounds: int) -> int:
+def run(out: Path, methods: list[str], rounds: int, execution: str = "per-client", extra: dict | None = None) -> int:
     """Run each method; 1 if any run wrote no metrics.csv (``flwr run`` can exit 0 when the
     ServerApp refused to start, e.g. MNIST for FedBN without FL_DATA_DIR), else 0."""
     home = os.environ.get("FLWR_HOME")
@@ -46,7 +49,9 @@ def run(out: Path, methods: list[str], rounds: int) -> int:
         for method in methods:
             cfg = {"strategy": method, "dataset": "synthetic", "model": "logreg", "num-server-rounds": rounds,
                    "fraction-fit": 0.5, "learning-rate": 0.05, "seed": 0, "results-dir": str(out.resolve()),
-                   "run-name": method, **NEEDS.get(method, {})}
+                   "run-name": method, **NEEDS.get(method, {}), **(extra or {})}
+            if execution == "cohort":
+                cfg.update({"execution": "cohort", "num-virtual-clients": 4})
             code = sim.run(cfg, num_supernodes=4)
             written = (out / method / "metrics.csv").is_file()
             print(f"{method}: exit {code}" + ("" if written else ", no metrics.csv: the run did not start or finish"
@@ -93,6 +98,9 @@ def main() -> int:
     r.add_argument("out", type=Path)
     r.add_argument("--methods", default=",".join(method_names()))
     r.add_argument("--rounds", type=int, default=3)
+    r.add_argument("--execution", choices=("per-client", "cohort"), default="per-client")
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a run-config key for every run (a number or true/false parsed as such)")
     c = sub.add_parser("compare")
     c.add_argument("before", type=Path)
     c.add_argument("after", type=Path)
@@ -100,7 +108,28 @@ def main() -> int:
     if args.command == "compare":
         return compare(args.before, args.after)
     os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
-    return run(args.out, args.methods.split(","), args.rounds)
+    return run(args.out, args.methods.split(","), args.rounds, args.execution, parsed_settings(args.set))
+
+
+def parsed_settings(items: list[str]) -> dict:
+    """``KEY=VALUE`` items as run-config entries: an int, float or true/false as such, else text."""
+    settings = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--set {item!r}: expected KEY=VALUE")
+        value: object = text
+        if text.lower() in ("true", "false"):
+            value = text.lower() == "true"
+        else:
+            for kind in (int, float):
+                try:
+                    value = kind(text)
+                    break
+                except ValueError:
+                    pass
+        settings[key] = value
+    return settings
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import numpy as np
 from flwr.common import Code, FitIns, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 
 from fl_app.node.cohort_client import CohortClient
-from fl_app.node.cohort_wire import bundle_instructions, split_replies
+from protocol.cohort import bundle_instructions, split_replies
 
 N = 5  # partitions of the run's data
 

@@ -12,12 +12,13 @@ The paths (``execution``):
   ``fl_app.common.execution_path``).
 
 A method and settings can run as a cohort (every method has a functional local update) when it
-wraps its messages in no client mods, and ``inject-faults`` asks no node to fault or attack
-(``cohort_problem``). ``execution = "cohort"`` (or a cohort launch) for a method or setting that
-cannot is refused here, before any training, never run another way (``check_execution``).
+wraps its messages in no client mods (``cohort_problem``); an injected fault or attack acts on a
+virtual client as on its own node (``fl_app.node.attacks``). ``execution = "cohort"`` (or a
+cohort launch) for a method or setting that cannot is refused here, before any training, never
+run another way (``check_execution``).
 
 What a cohort node replies (``cohort-replies``, ``summed_replies``): ``full``, every client's
-arrays; ``sum``, one n_k-weighted mean and sums for all its clients (``fl_app.node.cohort_wire``),
+arrays; ``sum``, one n_k-weighted mean and sums for all its clients (``protocol.cohort``),
 for a method whose server declares ``REPLY_SUMS`` and a run without update screening (which
 acts on each reply); ``auto``, ``sum`` where it can, else ``full``. ``sum`` where it cannot is
 refused in one line (``sum_problem``).
@@ -25,7 +26,6 @@ refused in one line (``sum_problem``).
 
 from __future__ import annotations
 
-from fl_app.common.faults import parse_faults
 from fl_app.common.method import Method
 from protocol.keys import ConfigError
 
@@ -35,18 +35,14 @@ CHOICES = (AUTO, PER_CLIENT, COHORT)
 
 def cohort_problem(cfg: dict, method: Method) -> str:
     """Why ``cfg`` cannot run as a cohort ('' when it can): the method wraps its messages in
-    client mods (a DP clipping mod acts on one client's message), or ``inject-faults`` asks a
-    node to fault or attack (per partition, on the node's own message). Every method's client
-    side is a ``LocalUpdate``, which a cohort node runs vmapped."""
+    client mods (a DP clipping mod acts on one client's message). Every method's client side is
+    a ``LocalUpdate``, which a cohort node runs vmapped; a client's injected fault or attack is a
+    filter on its reply, the same on both paths."""
     name = cfg["strategy"]
     mods = method.update.client_mods(cfg)
     if mods:
         return (f"method {name!r} wraps every message in client mods ({', '.join(m.__name__ for m in mods)}),"
                 " which act on one client's message, not on a cohort's")
-    node_faults = sorted(str(k) for k in parse_faults(cfg["inject-faults"]) if isinstance(k, int))
-    if node_faults:
-        return (f"inject-faults = {cfg['inject-faults']!r} makes partition(s) {', '.join(node_faults)} fault or"
-                " attack on their own node, which a cohort node does not do")
     return ""
 
 

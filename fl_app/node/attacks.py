@@ -1,5 +1,9 @@
-"""Model-poisoning attacks for testing defences (``inject-faults`` items ``scale``, ``flip``, ``noise``,
-``adaptive``).
+"""What ``inject-faults`` does to a client on a node, the same functions on the per-client node
+(``fl_app.node.node_client``) and a cohort node's clients (``fl_app.node.cohort_client``):
+``raise_if_injected`` before any work of the client's round (``raise:<partition>``), and
+``faulted_reply``, a filter on its reply after its training, once its method has kept its own
+state (so that state stays honest): ``nan:<partition>`` and the model-poisoning attacks for
+testing defences (``scale``, ``flip``, ``noise``, ``adaptive``).
 
 Each attack rewrites a client's weight update Delta = w_k - w_t (w_t = the weights the client
 received, w_k = its trained weights) before the reply leaves the client:
@@ -29,11 +33,42 @@ as control-variate updates) are sent as computed: the attack is on the model upd
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 
-from fl_app.common.faults import Attack
+from fl_app.common.faults import Attack, parse_faults
+
+
+@functools.lru_cache(maxsize=16)
+def client_faults(text: str) -> dict:
+    """{partition: its fault} of an ``inject-faults`` value (the server's own items left out)."""
+    return {k: v for k, v in parse_faults(text).items() if isinstance(k, int)}
+
+
+def targets_clients(cfg: dict) -> bool:
+    """Whether the run injects a fault or attack into any client."""
+    return bool(client_faults(cfg["inject-faults"]))
+
+
+def raise_if_injected(cfg: dict, partition: int) -> None:
+    """The injected ``raise`` fault of client ``partition``: its round fails before any work."""
+    if client_faults(cfg["inject-faults"]).get(partition) == "raise":
+        raise RuntimeError(f"injected fault: client of partition {partition} raises")
+
+
+def faulted_reply(cfg: dict, partition: int, server_round: int, reply: list, received: list,
+                  num_weights: int) -> list:
+    """Client ``partition``'s reply as its injected ``nan`` fault or attack leaves it (the reply
+    itself when it has none): ``received`` is what the server sent it (w_t first),
+    ``num_weights`` the model state arrays at the front of both."""
+    fault = client_faults(cfg["inject-faults"]).get(partition)
+    if fault is None:
+        return reply
+    if fault == "nan":
+        reply = [np.full_like(a, np.nan) if np.issubdtype(a.dtype, np.floating) else a for a in reply]
+    return attacked_reply(fault, reply, received, num_weights, cfg["seed"], partition, server_round, cfg)
 
 
 def screening_bound(cfg: dict, own_norm: float) -> float:

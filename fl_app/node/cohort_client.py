@@ -2,83 +2,63 @@
 clients it hosts together, in one ``tasks.functional.cohort_round`` (one ``torch.func.vmap``).
 
 The ClientApp builds it instead of a method's client when the run is a cohort run
-(``num-virtual-clients`` > 0, ``fl_app.common.execution_path``). The server sends a round's instructions
-for the node's virtual clients as one bundle (``fl_app.node.cohort_wire``).
-
-A round runs as rows (``fit_rows``, ``fl_app.node.cohort_rows``: one preparation for the round's
-clients, their state in one N-row store journalled once a round) unless ``rows_problem`` names
-what needs a client object each (an injected fault or attack, ``client-state = "disk"``, a
-stateful method without a disk mirror); then, and as the reference the rows are tested against
-bit for bit, ``fit`` takes the object path:
+(``num-virtual-clients`` > 0, ``fl_app.common.execution_path``). The server sends a round's
+instructions for the node's virtual clients as one bundle (``protocol.cohort``). ``fit``:
 
 1. splits the bundle into per-client (partition p, arrays, config), the config carrying N as
-   ``num-partitions``;
-2. per virtual client p builds the client exactly as ``client_fn`` would on a node of
-   partition p of N (the one ``DriftClient`` running the method's ``LocalUpdate``), on its own
-   view of ``context.state`` (only p's records, stored in the node's state under ``vc<p>/<key>``),
-   wraps it in ``NodeClient`` and runs the node's steps before training (``begin_fit``: the
-   state restored from its on-disk mirror, as a per-client node does) and the client's
-   ``prepare_round``;
-3. trains all prepared clients in ONE ``cohort_round`` (weights, buffers stacked; each client's
-   own data, batch order, augmentation, state and server extras). Clients whose rounds differ
-   in what the cohort shares (learning rate, optimiser, batch size, epochs) would train in
-   separate cohorts; a client without data trains alone (``local_round``: 0 steps);
-4. per client, the client's ``finish_round`` (its reply, state kept) and the node's steps
-   after training (``end_fit``: state mirrored to disk), then its state view written back;
+   ``num-partitions``, and opens the round's client-state store (``client_state.choose_store``);
+2. prepares each client's round through the per-client path's own functions
+   (``fl_app.node.drift_client``: ``split_received``, ``kept_state``, ``prepared_round``), its
+   kept state read through the store; w_t (and what the server sent besides it) is converted to
+   tensors once per distinct set of arrays, not once per client (a method with ``personal``
+   entries, FedBN's, gets its own per client);
+3. trains all prepared clients in ONE ``cohort_round`` (``train``: clients whose rounds differ in
+   what the cohort shares train in separate cohorts; a client without data, or of an
+   ``unbatched`` update, alone through ``local_round``);
+4. finishes each client (``finished_round``): its kept state into the store, then the node's
+   filter on its reply (``fl_app.node.attacks.faulted_reply``: an injected ``nan`` or attack,
+   the same function the per-client node runs), and closes the store's round (journal, mirror);
 5. returns one reply for all: every client's arrays (``bundle_replies``), or, when the server
-   asks for sums (``cohort_wire.SUM``), their n_k-weighted mean and sums (``sum_replies``).
-   A client that fails in steps 2 or 4 is reported failed in the reply and the others go on;
-   its state stays as it was before the round (as Flower keeps a node's state when its
-   ClientApp raises). A failure of the cohort's training itself (step 3) fails the node's
-   message, so the server fails each of its clients.
+   asks for sums (``protocol.cohort.SUM``), their n_k-weighted mean and sums (``sum_replies``,
+   on the training device on CUDA: ``device_sums``).
 
-Where the object path keeps the virtual clients' state between rounds (``NodeResidentState``;
-the rows keep theirs in ``cohort_rows.ClientRows`` likewise): in the node's process, not in
-``context.state``, whenever the state is also mirrored on disk (the server checkpoints:
-``checkpoint-every`` > 0 and its run folder is visible here) and ``client-state = "memory"``.
-Flower's simulation ships a node's whole ``context.state`` to the actor and back with every
-message, which for a cohort node is every hosted client's state (SCAFFOLD's c_i of 100 clients:
-100 models, each way, each round); the process keeps the records instead and ``context.state``
-carries a token naming the process's copy. A message that lands in another process (another
-actor, a restarted one, a resumed run) finds no copy with that token and restores each client
-from its disk mirror at its last round (as ``client-state = "disk"`` does), so the state is the
-same records wherever it is read. Without a disk mirror the state stays in ``context.state``, as
-on a per-client node.
+A client that fails in steps 2 or 4 is reported failed in the reply and the others go on; its
+state stays as it was before the round. A failure of the cohort's training itself (step 3)
+fails the node's message, so the server fails each of its clients.
 
 Equal to the per-client path: each client's reply, state and metrics are those of its own
 ``DriftClient.fit`` within float rounding (vmap's batched kernels sum in another order: 1e-5
-relative in float32, tests/node/test_cohort_node.py), and exactly for a cohort of one. The metric
-``fit_seconds`` is each client's share of the node's round (the round's time over its clients),
+relative in float32, tests/node/test_cohort_node.py), exactly for a cohort of one, and bit for
+bit when the per-client path's clients are trained by the same ``train``
+(tests/node/test_cohort_rows.py). ``fit_seconds`` is each client's share of the node's round,
 ``prepare_seconds`` its own step 2, ``train_seconds`` its share of step 3 (``round_timings``).
 """
 
 from __future__ import annotations
 
 import logging
-import sys
 import time
-import uuid
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
+from flwr.app import Context, RecordDict
 from flwr.client import NumPyClient
 
-from fl_app.node.cohort_rows import (
-    ROWS,
-    RowsJournal,
-    device_sums,
-    named_copy,
-    node_rows,
-    rows_problem,
-    rows_round,
-    state_of,
-    stateful,
-    sums_on_device,
-    virtual_partition,
+from fl_app.node import drift_client
+from fl_app.node.attacks import faulted_reply, raise_if_injected, targets_clients
+from fl_app.node.client_state import ROWS, ClientStateStore, RowsStore, choose_store, keep_from
+from fl_app.node.drift_client import (
+    DriftClient,
+    finished_round,
+    kept_state,
+    prepared_round,
+    split_received,
+    tensors_finite,
+    weights_to_tensors,
 )
-from fl_app.node.cohort_wire import (
+from fl_app.node.node_client import in_ray_worker, ray_node_id, round_timings, wait_for_warm_up
+from protocol.cohort import (
     COHORT_KEYS,
     NUM_PARTITIONS,
     NUMPY_SUMS,
@@ -90,82 +70,37 @@ from fl_app.node.cohort_wire import (
     split_instructions,
     sum_replies,
 )
-from fl_app.node.drift_client import DriftClient
-from fl_app.node.node_client import NodeClient, NodeRound, round_timings, start_warm_up
-from fl_app.node.state_mirror import partition_mirror, state_mirrored
+from tasks.datasets import input_shape
 from tasks.functional import RoundResult, cohort_round, local_round
 from tasks.functional.rounds import stack_trees
 from tasks.functional.update import LocalUpdate, Round
-from tasks.models import default_device
+from tasks.models import cached_model, default_device
+from tasks.partitioning import PartitionSpec
 
 log = logging.getLogger("flwr.fl_drift")
 
 
-def state_prefix(partition: int) -> str:
-    """Where virtual client ``partition``'s records live in the node's ``context.state``."""
-    return f"vc{partition}/"
-
-
-def state_view(state: RecordDict, partition: int) -> RecordDict:
-    """A RecordDict of virtual client ``partition``'s records only, under their own names (the
-    records themselves, not copies: the client replaces them, as in ``DriftClient.save_state``)."""
-    prefix = state_prefix(partition)
-    return RecordDict({key[len(prefix):]: record for key, record in state.items() if key.startswith(prefix)})
-
-
-def store_view(state: RecordDict, partition: int, view: RecordDict) -> None:
-    """Write virtual client ``partition``'s view back into the node's state: its old records
-    replaced by the view's (a record the client deleted is deleted)."""
-    prefix = state_prefix(partition)
-    for key in [k for k in state.keys() if k.startswith(prefix)]:
-        del state[key]
-    for key, record in view.items():
-        state[prefix + key] = record
-
-
-RESIDENT = "cohort-resident-state"  # a ConfigRecord in context.state: the token of the process's copy
-
-
-class NodeResidentState:
-    """A cohort node's virtual clients' state records kept in this process between rounds, in
-    front of their disk mirrors (module docstring). One per (run, node) in a process
-    (``_RESIDENT``); ``token`` names this copy, and ``context.state`` carries it. With several
-    cohort nodes and actors a process may hold a copy for each node it served; a copy whose
-    token its node no longer carries is replaced the next time that node's message lands here."""
-
-    def __init__(self, token: str):
-        self.token = token
-        self.records: dict[int, RecordDict] = {}  # partition -> its records, under their own names
-
-
-_RESIDENT: dict[tuple[int, int], NodeResidentState] = {}
-
-
-def resident_wanted(cfg: dict, config: dict) -> bool:
-    """Whether a cohort node keeps its clients' state in its process this round: the state is
-    mirrored on disk (``checkpoint-every`` > 0, the run folder visible here) and
-    ``client-state = "memory"`` (with ``"disk"`` the state already lives only on disk)."""
-    return cfg["client-state"] == "memory" and state_mirrored(config)
-
-
-def failure(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
-
-
 @dataclass
 class Member:
-    """A virtual client of this round's cohort, prepared for training."""
+    """A virtual client of the round, prepared as a row of the cohort."""
 
     partition: int
-    arrays: list[np.ndarray]
-    config: dict
-    node: NodeClient  # NodeClient around the method's client of partition ``partition``
-    node_round: NodeRound
+    arrays: list[np.ndarray]  # what the server sent it (w_t first)
     job: Round
+    carried: int  # arrays it had kept when the round began (``state_arrays_in``)
+    prepare_seconds: float
 
-    @property
-    def client(self) -> DriftClient:
-        return self.node.client
+
+def virtual_partition(partition: int, config: dict) -> int:
+    """N (``num-partitions`` in a virtual client's config), checked: the server sends it to
+    every virtual client, and ``partition`` must be one of its N."""
+    if NUM_PARTITIONS not in config:
+        raise ValueError(f"cohort node: the config of virtual client {partition} has no 'num-partitions' "
+                         "(the server sends N, the partitions of the run's data, to every virtual client)")
+    num_partitions = int(config[NUM_PARTITIONS])
+    if not 0 <= partition < num_partitions:
+        raise ValueError(f"cohort node: virtual client {partition} is not a partition of {num_partitions}")
+    return num_partitions
 
 
 def same_cohort(a: Round, b: Round) -> bool:
@@ -213,7 +148,95 @@ def train(jobs: list[Round]) -> list[RoundResult]:
     return results
 
 
-def sent_on_device(members, device: torch.device) -> dict[int, list[torch.Tensor]]:
+def failure(partition: int, exc: BaseException, when: str) -> str:
+    log.warning("cohort node: virtual client %d failed %s", partition, when, exc_info=True)
+    return f"{type(exc).__name__}: {exc}"
+
+
+def prepare(update: LocalUpdate, cfg: dict, instructions, store: ClientStateStore,
+            failed: dict[int, str]) -> list[Member]:
+    """Each client's ``Round`` as its own node would prepare it (an injected ``raise`` first),
+    w_t converted once per distinct set of sent arrays (per client for an update with
+    ``personal`` entries, which replace some)."""
+    device = default_device()
+    model = cached_model(cfg["model"], input_shape(cfg["dataset"]), device)
+    converted: dict[tuple, tuple] = {}  # ids of the sent arrays -> (params, buffers, received)
+    members: list[Member] = []
+    for partition, arrays, config in instructions:
+        begun = time.perf_counter()
+        try:
+            raise_if_injected(cfg, partition)
+            num_partitions = virtual_partition(partition, config)
+            load = store.loader(partition)
+            key = tuple(id(a) for a in arrays)
+            if update.personal is not None or key not in converted:
+                weights, received = split_received(update, model, cfg, arrays, load)
+                converted[key] = (*weights_to_tensors(model, weights), received)
+            params, buffers, received = converted[key]
+            spec = PartitionSpec.from_config(cfg, num_partitions)
+            (x, y), _ = drift_client.partition_on_device(spec, partition, device, cfg["client-test-fraction"])
+            job = prepared_round(update, model, cfg, device, partition, num_partitions,
+                                 int(config.get("server-round", 1)), params, buffers,
+                                 kept_state(update, model, cfg, load), received, x, y)
+            members.append(Member(partition, arrays, job, store.count(partition), time.perf_counter() - begun))
+        except Exception as exc:  # this client fails; the others go on
+            failed[partition] = failure(partition, exc, "before training")
+    return members
+
+
+def finish(cfg: dict, members: list[Member], results, store: ClientStateStore, failed: dict[int, str],
+           on_host: bool) -> list:
+    """Each trained client's reply and metrics (``finished_round``; its kept state into the
+    store, then the node's ``faulted_reply``, ``state_arrays_in`` and ``ray_node``)."""
+    replies = []
+    for member, result in zip(members, results):
+        try:
+            reply, kept, num_examples, metrics = finished_round(member.job, result, cfg, on_host)
+            store.keep(member.partition, kept or {})
+            reply = faulted_reply(cfg, member.partition, member.job.server_round, reply, member.arrays,
+                                  len(member.job.model.state_dict()))
+        except Exception as exc:
+            failed[member.partition] = failure(member.partition, exc, "after training")
+            continue
+        if store.count(member.partition):  # stateful methods only: 0 in a first round
+            metrics["state_arrays_in"] = member.carried
+        if in_ray_worker():
+            metrics["ray_node"] = ray_node_id()
+        replies.append((member.partition, reply, num_examples, metrics))
+    return replies
+
+
+def device_sums(device: torch.device) -> SumOps:
+    """``protocol.cohort.sum_replies``' operations on tensors on ``device``: the replies of a
+    round summed where they were trained, in float64, and only the sums copied to the host (on a
+    GPU, one model's and the drift sums' bytes instead of every client's model). The same
+    products and sums, in the same order, as numpy's (``NUMPY_SUMS``): equal bit for bit but
+    ``dot`` (float64 rounding), tests/node/test_cohort_rows.py."""
+    def to64(a):
+        return a.to(torch.float64) if isinstance(a, torch.Tensor) else torch.as_tensor(np.asarray(a), device=device,
+                                                                                       dtype=torch.float64)
+
+    def cast(value, ref):
+        return (torch.round(value) if not ref.is_floating_point() else value).to(ref.dtype)
+
+    def to_numpy(a):
+        return a.detach().to("cpu", memory_format=torch.contiguous_format).numpy()
+    return SumOps(to64=to64, dot=lambda d: float(torch.dot(d.reshape(-1), d.reshape(-1))),
+                  zeros64=lambda a: torch.zeros(tuple(a.shape), dtype=torch.float64, device=device),
+                  cast=cast, finite=tensors_finite, to_numpy=to_numpy)
+
+
+def sums_on_device(cfg: dict, device: torch.device, forced: bool | None) -> bool:
+    """Whether a node sums its replies on its training device: on CUDA (the sums' inputs are
+    there), not on a CPU, where numpy's float64 sums measured faster (docs/performance.md), nor
+    when a fault or attack targets a client (they rewrite host arrays); ``forced`` (a test's)
+    decides when not None."""
+    if targets_clients(cfg):
+        return False
+    return forced if forced is not None else device.type == "cuda"
+
+
+def sent_on_device(members: list[Member], device: torch.device) -> dict[int, list[torch.Tensor]]:
     """Per member, the arrays it was sent as tensors on ``device`` (the drift sums' w_t), each
     distinct set converted once."""
     converted: dict[tuple, list[torch.Tensor]] = {}
@@ -226,28 +249,14 @@ def sent_on_device(members, device: torch.device) -> dict[int, list[torch.Tensor
     return sent
 
 
-def node_reply(replies: list, failed: dict[int, str], sent: dict[int, list], config: dict,
-               ops: SumOps = NUMPY_SUMS) -> tuple[list[np.ndarray], int, dict]:
-    """The node's one reply: every client's arrays (``bundle_replies``), or, when the server asks
-    for sums (``cohort_wire.SUM``), their n_k-weighted mean and sums (``sum_replies`` on ``ops``:
-    numpy's, or the training device's, ``cohort_rows.device_sums``)."""
-    if SUM in config:
-        return sum_replies([(p, r, n, m, sent[p]) for p, r, n, m in replies], failed, SumSpec.decode(config[SUM]),
-                           ops)
-    return bundle_replies(replies, failed)
-
-
 class CohortClient(NumPyClient):
     """A cohort node: many virtual clients of one method (see the module docstring).
 
     ``update`` is the method's client side (the registry's ``Method.update``), ``cfg`` the
     validated run config; ``partition_id`` / ``num_partitions`` are the node's own (its node
-    config), which ``get_properties`` reports and the server orders the nodes by. ``rows``:
-    whether a round may run as rows (``fl_app.node.cohort_rows``); False runs every round with
-    one client object per virtual client (the reference the rows are tested against)."""
+    config), which ``get_properties`` reports and the server orders the nodes by."""
 
-    rows = True
-    device_sums: bool | None = None  # sum on the training device: None = on CUDA (cohort_rows.sums_on_device)
+    device_sums: bool | None = None  # sum on the training device: None = on CUDA (sums_on_device)
 
     def __init__(self, cfg: dict, context: Context, update: LocalUpdate, partition_id: int,
                  num_partitions: int):
@@ -264,62 +273,18 @@ class CohortClient(NumPyClient):
         self.partition_id = partition_id
         self.num_partitions = num_partitions
 
-    # ----------------------------------------------------------------- virtual clients
-    def virtual_client(self, partition: int, config: dict, state: RecordDict | None = None) -> DriftClient:
-        """The method's client of virtual client ``partition`` of N (``num-partitions`` in
-        ``config``), as ``client_fn`` builds it on a node of that partition, on its own view of
-        the node's state (or on ``state``, its records read from the node's rows)."""
+    def virtual_client(self, partition: int, config: dict, store: ClientStateStore) -> DriftClient:
+        """The method's client of virtual client ``partition`` of N, as ``client_fn`` builds it on
+        a node of that partition, its state read through ``store``."""
         num_partitions = virtual_partition(partition, config)
         context = Context(run_id=self.context.run_id, node_id=self.context.node_id,
                           node_config={"partition-id": partition, "num-partitions": num_partitions},
-                          state=state if state is not None else state_view(self.context.state, partition),
-                          run_config=self.context.run_config)
-        return DriftClient(self.update, self.cfg, context, partition, num_partitions)
-
-    def _prepare(self, partition: int, arrays: list[np.ndarray], config: dict) -> Member:
-        node = NodeClient(self.virtual_client(partition, config))
-        node_round = node.begin_fit(config)
-        return Member(partition, arrays, config, node, node_round, node.client.prepare_round(arrays, config))
-
-    def _finish(self, member: Member, result: RoundResult) -> tuple[int, list[np.ndarray], int, dict]:
-        reply, num_examples, metrics = member.client.finish_round(member.job, result)
-        reply, num_examples, metrics = member.node.end_fit(member.node_round, member.arrays, member.config,
-                                                           reply, num_examples, metrics)
-        store_view(self.context.state, member.partition, member.client.context.state)
-        return member.partition, reply, num_examples, metrics
-
-    # ------------------------------------------------------------ state between rounds
-    def resident(self, run_dir: str) -> NodeResidentState:
-        """This process's copy of the node's clients' state, if ``context.state``'s token names
-        it; else a new, empty one (its clients then come back from their disk mirrors in
-        ``run_dir``, which the token's record keeps for the node's evaluate messages)."""
-        kept = named_copy(self.context, RESIDENT, _RESIDENT)
-        if kept is None:
-            kept = _RESIDENT[(self.context.run_id, self.context.node_id)] = NodeResidentState(uuid.uuid4().hex)
-            self.context.state[RESIDENT] = ConfigRecord({"token": kept.token, "run-dir": run_dir})
-        return kept
-
-    def bring_in(self, kept: NodeResidentState, partition: int, run_dir: str, up_to_round: int) -> None:
-        """Virtual client ``partition``'s records into ``context.state`` (under its prefix) for
-        this round: from the process's copy, else from its disk mirror (the newest state saved
-        at or before ``up_to_round``), else none (a client's first round)."""
-        records = kept.records.get(partition)
-        if records is None:
-            saved = partition_mirror(run_dir, partition).load(up_to_round) or {}
-            records = RecordDict({name: ArrayRecord(numpy_ndarrays=list(arrays)) for name, arrays in saved.items()})
-        store_view(self.context.state, partition, records)
-
-    def take_out(self, kept: NodeResidentState, partition: int) -> None:
-        """Virtual client ``partition``'s records out of ``context.state`` into the process's
-        copy (after its round, its mirror written), so that Flower does not ship them."""
-        kept.records[partition] = state_view(self.context.state, partition)
-        store_view(self.context.state, partition, RecordDict())
+                          state=RecordDict(), run_config=self.context.run_config)
+        return DriftClient(self.update, self.cfg, context, partition, num_partitions, store)
 
     # --------------------------------------------------------------- NumPyClient API
     def get_properties(self, config: dict) -> dict:
-        """The node's own partition (the server orders its cohort nodes by it); starts the
-        process's warm-up of torch.optim (the data of the virtual clients is not known yet)."""
-        start_warm_up(None, 0)
+        """The node's own partition (the server orders its cohort nodes by it)."""
         return {"partition-id": self.partition_id, "num-partitions": self.num_partitions}
 
     def get_parameters(self, config: dict) -> list[np.ndarray]:
@@ -327,102 +292,48 @@ class CohortClient(NumPyClient):
                            self.num_partitions).get_parameters(config)
 
     def fit(self, parameters: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
-        """The bundled round of this node's virtual clients (module docstring): as rows
-        (``fl_app.node.cohort_rows``) where ``rows_problem`` finds nothing against it, else one
-        client object each."""
-        if self.rows and not rows_problem(self.cfg, config, self.update):
-            return self.fit_rows(parameters, config)
-        started = time.perf_counter()
-        members: list[Member] = []
-        failed: dict[int, str] = {}
-        prepare: dict[int, float] = {}  # each client's own preparation (one after another)
-        kept = self.resident(str(config["run-dir"])) if resident_wanted(self.cfg, config) else None
-        brought: list[int] = []  # the clients whose records came in from the process or the mirror
-        for partition, arrays, client_config in split_instructions(parameters, config):
-            begun = time.perf_counter()
-            try:
-                if kept is not None:
-                    up_to = int(client_config.get("server-round", 1)) - 1  # its last round's state
-                    self.bring_in(kept, partition, str(config["run-dir"]), up_to)
-                    brought.append(partition)
-                members.append(self._prepare(partition, arrays, client_config))
-            except Exception as exc:  # this client fails; the others go on
-                log.warning("cohort node: virtual client %d failed before training", partition, exc_info=True)
-                failed[partition] = failure(exc)
-            prepare[partition] = time.perf_counter() - begun
-        prepared = time.perf_counter()
-        results = train([m.job for m in members]) if members else []
-        train_share = (time.perf_counter() - prepared) / max(len(members), 1)
-        replies = []
-        for member, result in zip(members, results):
-            try:
-                replies.append(self._finish(member, result))
-            except Exception as exc:
-                log.warning("cohort node: virtual client %d failed after training", member.partition, exc_info=True)
-                failed[member.partition] = failure(exc)
-        for partition in brought:  # back to the process, a failed client's records as they were
-            self.take_out(kept, partition)
-        share = (time.perf_counter() - started) / max(len(members), 1)
-        for partition, _, _, metrics in replies:
-            metrics.update(round_timings(prepare[partition], train_share))
-            metrics["fit_seconds"] = share  # each client's share of the node's round
-        return node_reply(replies, failed, {m.partition: m.arrays for m in members}, config)
-
-    def fit_rows(self, parameters: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
-        """The bundled round as rows (``cohort_rows.rows_round``): the clients' kept state read
-        from and put in the node's ``ClientRows`` (restored from its journal in a process without
-        this node's copy) and journalled once for the round; the same reply and metrics as
-        ``fit``'s object path."""
+        """The bundled round of this node's virtual clients (module docstring)."""
         started = time.perf_counter()
         instructions = split_instructions(parameters, config)
         server_round = int(instructions[0][2].get("server-round", 1))
-        num_partitions = int(config.get(NUM_PARTITIONS, 0))
-        rows, journal = None, None
-        if stateful(self.update) and num_partitions > 0:
-            journal = RowsJournal(str(config["run-dir"]), self.partition_id)
-            rows = node_rows(self.context, self.partition_id, num_partitions, str(config["run-dir"]),
-                             server_round - 1)
-
-        def on_failure(partition: int, exc: BaseException, when: str) -> str:
-            log.warning("cohort node: virtual client %d failed %s", partition, when, exc_info=True)
-            return failure(exc)
-        on_device = SUM in config and sums_on_device(default_device(), self.device_sums)
-        replies, failed, written, members, train_seconds = rows_round(self.update, self.cfg, instructions, rows,
-                                                                      train, on_failure, on_host=not on_device)
-        if journal is not None:
-            journal.write(server_round, written, int(config.get("checkpoint-round", 0)))
+        store = choose_store(self.cfg, config, self.context, self.update, in_ray_worker(),
+                             cohort_node=self.partition_id)
+        store.open_round(server_round, int(config.get("checkpoint-round", 0)), [p for p, _, _ in instructions])
+        failed: dict[int, str] = {}
+        members = prepare(self.update, self.cfg, instructions, store, failed)
+        wait_for_warm_up()
+        prepared = time.perf_counter()
+        results = train([m.job for m in members]) if members else []
+        train_share = (time.perf_counter() - prepared) / max(len(members), 1)
+        on_device = SUM in config and sums_on_device(self.cfg, default_device(), self.device_sums)
+        replies = finish(self.cfg, members, results, store, failed, on_host=not on_device)
+        store.close_round(server_round, [p for p, *_ in replies], keep_from(config, server_round))
         share = (time.perf_counter() - started) / max(len(members), 1)
-        prepare = {m.partition: m.prepare_seconds for m in members}
+        prepare_seconds = {m.partition: m.prepare_seconds for m in members}
         for partition, _, _, metrics in replies:
-            metrics.update(round_timings(prepare[partition], train_seconds / max(len(members), 1)))
-            metrics["fit_seconds"] = share
-        if on_device:  # summed where they were trained (cohort_rows.device_sums)
-            return node_reply(replies, failed, sent_on_device(members, default_device()), config,
-                              device_sums(default_device()))
-        return node_reply(replies, failed, {m.partition: m.arrays for m in members}, config)
+            metrics.update(round_timings(prepare_seconds[partition], train_share))
+            metrics["fit_seconds"] = share  # each client's share of the node's round
+        if SUM not in config:
+            return bundle_replies(replies, failed)
+        if on_device:  # summed where they were trained
+            sent, ops = sent_on_device(members, default_device()), device_sums(default_device())
+        else:
+            sent, ops = {m.partition: m.arrays for m in members}, NUMPY_SUMS
+        return sum_replies([(p, r, n, m, sent[p]) for p, r, n, m in replies], failed, SumSpec.decode(config[SUM]),
+                           ops)
 
     def evaluate(self, parameters: list[np.ndarray], config: dict) -> tuple[float, int, dict]:
         """Evaluate one virtual client (the server sends evaluate instructions one client at a
-        time: ``PARTITIONS`` names one partition) as its own node would; its state is read, not
-        changed."""
+        time: ``PARTITIONS`` names one partition) as its own node would; its state, read from the
+        node's rows or ``context.state``, is not changed."""
         named = str(config.get(PARTITIONS, ""))
         if not named.strip().isdigit():
             raise ValueError(f"cohort node: evaluate needs {PARTITIONS!r} naming one virtual client, got {named!r}")
         client_config = {k: v for k, v in config.items() if k not in COHORT_KEYS}
-        partition = int(named)
-        rows_record = self.context.state.config_records.get(ROWS)
-        if rows_record is not None:  # the state lives in the node's rows (fit_rows)
-            rows = node_rows(self.context, self.partition_id, int(rows_record["num-partitions"]),
-                             str(rows_record["run-dir"]), sys.maxsize)
-            client = self.virtual_client(partition, client_config, state_of(rows, partition))
-            return NodeClient(client).evaluate(parameters, client_config)
-        record = self.context.state.config_records.get(RESIDENT)
-        if record is None:  # the state lives in context.state
-            return NodeClient(self.virtual_client(partition, client_config)).evaluate(parameters, client_config)
-        run_dir = str(record["run-dir"])
-        kept = self.resident(run_dir)
-        self.bring_in(kept, partition, run_dir, sys.maxsize)  # after its latest fit
-        try:
-            return NodeClient(self.virtual_client(partition, client_config)).evaluate(parameters, client_config)
-        finally:
-            self.take_out(kept, partition)
+        rows = self.context.state.config_records.get(ROWS)
+        if rows is not None:  # the state lives in the node's rows: after its latest fit
+            store = RowsStore(self.context, self.partition_id, int(rows["num-partitions"]), str(rows["run-dir"]))
+            store.open_latest()
+        else:
+            store = choose_store(self.cfg, {}, self.context, self.update, False, cohort_node=self.partition_id)
+        return self.virtual_client(int(named), client_config, store).evaluate(parameters, client_config)

@@ -12,27 +12,29 @@ declaration, never from a method's name:
   into the reply's arrays; the model module is a skeleton for ``torch.func.functional_call``
   (only ``evaluate``, and a ``prepare`` step that needs a module, load weights into it);
 - the arrays after the weights are split into the declared ``receives``; the declared ``state``
-  is read from and written to ``context.state`` (which Flower persists per node, in simulation
-  and deployment alike), each under its record name; ``personal`` entries replace the received
-  ones before training and evaluation and are kept after training; the declared ``sends`` follow
-  the weights in the reply.
+  is read from and kept in the client's ``ClientStateStore`` (``fl_app.node.client_state``: by
+  default its ``context.state``, which Flower persists per node, in simulation and deployment
+  alike), each under its record name; ``personal`` entries replace the received ones before
+  training and evaluation and are kept after training; the declared ``sends`` follow the
+  weights in the reply.
 
 ``fit`` is the method's local training and nothing else. What a node does around it (fault
-injection, the on-disk state mirror, start-up warm-up, timing, the ``state_arrays_in`` metric)
-is the ClientApp's: ``fl_app.node.node_client.NodeClient`` wraps it.
+injection, where the state lives between rounds, start-up warm-up, timing, the
+``state_arrays_in`` metric) is the ClientApp's: ``fl_app.node.node_client.NodeClient`` wraps it.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, Context
+from flwr.app import Context
 from flwr.client import NumPyClient
 from torch import nn
 
+from fl_app.node.client_state import ClientStateStore, ContextStore, Load
 from protocol.layout import all_finite
 from protocol.traffic import append_groups, split_groups
 from tasks.augment import Augment
@@ -133,7 +135,7 @@ def prepared_round(update: LocalUpdate, model: nn.Module, cfg: dict, device: tor
     the server sent besides the weights (``received``), the round's learning rate, the client's
     data, batch-order generator and augmentation (``num_partitions`` None for a node with its own
     data), then the update's ``prepare`` step. The one preparation of the per-client path
-    (``DriftClient.prepare_round``) and of a cohort node's rows (``fl_app.node.cohort_rows``);
+    (``DriftClient.prepare_round``) and of a cohort node's clients (``fl_app.node.cohort_client``);
     the tensors given are only read (a cohort's clients may share w_t's)."""
     lr = cfg["learning-rate"] * cfg["lr-decay"] ** (server_round - 1)
     job = Round(update, model, params, buffers, state, {"buffers": buffers, **received},
@@ -180,9 +182,6 @@ def tensors_finite(tensors: list[torch.Tensor]) -> bool:
     return bool(torch.stack(flags).all()) if flags else True
 
 
-Load = Callable[[str], "list[np.ndarray] | None"]  # a client's arrays kept under a record name, or None
-
-
 def kept_state(update: LocalUpdate, model: nn.Module, cfg: dict, load: Load) -> dict:
     """{state key: tree} of the declared state a client kept in earlier rounds, read through
     ``load`` (its ``context.state``, or a cohort node's rows); an entry it never kept is absent
@@ -227,10 +226,13 @@ class DriftClient(NumPyClient):
     """Any method's client: ``fit`` trains ``update`` (module docstring).
 
     ``self.cfg`` is the validated run config (the same for every round and node);
-    ``self.fit_config`` is the config the server sent with this round's fit instruction.
+    ``self.fit_config`` is the config the server sent with this round's fit instruction;
+    ``self.store`` where the client's kept state is read and kept (its ``context.state`` unless
+    a node gives it another store: ``fl_app.node.client_state.choose_store``).
     """
 
-    def __init__(self, update: LocalUpdate, cfg: dict, context: Context, partition_id: int, num_partitions: int):
+    def __init__(self, update: LocalUpdate, cfg: dict, context: Context, partition_id: int, num_partitions: int,
+                 store: ClientStateStore | None = None):
         if not isinstance(update, LocalUpdate):
             raise TypeError(f"a client runs a tasks.functional LocalUpdate, got {update!r} (docs/contributing.md)")
         self.update = update
@@ -238,6 +240,7 @@ class DriftClient(NumPyClient):
         self.context = context
         self.partition_id = partition_id
         self.num_partitions = num_partitions
+        self.store = store if store is not None else ContextStore(context.state)
         # A deployed SuperNode may bring its own data instead of a partition (node_config).
         self.data_path = str(context.node_config.get("data-path", "") or "")
         self.device = default_device()
@@ -279,13 +282,11 @@ class DriftClient(NumPyClient):
         self.use_data(train, test)
 
     def load_state(self, name: str) -> list[np.ndarray] | None:
-        """Arrays saved under record ``name`` in an earlier round on this node, or None."""
-        if name not in self.context.state:
-            return None
-        return self.context.state[name].to_numpy_ndarrays()
+        """Arrays kept under record ``name`` in an earlier round, or None."""
+        return self.store.loader(self.partition_id)(name)
 
     def save_state(self, name: str, arrays: list[np.ndarray]) -> None:
-        self.context.state[name] = ArrayRecord(numpy_ndarrays=[np.asarray(a) for a in arrays])
+        self.store.keep(self.partition_id, {name: arrays})
 
     def names(self, arrays: Arrays) -> list[str]:
         """The model entries a declared set of arrays covers, in state_dict order."""
@@ -334,11 +335,10 @@ class DriftClient(NumPyClient):
                               self.kept_state(), received, x, y)
 
     def finish_round(self, job: Round, result: RoundResult) -> tuple[list[np.ndarray], int, dict]:
-        """Everything after the loop (``finished_round``), the kept state saved in
-        ``context.state`` when it and the reply are finite."""
+        """Everything after the loop (``finished_round``), the kept state put in the client's
+        store when it and the reply are finite."""
         reply, kept, num_examples, metrics = finished_round(job, result, self.cfg)
-        for name, arrays in (kept or {}).items():
-            self.save_state(name, arrays)
+        self.store.keep(self.partition_id, kept or {})
         return reply, num_examples, metrics
 
     def evaluate(self, parameters: list[np.ndarray], config: dict) -> tuple[float, int, dict]:

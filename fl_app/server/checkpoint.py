@@ -13,10 +13,10 @@ Client state (``context.state``: control variates, past gradients, previous mode
 BatchNorm layers kept local) lives on the clients, so each client mirrors it to
 ``<run-dir>/client-state/<client>/round-<r>.npz`` after every fit while checkpointing is on,
 and reloads the newest file not newer than the checkpoint on resume
-(``fl_app.node.state_mirror.ClientStateMirror``).
-A cohort node running its clients as rows keeps one journal instead,
-``<run-dir>/client-rows/node-<i>/round-<r>.npz`` (the rows its clients kept in round r), and
-restores its rows from it up to the checkpoint's round (``fl_app.node.cohort_rows.RowsJournal``).
+(``fl_app.node.client_state.ClientStateMirror``).
+A cohort node keeps one journal instead, ``<run-dir>/client-rows/node-<i>/round-<r>.npz`` (the
+rows its clients kept in round r), and restores its rows from it up to the checkpoint's round
+(``fl_app.node.client_state.RowsJournal``).
 On a deployment that path is on the node's own disk. With ``client-state = "disk"`` a
 simulated client keeps its state only there between its rounds (``fl_app.node.node_client``).
 """

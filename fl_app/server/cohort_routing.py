@@ -6,8 +6,8 @@ The routing keeps the method's ``Strategy`` unchanged: it samples from N clients
 ``FitRes``. fl-drift's client manager (``fl_app.server.sampling.CohortClientManager``) presents N
 ``VirtualClientProxy`` (partition p hosted by node p mod M, fixed for the run, so a client's state
 stays on one node), and ``fit_cohort`` sends a round's instructions as one bundle per node
-(``fl_app.node.cohort_wire``) and splits the replies back into one ``FitRes`` per virtual client.
-``fit_cohort_summed`` asks each node for one summed reply instead (``cohort_wire.sum_replies``),
+(``protocol.cohort``) and splits the replies back into one ``FitRes`` per virtual client.
+``fit_cohort_summed`` asks each node for one summed reply instead (``protocol.cohort.sum_replies``),
 for a method whose server declares ``REPLY_SUMS``: one ``NodeSum`` per node.
 """
 
@@ -32,7 +32,7 @@ from flwr.common import (
 )
 from flwr.server.client_proxy import ClientProxy
 
-from fl_app.node.cohort_wire import (
+from protocol.cohort import (
     NUM_PARTITIONS,
     PARTITIONS,
     SUM,
@@ -142,7 +142,7 @@ def fit_cohort(instructions: Sequence[tuple[VirtualClientProxy, FitIns]], max_wo
 
 def fit_cohort_summed(instructions: Sequence[tuple[VirtualClientProxy, FitIns]], spec: SumSpec,
                       max_workers: int | None, timeout: float | None, group_id: int) -> tuple[list, list]:
-    """``fit_cohort`` with summed replies: each node's bundle carries ``spec`` (``cohort_wire.SUM``)
+    """``fit_cohort`` with summed replies: each node's bundle carries ``spec`` (``protocol.cohort.SUM``)
     and its reply comes back as one ``NodeSum`` (its clients' n_k-weighted mean and sums, the
     clients' own records). Results: (the node's proxy, its ``NodeSum``) in the order of each
     node's first partition (so float sums over nodes run in one order whatever order they reply

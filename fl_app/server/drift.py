@@ -29,7 +29,7 @@ kept local, say) stay on the clients and are left out. A plain Flower strategy, 
 declares neither, is taken as the n_k-weighted mean with nothing local. No method is
 named or looked up here.
 
-From summed replies (a cohort node's sums, ``fl_app.node.cohort_wire.sum_replies``) the same
+From summed replies (a cohort node's sums, ``protocol.cohort.sum_replies``) the same
 columns follow without any client's arrays (``drift_from_sums``): each client's ||Delta_k||^2
 over the head and the body, sum_k n_k Delta_k (so the step sum_k p_k Delta_k with p_k = n_k / sum n)
 and sum_k Delta_k / ||Delta_k|| (so the mean cosine, <sum_k Delta_k/||Delta_k||, step> over the
@@ -146,7 +146,7 @@ def round_drift(
 
 
 def drift_from_sums(cfg: dict, strategy: type, nodes: list) -> dict[str, float]:
-    """The round's drift columns from summed replies (``nodes``: ``cohort_wire.NodeSum``, whose
+    """The round's drift columns from summed replies (``nodes``: ``protocol.cohort.NodeSum``, whose
     sums run over ``layout``'s head then body entries): the same quantities as ``round_drift``
     on the clients' own replies, within float64 rounding. Empty without a client. A strategy
     that declares ``UNIFORM_MEAN`` never gets summed replies (its p_k = 1/K): refused."""

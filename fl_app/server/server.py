@@ -53,7 +53,6 @@ from flwr.server.strategy import Strategy
 
 from fl_app.common.execution_checks import PER_CLIENT, summed_replies
 from fl_app.common.execution_path import Execution
-from fl_app.node.cohort_wire import SumSpec
 from fl_app.server.checkpoint import Checkpoint, checkpoint_due, drop_checkpoint, save_checkpoint
 from fl_app.server.cohort_routing import fit_cohort, fit_cohort_summed
 from fl_app.server.crash import crash_if_injected
@@ -74,6 +73,7 @@ from fl_app.server.recording import (
 )
 from fl_app.server.screening import Screening
 from fl_app.server.tracking import RunTracker
+from protocol.cohort import SumSpec
 from protocol.layout import all_finite
 from tasks.datasets import DataUnavailableError, PartitionError
 from tasks.partition_figure import write_run_split
@@ -139,7 +139,7 @@ class DriftServer(Server):
             strategy.set_state(self.resume_from.strategy_state)
 
     def reply_sums(self) -> SumSpec | None:
-        """What a cohort node sums (``cohort_wire.SumSpec``: the model's arrays averaged, the
+        """What a cohort node sums (``protocol.cohort.SumSpec``: the model's arrays averaged, the
         drift columns' entries), or None when every client replies its own arrays: the
         per-client path, ``cohort-replies = "full"``, or a method or setting that cannot
         (``summed_replies``)."""
@@ -287,7 +287,7 @@ class DriftServer(Server):
         return accepted
 
     def screen_sums(self, server_round: int, results: list, failures: list) -> list:
-        """``screen`` for summed replies (``results``: (node proxy, ``cohort_wire.NodeSum``)):
+        """``screen`` for summed replies (``results``: (node proxy, ``protocol.cohort.NodeSum``)):
         the clients each node rejected (its check is the server's, ``reply_problem``) or whose
         sum is not usable are counted as rejected; the clients' own records give the metrics and
         counts; the nodes' replies, each standing for its clients, are what the method aggregates.

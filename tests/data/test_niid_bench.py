@@ -156,8 +156,8 @@ def test_code_noise_reaches_both_execution_paths(small_mnist):
 
     from clients import fedavg
     from fl_app.node.cohort_client import CohortClient
-    from fl_app.node.cohort_wire import NUM_PARTITIONS
     from fl_app.node.drift_client import DriftClient
+    from protocol.cohort import NUM_PARTITIONS
     from tasks.models import get_weights
     from tests.kit import fake_context
 

@@ -260,8 +260,8 @@ def test_cohort_and_per_client_see_the_same_noisy_inputs(small_mnist):
     on the same inputs, noise and all."""
     from clients import fedavg
     from fl_app.node.cohort_client import CohortClient
-    from fl_app.node.cohort_wire import NUM_PARTITIONS
     from fl_app.node.drift_client import DriftClient
+    from protocol.cohort import NUM_PARTITIONS
     from tests.kit import fake_context
 
     cfg = validate_config({"data-dir": str(small_mnist), "partitioner": "iid", "noise-sigma": 0.3,

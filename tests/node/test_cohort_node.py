@@ -22,12 +22,14 @@ import torch
 from flwr.app import RecordDict
 from flwr.common import FitIns, ndarrays_to_parameters, parameters_to_ndarrays
 
+import fl_app.node.cohort_client as cohort_client
 import fl_app.node.drift_client as drift_client
-from fl_app.node.cohort_client import CohortClient, state_prefix
-from fl_app.node.cohort_wire import bundle_instructions, split_replies
+from fl_app.node.client_state import virtual_prefix as state_prefix
+from fl_app.node.cohort_client import CohortClient
 from fl_app.node.drift_client import DriftClient
 from fl_app.node.node_client import NodeClient
 from fl_app.registry import METHODS, validate_config
+from protocol.cohort import bundle_instructions, split_replies
 from tests.kit import assert_arrays_close, assert_same_reply, fake_context
 from tests.node_kit import N, cohort_fit, reply_as_fitres
 
@@ -134,14 +136,14 @@ def test_failed_virtual_client_does_not_fail_the_others(monkeypatch):
 
     # a failure after training (finish): that client only, its state as before the round
     cfg = config_of(strategy="scaffold")
-    original = DriftClient.finish_round
+    original = cohort_client.finished_round
 
-    def finish(self, job, result):
-        if self.partition_id == 2:
+    def finish(job, result, *args):
+        if job.partition == 2:
             raise RuntimeError("finish broke")
-        return original(self, job, result)
+        return original(job, result, *args)
 
-    monkeypatch.setattr(DriftClient, "finish_round", finish)
+    monkeypatch.setattr(cohort_client, "finished_round", finish)
     before = {k: r.to_numpy_ndarrays() for k, r in node_state.array_records.items()}
     got = cohort_fit(cohort_node(cfg, "scaffold", node_state), arrays, [0, 2], {"server-round": 2})
     assert got[2] == "RuntimeError: finish broke" and not isinstance(got[0], str)
@@ -183,11 +185,9 @@ def test_bad_bundle_config_is_refused():
 
 
 # ------------------------------------------------------------------------ resume, evaluate
-@pytest.mark.parametrize("rows", [False, True])
-def test_resumed_cohort_equals_uninterrupted(tmp_path, rows):
+def test_resumed_cohort_equals_uninterrupted(tmp_path):
     """Round 2 on a fresh node (empty context.state: a resumed run) restores each virtual
-    client's state from disk (the object path's per-client mirrors, or the rows' journal) and
-    equals round 2 on the node that kept it."""
+    client's state from disk (the rows' journal) and equals round 2 on the node that kept it."""
     cfg = config_of(strategy="scaffold")
     arrays = initial(cfg, "scaffold")
     partitions = [1, 3]
@@ -195,14 +195,9 @@ def test_resumed_cohort_equals_uninterrupted(tmp_path, rows):
     kept = RecordDict()
 
     def node(state):
-        client = cohort_node(cfg, "scaffold", state)
-        client.rows = rows
-        return client
+        return cohort_node(cfg, "scaffold", state)
     cohort_fit(node(kept), arrays, partitions, {"server-round": 1, "checkpoint-round": 0, **mirror})
-    if rows:
-        assert [p.name for p in (tmp_path / "client-rows" / "node-0").iterdir()] == ["round-1.npz"]
-    else:
-        assert sorted(p.name for p in (tmp_path / "client-state").iterdir()) == ["partition-1", "partition-3"]
+    assert [p.name for p in (tmp_path / "client-rows" / "node-0").iterdir()] == ["round-1.npz"]
     round_2 = {"server-round": 2, "checkpoint-round": 1, **mirror}
     resumed_state = RecordDict()
     resumed = cohort_fit(node(resumed_state), arrays, partitions, round_2)
@@ -219,8 +214,9 @@ def test_client_state_on_disk_per_virtual_client(tmp_path, monkeypatch):
     mirror between rounds, none in the node's memory, and the rounds equal memory-held state."""
     import fl_app.node.node_client as node_client
 
-    monkeypatch.setattr(node_client, "in_ray_worker", lambda: True)
-    monkeypatch.setattr(node_client, "ray_node_id", lambda: "node-a")
+    for module in (node_client, cohort_client):
+        monkeypatch.setattr(module, "in_ray_worker", lambda: True)
+        monkeypatch.setattr(module, "ray_node_id", lambda: "node-a")
     arrays, partitions = initial(config_of(strategy="feddyn"), "feddyn"), [0, 2]
     disk, memory = config_of(strategy="feddyn", **{"client-state": "disk"}), config_of(strategy="feddyn")
     disk_state, memory_state = RecordDict(), RecordDict()

@@ -1,10 +1,12 @@
-"""A cohort node's clients as rows (fl_app/node/cohort_rows.py) against its client objects.
+"""A cohort node's clients as rows (fl_app/node/cohort_client.py, their state in
+fl_app/node/client_state.py) against the per-client path's clients.
 
-The rows run the same preparation, training and finish as the object path, so every reply,
-metric (but timings) and kept state must be equal **bit for bit** (tolerance 0: the same
-float operations on the same inputs), over rounds in which clients return with the state
-they kept; and the rows' store on disk (``RowsJournal``) must give a process without the copy,
-or a resumed run, exactly the rows an undisturbed node holds.
+The reference is each client's own ``DriftClient`` (its own ``context.state``): its
+``prepare_round`` and ``finish_round`` around the cohort's training (``cohort_client.train``,
+the one vmapped round), so the rows must give every reply, metric (but timings) and kept state
+**bit for bit** (tolerance 0: the same float operations on the same inputs), over rounds in
+which clients return with the state they kept; the store on disk (``RowsJournal``) must give a
+process without the node's copy, or a resumed run, exactly the rows an undisturbed node holds.
 """
 
 from __future__ import annotations
@@ -17,15 +19,26 @@ import torch
 from flwr.app import RecordDict
 from flwr.common import FitIns, ndarrays_to_parameters, parameters_to_ndarrays
 
+import fl_app.node.client_state as client_state
 import fl_app.node.cohort_client as cohort_client
-import fl_app.node.cohort_rows as cohort_rows
 import fl_app.node.drift_client as drift_client
+from fl_app.node.attacks import faulted_reply
+from fl_app.node.client_state import (
+    ROWS,
+    ClientRows,
+    ClientStateMirror,
+    ContextStore,
+    DiskStore,
+    RowsJournal,
+    RowsStore,
+    choose_store,
+    partition_mirror,
+)
 from fl_app.node.cohort_client import CohortClient
-from fl_app.node.cohort_rows import ROWS, ClientRows, RowsJournal, rows_problem
-from fl_app.node.cohort_wire import REPLIES, SUM, SumSpec, bundle_instructions
 from fl_app.node.drift_client import DriftClient
 from fl_app.registry import METHODS, validate_config
-from tests.kit import assert_arrays_close, assert_same_reply, fake_context, untimed
+from protocol.cohort import REPLIES, SUM, SumSpec, bundle_instructions, sum_replies
+from tests.kit import assert_arrays_close, fake_context, untimed
 from tests.node_kit import N, cohort_fit
 
 BASE = {"dataset": "synthetic", "model": "logreg", "batch-size": 8, "local-epochs": 1, "momentum": 0.9,
@@ -37,11 +50,9 @@ SIZES = {0: 13, 1: 7, 2: 9, 3: 11, 4: 6}
 @pytest.fixture(autouse=True)
 def no_kept_copies():
     """No node's copy from another test in this process (the same run and node ids)."""
-    cohort_rows._ROWS.clear()
-    cohort_client._RESIDENT.clear()
+    client_state._ROWS.clear()
     yield
-    cohort_rows._ROWS.clear()
-    cohort_client._RESIDENT.clear()
+    client_state._ROWS.clear()
 
 
 def image_partition(spec, partition_id, device, test_fraction=0.0):
@@ -51,12 +62,11 @@ def image_partition(spec, partition_id, device, test_fraction=0.0):
     return (torch.randn(n, 1, 28, 28, generator=gen), torch.randint(0, 10, (n,), generator=gen)), None
 
 
-def node(cfg: dict, method: str, state: RecordDict, rows: bool, device_sums: bool | None = None) -> CohortClient:
+def node(cfg: dict, method: str, state: RecordDict, device_sums: bool | None = None) -> CohortClient:
     context = fake_context()
     context.node_config = {"partition-id": 0, "num-partitions": 1}
     context.state = state
     client = CohortClient(cfg, context, METHODS[method].update, 0, 1)
-    client.rows = rows
     client.device_sums = device_sums
     return client
 
@@ -67,7 +77,13 @@ def initial(cfg: dict, method: str) -> list[np.ndarray]:
     return weights + ([np.full_like(w, 0.01) for w in weights] * len(receives) if receives else [])
 
 
-def run(tmp_path, cfg: dict, method: str, rows: bool, forget: bool = False, summed: bool = False, rounds=ROUNDS,
+def round_config(tmp_path, t: int, checkpoint_every: int = 1) -> dict:
+    last_checkpoint = checkpoint_every * ((t - 1) // checkpoint_every) if checkpoint_every else 0
+    return {"server-round": t, "run-dir": str(tmp_path), "checkpoint-every": checkpoint_every,
+            "checkpoint-round": last_checkpoint}
+
+
+def run(tmp_path, cfg: dict, method: str, forget: bool = False, summed: bool = False, rounds=ROUNDS,
         checkpoint_every: int = 1, state: RecordDict | None = None, first_round: int = 1,
         device_sums: bool | None = None):
     """Rounds of one cohort node (a new CohortClient per message, on the node's one state), the
@@ -78,97 +94,146 @@ def run(tmp_path, cfg: dict, method: str, rows: bool, forget: bool = False, summ
     tmp_path.mkdir(exist_ok=True)
     for t, partitions in enumerate(rounds, start=first_round):
         if forget:
-            cohort_rows._ROWS.clear()
-            cohort_client._RESIDENT.clear()
-        config = {"server-round": t, "run-dir": str(tmp_path), "checkpoint-every": checkpoint_every,
-                  "checkpoint-round": checkpoint_every * ((t - 1) // checkpoint_every)}
+            client_state._ROWS.clear()
+        config = round_config(tmp_path, t, checkpoint_every)
         if summed:  # the node's one reply, as it returns it
-            num_state = len(arrays) // 2 if METHODS[method].update.receives else len(arrays)
             config = {**config, "num-partitions": N}
             bundle = bundle_instructions([(p, FitIns(ndarrays_to_parameters(arrays), config)) for p in partitions])
-            bundle.config[SUM] = SumSpec(num_state, (0,), (1,)).encode()
-            out.append(node(cfg, method, state, rows, device_sums).fit(parameters_to_ndarrays(bundle.parameters),
-                                                                      dict(bundle.config)))
+            bundle.config[SUM] = sum_spec(cfg, method).encode()
+            out.append(node(cfg, method, state, device_sums).fit(parameters_to_ndarrays(bundle.parameters),
+                                                                dict(bundle.config)))
             continue
-        out.append(cohort_fit(node(cfg, method, state, rows), arrays, partitions, config))
+        out.append(cohort_fit(node(cfg, method, state), arrays, partitions, config))
     return out, state
 
 
+def sum_spec(cfg: dict, method: str) -> SumSpec:
+    num_state = len(initial(cfg, method)) // (2 if METHODS[method].update.receives else 1)
+    return SumSpec(num_state, (0,), (1,))
+
+
+def per_client(cfg: dict, method: str, rounds=ROUNDS, sent=None) -> tuple[list, dict]:
+    """The reference: per round, each client's own ``DriftClient`` (its own context.state)
+    prepared and finished around the cohort's one ``train``, with the node's ``state_arrays_in``
+    and ``faulted_reply``; per round {partition: (reply, num_examples, metrics)}, and the
+    clients' states. ``sent``: {round: {partition: arrays}} in place of the initial arrays."""
+    update, arrays = METHODS[method].update, initial(cfg, method)
+    states: dict[int, RecordDict] = {}
+    out = []
+    for t, partitions in enumerate(rounds, start=1):
+        clients, jobs, carried = {}, {}, {}
+        for p in partitions:
+            context = fake_context()
+            context.node_config = {"partition-id": p, "num-partitions": N}
+            context.state = states.setdefault(p, RecordDict())
+            clients[p] = DriftClient(update, cfg, context, p, N)
+            carried[p] = sum(len(r) for r in context.state.array_records.values())
+            given = (sent or {}).get(t, {}).get(p, arrays)
+            jobs[p] = clients[p].prepare_round([a.copy() for a in given], {"server-round": t, "num-partitions": N})
+        replies = {}
+        for p, result in zip(partitions, cohort_client.train([jobs[p] for p in partitions])):
+            reply, n, metrics = clients[p].finish_round(jobs[p], result)
+            if states[p].array_records:
+                metrics["state_arrays_in"] = carried[p]
+            given = (sent or {}).get(t, {}).get(p, arrays)
+            replies[p] = (faulted_reply(cfg, p, t, reply, given, len(clients[p].model.state_dict())), n, metrics)
+        out.append(replies)
+    return out, states
+
+
 def assert_same_rounds(got, want) -> None:
-    """Round by round, the same clients' replies, equal bit for bit (timings aside)."""
+    """Round by round, the same clients' replies, equal bit for bit (timings aside; NaN where
+    NaN); ``want`` per round {partition: FitRes or (arrays, num_examples, metrics)}."""
     assert len(got) == len(want)
     for t, (mine, theirs) in enumerate(zip(got, want), start=1):
         assert mine.keys() == theirs.keys(), f"round {t}"
         for p in mine:
-            assert_same_reply(mine[p], (parameters_to_ndarrays(theirs[p].parameters), theirs[p].num_examples,
-                                        theirs[p].metrics), rel=0, what=f"round {t}, partition {p}")
+            what = f"round {t}, partition {p}"
+            assert not isinstance(mine[p], str), f"{what}: {mine[p]}"
+            reference = theirs[p]
+            if not isinstance(reference, tuple):
+                reference = (parameters_to_ndarrays(reference.parameters), reference.num_examples, reference.metrics)
+            arrays, n, metrics = parameters_to_ndarrays(mine[p].parameters), mine[p].num_examples, mine[p].metrics
+            assert n == reference[1], what
+            assert [(a.dtype, a.shape) for a in arrays] == [(b.dtype, b.shape) for b in reference[0]], what
+            for a, b in zip(arrays, reference[0]):
+                np.testing.assert_array_equal(a, b, err_msg=what)
+            assert json.dumps(untimed(metrics), sort_keys=True) == json.dumps(untimed(reference[2]), sort_keys=True), what
+
+
+def assert_rows_hold(states: dict[int, RecordDict], what: str) -> None:
+    """The node's rows hold each client's records of the reference, bit for bit."""
+    kept = client_state._ROWS.get((0, 0))
+    for p, state in states.items():
+        mine = kept.records(p) if kept is not None else {}
+        assert set(mine) == set(state.array_records), (what, p)
+        for record, arrays in mine.items():
+            assert_arrays_close(arrays, state[record].to_numpy_ndarrays(), 0, f"{what} {record} of {p}")
 
 
 METHOD_CASES = ["fedavg", "scaffold", "feddyn", "moon", "fedlc", "fedpgvc", "fedsol", "ri-fedavg", "fedgam-cv"]
 
 
 @pytest.mark.parametrize("method", METHOD_CASES)
-def test_rows_equal_client_objects_bit_for_bit(tmp_path, monkeypatch, method):
+def test_rows_equal_per_client_clients_bit_for_bit(tmp_path, monkeypatch, method):
     """Three rounds: every reply (weights, sends), num_examples and metric equal; each client's
-    kept state in the rows equals its records on the object path. The cases cover state
-    (SCAFFOLD's c_i, FedDyn's g_k), state kept as weights (MOON's previous model), a prepare step
-    (FedLC's label counts, RI-FedAvg's roughness), a finish step (FedPGVC), a carry (FedSOL) and
-    sends (FedGAM-CV's delta c)."""
+    kept state in the rows equals its own context.state. The cases cover state (SCAFFOLD's c_i,
+    FedDyn's g_k), state kept as weights (MOON's previous model), a prepare step (FedLC's label
+    counts, RI-FedAvg's roughness), a finish step (FedPGVC), a carry (FedSOL) and sends
+    (FedGAM-CV's delta c)."""
     model = {}
     if method == "fedpgvc":  # its layers: the last two Linear layers of an image model
         monkeypatch.setattr(drift_client, "partition_on_device", image_partition)
         model = {"dataset": "mnist", "model": "lenet"}
     cfg = validate_config({**BASE, "strategy": method, **model})
-    as_rows, _ = run(tmp_path / "rows", cfg, method, rows=True)
-    as_objects, object_state = run(tmp_path / "objects", cfg, method, rows=False)
-    assert_same_rounds(as_rows, as_objects)
-    kept = cohort_rows._ROWS.get((0, 0))
-    resident = cohort_client._RESIDENT.get((0, 0))
-    if kept is None:  # a method that keeps nothing has no rows, and its objects kept nothing either
-        assert not cohort_rows.stateful(METHODS[method].update)
-        assert resident is None or not any(r.array_records for r in resident.records.values())
+    as_rows, _ = run(tmp_path, cfg, method)
+    reference, states = per_client(cfg, method)
+    assert_same_rounds(as_rows, reference)
+    if not client_state.stateful(METHODS[method].update):
+        assert (0, 0) not in client_state._ROWS and not any(s.array_records for s in states.values())
         return
-    for p in {p for r in ROUNDS for p in r}:
-        theirs = resident.records.get(p, RecordDict()) if resident is not None else RecordDict()
-        assert set(kept.records(p)) == set(theirs.array_records), p
-        for record, arrays in kept.records(p).items():
-            assert_arrays_close(arrays, theirs[record].to_numpy_ndarrays(), 0, f"{method} {record} of {p}")
+    assert_rows_hold(states, method)
 
 
-def test_rows_equal_client_objects_with_personal_batchnorm(tmp_path, monkeypatch):
+def test_rows_equal_per_client_with_personal_batchnorm(tmp_path, monkeypatch):
     """FedBN's clients keep their BatchNorm layers: each row's personal entries replace the
     received ones (w_t converted per client), and evaluate reads them from the rows."""
     monkeypatch.setattr(drift_client, "partition_on_device", image_partition)
     cfg = validate_config({**BASE, "dataset": "mnist", "model": "lenet-bn", "strategy": "fedbn"})
-    as_rows, rows_state = run(tmp_path / "rows", cfg, "fedbn", rows=True)
-    as_objects, object_state = run(tmp_path / "objects", cfg, "fedbn", rows=False)
-    assert_same_rounds(as_rows, as_objects)
+    as_rows, rows_state = run(tmp_path, cfg, "fedbn")
+    reference, states = per_client(cfg, "fedbn")
+    assert_same_rounds(as_rows, reference)
     assert list(rows_state.keys()) == [ROWS]  # context.state carries the token only
     weights = initial(cfg, "fedbn")
     for p in (0, 3):
         config = {"cohort-partitions": str(p), "num-partitions": N}
-        mine = node(cfg, "fedbn", rows_state, True).evaluate([a.copy() for a in weights], config)
-        theirs = node(cfg, "fedbn", object_state, False).evaluate([a.copy() for a in weights], config)
+        mine = node(cfg, "fedbn", rows_state).evaluate([a.copy() for a in weights], config)
+        context = fake_context()
+        context.state = states[p]
+        theirs = DriftClient(METHODS["fedbn"].update, cfg, context, p, N).evaluate([a.copy() for a in weights], {})
         assert mine == theirs
-        plain = node(cfg, "fedbn", RecordDict(), False).evaluate([a.copy() for a in weights], config)
+        plain = node(cfg, "fedbn", RecordDict()).evaluate([a.copy() for a in weights], config)
         assert plain != mine  # the personal layers acted
 
 
-def test_summed_rows_equal_summed_client_objects(tmp_path):
-    """A node that replies its sum (``cohort_wire.SUM``) sums the same per-client replies."""
+def test_summed_rows_equal_the_sum_of_per_client_replies(tmp_path):
+    """A node that replies its sum (``protocol.cohort.SUM``) sums the per-client replies."""
     cfg = validate_config({**BASE, "strategy": "scaffold"})
-    as_rows, _ = run(tmp_path / "rows", cfg, "scaffold", rows=True, summed=True)
-    as_objects, _ = run(tmp_path / "objects", cfg, "scaffold", rows=False, summed=True)
-    for t, ((arrays, n, metrics), (want_arrays, want_n, want_metrics)) in enumerate(zip(as_rows, as_objects), 1):
+    as_rows, _ = run(tmp_path, cfg, "scaffold", summed=True)
+    reference, _ = per_client(cfg, "scaffold")
+    arrays, spec = initial(cfg, "scaffold"), sum_spec(cfg, "scaffold")
+    for t, ((got, n, metrics), replies) in enumerate(zip(as_rows, reference), 1):
+        want, want_n, want_metrics = sum_replies([(p, r, k, m, arrays) for p, (r, k, m) in replies.items()], {}, spec)
         assert n == want_n
-        assert_arrays_close(arrays, want_arrays, 0, f"round {t}'s summed arrays")
+        assert_arrays_close(got, want, 0, f"round {t}'s summed arrays")
         records, want_records = json.loads(metrics.pop(REPLIES)), json.loads(want_metrics.pop(REPLIES))
         assert metrics == want_metrics
-        for record, want in zip(records, want_records, strict=True):
-            record["metrics"], want["metrics"] = untimed(record["metrics"]), untimed(want["metrics"])
-            assert record == want
+        for record, wanted in zip(records, want_records, strict=True):
+            record["metrics"], wanted["metrics"] = untimed(record["metrics"]), untimed(wanted["metrics"])
+            assert record == wanted
 
 
+DEVICE_SUMS = cohort_client.device_sums
 DRIFT_REL = 1e-12  # the drift sums' squared norms: float64 dot products summed in each library's own order
 
 
@@ -185,12 +250,12 @@ def test_sums_on_the_training_device_equal_numpys(tmp_path, monkeypatch, method)
         extra = {"dataset": "mnist", "model": "lenet-bn"}
     cfg = validate_config({**BASE, "strategy": method, **extra})
     used = []
-    monkeypatch.setattr(cohort_client, "device_sums", lambda device: used.append(device) or cohort_rows.device_sums(device))
-    on_device, _ = run(tmp_path / "device", cfg, method, rows=True, summed=True, device_sums=True)
+    monkeypatch.setattr(cohort_client, "device_sums", lambda device: used.append(device) or DEVICE_SUMS(device))
+    on_device, _ = run(tmp_path / "device", cfg, method, summed=True, device_sums=True)
     assert len(used) == len(ROUNDS)  # the sums ran on tensors
-    device_rows = cohort_rows._ROWS.pop((0, 0))
-    on_host, _ = run(tmp_path / "host", cfg, method, rows=True, summed=True, device_sums=False)
-    host_rows = cohort_rows._ROWS[(0, 0)]
+    device_rows = client_state._ROWS.pop((0, 0))
+    on_host, _ = run(tmp_path / "host", cfg, method, summed=True, device_sums=False)
+    host_rows = client_state._ROWS[(0, 0)]
     num_model = len(initial(cfg, method)) // (2 if METHODS[method].update.receives else 1)
     for t, ((arrays, n, metrics), (want_arrays, want_n, want_metrics)) in enumerate(zip(on_device, on_host), 1):
         assert n == want_n
@@ -216,8 +281,8 @@ def test_rows_restored_from_the_journal_equal_the_kept_rows(tmp_path, checkpoint
     0's c_i of round 2 is newer than the last checkpoint in round 3), and every round equals an
     undisturbed node's."""
     cfg = validate_config({**BASE, "strategy": "scaffold"})
-    kept, _ = run(tmp_path / "kept", cfg, "scaffold", rows=True, checkpoint_every=checkpoint_every)
-    restored, _ = run(tmp_path / "restored", cfg, "scaffold", rows=True, forget=True,
+    kept, _ = run(tmp_path / "kept", cfg, "scaffold", checkpoint_every=checkpoint_every)
+    restored, _ = run(tmp_path / "restored", cfg, "scaffold", forget=True,
                       checkpoint_every=checkpoint_every)
     assert_same_rounds(restored, kept)
 
@@ -227,9 +292,9 @@ def test_a_resumed_rows_node_restores_the_checkpoints_round(tmp_path):
     process: the journal's round 3 (the killed run's) is dropped, the rows are those of round 2,
     and round 3 equals the killed run's round 3."""
     cfg = validate_config({**BASE, "strategy": "scaffold"})
-    killed, _ = run(tmp_path, cfg, "scaffold", rows=True, checkpoint_every=2)
-    cohort_rows._ROWS.clear()
-    resumed, _ = run(tmp_path, cfg, "scaffold", rows=True, checkpoint_every=2, rounds=ROUNDS[2:], first_round=3)
+    killed, _ = run(tmp_path, cfg, "scaffold", checkpoint_every=2)
+    client_state._ROWS.clear()
+    resumed, _ = run(tmp_path, cfg, "scaffold", checkpoint_every=2, rounds=ROUNDS[2:], first_round=3)
     assert_same_rounds(resumed, killed[2:])
 
 
@@ -270,25 +335,75 @@ def test_a_client_that_fails_as_a_row_does_not_fail_the_others(tmp_path):
     assert replies[0].num_examples > 0
 
 
-def test_which_rounds_run_as_rows(tmp_path):
-    """Rows unless a fault or attack is injected, the state lives on disk per client, or a
-    stateful method's state is not mirrored on disk (then context.state keeps it)."""
-    mirrored = {"run-dir": str(tmp_path), "checkpoint-every": 1}
+def test_which_store_a_round_uses(tmp_path):
+    """One decision (``choose_store``): nothing for a method that keeps no arrays; on a cohort
+    node the rows while the state is mirrored, else context.state under each client's prefix;
+    on a per-client node context.state (with its mirror while checkpointing); each client's
+    mirror with client-state = "disk" in a Ray simulation, refused without a visible run folder."""
+    mirrored = {"run-dir": str(tmp_path), "checkpoint-every": 1, "num-partitions": N}
     scaffold, fedavg = METHODS["scaffold"].update, METHODS["fedavg"].update
+    cfg = validate_config({**BASE, "strategy": "scaffold"})
+    disk = validate_config({**cfg, "client-state": "disk"})
+    context = fake_context()
 
-    def cfg(**kw):
-        return validate_config({**BASE, "strategy": "scaffold", **kw})
-    assert rows_problem(cfg(), mirrored, scaffold) == ""
-    assert rows_problem(cfg(), {}, fedavg) == ""
-    assert "not mirrored" in rows_problem(cfg(), {}, scaffold)
-    assert "not mirrored" in rows_problem(cfg(), {**mirrored, "checkpoint-every": 0}, scaffold)
-    assert "inject-faults" in rows_problem(cfg(**{"inject-faults": "nan:1"}), mirrored, scaffold)
-    assert "inject-faults" in rows_problem(cfg(**{"inject-faults": "scale:2:10"}), mirrored, scaffold)
-    assert rows_problem(cfg(**{"inject-faults": "crash-after:2"}), mirrored, scaffold) == ""  # the server's fault
-    assert "client-state" in rows_problem(cfg(**{"client-state": "disk"}), mirrored, scaffold)
+    def chosen(config, update=scaffold, run=cfg, in_ray=False, cohort=True):
+        return choose_store(run, config, context, update, in_ray, "partition-0" if not cohort else None,
+                            0 if cohort else None)
+    assert type(chosen(mirrored, fedavg)) is client_state.ClientStateStore
+    assert type(chosen(mirrored)) is RowsStore
+    for unmirrored in ({}, {**mirrored, "checkpoint-every": 0}, {**mirrored, "run-dir": str(tmp_path / "absent")}):
+        store = chosen(unmirrored)
+        assert type(store) is ContextStore and "not mirrored" in store.why and store.prefix(3) == "vc3/"
+    assert type(chosen(mirrored, run=disk)) is RowsStore  # not in a Ray simulation: memory
+    assert type(chosen(mirrored, run=disk, in_ray=True)) is DiskStore
+    with pytest.raises(RuntimeError, match="client-state"):
+        chosen({}, run=disk, in_ray=True)
+    per_client = chosen(mirrored, cohort=False)
+    assert type(per_client) is ContextStore and "mirrored" in per_client.why
+    assert per_client.mirror(0).dir == tmp_path / "client-state" / "partition-0"
+    assert chosen({}, cohort=False).mirror(0) is None
 
 
-def test_a_non_finite_row_keeps_its_state_as_its_client_object_does(tmp_path):
+def test_unmirrored_state_stays_in_context_state_and_equals_the_rows(tmp_path):
+    """Without checkpoints a cohort node's clients keep their state in context.state, under
+    ``vc<p>/`` (Flower carries it with the node's messages, so no process's copy can be lost):
+    the same replies and records as the rows."""
+    cfg = validate_config({**BASE, "strategy": "scaffold"})
+    as_rows, _ = run(tmp_path / "rows", cfg, "scaffold")
+    rows = client_state._ROWS.pop((0, 0))
+    unmirrored, state = run(tmp_path / "context", cfg, "scaffold", checkpoint_every=0)
+    assert (0, 0) not in client_state._ROWS and ROWS not in state.config_records
+    assert_same_rounds(unmirrored, as_rows)
+    for p in {p for r in ROUNDS for p in r}:
+        mine = {k.split("/", 1)[1]: r.to_numpy_ndarrays() for k, r in state.array_records.items()
+                if k.startswith(f"vc{p}/")}
+        assert set(mine) == set(rows.records(p)), p
+        for record, arrays in rows.records(p).items():
+            assert_arrays_close(mine[record], arrays, 0, f"{record} of client {p}")
+
+
+def test_injected_faults_filter_each_clients_reply_after_it_kept_its_state(tmp_path):
+    """``nan`` and an attack on a cohort node: the faulted clients' replies are the node's
+    ``faulted_reply`` of their honest replies (the function the per-client node runs), bit for
+    bit, their state is the honest one, and a ``raise`` client fails alone before training."""
+    cfg = validate_config({**BASE, "strategy": "scaffold", "inject-faults": "nan:3,scale:0:10@2,raise:1"})
+    faulted, _ = run(tmp_path, cfg, "scaffold")
+    rounds = [[p for p in partitions if p != 1] for partitions in ROUNDS]  # what trains
+    reference, states = per_client(cfg, "scaffold", rounds)
+    honest, _ = per_client(validate_config({**cfg, "inject-faults": ""}), "scaffold", rounds)
+    for t, mine in enumerate(faulted, 1):
+        if 1 in mine:
+            assert "injected fault: client of partition 1 raises" in mine.pop(1)
+        assert_same_rounds([mine], [reference[t - 1]])
+        if 3 in mine:
+            assert not np.isfinite(parameters_to_ndarrays(mine[3].parameters)[0]).any()
+        if 0 in mine:  # scaled from round 2 on
+            scaled = parameters_to_ndarrays(mine[0].parameters)[0]
+            assert np.array_equal(scaled, honest[t - 1][0][0][0]) == (t < 2)
+    assert_rows_hold(states, "scaffold")  # the honest c_i: kept before the filter
+
+
+def test_a_non_finite_row_keeps_its_state_as_its_per_client_client_does(tmp_path):
     """Round 2 sends partition 3 a poisoned model (its reply has NaN, which the server leaves
     out): its c_i stays that of round 1 on both paths, the client beside it moves on, and round 3
     (from the kept state) is equal bit for bit. Per-client arrays in one bundle, too."""
@@ -296,29 +411,24 @@ def test_a_non_finite_row_keeps_its_state_as_its_client_object_does(tmp_path):
     arrays = initial(cfg, "scaffold")
     poisoned = [a.copy() for a in arrays]
     poisoned[0].flat[0] = np.nan
-    out = {}
-    for rows in (True, False):
-        cohort_rows._ROWS.clear()
-        cohort_client._RESIDENT.clear()
-        state, replies = RecordDict(), []
-        run_dir = tmp_path / str(rows)
-        run_dir.mkdir()
-        for t, sent in enumerate([{3: arrays, 0: arrays}, {3: poisoned, 0: arrays}, {3: arrays, 0: arrays}], 1):
-            config = {"server-round": t, "run-dir": str(run_dir), "checkpoint-every": 1, "checkpoint-round": t - 1,
-                      "num-partitions": N}
-            bundle = bundle_instructions([(p, FitIns(ndarrays_to_parameters(a), config)) for p, a in sent.items()])
-            replies.append(node(cfg, "scaffold", state, rows).fit(parameters_to_ndarrays(bundle.parameters),
-                                                                 dict(bundle.config)))
-            if t == 2 and rows:
-                kept = cohort_rows._ROWS[(0, 0)]
-                assert kept.count(3) and not np.isfinite(parameters_to_ndarrays(bundle.parameters)[0]).all()
-        out[rows] = replies
-    for t, (mine, theirs) in enumerate(zip(out[True], out[False]), 1):
-        assert len(mine[0]) == len(theirs[0])
-        for a, b in zip(mine[0], theirs[0]):
+    sent = [{3: arrays, 0: arrays}, {3: poisoned, 0: arrays}, {3: arrays, 0: arrays}]
+    state, mine = RecordDict(), []
+    for t, given in enumerate(sent, 1):
+        config = {**round_config(tmp_path, t), "num-partitions": N}
+        bundle = bundle_instructions([(p, FitIns(ndarrays_to_parameters(a), config)) for p, a in given.items()])
+        mine.append(node(cfg, "scaffold", state).fit(parameters_to_ndarrays(bundle.parameters), dict(bundle.config)))
+        if t == 2:
+            assert client_state._ROWS[(0, 0)].records(3)
+    reference, states = per_client(cfg, "scaffold", [list(g) for g in sent], dict(enumerate(sent, 1)))
+    for t, ((arrays_got, _, metrics), replies) in enumerate(zip(mine, reference), 1):
+        want = [a for p in sent[t - 1] for a in replies[p][0]]
+        assert len(arrays_got) == len(want)
+        for a, b in zip(arrays_got, want):
             np.testing.assert_array_equal(a, b, err_msg=f"round {t}")  # NaN where NaN
-        records, want = json.loads(mine[2][REPLIES]), json.loads(theirs[2][REPLIES])
-        assert [untimed(r["metrics"]) for r in records] == [untimed(r["metrics"]) for r in want]
+        records = json.loads(metrics[REPLIES])
+        assert json.dumps([untimed(r["metrics"]) for r in records]) == json.dumps(
+            [untimed(replies[p][2]) for p in sent[t - 1]])
+    assert_rows_hold(states, "scaffold")
 
 
 def test_a_new_copy_drops_the_journals_rounds_after_the_one_it_restores(tmp_path):
@@ -329,22 +439,29 @@ def test_a_new_copy_drops_the_journals_rounds_after_the_one_it_restores(tmp_path
     for t in (1, 2, 3):
         journal.write(t, {t: {"c": [np.full(2, float(t))]}}, keep_from=0)
     context = fake_context()
-    rows = cohort_rows.node_rows(context, 0, 5, str(tmp_path), 2)
+    rows = client_state.node_rows(context, 0, 5, str(tmp_path), 2)
     assert [r for r, _ in journal.files()] == [1, 2]
-    assert rows.count(2) == 1 and rows.count(3) == 0
+    assert len(rows.records(2)) == 1 and not rows.records(3)
     assert str(context.state.config_records[ROWS]["token"]) == rows.token
 
 
 def test_rows_resume_a_run_mirrored_client_by_client(tmp_path):
-    """A run checkpointed on the object path (one mirror per client) and resumed as rows: the
-    rows come from those mirrors, and round 3 equals the uninterrupted object path's."""
+    """A run checkpointed with one mirror per client (``client-state = "disk"``, or older
+    checkpoints) and resumed as rows: the rows come from those mirrors, and round 3 equals the
+    uninterrupted run's."""
     cfg = validate_config({**BASE, "strategy": "scaffold"})
-    full, _ = run(tmp_path / "full", cfg, "scaffold", rows=False)
-    run(tmp_path / "cut", cfg, "scaffold", rows=False, rounds=ROUNDS[:2])
-    cohort_rows._ROWS.clear()
-    resumed, _ = run(tmp_path / "cut", cfg, "scaffold", rows=True, rounds=ROUNDS[2:], first_round=3)
+    full, _ = run(tmp_path / "full", cfg, "scaffold")
+    run(tmp_path / "cut", cfg, "scaffold", rounds=ROUNDS[:2])
+    rows = client_state._ROWS.pop((0, 0))
+    for p in range(N):
+        if rows.records(p):
+            partition_mirror(str(tmp_path / "cut"), p).save(2, rows.records(p), keep_from=2)
+    for path in (tmp_path / "cut" / "client-rows").rglob("*.npz"):
+        path.unlink()
+    resumed, _ = run(tmp_path / "cut", cfg, "scaffold", rounds=ROUNDS[2:], first_round=3)
     assert_same_rounds(resumed, full[2:])
     assert resumed[0][3].metrics["state_arrays_in"] > 0
+    assert isinstance(partition_mirror(str(tmp_path), 0), ClientStateMirror)
 
 
 def test_device_sums_reject_a_non_finite_client_as_numpys_do():
@@ -359,7 +476,7 @@ def test_device_sums_reject_a_non_finite_client_as_numpys_do():
     want = cohort_wire_sum(replies, spec)
     as_tensors = [(p, [torch.as_tensor(a) for a in r], n, m, [torch.as_tensor(a) for a in s])
                   for p, r, n, m, s in replies]
-    got = cohort_wire_sum(as_tensors, spec, cohort_rows.device_sums(torch.device("cpu")))
+    got = cohort_wire_sum(as_tensors, spec, cohort_client.device_sums(torch.device("cpu")))
     assert got[1] == want[1] == 3 and got[2] == want[2]
     assert_arrays_close(got[0], want[0], 0, "summed reply")
     np.testing.assert_array_equal(got[0][0], np.array([2.0, 1.0], np.float32))  # (2*[1,2] + [4,-1]) / 3
@@ -368,6 +485,4 @@ def test_device_sums_reject_a_non_finite_client_as_numpys_do():
 
 
 def cohort_wire_sum(replies, spec, ops=None):
-    from fl_app.node.cohort_wire import sum_replies
-
     return sum_replies(replies, {}, spec) if ops is None else sum_replies(replies, {}, spec, ops)

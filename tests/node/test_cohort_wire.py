@@ -1,4 +1,4 @@
-"""The cohort wire codec (fl_app/node/cohort_wire.py): K virtual clients' FitIns as one bundle
+"""The cohort wire codec (protocol/cohort.py): K virtual clients' FitIns as one bundle
 and the node's one reply as K FitRes, each client getting exactly what it would have on its own."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flwr.common import Code, FitIns, Parameters, Status, ndarrays_to_parameters, parameters_to_ndarrays
 
-from fl_app.node.cohort_wire import (
+from protocol.cohort import (
     COUNTS,
     PARTITIONS,
     bundle_instructions,

@@ -10,9 +10,9 @@ import torch
 
 import fl_app.node.node_client as node
 from clients import fedavg, scaffold
+from fl_app.node.client_state import ClientStateMirror
 from fl_app.node.drift_client import DriftClient
 from fl_app.node.node_client import NodeClient
-from fl_app.node.state_mirror import ClientStateMirror
 from tests.kit import fake_context, make_client
 
 

@@ -1,5 +1,5 @@
 """Summed replies (issue 68, item 3): a cohort node's one n_k-weighted mean and sums for its
-clients (fl_app/node/cohort_wire.py ``sum_replies``) in place of every client's own reply.
+clients (protocol/cohort.py ``sum_replies``) in place of every client's own reply.
 
 Checked here without a simulation: the node's sums by hand, each registered server's
 declaration (``REPLY_SUMS``), every summing server's aggregation of node sums against the same
@@ -17,9 +17,9 @@ import pytest
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 
 from fl_app.config import ConfigError
-from fl_app.node.cohort_wire import REPLIES, SumSpec, split_summed_reply, sum_replies
 from fl_app.registry import METHODS, get_method, resolve, validate_config
 from fl_app.server.drift import drift_from_sums, layout, round_drift
+from protocol.cohort import REPLIES, SumSpec, split_summed_reply, sum_replies
 from protocol.traffic import SUMMED_CLIENTS, clients_in
 from strategies.base import build_strategy
 from tasks.datasets import input_shape

@@ -132,7 +132,7 @@ def test_deployed_supernode_keeps_context_state(monkeypatch, tmp_path):
 
 def test_state_is_read_back_from_the_newest_file(in_simulation, tmp_path):
     run_rounds(ScaffoldClient, "disk", tmp_path, rounds=2)
-    from fl_app.node.state_mirror import ClientStateMirror
+    from fl_app.node.client_state import ClientStateMirror
 
     saved = ClientStateMirror(str(tmp_path), "partition-0").load(2)
     assert set(saved) == {CI_STATE} and len(saved[CI_STATE]) == 2 and np.any(saved[CI_STATE][0])

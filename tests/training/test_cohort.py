@@ -44,11 +44,11 @@ from flwr.server.client_proxy import ClientProxy
 from fl_app.common.execution_checks import COHORT, PER_CLIENT, check_execution, cohort_problem
 from fl_app.common.execution_path import launch_execution, server_execution
 from fl_app.config import ConfigError
-from fl_app.node.cohort_wire import bundle_replies, split_instructions
 from fl_app.node.drift_client import DriftClient
 from fl_app.registry import METHODS, Method, get_method, method_config, validate_config
 from fl_app.server.cohort_routing import CohortFailure, fit_cohort
 from fl_app.server.sampling import CohortClientManager, SeededClientManager
+from protocol.cohort import bundle_replies, split_instructions
 from tasks.functional import Hyper, LocalUpdate
 from tests.simulation_kit import NEEDS as SIMULATION_NEEDS
 
@@ -97,10 +97,12 @@ def test_cohort_refused_for_client_mods_dp_fedavg():
 
 
 @pytest.mark.parametrize("faults", ["raise:0", "nan:1", "scale:2:100", "flip:0@2"])
-def test_cohort_refused_for_node_faults_and_attacks(faults):
-    cfg = config(execution="cohort", **{"inject-faults": faults})
-    with pytest.raises(ConfigError, match="inject-faults"):
-        check_execution(cfg, get_method("fedavg"))
+def test_client_faults_and_attacks_run_as_a_cohort(faults):
+    """A client's fault or attack is a filter on its reply, run by a cohort node as by its own
+    node (tests/node/test_cohort_rows.py), so a cohort run takes it."""
+    cfg = config(execution="cohort", **{"inject-faults": faults, "num-virtual-clients": 4})
+    check_execution(cfg, get_method("fedavg"))
+    assert server_execution(cfg, get_method("fedavg"), cuda=False).path == COHORT
 
 
 def test_server_crash_injection_runs_as_a_cohort():
