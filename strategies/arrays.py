@@ -10,9 +10,19 @@ from flwr.common import FitIns, FitRes, Parameters, ndarrays_to_parameters, para
 from protocol.traffic import append_groups, split_groups
 
 
-def total_clients(client_manager) -> int:
-    """N: the partition count the (seeded) client manager learnt, else the connected nodes."""
-    return int(getattr(client_manager, "num_partitions", None) or client_manager.num_available())
+def total_clients(client_manager) -> int | None:
+    """N, the number of clients in the federation: the one definition the strategies, the run's
+    summary and data fingerprint (``fl_app.server.recording``) and the start-up's partition check
+    (``fl_app.server.startup``) read.
+
+    The partition count the client manager learnt from the nodes (``num_partitions``: a
+    ``SeededClientManager`` once it asked them, a ``CohortClientManager``'s virtual clients from
+    the start), else the nodes it has connected (``num_available()``: nodes that bring their own
+    ``data-path`` report no partition count); None without a client manager or without any node,
+    where a reader falls back on what it has (a strategy: the clients that replied)."""
+    if client_manager is None:
+        return None
+    return int(getattr(client_manager, "num_partitions", None) or client_manager.num_available()) or None
 
 
 def restored_like(saved: list, current: list[np.ndarray], dtype, what: str) -> list[np.ndarray]:
