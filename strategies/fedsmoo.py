@@ -21,7 +21,6 @@ Checkpoints hold s (``smoo-s``) and H (``smoo-H``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -31,10 +30,9 @@ from torch import nn
 from protocol.keys import Key, non_negative
 from protocol.layout import trainable_param_names
 from protocol.traffic import SMOO
-from strategies.arrays import restored_like
 from strategies.base import REPLIES_ONLY
 from strategies.declared import DeclaredStrategy, ServerSide
-from strategies.parts import Drift, Part, Replies, cv_shapes, norm
+from strategies.parts import Drift, Replies, TravellingState, cv_shapes, norm
 
 S_MODES = ("paper", "code", "none")  # what a client replies and how s is formed
 
@@ -67,8 +65,10 @@ class Perturbation:
         return GlobalPerturbation(cv_shapes(model, cfg, trainable_param_names), cfg[self.rho], cfg[self.mode])
 
 
-class GlobalPerturbation(Part):
+class GlobalPerturbation(TravellingState):
     """s, one float32 array per trainable parameter (module docstring)."""
+
+    STATE, SENT, READ, RECORD = "s", "s", "stil", "smoo-s"
 
     def __init__(self, shapes: list[tuple], rho: float, mode: str):
         if mode not in S_MODES:
@@ -79,25 +79,12 @@ class GlobalPerturbation(Part):
     def __repr__(self) -> str:
         return f"GlobalPerturbation(rho={self.rho}, smoo-s={self.mode!r})"
 
-    def down(self) -> dict[str, list[np.ndarray]]:
-        return {"s": self.s}
-
-    def up_sizes(self) -> dict[str, int]:
-        return {"stil": len(self.s)}
-
     def update(self, replies: Replies) -> None:
         if self.mode != "none":
             self.s = global_perturbation([[a.astype(np.float64) for a in r["stil"]] for r in replies.up], self.rho)
 
     def metrics(self) -> dict[str, float]:
         return {"smoo_s_norm": norm(self.s)}
-
-    def records(self) -> dict[str, list[np.ndarray]]:
-        return {"smoo-s": [a.copy() for a in self.s]}
-
-    def restore(self, state: Mapping[str, list]) -> None:
-        if "smoo-s" in state:
-            self.s = restored_like(state["smoo-s"], self.s, np.float32, "s")
 
 
 class FedSMOOStrategy(DeclaredStrategy):

@@ -232,8 +232,35 @@ class ControlVariates:
         return ServerControlVariates(shapes, divisor or self.divisor)
 
 
-class ServerControlVariates(Part):
+class TravellingState(Part):
+    """A part whose state is one group of float32 arrays, the attribute ``STATE``, sent after the
+    weights as the down group ``SENT``; each reply carries as many arrays as the up group
+    ``READ``; checkpointed as the record ``RECORD`` (restored only in the same shapes)."""
+
+    STATE: ClassVar[str]
+    SENT: ClassVar[str]
+    READ: ClassVar[str]
+    RECORD: ClassVar[str]
+
+    def down(self) -> dict[str, list[np.ndarray]]:
+        return {self.SENT: getattr(self, self.STATE)}
+
+    def up_sizes(self) -> dict[str, int]:
+        return {self.READ: len(getattr(self, self.STATE))}
+
+    def records(self) -> dict[str, list[np.ndarray]]:
+        return {self.RECORD: [a.copy() for a in getattr(self, self.STATE)]}
+
+    def restore(self, state: Mapping[str, list]) -> None:
+        if self.RECORD in state:
+            current = getattr(self, self.STATE)
+            setattr(self, self.STATE, restored_like(state[self.RECORD], current, np.float32, self.STATE))
+
+
+class ServerControlVariates(TravellingState):
     """SCAFFOLD's server control variate c (module docstring); round metric ``cv_norm`` = ||c||."""
+
+    STATE, SENT, READ, RECORD = "c", "c", "delta_c", "cv-c"
 
     def __init__(self, shapes: list[tuple], divisor: str = "total"):
         if divisor not in DIVISORS:
@@ -243,12 +270,6 @@ class ServerControlVariates(Part):
 
     def __repr__(self) -> str:
         return f"ServerControlVariates(cv_divisor={self.divisor!r})"
-
-    def down(self) -> dict[str, list[np.ndarray]]:
-        return {"c": self.c}
-
-    def up_sizes(self) -> dict[str, int]:
-        return {"delta_c": len(self.c)}
 
     def update(self, replies: Replies) -> None:
         """c ← c + (1/D) Σ_i Δc_i over the replies' ``delta_c`` (float64 sums, float32 c), D =
@@ -260,13 +281,6 @@ class ServerControlVariates(Part):
 
     def metrics(self) -> dict[str, float]:
         return {"cv_norm": norm(self.c)}
-
-    def records(self) -> dict[str, list[np.ndarray]]:
-        return {"cv-c": [a.copy() for a in self.c]}
-
-    def restore(self, state: Mapping[str, list]) -> None:
-        if "cv-c" in state:
-            self.c = restored_like(state["cv-c"], self.c, np.float32, "c")
 
 
 def refuse_nonlinear_optimiser(cfg: dict) -> None:
