@@ -1,13 +1,14 @@
-"""Array helpers shared by several strategies: aggregation, checkpointed state, and the arrays that
-travel after the model's, by the names ``protocol.traffic`` gives them (``send_with_extras``,
-``split_replies``: SCAFFOLD's c and delta c_i, FedSMOO's s and s~_i)."""
+"""Array helpers shared by several strategies: N (``total_clients``), aggregation, checkpointed
+state, and the arrays that travel after the model's, by the names ``protocol.traffic`` gives them
+(``send_with_extras``: SCAFFOLD's c, FedSMOO's s; the replies are split by
+``strategies.declared.DeclaredStrategy.split``)."""
 
 from __future__ import annotations
 
 import numpy as np
-from flwr.common import FitIns, FitRes, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import FitIns, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
 
-from protocol.traffic import append_groups, split_groups
+from protocol.traffic import append_groups
 
 
 def total_clients(client_manager) -> int | None:
@@ -51,16 +52,3 @@ def send_with_extras(instructions: list, parameters: Parameters, groups: dict[st
         raise ValueError(f"global model has {len(weights)} arrays, expected {num_state}")
     sent = ndarrays_to_parameters(append_groups(weights, groups, order))
     return [(client, FitIns(sent, dict(ins.config))) for client, ins in instructions]
-
-
-def split_replies(results: list, num_state: int, sizes: dict[str, int], what: str) -> tuple[list, list[dict]]:
-    """Each reply split into a FitRes of the model arrays alone and {name: arrays} of the groups
-    ``sizes`` names after them (a ``Traffic.up``, in order, with their counts)."""
-    weight_results, extras = [], []
-    for client, res in results:
-        weights, groups = split_groups(parameters_to_ndarrays(res.parameters), num_state, sizes, f"a {what} reply")
-        weight_results.append(
-            (client, FitRes(res.status, ndarrays_to_parameters(weights), res.num_examples, res.metrics))
-        )
-        extras.append(groups)
-    return weight_results, extras
