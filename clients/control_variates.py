@@ -1,8 +1,8 @@
 """The control-variate family's client maths, shared by the methods built on it (SCAFFOLD,
 FedPVR, FedGAM-CV, FedDC): c and c_i at the start of a round, the correction c − c_i added to
 every step (``CORRECTION``, a gradient term), option II's c_i⁺ and the reply Δc_i at its end,
-and the arrays that travel (``control_variate_arrays``). The server side is
-``strategies.scaffold.ControlVariateStrategy``; the rules are in docs/methods.md, "control
+and the arrays that travel (``control_variate_arrays``). The server side is the
+part ``strategies.parts.ControlVariates`` (``strategies.control_variates``); the rules are in docs/methods.md, "control
 variates"."""
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def control_variate_names(select):
 
 def control_variate_arrays(select) -> dict:
     """The declarations every control-variate method shares (SCAFFOLD, FedPVR, FedGAM-CV), the
-    client side of the protocol whose server side is ``strategies.scaffold.ControlVariateStrategy``:
+    client side of the protocol whose server side is ``strategies.parts.ControlVariates``:
 
     - c_i, kept per client under record ``cv-ci``, zero until the client first trains;
     - c, received after the model's state arrays, one array per parameter that carries a
@@ -72,7 +72,7 @@ def control_variate_arrays(select) -> dict:
     over-counts a momentum client's direction by about 1/(1 - beta), which feeds back through c
     over the rounds until the run diverges; the FedSOL authors' SCAFFOLD divides the same way).
     Option II needs a step linear in the gradient, so these methods refuse ``optimizer``
-    adam/adamw before training (``ControlVariateStrategy.resolve_config``)."""
+    adam/adamw before training (``strategies.parts.ControlVariates.check``)."""
     names = control_variate_names(select)
     (down,), (up,) = CONTROL_VARIATES.down, CONTROL_VARIATES.up
     return {"state": {"ci": Arrays(names, record="cv-ci")}, "receives": {down: Arrays(names)},

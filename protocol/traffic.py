@@ -1,10 +1,13 @@
 """What travels after the model's state arrays, named once: each method family's groups of
 arrays, server to client (``down``) and client to server (``up``), in the order they follow the
-weights. Both sides read them by these names: the client's ``LocalUpdate.receives`` / ``sends``
-are keyed by them (checked when the update is declared), the servers pack and split their
-messages with ``append_groups`` / ``split_groups`` by the same names (no positional slicing of
-their own). They are what Flower's Message API would name as the ``ArrayRecord``s of a message,
-should the product move there.
+weights. Both sides read them by these names: a server's declaration
+(``strategies.declared.ServerSide``) names its family, one of ``FAMILIES``, and what each of its
+parts sends and reads, checked when the declaration is made; the client's
+``LocalUpdate.receives`` / ``sends`` are keyed by them (``tests/methods/test_traffic.py`` checks
+every registered client against its server); the servers pack and split their messages with
+``append_groups`` / ``split_groups`` by the same names (no positional slicing of their own).
+They are what Flower's Message API would name as the ``ArrayRecord``s of a message, should the
+product move there.
 
 | family | down | up |
 |---|---|---|
@@ -37,6 +40,8 @@ class Traffic:
 CONTROL_VARIATES = Traffic(down=("c",), up=("delta_c",))
 SMOO = Traffic(down=("s",), up=("stil",))
 WEIGHTS_ONLY = Traffic()
+FAMILIES = (WEIGHTS_ONLY, CONTROL_VARIATES, SMOO)
+"""Every family above: the only traffic a server may declare."""
 
 SUMMED_CLIENTS = "summed-clients"
 """Metric of a reply that stands for several clients: their number (module docstring)."""

@@ -1,18 +1,29 @@
-"""Array helpers shared by several strategies: aggregation, checkpointed state, and the arrays that
-travel after the model's, by the names ``protocol.traffic`` gives them (``send_with_extras``,
-``split_replies``: SCAFFOLD's c and delta c_i, FedSMOO's s and s~_i)."""
+"""Array helpers shared by several strategies: N (``total_clients``), aggregation, checkpointed
+state, and the arrays that travel after the model's, by the names ``protocol.traffic`` gives them
+(``send_with_extras``: SCAFFOLD's c, FedSMOO's s; the replies are split by
+``strategies.declared.DeclaredStrategy.split``)."""
 
 from __future__ import annotations
 
 import numpy as np
-from flwr.common import FitIns, FitRes, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import FitIns, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
 
-from protocol.traffic import append_groups, split_groups
+from protocol.traffic import append_groups
 
 
-def total_clients(client_manager) -> int:
-    """N: the partition count the (seeded) client manager learnt, else the connected nodes."""
-    return int(getattr(client_manager, "num_partitions", None) or client_manager.num_available())
+def total_clients(client_manager) -> int | None:
+    """N, the number of clients in the federation: the one definition the strategies, the run's
+    summary and data fingerprint (``fl_app.server.recording``) and the start-up's partition check
+    (``fl_app.server.startup``) read.
+
+    The partition count the client manager learnt from the nodes (``num_partitions``: a
+    ``SeededClientManager`` once it asked them, a ``CohortClientManager``'s virtual clients from
+    the start), else the nodes it has connected (``num_available()``: nodes that bring their own
+    ``data-path`` report no partition count); None without a client manager or without any node,
+    where a reader falls back on what it has (a strategy: the clients that replied)."""
+    if client_manager is None:
+        return None
+    return int(getattr(client_manager, "num_partitions", None) or client_manager.num_available()) or None
 
 
 def restored_like(saved: list, current: list[np.ndarray], dtype, what: str) -> list[np.ndarray]:
@@ -41,16 +52,3 @@ def send_with_extras(instructions: list, parameters: Parameters, groups: dict[st
         raise ValueError(f"global model has {len(weights)} arrays, expected {num_state}")
     sent = ndarrays_to_parameters(append_groups(weights, groups, order))
     return [(client, FitIns(sent, dict(ins.config))) for client, ins in instructions]
-
-
-def split_replies(results: list, num_state: int, sizes: dict[str, int], what: str) -> tuple[list, list[dict]]:
-    """Each reply split into a FitRes of the model arrays alone and {name: arrays} of the groups
-    ``sizes`` names after them (a ``Traffic.up``, in order, with their counts)."""
-    weight_results, extras = [], []
-    for client, res in results:
-        weights, groups = split_groups(parameters_to_ndarrays(res.parameters), num_state, sizes, f"a {what} reply")
-        weight_results.append(
-            (client, FitRes(res.status, ndarrays_to_parameters(weights), res.num_examples, res.metrics))
-        )
-        extras.append(groups)
-    return weight_results, extras

@@ -123,7 +123,7 @@ class _Accounting:
         instructions = super().configure_fit(server_round, parameters, client_manager)
         if instructions:
             self.num_sampled_clients = len(instructions)
-            self.sampling_rate = len(instructions) / max(total_clients(client_manager), len(instructions))
+            self.sampling_rate = len(instructions) / max(total_clients(client_manager) or 0, len(instructions))
         return instructions
 
     def aggregate_fit(self, server_round, results, failures):

@@ -8,11 +8,9 @@ the paper's full participation). Its trade-off alpha has its own key, ``gam-cv-a
 ``gam-alpha`` defaults to 0.2; every other gam-* key is shared with FedGAM.
 """
 
-from strategies.base import REPLIES_ONLY
-from strategies.control_variates import ControlVariateStrategy
+from strategies.control_variates import control_variate_server
+from strategies.declared import DeclaredStrategy
 
 
-class FedGAMCVStrategy(ControlVariateStrategy):
-    CV_DIVISOR = "participants"
-    SCREENING = REPLIES_ONLY  # c moves by the clients' delta c_i (SCREENING_WHY)
-    REPLY_SUMS = ("delta_c",)  # the weighted mean and c's sum of delta c_i
+class FedGAMCVStrategy(DeclaredStrategy):
+    SERVER = control_variate_server("FedGAM-CV", divisor="participants")

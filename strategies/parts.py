@@ -1,8 +1,8 @@
-"""The server-side parts several methods share, each rule written once, composed by each method's
-Strategy (never by inheriting another method's Strategy):
+"""The server-side parts several methods share, each rule written once and named in a method's
+declaration (``strategies.declared.ServerSide``), never by inheriting another method's Strategy:
 
-- ``DriftMemory``: FedDyn's server state H = −h/α, the mean accumulated client drift over all N
-  clients (FedDyn, FedSMOO, FedSpeed, FedDC):
+- ``Drift`` (live: ``DriftMemory``): FedDyn's server state H = −h/α, the mean accumulated client
+  drift over all N clients (FedDyn, FedSMOO, FedSpeed, FedDC), which also forms the new model:
 
   ```
   H       ← H + (1/N) Σ_{k∈S_t} (w_k − w_t)
@@ -11,36 +11,139 @@ Strategy (never by inheriting another method's Strategy):
 
   on the trainable entries (buffers: the plain mean), written without dividing by α, so α = 0
   is allowed. Algorithm 1's mean is the unweighted one.
-- ``ServerControlVariates``: SCAFFOLD's c, one array per parameter that carries a control
-  variate (state_dict order): c ← c + (1/D) Σ_{i∈S_t} Δc_i, D = N (``total``, SCAFFOLD) or
+- ``ControlVariates`` (live: ``ServerControlVariates``): SCAFFOLD's c, one array per parameter
+  that carries a control variate (state_dict order), sent as ``c`` after the weights, moved by
+  the replies' ``delta_c``: c ← c + (1/D) Σ_{i∈S_t} Δc_i, D = N (``total``, SCAFFOLD) or
   |S_t| (``participants``, FedGAM-CV's Eq. 22).
 
-N is the number of partitions the client manager learnt (else the connected nodes), read when
-the round's clients are sampled (``total_clients``).
+A part's declaration (a frozen dataclass: what is fixed for the method) says which
+``protocol.traffic`` groups it sends (``SENDS``) and reads (``READS``), whether it forms the
+new model (``AGGREGATES``), the run-config keys it reads (``keys_read``), and builds the live
+part (its state) from a run config (``build``) or from explicit values (``part``). A live part
+follows ``Part``. N is ``strategies.arrays.total_clients``, read when the round's clients are
+sampled.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
 import numpy as np
+from torch import nn
 
 from protocol.keys import ConfigError
+from protocol.layout import cv_names_in_state_order, trainable_mask, trainable_param_names
 from strategies.arrays import cast_like, restored_like
 from tasks.optim import linear_step_problem
 
 DIVISORS = ("participants", "total")
+Names = Callable[[nn.Module, Mapping], Sequence[str]]
 
 
-class DriftMemory:
-    """FedDyn's H (module docstring); ``trainable``: which state_dict entries it covers."""
+@dataclass(frozen=True)
+class Replies:
+    """One round's replies as the parts read them (``strategies.declared.DeclaredStrategy``)."""
 
-    def __init__(self, trainable: list[bool]):
+    weights: list[list[np.ndarray]]
+    """Each reply's model arrays (a reply may stand for several clients: their n_k-weighted mean)."""
+    up: list[dict[str, list[np.ndarray]]]
+    """Each reply's groups after the weights, by their ``protocol.traffic`` names."""
+    clients: int
+    """|S_t|: the clients the replies stand for (``protocol.traffic.clients_in``)."""
+    total: int | None
+    """N (``strategies.arrays.total_clients``), None when unknown."""
+    w_t: list[np.ndarray]
+    """The weights the round's fit instructions carried."""
+
+
+class Part:
+    """What a live part does for the generic Strategy; every method a no-op by default. The
+    groups ``down`` and ``up_sizes`` name are its declaration's ``SENDS`` and ``READS``."""
+
+    def down(self) -> dict[str, list[np.ndarray]]:
+        """{down group: arrays} appended after the weights of every fit instruction."""
+        return {}
+
+    def up_sizes(self) -> dict[str, int]:
+        """{up group: how many arrays it has} in every reply."""
+        return {}
+
+    def update(self, replies: Replies) -> None:
+        """Move the part's state by the round's replies (after the new model is formed)."""
+
+    def metrics(self) -> dict[str, float]:
+        """Round metrics, after ``update``."""
+        return {}
+
+    def records(self) -> dict[str, list[np.ndarray]]:
+        """Checkpoint records (``fl_app/server/checkpoint.py``)."""
+        return {}
+
+    def restore(self, state: Mapping[str, list]) -> None:
+        """The part's state from ``records``' entries in ``state`` (absent ones: unchanged)."""
+
+
+def norm(arrays: list[np.ndarray]) -> float:
+    """The Euclidean norm of ``arrays`` as one vector (float64 squares)."""
+    return float(np.sqrt(sum(float((a.astype(np.float64) ** 2).sum()) for a in arrays)))
+
+
+# ------------------------------------------------------------------ FedDyn's H
+@dataclass(frozen=True)
+class Drift:
+    """Declares FedDyn's H (module docstring): ``alpha`` the run-config key of α, ``metric`` the
+    round metric of its norm (of h = −α H with ``h_metric``, else of H), ``record`` the prefix of
+    its checkpoint records: ``<record>-H`` always, and ``<record>-h`` (h = −α H, from which an
+    older record restores) with ``with_h``."""
+
+    alpha: str
+    metric: str
+    h_metric: bool = False
+    record: str = "feddyn"
+    with_h: bool = True
+    SENDS: ClassVar[tuple[str, ...]] = ()
+    READS: ClassVar[tuple[str, ...]] = ()
+    AGGREGATES: ClassVar[bool] = True  # the plain mean plus H: Algorithm 1's (1/|S_t|) sum
+
+    def keys_read(self) -> tuple[str, ...]:
+        return (self.alpha,)
+
+    def check(self, cfg: dict) -> None:
+        """Nothing refused."""
+
+    def build(self, cfg: dict, model: nn.Module) -> DriftMemory:
+        return self.part(trainable_mask(model), cfg[self.alpha])
+
+    def part(self, trainable: list[bool], alpha: float) -> DriftMemory:
+        return DriftMemory(self, trainable, alpha)
+
+
+class DriftMemory(Part):
+    """FedDyn's H (module docstring) for the declaration ``spec``; ``trainable``: which
+    state_dict entries it covers."""
+
+    def __init__(self, spec: Drift, trainable: list[bool], alpha: float):
+        self.spec = spec
         self.trainable = trainable
+        self.alpha = alpha
         self.H: list[np.ndarray] | None = None  # float64, one array per state_dict entry
 
-    def aggregate(self, clients: list[list[np.ndarray]], w_t: list[np.ndarray], n_total: int | None) -> list:
+    def __repr__(self) -> str:
+        return f"DriftMemory({self.spec.alpha}={self.alpha})"
+
+    @property
+    def h(self) -> list[np.ndarray] | None:
+        """The paper's server state h = −α H (None before the first aggregation)."""
+        return None if self.H is None else [-self.alpha * a for a in self.H]
+
+    def aggregate(self, replies: Replies) -> list[np.ndarray]:
         """H ← H + (1/N) Σ_k (w_k − w_t), then the new global model mean_k(w_k) + H (trainable
-        entries; buffers: the plain mean), each array in its own dtype."""
-        n_total = max(n_total or len(clients), len(clients))
+        entries; buffers: the plain mean), each array in its own dtype. N is at least the
+        replies' count."""
+        clients, w_t = replies.weights, replies.w_t
+        n_total = max(replies.total or len(clients), len(clients))
         if self.H is None:
             self.H = [np.zeros(a.shape, dtype=np.float64) for a in w_t]
         new = []
@@ -63,21 +166,26 @@ class DriftMemory:
             return 0.0
         return float(np.sqrt(sum(float((a**2).sum()) for a, m in zip(arrays, self.trainable) if m)))
 
-    def get_state(self, alpha: float) -> dict[str, list[np.ndarray]]:
-        """For checkpoints: H exactly, and the paper's h = −α H (nothing before the first
+    def metrics(self) -> dict[str, float]:
+        return {self.spec.metric: self.norm(self.h if self.spec.h_metric else None)}
+
+    def records(self) -> dict[str, list[np.ndarray]]:
+        """H exactly, and with ``with_h`` the paper's h = −α H (nothing before the first
         aggregation)."""
         if self.H is None:
             return {}
-        return {"feddyn-h": [-alpha * a for a in self.H], "feddyn-H": [a.copy() for a in self.H]}
+        own = {f"{self.spec.record}-H": [a.copy() for a in self.H]}
+        return {f"{self.spec.record}-h": self.h, **own} if self.spec.with_h else own
 
-    def set_state(self, state: dict[str, list[np.ndarray]], alpha: float) -> None:
-        """H from ``get_state``'s record (or, from an older one, from h = −α H)."""
-        if "feddyn-H" in state:
-            self.restore(state["feddyn-H"])
-        elif "feddyn-h" in state:
-            self.restore([-np.asarray(a, dtype=np.float64) / alpha for a in state["feddyn-h"]])
+    def restore(self, state: Mapping[str, list]) -> None:
+        """H from ``records``' record (or, with ``with_h``, from an older h = −α H)."""
+        H, h = f"{self.spec.record}-H", f"{self.spec.record}-h"
+        if H in state:
+            self.restore_H(state[H])
+        elif self.spec.with_h and h in state:
+            self.restore_H([-np.asarray(a, dtype=np.float64) / self.alpha for a in state[h]])
 
-    def restore(self, arrays: list) -> None:
+    def restore_H(self, arrays: list) -> None:
         """H from a checkpoint, refused unless it has one array per state_dict entry."""
         H = [np.asarray(a, dtype=np.float64) for a in arrays]
         if len(H) != len(self.trainable):
@@ -85,8 +193,74 @@ class DriftMemory:
         self.H = H
 
 
-class ServerControlVariates:
-    """SCAFFOLD's server control variate c (module docstring)."""
+# ------------------------------------------------------------------ SCAFFOLD's c
+def cv_shapes(model: nn.Module, cfg: dict, select: Names) -> list[tuple]:
+    """The shapes of c: one per parameter ``select(model, cfg)`` names, in state_dict order."""
+    state = model.state_dict()
+    return [tuple(state[n].shape) for n in cv_names_in_state_order(model, select(model, cfg))]
+
+
+@dataclass(frozen=True)
+class ControlVariates:
+    """Declares SCAFFOLD's c (module docstring): ``scope`` names the parameters that carry a
+    control variate (the same function as the client's ``LocalUpdate`` arrays), ``divisor`` the
+    D of its update, unless ``divisor_key`` names the run-config key that chooses it. Option II
+    control variates need a step linear in the gradient: Adam and AdamW are refused."""
+
+    scope: Names = trainable_param_names
+    divisor: str = "total"
+    divisor_key: str = ""
+    SENDS: ClassVar[tuple[str, ...]] = ("c",)
+    READS: ClassVar[tuple[str, ...]] = ("delta_c",)
+    AGGREGATES: ClassVar[bool] = False
+
+    def __post_init__(self):
+        if self.divisor not in DIVISORS:
+            raise ValueError(f"cv_divisor {self.divisor!r} is not one of {DIVISORS}")
+
+    def keys_read(self) -> tuple[str, ...]:
+        return (self.divisor_key,) if self.divisor_key else ()
+
+    def check(self, cfg: dict) -> None:
+        refuse_nonlinear_optimiser(cfg)
+
+    def build(self, cfg: dict, model: nn.Module) -> ServerControlVariates:
+        divisor = cfg.get(self.divisor_key, self.divisor) if self.divisor_key else self.divisor
+        return self.part(cv_shapes(model, cfg, self.scope), divisor)
+
+    def part(self, shapes: list[tuple], divisor: str | None = None) -> ServerControlVariates:
+        return ServerControlVariates(shapes, divisor or self.divisor)
+
+
+class TravellingState(Part):
+    """A part whose state is one group of float32 arrays, the attribute ``STATE``, sent after the
+    weights as the down group ``SENT``; each reply carries as many arrays as the up group
+    ``READ``; checkpointed as the record ``RECORD`` (restored only in the same shapes)."""
+
+    STATE: ClassVar[str]
+    SENT: ClassVar[str]
+    READ: ClassVar[str]
+    RECORD: ClassVar[str]
+
+    def down(self) -> dict[str, list[np.ndarray]]:
+        return {self.SENT: getattr(self, self.STATE)}
+
+    def up_sizes(self) -> dict[str, int]:
+        return {self.READ: len(getattr(self, self.STATE))}
+
+    def records(self) -> dict[str, list[np.ndarray]]:
+        return {self.RECORD: [a.copy() for a in getattr(self, self.STATE)]}
+
+    def restore(self, state: Mapping[str, list]) -> None:
+        if self.RECORD in state:
+            current = getattr(self, self.STATE)
+            setattr(self, self.STATE, restored_like(state[self.RECORD], current, np.float32, self.STATE))
+
+
+class ServerControlVariates(TravellingState):
+    """SCAFFOLD's server control variate c (module docstring); round metric ``cv_norm`` = ||c||."""
+
+    STATE, SENT, READ, RECORD = "c", "c", "delta_c", "cv-c"
 
     def __init__(self, shapes: list[tuple], divisor: str = "total"):
         if divisor not in DIVISORS:
@@ -94,24 +268,19 @@ class ServerControlVariates:
         self.divisor = divisor
         self.c = [np.zeros(s, dtype=np.float32) for s in shapes]
 
-    def update(self, deltas: list[list[np.ndarray]], n_total: int | None, participants: int | None = None) -> None:
-        """c ← c + (1/D) Σ_i Δc_i over the replies' ``deltas`` (float64 sums, float32 c).
-        ``participants`` = |S_t|, the clients the replies stand for (a reply may be a sum of
-        several: ``protocol.traffic.clients_in``); by default one per reply."""
-        participants = participants or len(deltas)
-        d = participants if self.divisor == "participants" else (n_total or participants)
+    def __repr__(self) -> str:
+        return f"ServerControlVariates(cv_divisor={self.divisor!r})"
+
+    def update(self, replies: Replies) -> None:
+        """c ← c + (1/D) Σ_i Δc_i over the replies' ``delta_c`` (float64 sums, float32 c), D =
+        |S_t| (``replies.clients``: a reply may be a sum of several) or N (when known)."""
+        deltas = [groups["delta_c"] for groups in replies.up]
+        d = replies.clients if self.divisor == "participants" else (replies.total or replies.clients)
         self.c = [(c.astype(np.float64) + sum(x[i].astype(np.float64) for x in deltas) / d).astype(np.float32)
                   for i, c in enumerate(self.c)]
 
-    def norm(self) -> float:
-        return float(np.sqrt(sum(float((c.astype(np.float64) ** 2).sum()) for c in self.c)))
-
-    def get_state(self) -> dict[str, list[np.ndarray]]:
-        return {"cv-c": [a.copy() for a in self.c]}
-
-    def set_state(self, state: dict[str, list[np.ndarray]]) -> None:
-        if "cv-c" in state:
-            self.c = restored_like(state["cv-c"], self.c, np.float32, "c")
+    def metrics(self) -> dict[str, float]:
+        return {"cv_norm": norm(self.c)}
 
 
 def refuse_nonlinear_optimiser(cfg: dict) -> None:

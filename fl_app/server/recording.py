@@ -45,6 +45,7 @@ from fl_app.common.run_files import BASE_COLUMNS, FINGERPRINT_KEY, SUMMARY_FILE,
 from fl_app.server.checkpoint import Checkpoint
 from fl_app.server.provenance import DataChanged, record_fingerprint, resumed_fingerprint, run_facts
 from protocol.layout import reply_problem
+from strategies.arrays import total_clients
 from tasks.datasets import input_shape
 from tasks.train import accuracy_spread
 
@@ -194,7 +195,7 @@ class RunRecorder:
         (``resumed_fingerprint``). None, with a warning, when the data cannot be read now."""
         if self.fingerprint is None:
             node_local = len(getattr(client_manager, "data_path_of", None) or {})
-            n = num_clients(client_manager)
+            n = total_clients(client_manager)
             try:
                 self.fingerprint = (resumed_fingerprint(self.folder(), self.cfg, n, node_local, self.started_on)
                                     if self.resumed else record_fingerprint(self.folder(), self.cfg, n, node_local))
@@ -239,7 +240,7 @@ class RunRecorder:
             "diverged": diverged,
             "rounds_without_update": empty,
             "untrained": bool(self.rows) and len(empty) == len(self.rows),
-            **run_facts(self.cfg, num_clients(client_manager)),
+            **run_facts(self.cfg, total_clients(client_manager)),
             FINGERPRINT_KEY: self.data_fingerprint(client_manager),
             **self.facts,
         }
@@ -251,8 +252,3 @@ def run_classes(cfg: dict) -> int:
     return input_shape(cfg["dataset"]).classes
 
 
-def num_clients(client_manager) -> int | None:
-    """Partitions of the federation (nodes when they bring their own data)."""
-    if client_manager is None:
-        return None
-    return getattr(client_manager, "num_partitions", None) or len(getattr(client_manager, "clients", {})) or None

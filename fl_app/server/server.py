@@ -68,13 +68,13 @@ from fl_app.server.recording import (
     evaluated_round,
     in_node_order,
     message_nbytes,
-    num_clients,
     summarise_client_metrics,
 )
 from fl_app.server.screening import Screening
 from fl_app.server.tracking import RunTracker
 from protocol.cohort import SumSpec
 from protocol.layout import all_finite
+from strategies.arrays import total_clients
 from tasks.datasets import DataUnavailableError, PartitionError
 from tasks.partition_figure import write_run_split
 
@@ -202,7 +202,7 @@ class DriftServer(Server):
         manager = self.client_manager()
         self.record.data_fingerprint(manager)  # the nodes have reported their partitions
         write_run_split(self.run_dir, self.cfg, None if getattr(manager, "data_path_of", None)
-                        else num_clients(manager))  # partitions.png, client_label_counts.csv
+                        else total_clients(manager))  # partitions.png, client_label_counts.csv
         if self.initial_evaluation is not None:  # round 0 to the trackers, now that the start-up passed
             self.tracker.log_initial(*self.initial_evaluation)
         return True

@@ -44,6 +44,7 @@ from fl_app.server.preflight import check_fault_partitions, loud
 from fl_app.server.sampling import CohortClientManager, SeededClientManager
 from fl_app.server.screening import check_replies
 from protocol.keys import ConfigError
+from strategies.arrays import total_clients
 from tasks.datasets import PartitionError
 from tasks.partitioning import (
     PartitionSpec,
@@ -133,7 +134,7 @@ class ServerStartup:
         """Check the partitioning the nodes reported (before round 1), and that every partition
         ``inject-faults`` names is one of them."""
         cm = self.client_manager
-        spec = PartitionSpec.from_config(self.cfg, cm.num_partitions or cm.num_available())
+        spec = PartitionSpec.from_config(self.cfg, total_clients(cm))
         check_fault_partitions(self.cfg, spec.num_partitions)
         check_data(spec, min_batch_of(self.cfg["model"], self.cfg["dataset"]), self.cfg["client-test-fraction"])
         return spec

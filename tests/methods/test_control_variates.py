@@ -145,8 +145,11 @@ def test_two_rounds_partial_participation_follow_algorithm_2(method, tmp_path):
 
 
 def test_divisors_differ_between_scaffold_and_fedgam_cv():
-    assert ScaffoldStrategy.CV_DIVISOR == "total" and FedPVRStrategy.CV_DIVISOR == "total"
-    assert FedGAMCVStrategy.CV_DIVISOR == "participants"
+    def divisor(cls):
+        return cls.SERVER.parts["cv"].divisor
+
+    assert divisor(ScaffoldStrategy) == "total" and divisor(FedPVRStrategy) == "total"
+    assert divisor(FedGAMCVStrategy) == "participants"
 
 
 def test_k_is_total_local_steps_not_batches_per_epoch():
@@ -268,7 +271,7 @@ def test_scaffold_cv_divisor_key_sets_d_of_the_c_update(divisor, expected_d):
     w0 = get_weights(build_model("logreg", input_shape("synthetic"), seed=0))
     strategy = ScaffoldStrategy.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w0), None))
     assert strategy.cv.divisor == divisor
-    strategy.num_total = 10
+    strategy.num_clients = 10
     deltas = [[np.full(a.shape, v, np.float32) for a in w0] for v in (1.0, 3.0)]
     results = [
         (Proxy(str(i), None), FitRes(Status(Code.OK, ""), ndarrays_to_parameters(w0 + d), 5, {}))

@@ -69,9 +69,15 @@ def _column(pair):
     return np.array(pair, dtype=np.float64).reshape(2, 1)
 
 
+def feddc_server(**kwargs) -> FedDCStrategy:
+    """FedDC's server, alpha 0.1, for the one-entry (2, 1) model of these tests."""
+    parts = FedDCStrategy.SERVER.parts
+    return FedDCStrategy(parts={"cv": parts["cv"].part([(2, 1)]), "memory": parts["memory"].part([True], 0.1)},
+                         num_state=1, **kwargs)
+
+
 def test_server_h_model_and_c_by_hand():
-    strategy = FedDCStrategy(cv_shapes=[(2, 1)], alpha=0.1, trainable=[True], fraction_fit=0.25,
-                             min_fit_clients=1, min_available_clients=1, accept_failures=True)
+    strategy = feddc_server(fraction_fit=0.25, min_fit_clients=1, min_available_clients=1, accept_failures=True)
     strategy.memory.H = [_column(H) / 4]  # the one client with history is the one that replies
     strategy.cv.c = [_column(C).astype(np.float32)]
     instructions = strategy.configure_fit(2, ndarrays_to_parameters([_column(THETA)]), FakeManager(4))
@@ -87,7 +93,7 @@ def test_server_h_model_and_c_by_hand():
     np.testing.assert_allclose(strategy.cv.c[0], _column((-0.0571130029, 0.0726005029)), atol=1e-7)
     assert metrics["feddc_H_norm"] == pytest.approx(np.hypot(0.0896130029, 0.0851005029), rel=1e-9)
     assert metrics["cv_norm"] == pytest.approx(np.hypot(0.0571130029, 0.0726005029), rel=1e-6)
-    restored = FedDCStrategy(cv_shapes=[(2, 1)], alpha=0.1, trainable=[True])
+    restored = feddc_server()
     restored.set_state(strategy.get_state())
     np.testing.assert_array_equal(restored.memory.H[0], strategy.memory.H[0])
     np.testing.assert_array_equal(restored.cv.c[0], strategy.cv.c[0])

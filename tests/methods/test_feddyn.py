@@ -52,9 +52,15 @@ def test_feddyn_client_two_rounds_match_hand_computation():
     assert not np.allclose(no_state[0], out[0], atol=1e-5)
 
 
+def feddyn_server(alpha: float, trainable: list[bool]) -> FedDynStrategy:
+    """FedDyn's server for a model whose state entries are ``trainable`` (True) or buffers."""
+    memory = FedDynStrategy.SERVER.parts["memory"].part(trainable, alpha)
+    return FedDynStrategy(parts={"memory": memory}, num_state=len(trainable))
+
+
 def test_feddyn_server_h_and_weights_two_rounds():
     alpha, n_total = 0.1, 5
-    strategy = FedDynStrategy(alpha=alpha, trainable=[True, False])  # a weight and a buffer
+    strategy = feddyn_server(alpha, [True, False])  # a weight and a buffer
     rng = np.random.default_rng(0)
     w_t = [rng.standard_normal((3, 2)).astype(np.float32), rng.standard_normal(3).astype(np.float32)]
     h = np.zeros((3, 2))
@@ -68,13 +74,13 @@ def test_feddyn_server_h_and_weights_two_rounds():
         h = h - alpha / n_total * sum(w - w_t[0] for w in W)
         np.testing.assert_allclose(new[0], np.mean(W, axis=0) - h / alpha, atol=1e-5)
         np.testing.assert_allclose(new[1], np.mean([c[1] for c in clients], axis=0), atol=1e-6)
-        np.testing.assert_allclose(strategy.h[0], h, atol=1e-6)
+        np.testing.assert_allclose(strategy.memory.h[0], h, atol=1e-6)
         assert np.isclose(metrics["feddyn_h_norm"], np.linalg.norm(h))
         w_t = new
 
 
 def test_feddyn_state_round_trip():
-    strategy = FedDynStrategy(alpha=0.1, trainable=[True])
+    strategy = feddyn_server(0.1, [True])
     assert strategy.get_state() == {}
     strategy.set_state({"feddyn-h": [np.ones(3)]})
     np.testing.assert_array_equal(strategy.get_state()["feddyn-h"][0], np.ones(3))

@@ -216,7 +216,7 @@ def test_server_h_weights_and_s_match_hand_computation(mode):
         if mode != "none":
             total = [sum(e[i].astype(np.float64) for e in extras) for i in range(2)]
             s = [rho * a / _norm(total) for a in total]
-        for got, w in zip(strategy.s, s):
+        for got, w in zip(strategy.perturbation.s, s):
             np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-7)
         assert metrics["smoo_s_norm"] == pytest.approx(rho if mode != "none" else 0.0, rel=1e-5)
         assert metrics["smoo_H_norm"] == pytest.approx(_norm(H), rel=1e-6)
@@ -225,19 +225,20 @@ def test_server_h_weights_and_s_match_hand_computation(mode):
 
 def test_server_s_is_zero_for_a_zero_sum():
     strategy, w_t = _strategies()
-    strategy.s = [np.ones(a.shape, np.float32) for a in w_t]
+    strategy.perturbation.s = [np.ones(a.shape, np.float32) for a in w_t]
     strategy.global_weights, strategy.num_clients = w_t, 2
     zeros = [np.zeros_like(a) for a in w_t]
     plus = [np.full(a.shape, 0.5, np.float32) for a in w_t]
     minus = [-a for a in plus]
     strategy.aggregate_fit(1, [(None, fit_res(w_t + plus, 1)), (None, fit_res(w_t + minus, 1))], [])
-    assert all(np.array_equal(a, z) for a, z in zip(strategy.s, zeros))
+    assert all(np.array_equal(a, z) for a, z in zip(strategy.perturbation.s, zeros))
 
 
 def test_rho_zero_server_is_exactly_feddyn():
     alpha, n_total = 0.1, 5
     smoo, w_t = _strategies(**{"smoo-rho": 0.0, "smoo-alpha": alpha})
-    dyn = FedDynStrategy(alpha=alpha, trainable=smoo.memory.trainable)
+    dyn = FedDynStrategy(parts={"memory": FedDynStrategy.SERVER.parts["memory"].part(smoo.memory.trainable, alpha)},
+                         num_state=len(w_t))
     rng = np.random.default_rng(1)
     for server_round in (1, 2, 3):
         clients, extras = _replies(w_t, rng)
@@ -248,13 +249,13 @@ def test_rho_zero_server_is_exactly_feddyn():
         a, b = parameters_to_ndarrays(a), parameters_to_ndarrays(b)
         for u, v in zip(a, b):
             np.testing.assert_array_equal(u, v)
-        assert all(not np.any(v) for v in smoo.s) and metrics["smoo_s_norm"] == 0.0
+        assert all(not np.any(v) for v in smoo.perturbation.s) and metrics["smoo_s_norm"] == 0.0
         w_t = b
 
 
 def test_configure_fit_sends_weights_then_s():
     strategy, w0 = _strategies()
-    strategy.s = [np.full(a.shape, 0.25, np.float32) for a in w0]
+    strategy.perturbation.s = [np.full(a.shape, 0.25, np.float32) for a in w0]
     manager = SimpleClientManager()
     for k in range(2):
         manager.register(Proxy(str(k), None))
@@ -262,7 +263,7 @@ def test_configure_fit_sends_weights_then_s():
     assert instructions
     sent = parameters_to_ndarrays(instructions[0][1].parameters)
     assert len(sent) == 4
-    for got, want in zip(sent, w0 + strategy.s):
+    for got, want in zip(sent, w0 + strategy.perturbation.s):
         np.testing.assert_array_equal(got, want)
 
 
@@ -277,7 +278,8 @@ def test_checkpoint_round_trip_continues_identically(tmp_path):
     w1 = parameters_to_ndarrays(params)
     save_checkpoint(tmp_path, Checkpoint(1, w1, a.get_state()))
     b.set_state(load_checkpoint(tmp_path).strategy_state)
-    assert all(np.array_equal(x, y) for x, y in zip(a.s, b.s)) and np.any(b.s[0])
+    assert all(np.array_equal(x, y) for x, y in zip(a.perturbation.s, b.perturbation.s))
+    assert np.any(b.perturbation.s[0])
     assert all(np.array_equal(x, y) for x, y in zip(a.memory.H, b.memory.H))
     clients, extras = _replies(w1, rng)
     outs = []

@@ -100,16 +100,21 @@ def test_rho_zero_is_the_feddyn_client_and_prox_zero_the_fedsam_client():
     assert torch.equal(mine.params["weight"], sam.params["weight"])
 
 
+def fedspeed_server(**kwargs) -> FedSpeedStrategy:
+    """FedSpeed's server, prox coefficient C, for the one-entry (2, 1) model of these tests."""
+    memory = FedSpeedStrategy.SERVER.parts["memory"].part([True], C)
+    return FedSpeedStrategy(parts={"memory": memory}, num_state=1, **kwargs)
+
+
 def test_server_h_and_model_by_hand():
-    strategy = FedSpeedStrategy(alpha=C, trainable=[True], fraction_fit=0.25, min_fit_clients=1,
-                                min_available_clients=1, accept_failures=True)
+    strategy = fedspeed_server(fraction_fit=0.25, min_fit_clients=1, min_available_clients=1, accept_failures=True)
     strategy.memory.H = [np.array(H).reshape(2, 1) / 4]  # the one client with history is the one that replies
     instructions = strategy.configure_fit(2, ndarrays_to_parameters([np.array(W_T).reshape(2, 1)]), FakeManager(4))
     assert len(parameters_to_ndarrays(instructions[0][1].parameters)) == 1  # the weights only
     params, metrics = strategy.aggregate_fit(2, [(instructions[0][0], fit_res([np.array(W_K).reshape(2, 1)], 5))], [])
     np.testing.assert_allclose(parameters_to_ndarrays(params)[0].ravel(), (0.6990425362, -0.5951987862), atol=1e-9)
     assert metrics["fedspeed_H_norm"] == pytest.approx(np.hypot(*H_NEW) / 4, rel=1e-8)
-    restored = FedSpeedStrategy(alpha=C, trainable=[True])
+    restored = fedspeed_server()
     restored.set_state(strategy.get_state())
     np.testing.assert_array_equal(restored.memory.H[0], strategy.memory.H[0])
 

@@ -116,7 +116,8 @@ def is_str(node: ast.AST) -> bool:
 
 def written_names() -> set[str]:
     """Names the code can write as metrics or metrics.csv columns: string keys of dict literals,
-    of subscript assignments (``metrics["x"] = ...``) and of ``.update(x=...)`` keywords, and the
+    of subscript assignments (``metrics["x"] = ...``) and of ``.update(x=...)`` keywords, the
+    string ``metric=`` keywords of a call (a server part's declared metric), and the
     strings of module-level UPPER_CASE constants (column lists), in every code package.
     Docstrings, comments and messages do not count."""
     names: set[str] = set()
@@ -131,6 +132,8 @@ def written_names() -> set[str]:
                         names.add(str(target.slice.value))
             elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "update":
                 names |= {k.arg for k in node.keywords if k.arg}
+            elif isinstance(node, ast.Call):  # a server part's declared metric (strategies.parts.Drift)
+                names |= {k.value.value for k in node.keywords if k.arg == "metric" and is_str(k.value)}
         for node in tree.body:
             targets = node.targets if isinstance(node, ast.Assign) else []
             if targets and all(isinstance(t, ast.Name) and t.id.isupper() for t in targets):

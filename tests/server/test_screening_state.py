@@ -109,7 +109,7 @@ def test_feddyn_h_takes_only_screened_drift(screening, tmp_path):
         used = [[w_t[i] + sk * (r[i].astype(np.float64) - w_t[i]) for i in range(2)] for sk, r in zip(s, replies) if sk > 0]
         # h <- h - alpha (1/N) sum_k (w_k - w_t) over the used replies; w = mean(w_k) - h / alpha
         h = [h[i] - ALPHA / K * sum(u[i] - w_t[i] for u in used) for i in range(2)]
-        for got, want in zip(inner.h, h):
+        for got, want in zip(inner.memory.h, h):
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
         new = parameters_to_ndarrays(parameters)
         for i in range(2):
