@@ -2,7 +2,7 @@
 FedPVR, FedGAM-CV, FedDC): c and c_i at the start of a round, the correction c − c_i added to
 every step (``CORRECTION``, a gradient term), option II's c_i⁺ and the reply Δc_i at its end,
 and the arrays that travel (``control_variate_arrays``). The server side is
-``strategies.scaffold.ControlVariateStrategy``; the rules are in docs/methods.md, "control
+``strategies.control_variates.ControlVariateStrategy``; the rules are in docs/methods.md, "control
 variates"."""
 
 from __future__ import annotations
