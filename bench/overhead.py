@@ -20,7 +20,8 @@ the local epochs, the same clients on both paths), with both final accuracies.
 (a) reproduces the simulation's work exactly: the same partitions (``load_partition``), the
 same clients each round (``SeededClientManager``'s draw: ``default_rng([seed, draw])`` over the
 nodes ordered by partition id), the same initial model (``build_model(seed=seed)``), the same
-batch order (the client's generator seed), plain SGD, the n_k-weighted mean, and the server's
+batch order (the client's generator seed), the clients' own local loop (FedAvg's ``LocalUpdate``
+through ``tasks.functional.local_round``), the n_k-weighted mean, and the server's
 evaluation on the full test split before round 1 and after every round. Its final accuracy
 must equal the simulation's (printed side by side).
 
@@ -208,24 +209,25 @@ def sampled_partitions(seed: int, draw: int, num_partitions: int, fraction: floa
 
 # ------------------------------------------------------------------ (a) plain PyTorch
 def plain_local_fit(model, global_state: dict, x, y, cfg: dict, pid: int, rnd: int) -> None:
-    """One client's local training from ``global_state``, as the simulation's FedAvg client:
-    the clients' optimiser, the round's learning rate, batches shuffled by (seed, partition, round)."""
+    """One client's local training from ``global_state``, as the simulation's FedAvg client runs
+    it: FedAvg's ``LocalUpdate`` through ``tasks.functional.local_round`` (the per-client path's
+    loop and optimiser), the round's learning rate, batches shuffled by (seed, partition, round);
+    the new weights are loaded into ``model``."""
     import torch
-    import torch.nn.functional as F
 
-    from tasks.optim import build_optimizer
-    from tasks.train import batches, min_train_batch
+    from clients.fedavg import UPDATE
+    from tasks.functional import Hyper, Round, local_round, module_state
 
     model.load_state_dict(global_state)
+    params, buffers = module_state(model)
     lr = cfg["learning-rate"] * cfg["lr-decay"] ** (rnd - 1)
-    opt = build_optimizer(model.parameters(), cfg, lr)  # the clients' optimiser
     gen = torch.Generator().manual_seed(hash((cfg["seed"], pid, rnd)) & 0x7FFFFFFF)
-    model.train()
-    for _ in range(cfg["local-epochs"]):
-        for xb, yb in batches(x, y, cfg["batch-size"], gen, min_train_batch(model)):
-            opt.zero_grad(set_to_none=True)
-            F.cross_entropy(model(xb), yb).backward()
-            opt.step()
+    job = Round(UPDATE, model, params, buffers, {}, {"buffers": buffers}, Hyper.from_config(cfg, lr, UPDATE.key_names()),
+                x, y, cfg["batch-size"], cfg["local-epochs"], gen)
+    result = local_round(job)
+    with torch.no_grad():
+        for name, tensor in {**dict(model.named_parameters()), **dict(model.named_buffers())}.items():
+            tensor.copy_((result.params if name in result.params else result.buffers)[name])
 
 
 def plain_round(model, global_state: dict, spec, cfg: dict, chosen: list[int], rnd: int, device) -> dict:

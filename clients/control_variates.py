@@ -1,9 +1,9 @@
 """The control-variate family's client maths, shared by the methods built on it (SCAFFOLD,
 FedPVR, FedGAM-CV, FedDC): c and c_i at the start of a round, the correction c − c_i added to
 every step (``CORRECTION``, a gradient term), option II's c_i⁺ and the reply Δc_i at its end,
-and the arrays that travel (``control_variate_arrays``). The server side is the
-part ``strategies.parts.ControlVariates`` (``strategies.control_variates``); the rules are in docs/methods.md, "control
-variates"."""
+and the arrays that travel (``control_variate_arrays``). The server side is the part
+``strategies.parts.ControlVariates`` (declared in ``strategies.control_variates``); the rules
+are in docs/methods.md, "control variates"."""
 
 from __future__ import annotations
 

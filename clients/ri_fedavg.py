@@ -99,7 +99,8 @@ def ri_sample(job: Round) -> tuple[torch.Tensor, torch.Tensor]:
 
 def ri_chunk(chunk: int, device: torch.device) -> int:
     """``ri-chunk``, with -1 (auto) resolved per device: on CPU vmap turns the convolutions into
-    grouped ones (measured ~4x slower than the plain loop, docs/performance.md); on CUDA
+    grouped ones (measured ~4x slower than the plain loop, docs/performance.md, "What the code
+    does for speed"); on CUDA
     batching the evaluations pays."""
     if chunk < 0:
         return 1 if device.type == "cpu" else 20

@@ -66,7 +66,7 @@ def private_env(home: Path | None, **extra: str) -> dict[str, str]:
 
     SuperExec's poll for new runs stays at Flower's 1 s: a 0.1 s poll starts a run 0.45 s
     sooner on average but keeps SuperLink and SuperExec at 8% of a core (1.8% at 1 s), which
-    a 2-core simulation loses over every round (docs/performance.md)."""
+    a 2-core simulation loses over every round (docs/performance.md, "What was tried and did not work")."""
     env = {
         **os.environ,
         # the SuperLink starts flower-superexec by name: this environment's, even when the

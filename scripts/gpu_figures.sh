@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU path's figures (docs/performance.md sections 12 and 14), as one prepared script for a
+# The GPU path's figures (docs/performance.md, "GPU: unmeasured"), as one prepared script for a
 # lent GPU machine, where each command may run 10 minutes and the whole loan is 15: run part
 # "paths" first (the two paths through the simulation at 10 and 30 clients a round, the
 # cohort's training alone, and a cohort node's round around its training: host vs device sums

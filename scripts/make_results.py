@@ -830,8 +830,8 @@ def make_results(experiments: Path, results: Path, out: Path) -> str:
              "over seeds: the fairness view of label skew, computed from the runs without holding data back. "
              "The runs are reduced versions of the papers' settings (each section says how), so the papers' "
              "numbers are a reference, not a target. Run time: the runs' own time (start of the ServerApp to "
-             "its end, summed over runs; launching and stopping each run adds about 12 s, docs/performance.md "
-             "section 9), on the machine that made them "
+             "its end, summed over runs; launching and stopping each run adds about 12 s, docs/performance.md, "
+             "\"Per-client simulation, 2-core CPU\"), on the machine that made them "
              "(each summary.json names the code revision and library versions).", "",
              f"Across the files: the [results atlas]({ATLAS_PAGE}), each method's rank, accuracy and verdicts per "
              "file, grouped by kind of skew and model, in one table and one picture.", ""]

@@ -153,7 +153,7 @@ def decode_images(cells: list, ds, info: DatasetInfo) -> np.ndarray:
     the same bytes with the same ``PIL.Image.open``), 3-6x faster than going through it
     (MNIST 203 vs 1189 us an image, CIFAR-10 683 vs 2272, measured on the loaded 2-core CPU):
     ``datasets`` formats every row as a Python dict of a PIL image, the cost that dominated a GPU
-    cohort round (docs/performance.md, section 12). Cells without bytes (images by path) go
+    cohort round (docs/performance.md, "GPU: unmeasured"). Cells without bytes (images by path) go
     through the Image feature as before."""
     import io
 

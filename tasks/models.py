@@ -255,7 +255,8 @@ def build_model(name: str, shape: InputShape, seed: int | None = None) -> Classi
 
     Models with convolutions keep their weights channels-last (NHWC): on CPU, PyTorch then
     runs its convolutions through oneDNN's NHWC kernels, measured 1.3-1.5x faster per
-    training step and 1.8x per forward than the default layout (docs/performance.md). The
+    training step and 1.8x per forward than the default layout (docs/performance.md, "What the
+    code does for speed"). The
     values and shapes are the same; ``get_weights`` hands out ordinary C-ordered arrays.
     """
     if name not in BUILDERS:

@@ -6,8 +6,11 @@ the optimiser of every FedPGVC experiment; ``weight-decay`` is added to the grad
 or ``adamw`` (``torch.optim.AdamW``, decoupled weight decay ``weight-decay``). Adam's
 betas (0.9, 0.999) and eps 1e-8 are PyTorch's defaults, fixed: no paper of the suite tunes
 them. AdamW's weight decay is the run's ``weight-decay`` (default 0), not PyTorch's 0.01.
-The optimiser is built at the start of every ``fit``, so its state (momentum buffer, Adam's
-moments) starts fresh each round, as in the papers.
+
+The clients run these optimisers as pure functions (``tasks.functional.optim``), their state
+(momentum buffer, Adam's moments) started afresh each round, as in the papers; this module
+checks the keys. ``build_optimizer`` builds ``torch.optim``'s own, the reference the functional
+ones equal; no product code or bench uses it.
 """
 
 from __future__ import annotations

@@ -89,7 +89,7 @@ def profile_losses(
     (functional, no in-place ops, no data-dependent control flow). ``chunk`` == 1 skips
     vmap and evaluates one point at a time: on CPU, vmap turns convolutions with batched
     weights into grouped convolutions, about 4x slower per round than the plain loop
-    (docs/performance.md).
+    (docs/performance.md, "What the code does for speed").
     """
     if chunk == 1:
         return profile_losses_loop(loss_fn, center, directions, s)

@@ -48,7 +48,7 @@ def evaluate(
     already made, so it costs two small kernels per batch.
 
     Default batch: 1024 on a GPU; 128 on CPU, where larger batches spill the activations out
-    of cache and evaluate more slowly (measurements in docs/performance.md).
+    of cache and evaluate more slowly (docs/performance.md, "What the code does for speed").
     """
     device = next(model.parameters()).device
     if batch_size is None:

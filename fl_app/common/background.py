@@ -3,7 +3,7 @@
 Between ``flwr run`` and round 1 the server waits for Ray and for the nodes' partition ids
 while its own CPU idles, then decodes the test split while the clients idle; the clients then
 pay their own first-use costs in round 1. Running each side's start-up work in a background
-thread overlaps the two (see docs/performance.md).
+thread overlaps the two (docs/performance.md, "What the code does for speed").
 """
 
 from __future__ import annotations

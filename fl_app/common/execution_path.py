@@ -4,7 +4,8 @@ runner when it launches a simulation (``launch_execution``), and followed by the
 
 ``auto`` takes the cohort path where it can run: the method and settings allow it
 (``fl_app.common.execution_checks.cohort_problem``), CUDA is available (vmap gains on a GPU
-only: on a CPU it is 0.45-0.83x the per-client loop, docs/performance.md), and the simulation is
+only: on a CPU it is 0.45-0.83x the per-client loop, docs/performance.md, "What was tried and did
+not work"), and the simulation is
 launched by fl-drift's runner (``run_simulation.py``, which then sets ``num-virtual-clients``);
 else ``per-client``. The runner resolves ``auto`` (it knows CUDA and launches the nodes); the
 server only follows what it was launched for (a run with ``num-virtual-clients`` > 0 is a cohort

@@ -48,13 +48,14 @@ def register_example(monkeypatch) -> types.ModuleType:
     scope = {"Method": registry.Method, "fedmom_example": client, **vars(strategy)}
     for name, method in eval("{" + files["fl_app/registry.py"] + "}", scope).items():
         monkeypatch.setitem(registry.METHODS, name, method)
-    return load_module(monkeypatch, "tests/test_fedmom_example.py", files["tests/test_fedmom_example.py"])
+    test = "tests/methods/test_fedmom_example.py"
+    return load_module(monkeypatch, test, files[test])
 
 
 def test_the_example_is_at_most_four_files():
     files = blocks()
     assert set(files) == {"clients/fedmom_example.py", "strategies/fedmom_example.py",
-                          "fl_app/registry.py", "tests/test_fedmom_example.py"}
+                          "fl_app/registry.py", "tests/methods/test_fedmom_example.py"}
     assert files["fl_app/registry.py"].strip().count("\n") == 0, "the registry change is one line"
 
 
@@ -64,10 +65,10 @@ def test_the_example_is_not_a_real_method():
 
 
 # What earlier ways of writing a client were called: a hook, a client class naming its update or
-# its cost, overridden inputs/outputs, the wire and state of control variates in a client module.
+# its cost, overridden inputs/outputs, a control-variate client class.
 GONE = ("LOCAL_UPDATE", "STEP_COST", "train_step", "adjust_gradients", "begin_round", "end_round", "fit_hooks",
         "functional_inputs", "functional_outputs", "prepare_functional", "finish_functional", "local_update_for",
-        "FunctionalRound", "ControlVariateClient", "clients/control_variates.py", "DriftClient.mods")
+        "FunctionalRound", "ControlVariateClient", "DriftClient.mods")
 SUBCLASS = re.compile(r"class \w+\((?:\w+\.)*\w*Client\)")
 
 
@@ -151,3 +152,100 @@ def test_the_example_decides_its_screening(monkeypatch):
     strategy = registry.get_method(NAME).strategy
     assert "SCREENING" in vars(strategy) and "median" in strategy.SCREENING
     assert depends_only_on_the_mean(strategy, probe_config(strategy))
+
+
+# --- every path and module the page names exists -------------------------------------------
+
+ROOT = DOC.parent.parent
+FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
+TICKED = re.compile(r"`([^`\n]+)`")
+PACKAGES = ("runner", "fl_app", "clients", "strategies", "protocol", "tasks", "tests")
+DOTTED = re.compile(rf"(?:{'|'.join(PACKAGES)})(?:\.\w+)+")
+FILE = re.compile(r"[\w.<>-]*\.(?:py|md|toml|txt|yml|yaml|sh|cfg)")
+PATH = re.compile(r"\.?[\w<>-][\w.<>-]*(?:/[\w.<>-]+)*/?")  # a relative path: no spaces, no leading /
+
+
+def named_paths(text: str) -> list[tuple[str, list[Path]]]:
+    """Every repository path the prose of ``text`` names in backticks (code blocks left out), each
+    with the places it may mean: a path with a slash from the repository root; a bare file name
+    (``cli.py``) in a folder the same top-level list item or paragraph named before it, nearest
+    first (``runner/``), or at the root; a bare folder at the root (``runner/``), else in such a
+    folder (``functional/`` after ``tasks/``). ``<name>`` stands for any name
+    (``clients/<name>.py``: some ``clients/*.py``)."""
+    found: list[tuple[str, list[Path]]] = []
+    folders: list[Path] = []
+    for line in FENCE.sub("", text).splitlines():
+        if not line.strip() or line.startswith(("- ", "#")):  # a new paragraph or top-level item
+            folders = []
+        for token in TICKED.findall(line):
+            if token.startswith("/") or not PATH.fullmatch(token) or not ("/" in token or FILE.fullmatch(token)):
+                continue
+            if "/" in token.rstrip("/"):
+                places = [Path(token)]
+            elif token.endswith("/"):
+                places = [Path(token)] + [folder / token for folder in reversed(folders)]
+            else:
+                places = [folder / token for folder in reversed(folders)] + [Path(token)]
+            if token.endswith("/"):
+                folders.append(next((p for p in places if exists(p)), places[0]))
+            found.append((token, places))
+    return found
+
+
+def exists(place: Path) -> bool:
+    if "<" in str(place):  # a placeholder: some file of that form
+        return any(ROOT.glob(re.sub(r"<[^>]+>", "*", str(place).rstrip("/"))))
+    return (ROOT / place).exists()
+
+
+def missing_paths(text: str) -> list[str]:
+    return [f"{token} (looked for {', '.join(map(str, places))})"
+            for token, places in named_paths(text) if not any(exists(p) for p in places)]
+
+
+def missing_modules(text: str) -> list[str]:
+    """Every dotted name of the repository's packages in the page's prose and commands
+    (``fl_app.node.drift_client.DriftClient``, ``python -m runner.listing``): its longest
+    importable prefix, then each further part an attribute of it."""
+    import importlib
+
+    bad = []
+    for name in sorted({m for token in TICKED.findall(FENCE.sub("", text)) for m in DOTTED.findall(token)}):
+        parts = name.split(".")
+        for cut in range(len(parts), 0, -1):
+            try:
+                obj = importlib.import_module(".".join(parts[:cut]))
+                break
+            except ModuleNotFoundError:
+                continue
+        else:
+            bad.append(name)
+            continue
+        for attr in parts[cut:]:
+            if not hasattr(obj, attr):
+                bad.append(name)
+                break
+            obj = getattr(obj, attr)
+    return bad
+
+
+def test_the_path_check_finds_a_wrong_path():
+    text = ("`runner/`: `cli.py` and `sweep.py`; `tasks/`: `optim.py`, `functional/` (`rounds.py`); "
+            "`tests/methods/test_<name>.py`, `run_simulation.py`, `/proc`, `x = 1`, `fl_app.registry.spec`. "
+            "Wrong: `tests/test_<name>.py`, `runner/nope.py`, `nope.py`, `fl_app.registry.nope`, `tasks.nope`."
+            "\n```python file=clients/not_checked.py\n```\n")
+    assert [token for token, _ in named_paths(text)] == [
+        "runner/", "cli.py", "sweep.py", "tasks/", "optim.py", "functional/", "rounds.py",
+        "tests/methods/test_<name>.py", "run_simulation.py", "tests/test_<name>.py", "runner/nope.py", "nope.py"]
+    assert [m.split(" ")[0] for m in missing_paths(text)] == ["tests/test_<name>.py", "runner/nope.py", "nope.py"]
+    assert missing_modules(text) == ["fl_app.registry.nope", "tasks.nope"]
+
+
+def test_every_path_and_module_the_page_names_exists():
+    """docs/contributing.md names the files a contributor edits and reads; each must be where it
+    says (a renamed or moved module fails here, naming the page's stale path)."""
+    text = DOC.read_text(encoding="utf-8")
+    assert len(named_paths(text)) > 100
+    assert not missing_paths(text), "docs/contributing.md names paths that do not exist: " + "; ".join(missing_paths(text))
+    assert not missing_modules(text), "docs/contributing.md names modules that do not exist: " + ", ".join(
+        missing_modules(text))

@@ -78,7 +78,7 @@ def test_history_pattern_matches_what_it_must():
 
 def test_code_and_docs_tell_no_session_history():
     hits = outside_references(code_files() + DOCS, HISTORY)
-    assert not hits, "narrated history (date it, or move it to docs/performance.md):\n" + "\n".join(hits)
+    assert not hits, "narrated history (state what holds; the history belongs to git):\n" + "\n".join(hits)
 
 
 def test_methods_doc_names_nothing_outside_the_repository():
@@ -239,6 +239,18 @@ def test_experiment_files_name_no_issue_or_commit():
     assert len(EXPERIMENT_FILES) > 12  # the reduced files and experiments/paper/
     hits = outside_references(EXPERIMENT_FILES, HISTORY_REFS)
     assert not hits, "experiment files name issues or commits (the history belongs to git):\n" + "\n".join(hits)
+
+
+PERFORMANCE = ROOT / "docs" / "performance.md"
+
+
+def test_the_performance_page_is_a_reference_not_a_diary():
+    """docs/performance.md says what the speed is now, in at most 300 lines, naming no issue or
+    commit: how the figures got there is git's history."""
+    lines = PERFORMANCE.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 300, f"docs/performance.md has {len(lines)} lines; history belongs to git"
+    hits = outside_references([PERFORMANCE], HISTORY_REFS)
+    assert not hits, "docs/performance.md names issues or commits:\n" + "\n".join(hits)
 
 
 # An internal tracker's numbers and words mean nothing to a reader of the repository.
