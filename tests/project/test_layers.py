@@ -17,8 +17,9 @@ a cycle cannot hide behind a lazy import. Allowed edges, with no exception:
   (``FL_APP_LAYERS``, top to bottom): the entry points (``server_app``, ``client_app``) ->
   ``fl_app.registry`` (the method catalogue, the whole run-config schema and ``resolve``, the
   one look-up of a method by its name) -> ``config`` (the general keys and the checks, naming
-  no method) -> ``fl_app.server`` (the server's round loop and its parts) -> ``fl_app.node``
-  (what a node does around a method's client) -> ``fl_app.common`` (the ``Method`` pair type,
+  no method) -> ``fl_app.server`` (the server's round loop and its parts) beside ``fl_app.node``
+  (what a node does around a method's client; neither imports the other: the cohort wire they
+  share is ``protocol.cohort``) -> ``fl_app.common`` (the ``Method`` pair type,
   shared I/O and background helpers, the run folder's files and their schema, the parsing of
   ``inject-faults`` and ``tracking``, the checks of ``execution`` and ``screening`` against a
   method, and the decision of a run's path: what the ClientApp needs, so it loads no server
@@ -47,8 +48,7 @@ FL_APP_LAYERS = (
     ("fl_app.server_app", "fl_app.client_app", "fl_app"),
     ("fl_app.registry",),
     ("fl_app.config",),
-    ("fl_app.server",),
-    ("fl_app.node",),
+    ("fl_app.server", "fl_app.node"),  # beside each other: what both speak is protocol.cohort
     ("fl_app.common",),
 )
 RUNNER_LAYERS = (
