@@ -1,0 +1,76 @@
+"""A cohort run killed with SIGKILL and resumed equals the uninterrupted run.
+
+The runner (``run_simulation.py``) runs SCAFFOLD (its clients keep c_i: the cohort node's rows,
+journalled each round under the run folder) as one cohort node on the CPU; the second copy of
+the run is killed with ``kill -9`` while its rounds go on, at whatever point of a round the
+signal lands (a journal file or checkpoint half written is never read: both are atomic), then
+continued with ``run_simulation.py --resume``. Every metrics.csv row but the timings equals the
+uninterrupted run's: the clients' state came back from the journal as of the checkpoint's round,
+the journal's files of the rounds after it were dropped.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ROUNDS = 12
+ARGS = ["--strategy", "scaffold", "--dataset", "synthetic", "--rounds", str(ROUNDS), "--clients", "6",
+        "--fraction", "0.5", "--set", "model=logreg", "--set", "execution=cohort", "--set", "tracking=none",
+        "--quiet"]
+
+
+def metrics_rows(out: Path) -> list[dict]:
+    """The run's metrics.csv rows, timing columns left out (no two runs share them)."""
+    files = list(out.rglob("metrics.csv"))
+    if not files:
+        return []
+    with files[0].open(newline="") as f:
+        return [{k: v for k, v in row.items() if "seconds" not in k and k != "ray_node"} for row in csv.DictReader(f)]
+
+
+def runner(*argv: str, env: dict) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "run_simulation.py", *argv], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+@pytest.mark.slow
+def test_a_cohort_run_killed_and_resumed_equals_the_uninterrupted_run(tmp_path):
+    env = {**os.environ, "FLWR_HOME": str(tmp_path / "flwr-home"), "FLWR_TELEMETRY_ENABLED": "0"}
+    full = runner(*ARGS, "--out", str(tmp_path / "full"), env=env)
+    assert full.wait(timeout=900) == 0, full.stdout.read()
+    want = metrics_rows(tmp_path / "full")
+    assert want and want[-1]["round"] == str(ROUNDS)
+
+    killed = runner(*ARGS, "--out", str(tmp_path / "cut"), env=env)
+    deadline = time.monotonic() + 600
+    while len(metrics_rows(tmp_path / "cut")) < 4 and killed.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert killed.poll() is None, f"the run ended before the kill: {killed.stdout.read()}"
+    os.kill(killed.pid, signal.SIGKILL)  # kill -9 of the runner: its watchdog stops the rest
+    killed.wait()
+    cut = metrics_rows(tmp_path / "cut")
+    assert 4 <= len(cut) < len(want), f"killed after {len(cut)} rows of {len(want)}"
+    assert list((tmp_path / "cut").rglob("client-rows/node-0/round-*.npz")), "no journal of the clients' rows"
+
+    deadline = time.monotonic() + 60  # the dead runner's folder lock is taken over once its processes are gone
+    while True:
+        resumed = runner("--resume", str(tmp_path / "cut"), env=env)
+        code = resumed.wait(timeout=900)
+        output = resumed.stdout.read()
+        if code != 2 or "in use by another run_simulation.py" not in output or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert code == 0, output
+    got = metrics_rows(tmp_path / "cut")
+    assert [r["round"] for r in got] == [r["round"] for r in want]
+    for mine, theirs in zip(got, want):
+        assert mine == theirs, f"round {theirs['round']}"
