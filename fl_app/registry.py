@@ -26,6 +26,7 @@ from clients import (
     fedasam,
     fedavg,
     fedbn,
+    fedcm,
     feddc,
     feddecorr,
     feddyn,
@@ -58,6 +59,7 @@ from strategies.fedadagrad import FedAdagradStrategy
 from strategies.fedadam import FedAdamStrategy
 from strategies.fedavgm import FedAvgMStrategy
 from strategies.fedbn import FedBNStrategy
+from strategies.fedcm import FedCMStrategy
 from strategies.feddc import FedDCStrategy
 from strategies.feddyn import FedDynStrategy
 from strategies.fedexp import FedExPStrategy
@@ -102,6 +104,7 @@ METHODS: dict[str, Method] = {
     "fedexp": Method(FedExPStrategy, fedavg.UPDATE),
     "feddc": Method(FedDCStrategy, feddc.UPDATE),
     "fedspeed": Method(FedSpeedStrategy, fedspeed.UPDATE),
+    "fedcm": Method(FedCMStrategy, fedcm.UPDATE),
 }
 
 

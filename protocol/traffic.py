@@ -13,7 +13,11 @@ product move there.
 |---|---|---|
 | control variates (SCAFFOLD, FedPVR, FedGAM-CV, FedDC) | ``c`` | ``delta_c`` |
 | FedSMOO | ``s`` | ``stil`` |
+| client momentum (FedCM, MoFedSAM) | ``delta`` | - |
 | every other method | - | - |
+
+A reply carries the weights and the family's ``up`` groups, each the shape of the ``down`` group it
+answers; a family with ``down`` groups and no ``up`` (client momentum) replies the weights alone.
 
 A reply may stand for several clients: on the cohort path a node can reply, for the round's
 clients it hosts, the n_k-weighted mean of their weights and the plain sum of each ``up`` group
@@ -39,8 +43,10 @@ class Traffic:
 
 CONTROL_VARIATES = Traffic(down=("c",), up=("delta_c",))
 SMOO = Traffic(down=("s",), up=("stil",))
+CLIENT_MOMENTUM = Traffic(down=("delta",))
+"""FedCM's and MoFedSAM's global direction, the previous round's mean update per local step."""
 WEIGHTS_ONLY = Traffic()
-FAMILIES = (WEIGHTS_ONLY, CONTROL_VARIATES, SMOO)
+FAMILIES = (WEIGHTS_ONLY, CONTROL_VARIATES, SMOO, CLIENT_MOMENTUM)
 """Every family above: the only traffic a server may declare."""
 
 SUMMED_CLIENTS = "summed-clients"

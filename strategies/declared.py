@@ -151,7 +151,7 @@ class DeclaredStrategy(DriftFedAvg):
         return send_with_extras(instructions, parameters, groups, self.TRAFFIC.down, self.num_state)
 
     def aggregate_fit(self, server_round, results, failures):
-        weight_results, replies = self.split(results)
+        weight_results, replies = self.split(results, server_round)
         if not results or (failures and not self.accept_failures):
             return None, {}
         model = self.SERVER.model_part
@@ -164,7 +164,7 @@ class DeclaredStrategy(DriftFedAvg):
             metrics = {**(metrics or {}), **part.metrics()}
         return parameters, metrics
 
-    def split(self, results) -> tuple[list, Replies]:
+    def split(self, results, server_round: int = 0) -> tuple[list, Replies]:
         """(each result as a FitRes of its weights alone, the round's ``Replies``)."""
         sizes = {name: n for part in self.parts.values() for name, n in part.up_sizes().items()}
         sizes = {name: sizes[name] for name in self.TRAFFIC.up}
@@ -182,4 +182,6 @@ class DeclaredStrategy(DriftFedAvg):
             weights.append(own)
             up.append(groups)
         clients = sum(clients_in(res.metrics) for _, res in results)
-        return weight_results, Replies(weights, up, clients, self.num_clients, self.global_weights)
+        examples = [res.num_examples for _, res in results]
+        return weight_results, Replies(weights, up, clients, self.num_clients, self.global_weights, examples,
+                                       server_round)

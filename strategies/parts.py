@@ -16,6 +16,22 @@ declaration (``strategies.declared.ServerSide``), never by inheriting another me
   the replies' ``delta_c``: c ← c + (1/D) Σ_{i∈S_t} Δc_i, D = N (``total``, SCAFFOLD) or
   |S_t| (``participants``, FedGAM-CV's Eq. 22).
 
+- ``ClientMomentum`` (live: ``GlobalDirection``): FedCM's and MoFedSAM's server, which forms
+  the model from the replies' mean update and keeps that update, per local step, as the
+  direction every client of the next round mixes into its own (``delta`` down):
+
+  ```
+  Δ̄_t     = (1/|S_t|) Σ_{i∈S_t} (w_i − w_t)
+  w_{t+1} = w_t + η_g Δ̄_t
+  Δ_{t+1} = −Δ̄_t / (η_t K̄_t),      K̄_t = E · mean_{i∈S_t} n_i / B
+  ```
+
+  on the trainable entries (buffers: the plain mean), Δ_1 = 0, η_t the round's learning rate
+  (``learning-rate`` · ``lr-decay``^(t−1)), E ``local-epochs``, B ``batch-size``, n_i each
+  reply's ``num_examples``: FL-Simulator's ``Averaged_update / local_iteration / lr``, its
+  ``local_iteration`` E n_0 / B (client 0's size; its partitions are equal-sized) taken over
+  the mean size of the round's replies. The mean is the unweighted one of the paper and the code.
+
 A part's declaration (a frozen dataclass: what is fixed for the method) says which
 ``protocol.traffic`` groups it sends (``SENDS``) and reads (``READS``), whether it forms the
 new model (``AGGREGATES``), the run-config keys it reads (``keys_read``), and builds the live
@@ -56,6 +72,10 @@ class Replies:
     """N (``strategies.arrays.total_clients``), None when unknown."""
     w_t: list[np.ndarray]
     """The weights the round's fit instructions carried."""
+    examples: Sequence[int] = ()
+    """Each reply's ``num_examples`` (n_k; a summed reply's, the sum of its clients')."""
+    server_round: int = 0
+    """The round the replies answer (1 for the first; 0 when unknown)."""
 
 
 class Part:
@@ -289,3 +309,85 @@ def refuse_nonlinear_optimiser(cfg: dict) -> None:
     problem = linear_step_problem(cfg["optimizer"], cfg["strategy"])
     if problem:
         raise ConfigError(problem)
+
+
+# ------------------------------------------------------------------ FedCM's global direction
+MOMENTUM_WHY = ("w = w_t + eta_g * mean(w_i - w_t) and Delta formed from that same plain mean: a coordinate-wise "
+                "median of the weights would not match the Delta the next round's clients receive")
+"""Why a ``ClientMomentum`` server refuses the median screenings (its ``screening_why``)."""
+
+
+@dataclass(frozen=True)
+class ClientMomentum:
+    """Declares FedCM's and MoFedSAM's server (module docstring): ``server_lr`` the run-config key
+    of η_g, ``record`` the checkpoint record of Δ, ``metric`` the round metric of ‖Δ‖."""
+
+    server_lr: str
+    record: str
+    metric: str
+    SENDS: ClassVar[tuple[str, ...]] = ("delta",)
+    READS: ClassVar[tuple[str, ...]] = ()
+    AGGREGATES: ClassVar[bool] = True  # w_t + η_g times the unweighted mean update
+
+    def keys_read(self) -> tuple[str, ...]:
+        return (self.server_lr,)
+
+    def check(self, cfg: dict) -> None:
+        """Δ is a per-step gradient only for a step linear in it: Adam and AdamW refused."""
+        refuse_nonlinear_optimiser(cfg)
+
+    def build(self, cfg: dict, model: nn.Module) -> GlobalDirection:
+        return self.part(cv_shapes(model, cfg, trainable_param_names), trainable_mask(model), cfg[self.server_lr],
+                         cfg["learning-rate"], cfg["lr-decay"], cfg["local-epochs"], cfg["batch-size"])
+
+    def part(self, shapes, trainable, server_lr, lr, lr_decay, epochs, batch_size) -> GlobalDirection:
+        return GlobalDirection(self, shapes, trainable, server_lr, lr, lr_decay, epochs, batch_size)
+
+
+class GlobalDirection(TravellingState):
+    """Δ, one float32 array per trainable parameter, sent as ``delta`` (module docstring)."""
+
+    STATE, SENT, READ = "delta", "delta", ""
+
+    def __init__(self, spec: ClientMomentum, shapes: list[tuple], trainable: list[bool], server_lr: float,
+                 lr: float, lr_decay: float, epochs: int, batch_size: int):
+        if len(shapes) != sum(trainable):
+            raise ValueError(f"{spec.record}: {len(shapes)} trainable parameters, {sum(trainable)} trainable entries")
+        self.spec, self.RECORD = spec, f"{spec.record}-delta"
+        self.trainable, self.server_lr = trainable, server_lr
+        self.lr, self.lr_decay, self.epochs, self.batch_size = lr, lr_decay, epochs, batch_size
+        self.delta = [np.zeros(s, dtype=np.float32) for s in shapes]
+        self.mean_update: list[np.ndarray] | None = None  # Δ̄_t of the round being aggregated
+
+    def __repr__(self) -> str:
+        return f"GlobalDirection({self.spec.server_lr}={self.server_lr})"
+
+    def up_sizes(self) -> dict[str, int]:
+        return {}  # the replies carry the weights alone
+
+    def aggregate(self, replies: Replies) -> list[np.ndarray]:
+        """w_t + η_g Δ̄_t on the trainable entries, the plain mean of the replies on the buffers."""
+        new, mean_update = [], []
+        for i, ref in enumerate(replies.w_t):
+            mean = np.stack([w[i].astype(np.float64) for w in replies.weights]).mean(axis=0)
+            if self.trainable[i]:
+                step = mean - ref.astype(np.float64)
+                mean_update.append(step)
+                new.append(cast_like(ref.astype(np.float64) + self.server_lr * step, ref))
+            else:
+                new.append(cast_like(mean, ref))
+        self.mean_update = mean_update
+        return new
+
+    def update(self, replies: Replies) -> None:
+        """Δ_{t+1} = −Δ̄_t / (η_t K̄_t); a round whose mean update is not finite keeps Δ."""
+        if self.mean_update is None or not all(np.isfinite(a).all() for a in self.mean_update):
+            return
+        lr = self.lr * self.lr_decay ** (max(replies.server_round, 1) - 1)
+        size = float(np.mean(replies.examples)) if len(replies.examples) else float(self.batch_size)
+        steps = self.epochs * size / self.batch_size
+        self.delta = [(-a / (lr * steps)).astype(np.float32) for a in self.mean_update]
+        self.mean_update = None
+
+    def metrics(self) -> dict[str, float]:
+        return {self.spec.metric: norm(self.delta)}

@@ -74,6 +74,7 @@ from fl_app.server.screening import Screening
 from fl_app.server.tracking import RunTracker
 from protocol.cohort import SumSpec
 from protocol.layout import all_finite
+from protocol.traffic import WEIGHTS_ONLY
 from strategies.arrays import total_clients
 from tasks.datasets import DataUnavailableError, PartitionError
 from tasks.partition_figure import write_run_split
@@ -245,10 +246,20 @@ class DriftServer(Server):
         instructions, row["num_dropped"] = self.participation.select(server_round, instructions)
         row["bytes_down_per_client"] = message_nbytes([ins.parameters for _, ins in instructions])
         if instructions:
-            self.sent_shapes = [a.shape for a in parameters_to_ndarrays(instructions[0][1].parameters)]
+            self.sent_shapes = self.reply_shapes(instructions)
         extra = {"run-dir": str(self.run_dir.resolve()), "checkpoint-round": self.last_checkpoint,
                  "checkpoint-every": self.cfg["checkpoint-every"]}
         return [(c, FitIns(ins.parameters, {**ins.config, **extra})) for c, ins in instructions]
+
+    def reply_shapes(self, instructions: list[tuple]) -> list[tuple]:
+        """The shapes every reply must have: what the first instruction carried (the weights and
+        the groups after them, which a client's ``up`` groups mirror), or the weights alone for a
+        traffic family that sends groups down and none up (``protocol.traffic``: FedCM's Δ)."""
+        traffic = getattr(self.strategy, "TRAFFIC", WEIGHTS_ONLY)
+        arrays = parameters_to_ndarrays(instructions[0][1].parameters)
+        if traffic.down and not traffic.up:
+            arrays = arrays[: len(self.parameters.tensors)]
+        return [a.shape for a in arrays]
 
     def model_sent(self, instructions: list[tuple]) -> Parameters:
         """w_t, the model the round's clients start from, that the drift columns and screening
