@@ -14,18 +14,13 @@ Summary: client SAM gradient | server - | client state - | server state - | traf
 from __future__ import annotations
 
 from protocol.keys import Key, positive
-from tasks.functional.core import grad_and_loss, keep_layout, sam_eps
+from clients.sharpness import sam_gradient
 from tasks.functional.update import LocalUpdate
 
 
 def sam_direction(model, params, buffers, x, y, w_t, ctx, carry, hp):
-    """g = grad f(w); eps = rho g / (||g|| + NORM_EPS); d = grad f(w + eps), applied at w.
-    The buffers are those of the first (unperturbed) pass: the second pass's are dropped, so
-    BatchNorm statistics count each batch once; w + eps is a copy, w never moves."""
-    grads, new_buffers, loss = grad_and_loss(model, params, buffers, x, y, hp)
-    eps = dict(zip(grads, sam_eps(grads.values(), hp.keys["sam-rho"])))
-    perturbed = {n: keep_layout(p + eps[n], p) for n, p in params.items()}
-    sharp, _, _ = grad_and_loss(model, perturbed, new_buffers, x, y, hp)
+    """SAM's gradient at radius ``sam-rho`` (``sam_gradient``)."""
+    sharp, new_buffers, loss = sam_gradient(model, params, buffers, x, y, hp, hp.keys["sam-rho"])
     return sharp, new_buffers, carry, loss
 
 

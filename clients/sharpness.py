@@ -1,12 +1,27 @@
-"""The SAM gradient with a dual-pulled perturbation, the client maths shared by FedSMOO and
-FedSpeed (each module documents its use; the formulas are in ``dual_sam_gradient``).
+"""The SAM gradients the client methods share: SAM's own (``sam_gradient``: FedSAM, MoFedSAM,
+FedGamma) and the one with a dual-pulled perturbation (``dual_sam_gradient``: FedSMOO and
+FedSpeed); each module documents its use.
 """
 
 from __future__ import annotations
 
 import torch
 
-from tasks.functional.core import Tree, grad_and_loss, perturbed_copy, sam_step
+from tasks.functional.core import Tree, grad_and_loss, keep_layout, perturbed_copy, sam_eps, sam_step
+
+
+def sam_gradient(model, params, buffers, x, y, hp, rho: float, ascent_offset=None):
+    """(d, the buffers after the first pass, the loss at w): g = grad f(w);
+    eps = rho a / (||a|| + NORM_EPS) with a = g, or a = g + ``ascent_offset`` when given (FedGamma's
+    global ascent along g + c - c_i); d = grad f(w + eps), applied at w. The buffers are those of
+    the first (unperturbed) pass: the second pass's are dropped, so BatchNorm statistics count
+    each batch once; w + eps is a copy, w never moves. FedSAM's, MoFedSAM's and FedGamma's gradient."""
+    grads, new_buffers, loss = grad_and_loss(model, params, buffers, x, y, hp)
+    ascent = grads if ascent_offset is None else {n: g + ascent_offset[n] for n, g in grads.items()}
+    eps = dict(zip(ascent, sam_eps(ascent.values(), rho)))
+    perturbed = {n: keep_layout(p + eps[n], p) for n, p in params.items()}
+    sharp, _, _ = grad_and_loss(model, perturbed, new_buffers, x, y, hp)
+    return sharp, new_buffers, loss
 
 
 def dual_sam_gradient(model, params, buffers, x, y, hp, rho: float, mu: Tree, s: Tree | None,

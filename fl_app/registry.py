@@ -32,6 +32,7 @@ from clients import (
     feddyn,
     fedgam,
     fedgam_cv,
+    fedgamma,
     fedlc,
     fednova,
     fedntd,
@@ -43,6 +44,7 @@ from clients import (
     fedsmoo,
     fedsol,
     fedspeed,
+    mofedsam,
     moon,
     ri_fedavg,
     scaffold,
@@ -64,6 +66,7 @@ from strategies.feddc import FedDCStrategy
 from strategies.feddyn import FedDynStrategy
 from strategies.fedexp import FedExPStrategy
 from strategies.fedgam_cv import FedGAMCVStrategy
+from strategies.fedgamma import FedGammaStrategy
 from strategies.fednova import FedNovaStrategy
 from strategies.fedpgvc import FedPGVCStrategy
 from strategies.fedprox import FedProxStrategy
@@ -71,6 +74,7 @@ from strategies.fedpvr import FedPVRStrategy
 from strategies.fedsmoo import FedSMOOStrategy
 from strategies.fedspeed import FedSpeedStrategy
 from strategies.fedyogi import FedYogiStrategy
+from strategies.mofedsam import MoFedSAMStrategy
 from strategies.scaffold import ScaffoldStrategy
 from tasks.functional.update import LocalUpdate
 
@@ -105,6 +109,8 @@ METHODS: dict[str, Method] = {
     "feddc": Method(FedDCStrategy, feddc.UPDATE),
     "fedspeed": Method(FedSpeedStrategy, fedspeed.UPDATE),
     "fedcm": Method(FedCMStrategy, fedcm.UPDATE),
+    "mofedsam": Method(MoFedSAMStrategy, mofedsam.UPDATE),
+    "fedgamma": Method(FedGammaStrategy, fedgamma.UPDATE),
 }
 
 
