@@ -9,7 +9,7 @@ examples), as in Flower's median and trimmed mean.
 Written here, in numpy, not taken from ByzFL (0.0.11): importing ``byzfl`` imports its
 benchmark and models, hence torchvision, matplotlib, seaborn and scipy, and the torchvision
 wheel the package index resolves for this project's CPU torch does not load ("operator
-torchvision::nms does not exist"); each rule is a few lines. tests/server/test_screening_prerules.py
+torchvision::nms does not exist"); each rule is a few lines. tests/server/test_screening_rules.py
 checks them against hand computations, and against ByzFL where it imports (skipped, saying so,
 where it does not).
 """
