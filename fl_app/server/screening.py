@@ -56,6 +56,13 @@ does not update the model (every reply is dropped, with a warning naming the rul
 count); f must be >= 1 for the three Byzantine rules (refused at validation otherwise). A
 federation whose rounds sample fewer clients than the rule needs is refused before launch by
 ``check_replies`` (the runner's ``--check`` and the ServerApp's start-up), naming the rule.
+
+``geometric-median`` (smoothed Weiszfeld, RFA) and ``centered-clip`` (``screen-cc-tau``,
+``screen-cc-iters``; centered at the zero update) replace the weights like ``median``, and
+``screen-pre`` (``arc``, ``nnm``, ``bucketing``, chained with ``+``) rewrites the updates, as rows
+of equal weight, before any rule but ``none``, ``clip`` and ``reject``; with it every rule's
+result replaces the weights (``rule_on_rows``: Flower's functions where Flower has the rule,
+``fl_app.server.robust_rules`` for the others). docs/screening.md has each formula.
 """
 
 from __future__ import annotations
