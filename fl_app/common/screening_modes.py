@@ -12,6 +12,8 @@ updates before the rule, so the rule's result is no longer any reply's: it too n
 
 from __future__ import annotations
 
+import difflib
+
 from protocol.keys import ConfigError
 
 ROBUST_MODES = ("median", "trimmed-mean", "bulyan", "geometric-median", "centered-clip")
@@ -34,7 +36,9 @@ def parse_pre(text: str) -> tuple[str, ...]:
     steps = tuple(s.strip() for s in text.split("+"))
     bad = [s for s in steps if s not in PRE_STEPS]
     if bad or len(set(steps)) != len(steps) or not steps:
-        why = f"unknown step {bad[0]!r}" if bad else "a step named twice"
+        close = difflib.get_close_matches(bad[0], PRE_STEPS, n=1, cutoff=0.6) if bad else []
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        why = f"unknown step {bad[0]!r}{hint}" if bad else "a step named twice"
         raise ConfigError(f"run-config key 'screen-pre' = {text!r} is invalid: {why}; valid: {PRE_FORMS}")
     return steps
 
