@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fl_app.common.faults import FAULT_FORMS, parse_faults
+from fl_app.common.screening_modes import PRE_FORMS, parse_pre
 from fl_app.common.trackers import parse_tracking
 from protocol.keys import ConfigError, Key, at_least, between, non_negative, positive, unit_interval
 from tasks.catalogue import DATASET_NAMES as DATASETS
@@ -48,7 +49,8 @@ def unknown_keys(unknown, keys) -> str:
 
 
 PARTITIONERS = tuple(PARTITIONER_SETTINGS)
-SCREENING_MODES = ("none", "clip", "reject", "median", "trimmed-mean", "krum", "multi-krum", "bulyan")
+SCREENING_MODES = ("none", "clip", "reject", "median", "trimmed-mean", "krum", "multi-krum", "bulyan",
+                   "geometric-median", "centered-clip")
 EXECUTIONS = ("auto", "per-client", "cohort")
 COHORT_REPLIES = ("auto", "full", "sum")
 # noise-sigma's two readings (tasks/feature_noise.py): the NIID-Bench paper's words (variance
@@ -134,8 +136,14 @@ GENERAL_KEYS: dict[str, Key] = {
     "screen-reject-multiple": Key(3.0, at_least(1),
                                   ">= 1 (reject an update whose norm exceeds this x the round's median)"),
     "screen-trim": Key(0.2, lambda v: 0 <= v < 0.5, "in [0, 0.5) (share cut at each end by trimmed-mean)"),
-    "screen-attackers": Key(0, non_negative, ">= 0 (attackers f to resist: krum, multi-krum, bulyan; "
-                                             "trimmed-mean then cuts f at each end; 0 = undeclared)"),
+    "screen-attackers": Key(0, non_negative, ">= 0 (attackers f to resist: krum, multi-krum, bulyan, screen-pre"
+                                             " arc and nnm; trimmed-mean then cuts f at each end; 0 = undeclared)"),
+    # Pre-aggregation before the rule (docs/screening.md): "arc+nnm" clips then mixes the updates
+    "screen-pre": Key("none", lambda v: bool(parse_pre(v)) or True,
+                      f"{PRE_FORMS} (before the screening rule; arc, nnm: f = screen-attackers)"),
+    "screen-bucket-size": Key(2, at_least(1), ">= 1 (s: updates averaged per bucket by screen-pre bucketing)"),
+    "screen-cc-tau": Key(0.0, non_negative, ">= 0 (centered-clip radius tau; 0 = the round's median update norm)"),
+    "screen-cc-iters": Key(3, at_least(1), ">= 1 (centered-clip iterations L)"),
     # Experiment trackers (fl_app/server/tracking.py): "none" or a comma list of tensorboard, mlflow, wandb
     "tracking": Key("tensorboard", lambda v: _valid_tracking(v),
                     "'none' or a comma list of tensorboard, mlflow, wandb"),

@@ -56,6 +56,13 @@ does not update the model (every reply is dropped, with a warning naming the rul
 count); f must be >= 1 for the three Byzantine rules (refused at validation otherwise). A
 federation whose rounds sample fewer clients than the rule needs is refused before launch by
 ``check_replies`` (the runner's ``--check`` and the ServerApp's start-up), naming the rule.
+
+``geometric-median`` (smoothed Weiszfeld, RFA) and ``centered-clip`` (``screen-cc-tau``,
+``screen-cc-iters``; centered at the zero update) replace the weights like ``median``, and
+``screen-pre`` (``arc``, ``nnm``, ``bucketing``, chained with ``+``) rewrites the updates, as rows
+of equal weight, before any rule but ``none``, ``clip`` and ``reject``; with it every rule's
+result replaces the weights (``rule_on_rows``: Flower's functions where Flower has the rule,
+``fl_app.server.robust_rules`` for the others). docs/screening.md has each formula.
 """
 
 from __future__ import annotations
@@ -78,13 +85,14 @@ from flwr.server.strategy.aggregate import (
     aggregate_trimmed_avg,
 )
 
-from fl_app.common.screening_modes import ROBUST_MODES, SELECTION_MODES
+from fl_app.common.screening_modes import ROBUST_MODES, SELECTION_MODES, parse_pre
+from fl_app.server import robust_rules
 from protocol.keys import ConfigError
 
 log = logging.getLogger("flwr.fl_drift")
 
-def min_replies(mode: str, attackers: int) -> int:
-    """The fewest replies for which ``mode`` holds its guarantee against ``attackers``."""
+def rule_replies(mode: str, attackers: int) -> int:
+    """The fewest rows (updates, or what ``screen-pre`` left) ``mode`` holds its guarantee on."""
     if mode in SELECTION_MODES:
         return 2 * attackers + 3
     if mode == "bulyan":
@@ -92,6 +100,29 @@ def min_replies(mode: str, attackers: int) -> int:
     if mode == "trimmed-mean" and attackers > 0:
         return 2 * attackers + 2
     return 1
+
+
+def rows_left(n: int, pre: tuple[str, ...], attackers: int, bucket: int) -> int:
+    """How many rows ``n`` replies become through the ``pre`` chain: 0 where a step lacks the
+    rows it needs (``arc`` and ``nnm`` need more rows than f; ``bucketing`` leaves ceil(n / s))."""
+    for step in pre:
+        if step in ("arc", "nnm") and n <= attackers:
+            return 0
+        if step == "bucketing":
+            n = -(-n // bucket)
+    return n
+
+
+def min_replies(mode: str, attackers: int, pre: tuple[str, ...] = (), bucket: int = 2) -> int:
+    """The fewest replies for which ``mode`` (after the ``pre`` chain, ``screen-pre``) holds its
+    guarantee against ``attackers``."""
+    need = rule_replies(mode, attackers)
+    n = need
+    if pre:
+        n = 1
+        while rows_left(n, pre, attackers, bucket) < need:
+            n += 1
+    return n
 
 
 RULES = {"krum": "2f + 3", "multi-krum": "2f + 3", "bulyan": "4f + 3", "trimmed-mean": "2f + 2"}
@@ -112,14 +143,17 @@ def check_replies(cfg: dict, num_nodes: int) -> None:
     ``num_nodes``: every round would drop every reply, and the run stop after 0 rounds.
     (Drop-outs, ``drop-rate``, can still leave a round short: that round does not update.)"""
     mode, f = cfg["screening"], cfg.get("screen-attackers", 0)
-    need = min_replies(mode, f)
+    pre, bucket = parse_pre(cfg.get("screen-pre", "none")), cfg.get("screen-bucket-size", 2)
+    need = min_replies(mode, f, pre, bucket)
     sampled = sampled_per_round(cfg, num_nodes)
     if sampled >= need:
         return
-    largest = max((g for g in range(f) if min_replies(mode, g) <= sampled), default=0)
+    largest = max((g for g in range(f) if min_replies(mode, g, pre, bucket) <= sampled), default=0)
     lower = f"lower screen-attackers to {largest}" if largest >= 1 else f"use another screening than {mode!r}"
+    rule = f"n >= {RULES[mode]} = {need}" if mode in RULES and not pre else f"n >= {need}"
+    after = f" (screen-pre = {'+'.join(pre)}, screen-bucket-size {bucket})" if pre else ""
     raise ConfigError(
-        f"screening = {mode!r} with screen-attackers f = {f} needs n >= {RULES[mode]} = {need} replies per round,"
+        f"screening = {mode!r} with screen-attackers f = {f}{after} needs {rule} replies per round,"
         f" but a round samples only n = {sampled} (fraction-fit {cfg['fraction-fit']:g} x {num_nodes} clients,"
         f" min-fit-clients {cfg['min-fit-clients']}): every reply would be dropped; sample at least {need} clients"
         f" (more clients or a larger fraction-fit) or {lower}"
@@ -178,6 +212,60 @@ def robust_weights(clients: list[list[np.ndarray]], w_t: list[np.ndarray], mode:
     return {i: np.asarray(v).astype(w_t[i].dtype) for i, v in zip(index, values)}
 
 
+def flat_updates(clients: list[list[np.ndarray]], w_t: list[np.ndarray],
+                 skip: frozenset[int] = frozenset()) -> tuple[np.ndarray, list[int]]:
+    """The updates as rows (float64, n x d) over the screened arrays, and those arrays' indices."""
+    index = [i for i, ref in enumerate(w_t) if screened(i, ref, skip)]
+    rows = [np.concatenate([(c[i].astype(np.float64) - w_t[i].astype(np.float64)).ravel() for i in index])
+            for c in clients]
+    return np.stack(rows), index
+
+
+def unflatten(v: np.ndarray, w_t: list[np.ndarray], index: list[int]) -> dict[int, np.ndarray]:
+    """w_t + v, array by array (in each array's dtype), for the screened arrays ``index``."""
+    out, start = {}, 0
+    for i in index:
+        size = w_t[i].size
+        out[i] = (w_t[i].astype(np.float64) + v[start:start + size].reshape(w_t[i].shape)).astype(w_t[i].dtype)
+        start += size
+    return out
+
+
+def pre_aggregate(rows: np.ndarray, pre: tuple[str, ...], attackers: int, bucket: int,
+                  rng: np.random.Generator) -> np.ndarray:
+    """The rows after each ``screen-pre`` step in turn (``fl_app.server.robust_rules``)."""
+    for step in pre:
+        if step == "arc":
+            rows = robust_rules.arc(rows, attackers)
+        elif step == "nnm":
+            rows = robust_rules.nnm(rows, attackers)
+        else:
+            rows = robust_rules.bucketing(rows, bucket, rng)
+    return rows
+
+
+def rule_on_rows(rows: np.ndarray, mode: str, trim: float, attackers: int, cc: tuple[float, int]
+                 ) -> tuple[np.ndarray, float | None]:
+    """One update from the rows, each weighing 1, and the bound it used (centered-clip's tau):
+    Flower's functions where Flower has the rule (median, trimmed mean, Bulyan, Krum: its
+    ``aggregate_krum``, the mean of the kept rows), ``robust_rules`` for the others."""
+    results = [([r], 1) for r in rows]
+    if mode == "geometric-median":
+        return robust_rules.geometric_median(rows), None
+    if mode == "centered-clip":
+        tau = cc[0] if cc[0] > 0 else float(np.median(np.linalg.norm(rows, axis=1)))
+        return robust_rules.centered_clip(rows, tau, cc[1]), tau
+    if mode == "median":
+        values = aggregate_median(results)
+    elif mode == "bulyan":
+        values = aggregate_bulyan(list(results), attackers, aggregate_krum, to_keep=0)
+    elif mode in SELECTION_MODES:
+        values = aggregate_krum(results, attackers, 0 if mode == "krum" else max(1, len(rows) - attackers))
+    else:
+        values = aggregate_trimmed_avg(results, (attackers + 0.5) / len(rows) if attackers > 0 else trim)
+    return np.asarray(values[0], np.float64), None
+
+
 def krum_scores(clients: list[list[np.ndarray]], w_t: list[np.ndarray], attackers: int,
                 skip: frozenset[int] = frozenset()) -> list[float]:
     """Krum's score of each reply (Blanchard et al. 2017): the sum of the squared L2
@@ -218,9 +306,12 @@ class Decision:
 
 
 def decide(clients: list[list[np.ndarray]], w_t: list[np.ndarray], mode: str, clip_norm: float,
-           multiple: float, trim: float, skip: frozenset[int] = frozenset(), attackers: int = 0) -> Decision:
+           multiple: float, trim: float, skip: frozenset[int] = frozenset(), attackers: int = 0,
+           pre: tuple[str, ...] = (), bucket: int = 2, cc: tuple[float, int] = (0.0, 3),
+           rng: np.random.Generator | None = None) -> Decision:
     """The screening of one round's replies (``clients``: each reply's arrays, weights first).
-    Fewer replies than ``min_replies(mode, attackers)``: every reply is dropped."""
+    Fewer replies than ``min_replies``: every reply is dropped. ``pre``: the ``screen-pre`` chain
+    (``bucket``: its s); ``cc``: centered-clip's (tau, iterations); ``rng``: bucketing's order."""
     norms = [update_norm(c[: len(w_t)], w_t, skip) for c in clients]
     median = float(np.median(norms)) if norms else 0.0
     keep = [True] * len(clients)
@@ -228,7 +319,7 @@ def decide(clients: list[list[np.ndarray]], w_t: list[np.ndarray], mode: str, cl
     bound = None
     robust: dict[int, np.ndarray] = {}
     weights = [c[: len(w_t)] for c in clients]
-    if clients and len(clients) < min_replies(mode, attackers):
+    if clients and len(clients) < min_replies(mode, attackers, pre, bucket):
         keep = [False] * len(clients)
     elif mode == "clip":
         bound = clip_norm if clip_norm > 0 else multiple * median
@@ -236,10 +327,15 @@ def decide(clients: list[list[np.ndarray]], w_t: list[np.ndarray], mode: str, cl
     elif mode == "reject":
         bound = multiple * median
         keep = [n <= bound for n in norms]
-    elif mode in SELECTION_MODES and clients:
+    elif mode in SELECTION_MODES and clients and not pre:
         keep = krum_keep(krum_scores(weights, w_t, attackers, skip), mode, attackers)
-    elif mode in ROBUST_MODES and clients:
+    elif mode in ("median", "trimmed-mean", "bulyan") and clients and not pre:
         robust = robust_weights(weights, w_t, mode, trim, skip, attackers)
+    elif clients and (pre or mode in ROBUST_MODES):
+        rows, index = flat_updates(weights, w_t, skip)
+        rows = pre_aggregate(rows, pre, attackers, bucket, rng or np.random.default_rng(0))
+        v, bound = rule_on_rows(rows, mode, trim, attackers, cc)
+        robust = unflatten(v, w_t, index)
     return Decision(norms, keep, factors, bound, median, robust)
 
 
@@ -253,6 +349,10 @@ class Screening:
         self.reject_multiple = cfg["screen-reject-multiple"]
         self.trim = cfg["screen-trim"]
         self.attackers = cfg.get("screen-attackers", 0)
+        self.pre = parse_pre(cfg.get("screen-pre", "none"))
+        self.bucket = cfg.get("screen-bucket-size", 2)
+        self.cc = (cfg.get("screen-cc-tau", 0.0), cfg.get("screen-cc-iters", 3))
+        self.seed = cfg.get("seed", 0)
         self.skip = frozenset(skip)
         self.w_t: list[np.ndarray] | None = None
 
@@ -271,12 +371,14 @@ class Screening:
             return accepted
         clients = [parameters_to_ndarrays(res.parameters) for _, res in accepted]
         multiple = self.clip_multiple if self.mode == "clip" else self.reject_multiple
-        d = decide(clients, self.w_t, self.mode, self.clip_norm, multiple, self.trim, self.skip, self.attackers)
-        if len(clients) < min_replies(self.mode, self.attackers):
+        rng = np.random.default_rng([self.seed, server_round])  # bucketing's order: the same on a resumed run
+        d = decide(clients, self.w_t, self.mode, self.clip_norm, multiple, self.trim, self.skip, self.attackers,
+                   self.pre, self.bucket, self.cc, rng)
+        need = min_replies(self.mode, self.attackers, self.pre, self.bucket)
+        if len(clients) < need:
             log.warning("round %d: screening = %s needs at least %d replies for screen-attackers = %d, got %d; "
-                        "no update this round", server_round, self.mode,
-                        min_replies(self.mode, self.attackers), self.attackers, len(clients))
-        if self.mode in SELECTION_MODES and len(clients) >= min_replies(self.mode, self.attackers):
+                        "no update this round", server_round, self.mode, need, self.attackers, len(clients))
+        if self.mode in SELECTION_MODES and not self.pre and len(clients) >= need:
             log.info("round %d: %s (f = %d) dropped the updates of nodes %s", server_round, self.mode,
                      self.attackers, [c.cid for (c, _), k in zip(accepted, d.keep) if not k])
         row["num_clipped"] = sum(f < 1.0 for f in d.factors)
