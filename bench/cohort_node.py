@@ -13,7 +13,7 @@ mirrored on disk, in a temporary run folder) and a summed reply (``cohort_wire.S
 default of a summing method's cohort run):
 
 - ``objects``: a ``DriftClient`` and ``NodeClient`` per virtual client (``CohortClient.rows =
-  False``), the replies summed with numpy on the host: the node before issue 68's rows;
+  False``), the replies summed with numpy on the host: the node without ``cohort_rows``;
 - ``rows``: ``fl_app.node.cohort_rows`` with numpy sums (a CPU node's default);
 - ``rows+device-sums``: rows with the replies summed on the training device
   (``cohort_rows.device_sums``, a CUDA node's default).
