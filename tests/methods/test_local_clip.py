@@ -15,8 +15,8 @@ from clients import fedavg, feddc, feddyn
 from fl_app.config import ConfigError
 from fl_app.registry import validate_config
 from tasks.functional import Hyper
-from tests.helpers_hand_model import linear_round, values, weight
 from tests.kit import assert_cohort_matches
+from tests.kit_training import linear_round, values, weight
 
 THETA = (0.2, -0.1)
 LR = 0.5

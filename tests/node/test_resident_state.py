@@ -22,7 +22,7 @@ import fl_app.node.cohort_client as cohort_client
 from fl_app.node.cohort_client import RESIDENT, CohortClient, state_prefix
 from fl_app.registry import METHODS, validate_config
 from tests.kit import assert_arrays_close, fake_context
-from tests.node_kit import N, cohort_fit
+from tests.kit_server import N, cohort_fit
 
 CFG = {"dataset": "synthetic", "model": "logreg", "batch-size": 32, "learning-rate": 0.05, "seed": 3,
        "strategy": "scaffold"}
