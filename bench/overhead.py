@@ -640,8 +640,9 @@ def main(argv=None) -> int:
 
 
 def print_acceptance(passes: list[dict]) -> None:
-    """The issue's four targets, each as the median over the passes (the load is printed too:
-    only an idle machine's numbers are meant to be held against them)."""
+    """The four overhead targets (end to end and per round against the base, seconds to round 1's
+    first fit, peak memory), each as the median over the passes (the load is printed too: only an
+    idle machine's numbers are meant to be held against them)."""
     sims = [p["sim"] for p in passes if "sim" in p]
     if not sims:
         return

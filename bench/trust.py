@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Issue 41's measurements of the runner's life cycle and of a refused federation. Not a test;
+"""Measurements of the runner's life cycle and of a refused federation. Not a test;
 run by hand, one at a time (each starts a simulation), from this checkout or, with
 ``--repo DIR``, from another checkout of fl-drift (an older commit, for a before/after):
 

@@ -29,8 +29,8 @@ vmap path trains something else and the bench stops). The default fits the arith
 full fp32 (CPU, and CUDA with TF32 off), 1e-2 with ``--tf32``. TF32 is off unless ``--tf32``
 (``tasks.models.set_cuda_precision``, a run's ``cuda-tf32`` choice). Measured on an H100 (torch
 2.11, K = 10, 2 steps): TF32 off, ``cnn`` 1.1e-7 and ``resnet18`` 1.2e-6; TF32 on, ``resnet18``
-6.2e-4 (and vmap 2.06x sequential against 1.15x off). The 2.05e-4 that stopped ``resnet18`` on
-CUDA before (issue 44) was PyTorch's default, which turns TF32 on for cuDNN convolutions only.
+6.2e-4 (and vmap 2.06x sequential against 1.15x off). With PyTorch's default, which turns TF32 on
+for cuDNN convolutions only, ``resnet18`` reaches 2.05e-4.
 
 On CPU, ``--cpu-max-clients`` (default 20) caps K so that the run takes minutes, not hours
 (100 ``resnet18`` clients hold 100 x 11 M weights plus their gradients); the capped K is printed.

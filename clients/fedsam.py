@@ -13,8 +13,8 @@ Summary: client SAM gradient | server - | client state - | server state - | traf
 
 from __future__ import annotations
 
-from protocol.keys import Key, positive
 from clients.sharpness import sam_gradient
+from protocol.keys import Key, positive
 from tasks.functional.update import LocalUpdate
 
 

@@ -37,8 +37,8 @@ client state - | server state Δ | traffic Δ down
 
 from __future__ import annotations
 
-from clients.sharpness import sam_gradient
 from clients.momentum import momentum_arrays, momentum_begin, momentum_terms, scaled
+from clients.sharpness import sam_gradient
 from protocol.keys import Key, positive
 from tasks.functional.update import LocalUpdate
 
@@ -51,6 +51,7 @@ def mofedsam_direction(model, params, buffers, x, y, w_t, ctx, carry, hp):
 
 UPDATE = LocalUpdate(
     "mofedsam", mofedsam_direction, momentum_begin, terms=momentum_terms("mofedsam-alpha"),
-    keys={"mofedsam-alpha": Key(0.1, lambda v: 0 < v <= 1, "in (0, 1] (share of the SAM gradient; 1 = FedSAM's client)"),
+    keys={"mofedsam-alpha": Key(0.1, lambda v: 0 < v <= 1,
+                                "in (0, 1] (share of the SAM gradient; 1 = FedSAM's client)"),
           "mofedsam-rho": Key(0.1, positive, "> 0 (SAM radius rho)")},
     **momentum_arrays(), step_cost=2.0, module=__name__)

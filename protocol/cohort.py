@@ -285,7 +285,7 @@ class NodeSum:
 @dataclass(frozen=True)
 class SumOps:
     """The array operations ``sum_replies`` runs on: numpy's on the host (``NUMPY_SUMS``), or a
-    node's own on its training device (``fl_app.node.cohort_rows.device_sums``: the replies summed
+    node's own on its training device (``fl_app.node.cohort_client.device_sums``: the replies summed
     where they were trained, and only the sums copied to the host). Each must give what numpy's
     gives: float64 products and sums in the same order (bit for bit), ``dot`` within float64
     rounding (its summation order is the library's)."""

@@ -110,7 +110,7 @@ class Timing:
     background: float = -1.0  # ``load_now`` as the run started: the processes beside it; -1 unknown
 
 
-# Measured on the project's 2-core CPU machine (issue 70), each from one run of the runner at the load
+# Measured on the project's 2-core CPU machine, each from one run of the runner at the load
 # given (and the reference probed after it). Used only until this machine has recorded timings of its own.
 # The sweep's own seconds, once (validating, packaging the app, the estimate's probes, the comparison and
 # its plots): 9.4 s at the reference below (mnist cnn-small, 10 clients, 3 rounds: 54.6 s, its run 45.2 s).

@@ -156,7 +156,7 @@ def stop_marked(markers: list[Marker], grace: float = 5.0, limit: float = 25.0, 
     By session because a marker is not enough: Ray's agents and idle workers (``ray::
     DashboardAgent``, ``ray::RuntimeEnvAgent``, ``ray::IDLE``) rename themselves, which
     zeroes the start of their environment block in /proc, so they may show neither marker
-    (issue 66: a dashboard agent outlived a ``kill -9``'d runner by a minute). They run in the
+    (a dashboard agent can outlive a ``kill -9``'d runner by a minute). They run in the
     session of the SuperExec that started the simulation (Ray starts its processes in the
     driver's session), and stay in it once their parents are dead.
 

@@ -1,4 +1,4 @@
-"""The tuning protocol (issue 42): one way of choosing every row's settings of a comparison,
+"""The tuning protocol: one way of choosing every row's settings of a comparison,
 the same for every method of a table, so that a claim compares methods and not their tuning.
 
 An experiment file states it in a ``[tune]`` table::
@@ -27,7 +27,7 @@ table run records the protocol (run-config ``tuning-protocol``, in its summary.j
 how ``scripts/make_results.py`` tells rows tuned by one protocol from rows tuned otherwise:
 a claim is counted only between rows whose protocols are the same and known.
 
-A committed record's scores are reused (issue 70): tuning.json keeps, per point and seed, what
+A committed record's scores are reused: tuning.json keeps, per point and seed, what
 its run was made with (``runs``: the sha256 of the app package it ran, the revision, the digest
 of its run config, its data fingerprint's digest and the library versions: ``made_with``). A
 search whose experiment has a committed record (``docs/results/runs/<name>/tuning.json``, where

@@ -12,8 +12,8 @@ launcher ends, by any signal (``kill -9`` included), so the watchdog's read retu
 The watchdog makes the launcher's temporary folders itself (``--make NAME=PREFIX``: it prints
 ``NAME=<folder>`` for the launcher to read, and takes that entry as a marker and the folder as
 one to remove): no instant exists at which the launcher can die leaving a folder that no
-watchdog removes (issue 66: a runner killed between making its FLWR_HOME and starting its
-watchdog left an empty ``fl-drift-flwr-*``).
+watchdog removes (a runner killed between making its FLWR_HOME and starting its watchdog
+would leave an empty ``fl-drift-flwr-*``).
 
 - The launcher closed down normally (``LocalSimulation.close()`` stopped everything itself
   and wrote ``done``): the watchdog exits and touches nothing.

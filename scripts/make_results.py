@@ -478,8 +478,8 @@ def claim_tests(exp: dict, dirs: dict[str, list[Path]]) -> list[tuple[Claim, Pai
 
 NOT_COUNTED = "not counted"
 # A [chosen-by] statement that begins so names values picked by their test accuracy: a search that
-# saw the test split, which the tuning protocol forbids (issue 42: choose on a validation split,
-# never the test split), so its rows are shown but decide no claim, however alike they were searched.
+# saw the test split, which the tuning protocol forbids (choose on a validation split, never
+# the test split), so its rows are shown but decide no claim, however alike they were searched.
 TEST_SPLIT_SEARCH = "searched on the test split"
 
 
@@ -692,8 +692,8 @@ def provenance_line(dirs: list[Path]) -> list[str]:
     named = sorted((r for r in counts if r != "unknown"), key=lambda r: -counts[r])
     parts = [f"`{short_revision(r)}` ({counts[r]} runs)" for r in named]
     if counts.get("unknown"):
-        parts.append(f"not recorded ({counts['unknown']} runs: made outside a git checkout, or between ae3771f "
-                     "and 0701d2d, when a bug hid the commit)")
+        parts.append(f"not recorded ({counts['unknown']} runs: made outside a git checkout, or by a version "
+                     "of the code that failed to read its revision)")
     return [f"Code that made the kept runs (git revision): {', '.join(parts)}.", ""]
 
 

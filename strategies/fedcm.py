@@ -10,6 +10,7 @@ from strategies.base import REPLIES_ONLY
 from strategies.declared import DeclaredStrategy, ServerSide
 from strategies.parts import MOMENTUM_WHY, ClientMomentum
 
+
 class FedCMStrategy(DeclaredStrategy):
     """The unweighted mean update, stepped by eta_g, kept per local step as Delta and sent down."""
 

@@ -2,7 +2,7 @@
 
 ``fl_app.server_app`` asks for all of it at once, after its own checks of the config and
 before it assembles the server's parts: the server's steps then run on its own layer, with
-one trip down to the model and data code instead of one per part (issue 43).
+one trip down to the model and data code instead of one per part.
 """
 
 from __future__ import annotations

@@ -1,13 +1,14 @@
-"""Shared test fixtures (the offline data folder, the session's simulation and its runs), the
-stand-ins for Flower's client manager and transport, and the in-process way to serve a run.
-Building a client, running its rounds and comparing its paths: tests/kit.py."""
+"""The tests' fixtures and hooks: the offline data folder, the session's simulation and its
+runs, the background deployments, and what every test runs under (one torch thread, a private
+disk cache, its environment restored). What tests import lives in the kit: tests/kit.py and
+tests/kit_training.py, tests/kit_server.py, tests/kit_runs.py."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
-import time
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 # No telemetry from the tests (they run offline): flwr-datasets' telemetry thread, opening an
@@ -18,67 +19,21 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from flwr.app import Context, RecordDict  # noqa: E402
-from flwr.server.client_proxy import ClientProxy  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout, before the kit's imports
 
-from fl_app.client_app import client_fn  # noqa: E402
-from fl_app.common.procfs import processes_with_env  # noqa: E402
-from runner.inprocess import InProcessProxy  # noqa: E402
-from runner.launch import LocalSimulation  # noqa: E402
-from tests.helpers_deployment import deployment_certs, deployment_runs, has_superlink  # noqa: E402, F401
-
-SHARED_DATA = ROOT.parent / "shared" / "data"
-
-
-def find_data_dir() -> Path:
-    """$FL_DATA_DIR when set, else the data folder beside the checkout (which may not exist:
-    a fresh clone has none, and the tests that need data then skip, ``_offline_data``)."""
-    configured = os.environ.get("FL_DATA_DIR")
-    return Path(configured).expanduser().resolve() if configured else SHARED_DATA
-
-
-def has_data(folder: Path) -> bool:
-    return (folder / "mnist" / "train.parquet").exists()
-
-
-def data_env() -> dict[str, str]:
-    """``{"FL_DATA_DIR": folder}`` for a simulation's environment when the offline data folder
-    exists, else ``{}``: a missing folder is never handed on (a run would fail on it instead of
-    falling back, and a test that needs data skips before it launches one)."""
-    found = find_data_dir()
-    return {"FL_DATA_DIR": str(found)} if has_data(found) else {}
-
-
-# The tests' runs leave the split's picture out (``split-picture``: a matplotlib import and ~0.5 s
-# per run, about 20 s of the default run); a test that looks at the picture sets it true.
-# tests/data/test_partitioners.py's test_a_run_writes_the_split_picture_unless_told_not_to checks a
-# run's picture; test_split_files_draw_and_count_every_client and test_check_draws_the_split_
-# without_training check the drawing and run_simulation.py --check's pictures.
-NO_PICTURE = {"split-picture": False}
-
-
-def without_picture(run_config: dict) -> dict:
-    """``run_config`` with ``split-picture`` false unless it sets the key itself."""
-    return {**NO_PICTURE, **run_config}
-
-
-class SuiteSimulation(LocalSimulation):
-    """A ``LocalSimulation`` whose runs leave the split's picture out unless their config asks
-    for it (``without_picture``)."""
-
-    def run(self, run_config: dict, *args, **kwargs) -> int:
-        return super().run(without_picture(run_config), *args, **kwargs)
-
-
-def local_simulation(**kwargs) -> SuiteSimulation:
-    """A ``SuiteSimulation`` (not started) whose processes see the offline data folder when
-    there is one (``data_env``); this process's environment is left as it is."""
-    simulation = SuiteSimulation(**kwargs)
-    simulation.env.update(data_env())
-    return simulation
+from runner.deploy import TLS  # noqa: E402
+from tests.kit import ROOT, find_data_dir, has_data  # noqa: E402
+from tests.kit_runs import (  # noqa: E402
+    DeploymentRuns,
+    NodeKiller,
+    SimulatedRun,
+    has_superlink,
+    leftovers,
+    local_simulation,
+    run_killed,
+    run_mixed,
+)
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -165,18 +120,10 @@ def small_mnist(mnist_sample) -> Path:
     return mnist_sample(6000, 1000)
 
 
-def leftovers(home: Path) -> list[int]:
-    """PIDs of processes that still have ``home`` as FLWR_HOME, after up to 15 s for them to go."""
-    deadline = time.monotonic() + 15
-    while (left := processes_with_env("FLWR_HOME", str(home))) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    return left
-
-
 @pytest.fixture(autouse=True, scope="session")
 def start_deployments_early(request):
     """At the session's first test, start the background deployments (``deployment_runs``,
-    tests/helpers_deployment.py) when a selected test reads them and they can run (Flower's
+    tests/kit_runs.py) when a selected test reads them and they can run (Flower's
     SuperLink installed, the offline data present): they then run while the tests before
     tests/deployment/test_deployment.py do, mostly waiting and starting processes, on the core those
     tests leave free. Best effort: a failure to start is the deployment tests' own error (the
@@ -198,15 +145,6 @@ def sim():
     yield simulation
     assert simulation.close() == [], "processes survived the simulation"
     assert leftovers(simulation.home) == [], "a process with the simulation's FLWR_HOME survived"
-
-
-@dataclass
-class SimulatedRun:
-    rc: int
-    lines: list[str]
-    run_dir: Path
-    config: dict
-    num_supernodes: int
 
 
 @pytest.fixture(scope="session")
@@ -233,86 +171,26 @@ def simulated(sim, tmp_path_factory):
     return run
 
 
-class FakeProxy:
-    def __init__(self, cid):
-        self.cid = cid
+@pytest.fixture(scope="session")
+def deployment_certs(tmp_path_factory) -> TLS:
+    """scripts/make_certs.py, as a user runs it: a CA and a SuperLink certificate for 127.0.0.1."""
+    out = tmp_path_factory.mktemp("certs")
+    keys = [arg for name in ("own", "part", "bad", "stranger") for arg in ("--node-key", name)]
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_certs.py"), "--out", str(out),
+                    "--host", "127.0.0.1", *keys], check=True, capture_output=True)
+    return TLS.in_dir(out)
 
 
-class FakeManager:
-    """Just enough of a ClientManager for FedAvg.configure_fit."""
-
-    def __init__(self, n):
-        self.proxies = [FakeProxy(str(i)) for i in range(n)]
-
-    def num_available(self):
-        return len(self.proxies)
-
-    def sample(self, num_clients, min_num_clients=None, criterion=None):
-        return self.proxies[:num_clients]
-
-
-Proxy = InProcessProxy  # hands the FitIns to a real NumPyClient, as Flower's transport would
-
-
-class AppProxy(ClientProxy):
-    """One node served as the ClientApp serves it, in this process: every message builds the
-    client anew with ``fl_app.client_app.client_fn`` on the node's own Context (node config, run
-    config, ``context.state``). Left out: Flower's transport and the ClientApp's mods."""
-
-    def __init__(self, cid: str, context: Context):
-        super().__init__(cid)
-        self.context = context
-
-    def get_properties(self, ins, timeout, group_id):
-        return client_fn(self.context).get_properties(ins)
-
-    def fit(self, ins, timeout, group_id):
-        return client_fn(self.context).fit(ins)
-
-    def evaluate(self, ins, timeout, group_id):
-        return client_fn(self.context).evaluate(ins)
-
-    def get_parameters(self, ins, timeout, group_id):
-        raise NotImplementedError
-
-    def reconnect(self, ins, timeout, group_id):
-        raise NotImplementedError
-
-
-def serve_in_process(run_config: dict, nodes: int) -> None:
-    """One run with no Ray and no SuperLink: the ServerApp's ``server_fn`` components (its
-    ``DriftServer``, run as Flower's ServerApp runs it: ``fit``), ``nodes`` new nodes (partition k
-    of ``nodes``, empty ``context.state``) served by ``AppProxy``. Exceptions of the server (an
-    injected crash, ``RunAborted``) propagate. Clients fit one at a time: in one process they
-    share the cached model (``tasks.models.cached_model``), as the clients of one Ray actor do.
-    The split's picture is left out unless ``run_config`` asks for it (``without_picture``)."""
-    from fl_app.server_app import server_fn
-
-    run_config = without_picture(run_config)
-    components = server_fn(Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config=run_config))
-    server = components.server
-    manager = server.client_manager()
-    for k in range(nodes):  # node ids in another order than the partitions
-        node_config = {"partition-id": k, "num-partitions": nodes}
-        context = Context(run_id=0, node_id=900 - 7 * k, node_config=node_config, state=RecordDict(),
-                          run_config=run_config)
-        manager.register(AppProxy(str(900 - 7 * k), context))
-    server.set_max_workers(1)
-    server.fit(components.config.num_rounds, timeout=None)
-
-
-def non_split_files(out: Path) -> list[str]:
-    """The names in ``out``: a ``--check`` writes nothing there (no run, no record, no result,
-    not even the pictures of its splits, which go to a temporary folder: runner/checks.py
-    ``check_folder``), so this list is what it must leave unchanged."""
-    return sorted(p.name for p in out.iterdir()) if out.exists() else []
-
-
-def load_make_results():
-    """scripts/make_results.py as a module (a script, not a package: loaded from its file)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("make_results", ROOT / "scripts" / "make_results.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture(scope="session")
+def deployment_runs(small_mnist, tmp_path_factory, deployment_certs):
+    """The two deployments of tests/deployment/test_deployment.py (``run_killed``, ``run_mixed``
+    in tests/kit_runs.py), each in a thread of its own, started at the first request (the
+    session's first test, ``start_deployments_early``, when a selected test reads them); the
+    session waits for both at its end. Each has its own SuperLink, FLWR_HOME and ports and stops
+    every process it started before its result is read."""
+    killer = NodeKiller(2)
+    pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="deployment")
+    killed = pool.submit(run_killed, small_mnist, tmp_path_factory.mktemp("killed"), deployment_certs, killer)
+    mixed = pool.submit(run_mixed, small_mnist, tmp_path_factory.mktemp("mixed"), deployment_certs, (killed, killer))
+    yield DeploymentRuns(killed, killer, mixed)
+    pool.shutdown(wait=True)

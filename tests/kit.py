@@ -1,7 +1,14 @@
-"""The test kit for building a client, running its rounds and comparing two paths of them:
+"""The test kit every layer of the tests shares: what a test builds a client, a node or a server's
+round from, and the closeness checks every comparison of two paths is built on.
 
+- the checkout and its data: ``ROOT``, ``find_data_dir`` (the offline data folder), ``data_env``
+  (the environment a simulation gets for it), ``without_picture`` (a run config without the
+  split's picture);
 - building: ``fake_context``, ``make_client`` (the one way a test builds a client),
-  ``initial_weights``;
+  ``initial_weights``, ``fit_res`` (a successful reply);
+- the server's view of its nodes: ``Proxy`` (the one client proxy: an id, a NumPyClient, or a
+  node's Context served as the ClientApp serves it), ``FakeManager``; ``serve_in_process`` (a
+  whole run, ServerApp and ClientApps, in this process);
 - the one closeness check every comparison below is built on: ``assert_arrays_close`` (lists or
   dicts of arrays or tensors), with ``assert_metrics_close`` for the scalar fit metrics beside
   them;
@@ -16,19 +23,36 @@
 The cohort's tolerance: 1e-5 relative in float32 (vmap's batched kernels sum the same products
 in another order, ``tasks/functional/rounds.py``), and a cohort of one exactly; each test passes
 its own ``rel``.
+
+The other modules of the kit: ``tests/kit_training.py`` (hand computations and independent
+references of local training), ``tests/kit_server.py`` (the server and the cohort node driven
+one call at a time), ``tests/kit_runs.py`` (runs outside this process: simulations, deployments,
+README's commands, the results page). ``tests/conftest.py`` holds the fixtures only.
 """
 
 from __future__ import annotations
 
 import copy
+import os
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from flwr.app import Context, RecordDict
-from flwr.common import FitRes, parameters_to_ndarrays
+from flwr.client import NumPyClient
+from flwr.common import (
+    Code,
+    FitRes,
+    GetPropertiesRes,
+    Status,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+from flwr.server.client_proxy import ClientProxy
 
+from fl_app.client_app import client_fn
 from fl_app.node.cohort_client import train_cohort
 from fl_app.node.drift_client import DriftClient
 from fl_app.registry import get_method, validate_config
@@ -47,7 +71,44 @@ from tasks.functional import (
 )
 from tasks.functional.rounds import stack_trees, unstack_tree
 from tasks.models import build_model, get_weights
-from tests.conftest import serve_in_process
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+# ------------------------------------------------------------------ the checkout and its data
+def find_data_dir() -> Path:
+    """$FL_DATA_DIR when set, else the data folder beside the checkout (which may not exist:
+    a fresh clone has none, and the tests that need data then skip, ``shared_data`` in
+    conftest.py)."""
+    configured = os.environ.get("FL_DATA_DIR")
+    return Path(configured).expanduser().resolve() if configured else SHARED_DATA
+
+
+def has_data(folder: Path) -> bool:
+    """Whether ``folder`` holds the offline data (its MNIST training file)."""
+    return (folder / "mnist" / "train.parquet").exists()
+
+
+def data_env() -> dict[str, str]:
+    """``{"FL_DATA_DIR": folder}`` for a simulation's environment when the offline data folder
+    exists, else ``{}``: a missing folder is never handed on (a run would fail on it instead of
+    falling back, and a test that needs data skips before it launches one)."""
+    found = find_data_dir()
+    return {"FL_DATA_DIR": str(found)} if has_data(found) else {}
+
+
+# The tests' runs leave the split's picture out (``split-picture``: a matplotlib import and ~0.5 s
+# per run, about 20 s of the default run); a test that looks at the picture sets it true.
+# tests/data/test_partitioners.py's test_a_run_writes_the_split_picture_unless_told_not_to checks a
+# run's picture; test_split_files_draw_and_count_every_client and test_check_draws_the_split_
+# without_training check the drawing and run_simulation.py --check's pictures.
+NO_PICTURE = {"split-picture": False}
+
+
+def without_picture(run_config: dict) -> dict:
+    """``run_config`` with ``split-picture`` false unless it sets the key itself."""
+    return {**NO_PICTURE, **run_config}
 
 
 # ------------------------------------------------------------------------------- building
@@ -80,6 +141,108 @@ def initial_weights(client: DriftClient, seed: int = 0) -> list[np.ndarray]:
     dataset's input shape), as the arrays the server would send: the same arrays for the same
     seed."""
     return get_weights(build_model(client.cfg["model"], input_shape(client.cfg["dataset"]), seed=seed))
+
+
+
+def fit_res(arrays: list[np.ndarray], num_examples: int, metrics: dict | None = None, **more) -> FitRes:
+    """A successful client reply: its metrics given as a dict or as keyword arguments (not both)."""
+    assert metrics is None or not more, "metrics as a dict or as keywords, not both"
+    return FitRes(
+        status=Status(code=Code.OK, message=""),
+        parameters=ndarrays_to_parameters([np.asarray(a) for a in arrays]),
+        num_examples=num_examples,
+        metrics=more if metrics is None else metrics,
+    )
+
+
+# ------------------------------------------------------------------ the server's view of its nodes
+CLIENTS = 10  # the partitions a Proxy with a partition reports
+
+
+class Proxy(ClientProxy):
+    """The tests' one client proxy: a node as the server sees it, in this process, without
+    Flower's transport.
+
+    - ``Proxy(cid)``: a node with an id only (a reply's sender, a sampled client);
+    - ``Proxy(cid, client)``: ``fit`` hands the FitIns to ``client``, a NumPyClient (a method's
+      ``DriftClient``, or one inside ``NodeClient``), as Flower's transport would;
+    - ``Proxy(cid, context)``: a node served as the ClientApp serves it: every message builds
+      the client anew with ``fl_app.client_app.client_fn`` on the node's own Context (node
+      config, run config, ``context.state``); left out: Flower's transport and the ClientApp's
+      mods;
+    - ``partition=p``: ``get_properties`` answers that the node holds partition ``p`` of
+      ``CLIENTS`` (read back as ``proxy.partition``).
+
+    A message the proxy has no answer for raises ``NotImplementedError``."""
+
+    def __init__(self, cid: str, node: NumPyClient | Context | None = None, partition: int | None = None):
+        super().__init__(cid)
+        self.context = node if isinstance(node, Context) else None
+        self.client = None if isinstance(node, Context) else node
+        self.partition = partition
+
+    def fit(self, ins, timeout, group_id):
+        if self.context is not None:
+            return client_fn(self.context).fit(ins)
+        if self.client is None:
+            raise NotImplementedError(f"proxy {self.cid} has no client to fit")
+        arrays, n, metrics = self.client.fit(parameters_to_ndarrays(ins.parameters), ins.config)
+        return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), n, metrics)
+
+    def get_properties(self, ins, timeout, group_id):
+        if self.context is not None:
+            return client_fn(self.context).get_properties(ins)
+        if self.partition is None:
+            raise NotImplementedError(f"proxy {self.cid} has no properties")
+        return GetPropertiesRes(Status(Code.OK, ""), {"partition-id": self.partition, "num-partitions": CLIENTS})
+
+    def evaluate(self, ins, timeout, group_id):
+        if self.context is None:
+            raise NotImplementedError(f"proxy {self.cid} does not evaluate")
+        return client_fn(self.context).evaluate(ins)
+
+    def get_parameters(self, ins, timeout, group_id):
+        raise NotImplementedError
+
+    def reconnect(self, ins, timeout, group_id):
+        raise NotImplementedError
+
+
+class FakeManager:
+    """Just enough of a ClientManager for a strategy's ``configure_fit``: ``n`` proxies with ids
+    "0" to "n-1" (``Proxy(cid)``), the first ``num_clients`` of them sampled."""
+
+    def __init__(self, n):
+        self.proxies = [Proxy(str(i)) for i in range(n)]
+
+    def num_available(self):
+        return len(self.proxies)
+
+    def sample(self, num_clients, min_num_clients=None, criterion=None):
+        return self.proxies[:num_clients]
+
+
+def serve_in_process(run_config: dict, nodes: int) -> None:
+    """One run with no Ray and no SuperLink: the ServerApp's ``server_fn`` components (its
+    ``DriftServer``, run as Flower's ServerApp runs it: ``fit``), ``nodes`` new nodes (partition k
+    of ``nodes``, empty ``context.state``) served as the ClientApp serves them (``Proxy`` on each
+    node's Context). Exceptions of the server (an injected crash, ``RunAborted``) propagate.
+    Clients fit one at a time: in one process they share the cached model
+    (``tasks.models.cached_model``), as the clients of one Ray actor do. The split's picture is
+    left out unless ``run_config`` asks for it (``without_picture``)."""
+    from fl_app.server_app import server_fn
+
+    run_config = without_picture(run_config)
+    components = server_fn(Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config=run_config))
+    server = components.server
+    manager = server.client_manager()
+    for k in range(nodes):  # node ids in another order than the partitions
+        node_config = {"partition-id": k, "num-partitions": nodes}
+        context = Context(run_id=0, node_id=900 - 7 * k, node_config=node_config, state=RecordDict(),
+                          run_config=run_config)
+        manager.register(Proxy(str(900 - 7 * k), context))
+    server.set_max_workers(1)
+    server.fit(components.config.num_rounds, timeout=None)
 
 
 # ------------------------------------------------------------------------------ closeness

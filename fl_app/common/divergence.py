@@ -1,4 +1,4 @@
-"""A run that diverged, told from its recorded rounds (issue 66 item 7): ``divergence`` is one pure
+"""A run that diverged, told from its recorded rounds: ``divergence`` is one pure
 function of a run's metrics.csv rows and its number of classes, applied by the server when it
 writes summary.json (``fl_app/server/recording.py``: ``status`` = "diverged" and the reason under
 ``diverged``) and by every reader of a kept run, older ones included (``runner/results/report.py``
@@ -9,7 +9,7 @@ previous model on a non-finite aggregate, so a diverging method ends its rounds 
 at chance and reads as an ordinary, completed row (a method that "does not work") when the cause
 is a step size too big for it. Three recorded signals say so, each with a bound far from
 what healthy runs reach (measured on the 536 runs kept in docs/results/runs and on
-the unclipped FedDC/SCAFFOLD runs of commit 0cfcca4, which fell to chance):
+unclipped FedDC and SCAFFOLD runs, which fell to chance):
 
 - ``train_loss`` (the clients' n_k-weighted mean training loss of the round) not finite, or above
   ``LOSS_FACTOR`` (10) x max(its first recorded value, ln(classes)). ln(classes) is the loss of
@@ -23,7 +23,7 @@ the unclipped FedDC/SCAFFOLD runs of commit 0cfcca4, which fell to chance):
   ``NORM_FACTOR`` (1000) x its largest value in its first ``NORM_REFERENCE_ROUNDS`` (3) recorded
   rounds (the largest, so that a state that starts at zero and is built up over the first rounds
   is not measured against a near-zero value). Healthy kept runs grow theirs at most 23 x (FedSMOO's
-  H over 100 rounds); diverged ones by 1e10 to 1e26 (the issue's SCAFFOLD: 6.6e7).
+  H over 100 rounds); diverged ones by 1e10 to 1e26 (a diverged SCAFFOLD run's: 6.6e7).
 - accuracy back at chance after clearly exceeding it: the best evaluated round above
   chance + ``CLEAR_ABOVE_CHANCE`` (0.1) of the room above chance (1 - 1/classes; 0.19 for 10
   classes), the final evaluated round within ``AT_CHANCE`` (0.03) of that room of chance (<= 0.127

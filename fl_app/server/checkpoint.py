@@ -34,7 +34,7 @@ from fl_app.common.files import atomic_savez
 from protocol.keys import ConfigError
 
 CHECKPOINT = "checkpoint.npz"
-FINGERPRINT_ENTRY = "data_fingerprint"  # the array holding the fingerprint's JSON (a checkpoint before issue 52: none)
+FINGERPRINT_ENTRY = "data_fingerprint"  # the array holding the fingerprint's JSON (absent from an older checkpoint)
 
 
 class CheckpointError(ConfigError):
@@ -50,7 +50,7 @@ class Checkpoint:
     sampler_draws: int = 0
     elapsed_seconds: float = 0.0
     model: str = ""
-    data_fingerprint: dict | None = None  # None: not known when written (or a checkpoint from before issue 52)
+    data_fingerprint: dict | None = None  # None: not known when written (or an older checkpoint, written without one)
 
 
 def _digest(arrays: dict[str, np.ndarray]) -> str:

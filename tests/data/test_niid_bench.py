@@ -1,4 +1,4 @@
-"""NIID-Bench's settings as its code runs them (issue 69): the balanced label-Dirichlet of its
+"""NIID-Bench's settings as its code runs them: the balanced label-Dirichlet of its
 ``partition_data`` (``dirichlet-balance``), the code's reading of the feature noise
 (``noise-reading = "code"``) and its simple CNN (``simple-cnn``)."""
 
@@ -211,6 +211,6 @@ def test_simple_cnn_sees_raw_pixels(dataset):
 def test_simple_cnn_trains_alike_in_a_cohort_and_alone():
     """The cohort's vmap over simple-cnn (its RawPixels first) equals each client's own round."""
     from tasks.datasets import input_shape
-    from tests.functional_kit import compare_cohort
+    from tests.kit_training import compare_cohort
 
     compare_cohort("fedavg", "simple-cnn", [12, 6], 4, rel=1e-5, shape=input_shape("mnist"))

@@ -1,4 +1,4 @@
-"""Partitions v2 (issue 54): each partitioner's defining property on real MNIST images (the
+"""Each partitioner's defining property on real MNIST images (the
 session's seeded sample of the real files, ``small_mnist``), seeded reproducibility, the checks
 before launch, and the noise-based feature skew on both execution paths."""
 
@@ -24,7 +24,7 @@ from tasks.partitioning import (
     partition_label_counts,
     train_rows,
 )
-from tests.conftest import serve_in_process
+from tests.kit import serve_in_process
 
 CLASSES = 10
 
@@ -298,8 +298,7 @@ def test_split_files_draw_and_count_every_client(small_mnist, tmp_path):
 
 @pytest.mark.parametrize("clients", [4, 20, 30, 100])
 def test_the_split_picture_is_whole_and_readable(clients):
-    """Issue 70: the title was cut at the left, the client ticks read 0.0, 2.5, 5.0 and the
-    tallest bar's size label touched the top edge. Now: the title (wrapped to fit) lies inside
+    """The split's picture is whole: the title (wrapped to fit, not cut at the left) lies inside
     the figure, the clients' ticks are integers (every client up to 20), and every size label
     lies inside the axes."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg

@@ -1,8 +1,7 @@
-"""Issue 66, item 5 ("refused only at run time, with tracebacks"): an image that cannot be decoded
-and a partition too small for its local test split (``client-test-fraction``) are refused by
-``--check`` and before launch, in one line naming the file and row, or the partition, its size
-and the keys. Both passed ``--check`` before (main 0b96d0f) and failed only inside the clients,
-in 160-270 lines of Ray and Flower tracebacks. Small generated parquet files (the hub's schema),
+"""An image that cannot be decoded and a partition too small for its local test split
+(``client-test-fraction``) are refused by ``--check`` and before launch, in one line naming the
+file and row, or the partition, its size and the keys, not inside the clients in 160-270 lines
+of Ray and Flower tracebacks. Small generated parquet files (the hub's schema),
 no simulation."""
 
 from __future__ import annotations

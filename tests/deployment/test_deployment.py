@@ -1,7 +1,7 @@
 """Real deployment on loopback: a TLS SuperLink, SuperNodes with node-local data, `flwr run`.
 
 The same ServerApp/ClientApp as in simulation. The two deployments the default tests read run
-in the background from the session's first test on (``deployment_runs``, tests/helpers_deployment.py:
+in the background from the session's first test on (``deployment_runs``, tests/kit_runs.py:
 a SuperNode killed mid-round, and nodes with their own file, a partition, a bad path and no
 registration); the tests here read their results. The nodes read the session's MNIST sample
 (``small_mnist`` in conftest.py): every ClientApp process decodes its data anew.
@@ -18,7 +18,7 @@ import pytest
 from fl_app.common.procfs import alive
 from runner.deploy import LocalDeployment
 from runner.results.report import read_metrics
-from tests.helpers_deployment import DeployedRun, has_superlink, leftovers, missing_path
+from tests.kit_runs import DeployedRun, has_superlink, leftovers, missing_path
 
 pytestmark = pytest.mark.skipif(not has_superlink(), reason="flower-superlink is not installed")
 
@@ -33,7 +33,7 @@ def test_node_local_file_and_partition_and_bad_path(deployment_runs):
     its round with an error naming the path, and the run goes on without it. The SuperLink
     authenticates SuperNodes: the three registered ones join, an unregistered one is refused.
 
-    The deployment (``run_mixed`` in tests/helpers_deployment.py) runs while the killed
+    The deployment (``run_mixed`` in tests/kit_runs.py) runs while the killed
     deployment waits for Flower's heartbeat timeout."""
     run = deployment_runs.mixed.result()
     rc, output, deployment = run.rc, run.output, run.deployment

@@ -30,7 +30,8 @@ from runner.deploy import TLS, Device, DeviceCA, LocalDeployment
 from runner.launch import APP_DIR
 from runner.processes import exe
 from runner.results.report import read_metrics
-from tests.conftest import ROOT, leftovers
+from tests.kit import ROOT
+from tests.kit_runs import leftovers
 
 try:
     NGINX: str | None = nginx_edge.nginx_binary()
@@ -283,7 +284,7 @@ def test_devices_reach_only_the_fleet_api(live, certs, method, path):
 
 @needs_nginx
 def test_outsider_cannot_register_submit_or_join(live, tmp_path):
-    """The issue's probes with ``ca.crt`` against the edge: ``flwr supernode register``,
+    """An outsider holding only ``ca.crt``, against the edge: ``flwr supernode register``,
     ``flwr run`` and a SuperNode are refused with the edge's 400; on loopback the operator
     sees no node and no run."""
     env = _outsider_home(live, tmp_path)
@@ -371,7 +372,7 @@ def test_device_supernode_joins_through_its_forwarder(live, certs):
 
 @needs_nginx
 def test_one_device_certificate_is_one_supernode(live, certs):
-    """Issue #52 item 8: behind one device's certificate, once its SuperNode is online, a second
+    """Behind one device's certificate, once its SuperNode is online, a second
     SuperNode is refused whatever key it brings: none (it would register a node of its own), one
     the operator never registered, or a copy of the device's own key (that node is online). The
     operator sees no node more, and the device's node stays online."""

@@ -25,9 +25,8 @@ from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights, set_weights
 from tasks.partitioning import PartitionSpec, load_partition, load_test_split
 from tasks.train import evaluate
-from tests.conftest import Proxy
-from tests.helpers_inprocess import RoundByRound
-from tests.kit import fake_context
+from tests.kit import Proxy, fake_context
+from tests.kit_server import RoundByRound
 
 K, PER_CLIENT, ROUNDS, TEST = 10, 400, 5, 2000
 

@@ -17,10 +17,9 @@ from strategies.fedpvr import FedPVRStrategy
 from strategies.scaffold import ScaffoldStrategy
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights
-from tests.conftest import Proxy
-from tests.helpers_baselines import softmax_regression_grad
-from tests.helpers_inprocess import RoundByRound
-from tests.kit import fake_context, make_client
+from tests.kit import Proxy, fake_context, make_client
+from tests.kit_server import RoundByRound
+from tests.kit_training import softmax_regression_grad
 
 LR, DECAY, EPOCHS = 0.4, 0.8, 2
 SIZES = [5, 8, 6, 9]
@@ -289,7 +288,7 @@ def test_cv_divisor_is_validated_with_its_choices():
         _cfg("scaffold", **{"cv-divisor": "clients"})
 
 
-# ---- scaffold-correction: where c - c_i goes (issue 69) ---------------------------------------------
+# ---- scaffold-correction: where c - c_i goes ------------------------------------------------------
 
 @pytest.mark.parametrize("reading", ["direction", "post-step"])
 def test_both_readings_of_the_correction_by_hand(reading):
@@ -297,7 +296,7 @@ def test_both_readings_of_the_correction_by_hand(reading):
     ``direction`` (Algorithm 1's corrected gradient, through momentum; c_i+ with K_eff = 2 + beta)
     and ``post-step`` (NIID-Bench's and Flower's niid_bench: the optimiser steps on g, then
     w <- w - lr (c - c_i) outside its buffer; c_i+ with K = 2)."""
-    from tests.helpers_hand_model import linear_round, values, weight
+    from tests.kit_training import linear_round, values, weight
 
     def grad(w):  # softmax(w) - e_0: the cross-entropy gradient at x = [1], y = 0
         p = np.exp(w) / np.exp(w).sum()
@@ -325,7 +324,7 @@ def test_both_readings_of_the_correction_by_hand(reading):
 
 
 def test_the_readings_agree_without_momentum_and_differ_with_it():
-    from tests.helpers_hand_model import linear_round, weight
+    from tests.kit_training import linear_round, weight
 
     state, server = {"ci": weight((-0.1, 0.05))}, {"c": weight((0.3, -0.2))}
     runs = {(r, m): linear_round(scaffold.UPDATE, {"scaffold-correction": r}, (0.2, -0.1), momentum=m, state=state,

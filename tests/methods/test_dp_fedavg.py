@@ -28,8 +28,7 @@ from strategies.dp_fedavg import (
     DPServerSideClipping,
     rdp_epsilon,
 )
-from tests.helpers_baselines import fit_res
-from tests.kit import fake_context
+from tests.kit import fake_context, fit_res
 
 
 def _cfg(**over):

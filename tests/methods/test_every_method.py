@@ -26,9 +26,9 @@ from strategies.base import fedavg_kwargs
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights
 from tasks.partitioning import PartitionSpec, load_test
-from tests.conftest import Proxy
-from tests.helpers_inprocess import RoundByRound
-from tests.simulation_kit import NEEDS, SIMULATED
+from tests.kit import Proxy
+from tests.kit_runs import NEEDS, SIMULATED
+from tests.kit_server import RoundByRound
 
 NODES = 4
 # Left to the simulation test: dp-fedavg's client-side clipping is a ClientApp mod

@@ -15,10 +15,8 @@ from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 from clients import fedacg, fedprox
 from fl_app.server.server import DriftServer
 from strategies.fedacg import FedACGStrategy
-from tests.conftest import FakeManager
-from tests.helpers_baselines import fit_res
-from tests.helpers_hand_model import linear_round, values
-from tests.kit import assert_cohort_matches, assert_same_rounds, crash_and_resume
+from tests.kit import FakeManager, assert_cohort_matches, assert_same_rounds, crash_and_resume, fit_res
+from tests.kit_training import linear_round, values
 
 THETA, M, LAM = (0.2, -0.1), (0.1, -0.05), 0.85
 LOOKAHEAD = (0.285, -0.1425)  # theta + lambda m

@@ -11,8 +11,7 @@ from fl_app.config import ConfigError
 from fl_app.registry import validate_config
 from protocol.layout import bn_indices
 from strategies.fedbn import FedBNStrategy
-from tests.helpers_baselines import fit_res
-from tests.kit import make_client
+from tests.kit import fit_res, make_client
 
 
 def test_fedbn_requires_a_bn_model():

@@ -14,10 +14,8 @@ from clients import fedavg, fedcm
 from fl_app.registry import validate_config
 from protocol.keys import ConfigError
 from strategies.fedcm import FedCMStrategy
-from tests.conftest import FakeManager
-from tests.helpers_baselines import fit_res
-from tests.helpers_hand_model import linear_round, values, weight
-from tests.kit import assert_cohort_matches, assert_same_rounds, crash_and_resume
+from tests.kit import FakeManager, assert_cohort_matches, assert_same_rounds, crash_and_resume, fit_res
+from tests.kit_training import linear_round, values, weight
 
 W_T, DELTA, ALPHA, LR = (0.2, -0.1), (0.3, -0.4), 0.25, 0.5
 

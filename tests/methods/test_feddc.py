@@ -12,10 +12,8 @@ from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 
 from clients import feddc, feddyn, scaffold
 from strategies.feddc import FedDCStrategy
-from tests.conftest import FakeManager
-from tests.helpers_baselines import fit_res
-from tests.helpers_hand_model import linear_round, values, weight
-from tests.kit import assert_cohort_matches, assert_same_rounds, crash_and_resume, make_client
+from tests.kit import FakeManager, assert_cohort_matches, assert_same_rounds, crash_and_resume, fit_res, make_client
+from tests.kit_training import linear_round, values, weight
 
 THETA, H, C, CI = (0.2, -0.1), (0.04, -0.02), (0.03, -0.01), (-0.02, 0.04)
 KEYS = {"feddc-alpha": 0.1, "feddc-clip-norm": 0.0}

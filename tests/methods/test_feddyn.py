@@ -7,8 +7,8 @@ from flwr.common import parameters_to_ndarrays
 
 from clients import feddyn
 from strategies.feddyn import FedDynStrategy
-from tests.helpers_baselines import fit_res, softmax_regression_grad
-from tests.kit import make_client
+from tests.kit import fit_res, make_client
+from tests.kit_training import softmax_regression_grad
 
 
 def test_feddyn_client_two_rounds_match_hand_computation():

@@ -12,9 +12,7 @@ from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 from fl_app.registry import validate_config
 from strategies.base import DriftFedAvg
 from strategies.fedexp import FedExPStrategy
-from tests.conftest import FakeManager
-from tests.helpers_baselines import fit_res
-from tests.kit import assert_same_rounds, crash_and_resume
+from tests.kit import FakeManager, assert_same_rounds, crash_and_resume, fit_res
 
 E = np.eye(3)
 

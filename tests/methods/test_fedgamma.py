@@ -13,8 +13,8 @@ from clients import fedgamma, fedsam
 from fl_app.registry import validate_config
 from protocol.keys import ConfigError
 from strategies.fedgamma import FedGammaStrategy
-from tests.helpers_hand_model import linear_round, values, weight
 from tests.kit import assert_cohort_matches
+from tests.kit_training import linear_round, values, weight
 
 W_T, C, CI, RHO, LR = (0.2, -0.1), (0.3, -0.4), (-0.1, 0.2), 0.7, 0.5
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from clients.fedlc import calibration
-from tests.fedrs_kit import adjusted_round64, hand_round
 from tests.kit import assert_cohort_equals_per_client, initial_weights, make_client
+from tests.kit_training import adjusted_round64, fedrs_hand_round
 
 
 def test_offsets_by_hand():
@@ -26,7 +26,7 @@ def test_offsets_by_hand():
 def test_calibrated_round_by_hand(tau, final_b, first_loss):
     """Offsets (0.5, 1, inf) tau: the majority class's bias goes DOWN (FedAvg's goes up, to
     0.0560), the missing class's bias and head row stay where they were."""
-    result = hand_round("fedlc", {"fedlc-tau": tau})
+    result = fedrs_hand_round("fedlc", {"fedlc-tau": tau})
     W, b, losses = adjusted_round64(np.ones(3), tau * np.array([0.5, 1.0, np.inf]))
     np.testing.assert_allclose(b, final_b, atol=1e-7)  # the worked numbers
     assert losses[0] == pytest.approx(first_loss, abs=1e-6)
@@ -41,7 +41,7 @@ def test_calibrated_round_by_hand(tau, final_b, first_loss):
 
 
 def test_tau_zero_is_fedavg_bit_for_bit():
-    ours, fedavg = hand_round("fedlc", {"fedlc-tau": 0.0}), hand_round("fedavg", {})
+    ours, fedavg = fedrs_hand_round("fedlc", {"fedlc-tau": 0.0}), fedrs_hand_round("fedavg", {})
     for name in fedavg.params:
         assert torch.equal(ours.params[name], fedavg.params[name])
     assert ours.metrics == fedavg.metrics

@@ -9,8 +9,7 @@ from flwr.server.strategy import FedAvg
 
 from clients import fednova
 from strategies.fednova import FedNovaStrategy, normaliser
-from tests.helpers_baselines import fit_res
-from tests.kit import make_client
+from tests.kit import fit_res, make_client
 
 
 def _round(momentum):

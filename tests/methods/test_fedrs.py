@@ -2,7 +2,7 @@
 alpha = 1 is FedAvg bit for bit, the label counts come from the client's training split, and
 the cohort path trains each client as its own round does.
 
-The hand case (tests/fedrs_kit.py, shared with tests/methods/test_fedlc.py): logits z = W x + b, W = 0 (3 x 2), b = (0, 0, 1);
+The hand case (tests/kit_training.py, shared with tests/methods/test_fedlc.py): logits z = W x + b, W = 0 (3 x 2), b = (0, 0, 1);
 one batch x1 = (1, 0), y1 = 0; x2 = (0, 1), y2 = 1; the client's counts n = (16, 1, 0); plain SGD
 lr 0.1, two steps on the batch."""
 
@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from clients.fedrs import restriction
-from tests.fedrs_kit import adjusted_round64, hand_round
 from tests.kit import assert_cohort_equals_per_client, initial_weights, make_client
+from tests.kit_training import adjusted_round64, fedrs_hand_round
 
 
 def test_restriction_factors_by_hand():
@@ -27,7 +27,7 @@ def test_restriction_factors_by_hand():
 def test_hard_restriction_round_by_hand():
     """alpha = 0.5, hard: s = (1, 1, 0.5). The missing class's bias falls half as fast as FedAvg's
     (0.9554 against 0.8880) and its weights move, damped."""
-    result = hand_round("fedrs", {"fedrs-alpha": 0.5, "fedrs-scaling": "hard"})
+    result = fedrs_hand_round("fedrs", {"fedrs-alpha": 0.5, "fedrs-scaling": "hard"})
     W, b, losses = adjusted_round64(np.array([1.0, 1.0, 0.5]), np.zeros(3))
     np.testing.assert_allclose(b, [0.0445546, 0.0445546, 0.9554454], atol=1e-7)  # the worked numbers
     np.testing.assert_allclose(W, [[0.0719269, -0.0273723], [-0.0273723, 0.0719269], [-0.0222773, -0.0222773]],
@@ -49,7 +49,7 @@ def test_hard_restriction_at_asymmetric_alpha_by_hand(alpha, bias, missing_row, 
     alpha and 1 - alpha agree, so the 0.5 case cannot tell them apart). At alpha = 0 the missing
     class's logit is 0: its row and bias do not move and the first loss is ln 3."""
     assert restriction(torch.tensor([16.0, 1.0, 0.0], dtype=torch.float64), alpha, "hard").tolist() == [1.0, 1.0, alpha]
-    result = hand_round("fedrs", {"fedrs-alpha": alpha, "fedrs-scaling": "hard"})
+    result = fedrs_hand_round("fedrs", {"fedrs-alpha": alpha, "fedrs-scaling": "hard"})
     W, b, hand_losses = adjusted_round64(np.array([1.0, 1.0, alpha]), np.zeros(3))
     np.testing.assert_allclose(b, bias, atol=1e-7)  # the worked numbers
     np.testing.assert_allclose(W[2], missing_row, atol=1e-7)
@@ -61,7 +61,7 @@ def test_hard_restriction_at_asymmetric_alpha_by_hand(alpha, bias, missing_row, 
 
 def test_count_restriction_round_by_hand():
     """FedRepo's factor: s = (1, 0.53125, 0.5); the rare observed class 1 is damped too."""
-    result = hand_round("fedrs", {"fedrs-alpha": 0.5, "fedrs-scaling": "count"})
+    result = fedrs_hand_round("fedrs", {"fedrs-alpha": 0.5, "fedrs-scaling": "count"})
     W, b, losses = adjusted_round64(np.array([1.0, 0.53125, 0.5]), np.zeros(3))
     np.testing.assert_allclose(b, [0.0443650, 0.0239311, 0.9552941], atol=1e-7)
     np.testing.assert_allclose(W[1], [-0.0145079, 0.0384390], atol=1e-7)
@@ -72,8 +72,8 @@ def test_count_restriction_round_by_hand():
 
 @pytest.mark.parametrize("scaling", ["hard", "count"])
 def test_alpha_one_is_fedavg_bit_for_bit(scaling):
-    ours = hand_round("fedrs", {"fedrs-alpha": 1.0, "fedrs-scaling": scaling})
-    fedavg = hand_round("fedavg", {})
+    ours = fedrs_hand_round("fedrs", {"fedrs-alpha": 1.0, "fedrs-scaling": scaling})
+    fedavg = fedrs_hand_round("fedavg", {})
     for name in fedavg.params:
         assert torch.equal(ours.params[name], fedavg.params[name])
     assert ours.metrics == fedavg.metrics

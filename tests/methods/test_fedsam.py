@@ -5,8 +5,8 @@ import numpy as np
 import torch
 
 from clients import fedasam, fedsam
-from tests.helpers_baselines import softmax_regression_grad
 from tests.kit import make_client
+from tests.kit_training import softmax_regression_grad
 
 LR = 0.4
 

@@ -19,10 +19,9 @@ from strategies.feddyn import FedDynStrategy
 from strategies.fedsmoo import FedSMOOStrategy
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights
-from tests.conftest import Proxy
-from tests.helpers_baselines import fit_res, softmax_regression_grad
-from tests.helpers_inprocess import RoundByRound
-from tests.kit import fake_context, make_client
+from tests.kit import Proxy, fake_context, fit_res, make_client
+from tests.kit_server import RoundByRound
+from tests.kit_training import softmax_regression_grad
 
 # make_client builds each with (cfg, context, ...)
 G_STATE = feddyn.GRAD.record  # h_i, kept as FedDyn's g_k = -alpha h_i

@@ -15,8 +15,8 @@ from clients import fedavg, feddc, feddyn
 from fl_app.config import ConfigError
 from fl_app.registry import validate_config
 from tasks.functional import Hyper
-from tests.helpers_hand_model import linear_round, values, weight
 from tests.kit import assert_cohort_matches
+from tests.kit_training import linear_round, values, weight
 
 THETA = (0.2, -0.1)
 LR = 0.5
@@ -122,3 +122,49 @@ def test_without_a_clip_the_place_of_alpha_w_changes_nothing():
     run = linear_round(feddyn.UPDATE, {"feddyn-alpha": alpha}, THETA, state={"grad": weight(g_k)}, epochs=1)
     want = np.array(THETA) - LR * (_grad(THETA) - np.array(g_k) + alpha * (np.array(THETA) - np.array(THETA)))
     assert values(run.params) == pytest.approx(want, abs=1e-12)
+
+
+# ---- a method's own clip key and local-clip-norm together: both apply, one after the other ----------
+
+FEDDC_STATE = {"h": (0.04, -0.02), "ci": (-0.02, 0.04)}
+FEDDC_C = (0.03, -0.01)
+FEDDC_ALPHA = 0.1
+
+
+def _feddc_direction_at_theta() -> np.ndarray:
+    """FedDC's first-step direction by hand: g + alpha (w - (theta - h_i)) + (c - c_i) at w = theta,
+    that is g + alpha h_i + c - c_i."""
+    return (_grad(THETA) + FEDDC_ALPHA * np.array(FEDDC_STATE["h"]) + np.array(FEDDC_C)
+            - np.array(FEDDC_STATE["ci"]))
+
+
+def _feddc_step(own_clip: float, local_clip: float):
+    """One FedDC step (lr 0.5, batch 1, no momentum) with ``feddc-clip-norm`` = ``own_clip`` and
+    the run-wide ``local-clip-norm`` = ``local_clip``."""
+    keys = {"feddc-alpha": FEDDC_ALPHA, "feddc-clip-norm": own_clip}
+    state = {name: weight(v) for name, v in FEDDC_STATE.items()}
+    return linear_round(feddc.UPDATE, keys, THETA, lr=LR, epochs=1, state=state, server={"c": weight(FEDDC_C)},
+                        clip_norm=local_clip)
+
+
+def _clip_by_hand(d: np.ndarray, clip: float) -> np.ndarray:
+    """``clip_grad_norm_``'s scaling: coefficient clip / (||d|| + 1e-6), never above 1."""
+    return d * min(1.0, clip / (np.linalg.norm(d) + 1e-6))
+
+
+@pytest.mark.parametrize(("own_clip", "local_clip"), [(10.0, 0.3), (0.3, 10.0)],
+                         ids=["local-clip-norm-tighter", "own-clip-tighter"])
+def test_a_methods_own_clip_and_local_clip_norm_both_apply(own_clip, local_clip):
+    """With FedDC's ``feddc-clip-norm`` and ``local-clip-norm`` both set, the step's direction is
+    clipped by the one, then by the other: whichever is tighter bounds the step, so the weights
+    move lr x 0.3 = 0.15 (up to clip_grad_norm_'s 1e-6), not lr x ||d|| = 0.26 (the looser
+    clip alone)."""
+    d = _feddc_direction_at_theta()
+    assert 0.3 < np.linalg.norm(d) < 10  # 0.5269: a bound of 0.3 binds, one of 10 does not
+    want = np.array(THETA) - LR * _clip_by_hand(_clip_by_hand(d, own_clip), local_clip)
+    moved = np.array(values(_feddc_step(own_clip, local_clip).params))
+    assert moved == pytest.approx(want, abs=1e-12)
+    assert np.linalg.norm(moved - np.array(THETA)) == pytest.approx(LR * 0.3, rel=1e-5)
+    # the same round as the tighter bound alone: the looser one, applied too, changes nothing
+    alone = _feddc_step(0.3, 0.0).params["weight"]
+    assert torch.allclose(_feddc_step(own_clip, local_clip).params["weight"], alone, rtol=0, atol=1e-12)

@@ -11,8 +11,8 @@ import torch
 from clients import fedsam, mofedsam
 from strategies.mofedsam import MoFedSAMStrategy
 from strategies.parts import ClientMomentum
-from tests.helpers_hand_model import linear_round, values, weight
 from tests.kit import assert_cohort_matches, assert_same_rounds, crash_and_resume
+from tests.kit_training import linear_round, values, weight
 
 W_T, DELTA, ALPHA, RHO, LR = (0.2, -0.1), (0.3, -0.4), 0.25, 0.7, 0.5
 

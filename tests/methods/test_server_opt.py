@@ -11,7 +11,7 @@ from flwr.server.strategy import FedAdagrad, FedAdam, FedAvgM, FedYogi
 
 from fl_app.registry import get_method, validate_config
 from fl_app.server.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from tests.helpers_baselines import fit_res
+from tests.kit import fit_res
 
 # Non-default values, so a key that did not reach Flower's constructor changes the result.
 CFG = {"server-lr": 0.7, "server-momentum": 0.6, "fedopt-eta": 0.05, "fedopt-beta-1": 0.8,

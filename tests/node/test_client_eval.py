@@ -16,9 +16,8 @@ from fl_app.server.recording import client_accuracy_stats
 from runner.results.report import read_metrics
 from tasks.partition_spec import PartitionSpec
 from tasks.partitioning import load_client_split, load_partition, split_tensors
-from tests.conftest import FakeManager, FakeProxy
-from tests.helpers_baselines import fit_res
-from tests.server_kit import make_strategy
+from tests.kit import FakeManager, Proxy, fit_res
+from tests.kit_server import make_strategy
 
 
 def test_client_accuracy_stats_by_hand():
@@ -69,7 +68,7 @@ def eval_res(acc: float) -> EvaluateRes:
     return EvaluateRes(Status(Code.OK, ""), 0.5, 10, {"accuracy": acc})
 
 
-class EvalProxy(FakeProxy):
+class EvalProxy(Proxy):
     """A node that scores the global model on its local test split at ``accuracy``."""
 
     def __init__(self, cid, accuracy):
@@ -95,7 +94,7 @@ def test_row_waits_for_the_clients_scores(tmp_path):
     strategy.evaluate(0, params)
     assert all(p.asked == 0 for p in manager.proxies)  # not for the initial model
     strategy.configure_fit(1, params, manager)
-    new, _ = strategy.aggregate_fit(1, [(FakeProxy(str(i)), fit_res(w0, 5, {})) for i in range(4)], [])
+    new, _ = strategy.aggregate_fit(1, [(Proxy(str(i)), fit_res(w0, 5, {})) for i in range(4)], [])
     strategy.evaluate(1, new)
     assert [p.asked for p in manager.proxies] == [1, 1, 1, 1]  # every client
     row = read_metrics(strategy.run_dir)[0]
@@ -109,7 +108,7 @@ def test_off_by_default_asks_no_client(tmp_path):
     manager = EvalManager([0.5] * 4)
     params = strategy.initialize_parameters(manager)
     strategy.configure_fit(1, params, manager)
-    new, _ = strategy.aggregate_fit(1, [(FakeProxy(str(i)), fit_res(w0, 5, {})) for i in range(4)], [])
+    new, _ = strategy.aggregate_fit(1, [(Proxy(str(i)), fit_res(w0, 5, {})) for i in range(4)], [])
     strategy.evaluate(1, new)
     assert "client_accuracy_mean" not in read_metrics(strategy.run_dir)[0]
     assert all(p.asked == 0 for p in manager.proxies)
@@ -119,15 +118,15 @@ def test_client_evaluation_leaves_the_fit_sampling_unchanged():
     """Evaluating every client between fit rounds uses no draw of the seeded sampler, so a run
     with client evaluation samples the same clients for fit as one without it."""
     from fl_app.server.sampling import SeededClientManager
-    from tests.server_kit import Proxy
+    from tests.kit import Proxy
 
     def fit_draws(evaluate_all: bool) -> list[list[int]]:
         manager = SeededClientManager(5)
         for pid in range(10):
-            manager.register(Proxy(str(500 - pid), pid))
+            manager.register(Proxy(str(500 - pid), partition=pid))
         out = []
         for _ in range(4):
-            out.append(sorted(c.pid for c in manager.sample(3)))
+            out.append(sorted(c.partition for c in manager.sample(3)))
             if evaluate_all:
                 assert len(manager.sample(10, min_num_clients=1)) == 10
         return out
@@ -138,7 +137,7 @@ def test_client_evaluation_leaves_the_fit_sampling_unchanged():
 @pytest.mark.slow  # launches a simulation: about 2.5 min on the shared 2-core machine
 def test_tiny_run_writes_client_columns(tmp_path):
     """End to end through `flwr run`: 2 rounds, 4 synthetic clients, a 25% local test split each."""
-    from tests.conftest import local_simulation
+    from tests.kit_runs import local_simulation
 
     cfg = {"strategy": "scaffold", "dataset": "synthetic", "model": "logreg", "num-server-rounds": 2,
            "fraction-fit": 0.5, "learning-rate": 0.05, "results-dir": str(tmp_path), "run-name": "c",

@@ -31,7 +31,7 @@ from fl_app.node.node_client import NodeClient
 from fl_app.registry import METHODS, validate_config
 from protocol.cohort import bundle_instructions, split_replies
 from tests.kit import assert_arrays_close, assert_same_reply, fake_context
-from tests.node_kit import N, cohort_fit, reply_as_fitres
+from tests.kit_server import N, cohort_fit, reply_as_fitres
 
 BASE = {"dataset": "synthetic", "model": "logreg", "batch-size": 32, "local-epochs": 1, "momentum": 0.9,
         "weight-decay": 1e-3, "learning-rate": 0.05, "seed": 3}

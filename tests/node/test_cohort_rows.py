@@ -39,7 +39,7 @@ from fl_app.node.drift_client import DriftClient
 from fl_app.registry import METHODS, validate_config
 from protocol.cohort import REPLIES, SUM, SumSpec, bundle_instructions, sum_replies
 from tests.kit import assert_arrays_close, fake_context, untimed
-from tests.node_kit import N, cohort_fit
+from tests.kit_server import N, cohort_fit
 
 BASE = {"dataset": "synthetic", "model": "logreg", "batch-size": 8, "local-epochs": 1, "momentum": 0.9,
         "weight-decay": 1e-3, "learning-rate": 0.05, "seed": 3}

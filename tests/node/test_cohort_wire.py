@@ -17,7 +17,7 @@ from protocol.cohort import (
     split_instructions,
     split_replies,
 )
-from tests.node_kit import reply_as_fitres
+from tests.kit_server import reply_as_fitres
 
 
 def arrays(seed: int) -> list[np.ndarray]:

@@ -28,7 +28,7 @@ from fl_app.registry import validate_config
 from fl_app.server.sampling import SeededClientManager
 from runner.deploy import node_config_arg
 from tasks.local_files import LocalDataError, load_local_file
-from tests.conftest import ROOT
+from tests.kit import ROOT
 
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 

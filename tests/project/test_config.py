@@ -6,7 +6,7 @@ import pytest
 
 from fl_app.config import ConfigError
 from fl_app.registry import method_names, parse_override, spec, toml_table, validate_config
-from tests.conftest import ROOT
+from tests.kit import ROOT
 
 
 def test_pyproject_table_matches_spec():

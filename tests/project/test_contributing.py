@@ -146,7 +146,7 @@ def test_the_generated_files_take_the_example_from_its_four_files(monkeypatch, t
 
 
 def test_the_example_decides_its_screening(monkeypatch):
-    from tests.server_kit import depends_only_on_the_mean, probe_config
+    from tests.kit_server import depends_only_on_the_mean, probe_config
 
     register_example(monkeypatch)
     strategy = registry.get_method(NAME).strategy

@@ -253,6 +253,34 @@ def test_the_performance_page_is_a_reference_not_a_diary():
     assert not hits, "docs/performance.md names issues or commits:\n" + "\n".join(hits)
 
 
+def python_prose(path: Path) -> list[tuple[int, str]]:
+    """The comments and docstrings of the Python file ``path``, as (line number, line): the prose
+    a reader takes for the code's explanation (string literals the code uses are left out)."""
+    import io
+    import tokenize
+
+    source = path.read_text(encoding="utf-8")
+    lines = source.splitlines()
+    prose = [(tok.start[0], tok.string) for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+             if tok.type == tokenize.COMMENT]
+    for node in ast.walk(ast.parse(source, filename=str(path))):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                prose += [(n, lines[n - 1]) for n in range(first.lineno, first.end_lineno + 1)]
+    return prose
+
+
+def test_python_files_explain_without_naming_issues_or_commits():
+    """A comment or docstring states the fact or the reason, not the history: no issue number and
+    no commit id in any Python file of the project (the history belongs to git)."""
+    files = sorted(p for p in ROOT.rglob("*.py") if not {".git", ".venv", "venv"} & set(p.relative_to(ROOT).parts))
+    assert len(files) > 100
+    hits = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}" for path in files
+            for number, line in python_prose(path) if HISTORY_REFS.search(line) or TRACKER.search(line)]
+    assert not hits, "Python files name issues or commits:\n" + "\n".join(hits)
+
+
 # An internal tracker's numbers and words mean nothing to a reader of the repository.
 TRACKER = re.compile(r"(?i)\bissue #\d+|\bthe issue's\b|\bmarked blocked\b")
 
@@ -269,7 +297,7 @@ FENCE = re.compile(r"^```", re.MULTILINE)
 
 
 def test_readme_is_short_and_every_block_in_it_is_run_by_a_test():
-    from tests.simulation_kit import TESTED_BLOCKS
+    from tests.kit_runs import TESTED_BLOCKS
 
     text = README.read_text(encoding="utf-8")
     assert len(text.splitlines()) <= 200, f"README.md has {len(text.splitlines())} lines; move detail to docs/"
@@ -281,8 +309,8 @@ def test_readme_is_short_and_every_block_in_it_is_run_by_a_test():
 
 
 def test_readme_names_the_optional_nginx_and_promises_no_test_count():
-    """Issue 70: the live mTLS tests skip without nginx, which README's set-up never named; their
-    skip line and README name the install command. README gives no test count (it drifts)."""
+    """The live mTLS tests skip without nginx: their skip line and README's set-up name the
+    install command. README gives no test count (it drifts)."""
     text = README.read_text(encoding="utf-8")
     assert "apt-get install nginx-light" in text
     assert "tests/deployment/test_deployment_mtls.py" in text

@@ -1,4 +1,4 @@
-"""Issue 53, item 2: the app as Flower builds, publishes and runs it, current with Flower.
+"""The app as Flower builds, publishes and runs it, current with Flower.
 
 - the app classes (``ServerApp``, ``ClientApp``, ``Context``, the records, the mods) come from
   the modules Flower's documentation names since 1.21 (``flwr.serverapp``, ``flwr.clientapp``,
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from fl_app.common.run_files import read_metrics
 from runner.processes import exe
-from tests.conftest import ROOT
+from tests.kit import ROOT
 
 CODE = ("fl_app", "clients", "strategies", "tasks", "protocol", "runner", "tests", "bench", "scripts",
         "run_simulation.py")
@@ -69,7 +69,7 @@ def test_flwr_build_makes_the_fab_that_flwr_run_ships_and_runs(tmp_path, simulat
     their SHA-256 in the name Flower installs an app under, are the app that the session's
     shared FedAvg run installed on its private SuperLink and ran to the end (a run of its own
     would run the same bytes at the cost of another simulation's start, about 30 s)."""
-    from tests.simulation_kit import SUPERNODES, simulated_config
+    from tests.kit_runs import SUPERNODES, simulated_config
 
     fab = flwr_build(ROOT, tmp_path / "checkout")
     digest = hashlib.sha256(fab.read_bytes()).hexdigest()

@@ -30,15 +30,8 @@ import venv
 
 import pytest
 
-from tests.conftest import ROOT, find_data_dir
-from tests.simulation_kit import (
-    base_env,
-    copy_checkout,
-    processes_with_env,
-    readme_block,
-    shrink,
-    stop_pids,
-)
+from tests.kit import ROOT, find_data_dir
+from tests.kit_runs import base_env, copy_checkout, processes_with_env, readme_block, shrink, stop_pids
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,9 @@ import pytest
 
 from runner.results import atlas
 from runner.results.stats import HOLDS, REFUTED, UNDECIDED
-from tests.results_kit import GHOST, TOY, mr, row, section, write_run
+from tests.kit_runs import GHOST, TOY, load_make_results, row, section, write_run
+
+mr = load_make_results()
 
 ROOT = Path(__file__).resolve().parents[2]
 ATLAS_PAGE = ROOT / "docs" / "atlas.md"

@@ -25,7 +25,7 @@ from runner.results.report import client_cells
 from tasks.partition_spec import PartitionSpec
 from tasks.partitioning import load_partition, partition_label_counts
 from tasks.train import accuracy_spread
-from tests.results_kit import TOY, row, section, write_run
+from tests.kit_runs import TOY, row, section, write_run
 
 
 def test_label_mix_accuracy_by_hand():

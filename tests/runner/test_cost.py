@@ -1,4 +1,4 @@
-"""What a run costs beside its accuracy (issue 45 item 3): rounds to the run's target accuracy,
+"""What a run costs beside its accuracy: rounds to the run's target accuracy,
 megabytes per client per round measured from the messages, client compute per round; in
 metrics.csv (``fl_app/server/recording.py``) and comparison.md/.csv (``runner/results/report.py``)."""
 
@@ -24,9 +24,8 @@ from runner.results.report import (
 )
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights
-from tests.conftest import AppProxy, FakeManager, FakeProxy, serve_in_process
-from tests.helpers_baselines import fit_res
-from tests.server_kit import make_strategy
+from tests.kit import FakeManager, Proxy, fit_res, serve_in_process
+from tests.kit_server import make_strategy
 
 
 def nbytes(parameters) -> int:
@@ -44,9 +43,9 @@ def test_bytes_of_the_round_are_the_arrays_sent_and_received(tmp_path):
     instructions = strategy.configure_fit(1, params, manager)
     assert [nbytes(ins.parameters) for _, ins in instructions] == [24] * 4
     good = [np.ones((2, 2), np.float32), np.ones(2, np.float32)]
-    results = [(FakeProxy("0"), fit_res(good, 10, {})), (FakeProxy("1"), fit_res(good, 10, {})),
-               (FakeProxy("2"), fit_res([np.full((2, 2), np.nan, np.float32), np.ones(2, np.float32)], 10, {})),
-               (FakeProxy("3"), fit_res([np.ones((3, 2), np.float32), np.ones(2, np.float32)], 10, {}))]
+    results = [(Proxy("0"), fit_res(good, 10, {})), (Proxy("1"), fit_res(good, 10, {})),
+               (Proxy("2"), fit_res([np.full((2, 2), np.nan, np.float32), np.ones(2, np.float32)], 10, {})),
+               (Proxy("3"), fit_res([np.ones((3, 2), np.float32), np.ones(2, np.float32)], 10, {}))]
     strategy.aggregate_fit(1, results, failures=[RuntimeError("no reply, no bytes")])
     assert strategy.row["bytes_down_per_client"] == 24
     assert strategy.row["bytes_up_per_client"] == 26
@@ -59,14 +58,14 @@ def test_metrics_csv_bytes_equal_the_messages_each_method_sends(tmp_path, monkey
     client equal the mean of those messages' array bytes, and SCAFFOLD and FedSMOO send and
     receive twice FedAvg's (the model, then c or s: logreg's parameters are all trainable)."""
     seen: dict[int, list[tuple[int, int]]] = {}
-    fit = AppProxy.fit
+    fit = Proxy.fit
 
     def measured_fit(self, ins, timeout, group_id):
         res = fit(self, ins, timeout, group_id)
         seen.setdefault(int(ins.config["server-round"]), []).append((nbytes(ins.parameters), nbytes(res.parameters)))
         return res
 
-    monkeypatch.setattr(AppProxy, "fit", measured_fit)
+    monkeypatch.setattr(Proxy, "fit", measured_fit)
     cfg = {"strategy": method, "dataset": "synthetic", "model": "logreg", "num-server-rounds": 2,
            "fraction-fit": 0.75, "learning-rate": 0.05, "tracking": "none", "checkpoint-every": 0,
            "results-dir": str(tmp_path), "run-name": method}
@@ -184,8 +183,9 @@ def test_the_last_rounds_header_says_how_many_rounds_were_averaged(tmp_path):
 def test_docs_results_table_shows_the_cost_columns(tmp_path):
     """scripts/make_results.py's table (docs/results.md): rounds to the experiment's target, then
     MB per client per round and client compute per round; n/a for a run without the columns."""
-    from tests.results_kit import mr
+    from tests.kit_runs import load_make_results
 
+    mr = load_make_results()
     mb = 1_000_000
     new = [make_run(tmp_path / "scaffold-seed0", 0, [0.5, 0.9], None, [2 * mb] * 2, [2 * mb] * 2, [1.5, 2.5])]
     old = [make_run(tmp_path / "fedavg-seed0", 0, [0.5, 0.6], None)]

@@ -23,8 +23,8 @@ from runner.listing import listing
 from runner.plan import label, parse_grid, run_name
 from runner.quiet import is_noise
 from runner.results.report import compare, curve_stats, plot, plot_curves, write_comparison
-from tests.conftest import ROOT, non_split_files
-from tests.kit import fake_context
+from tests.kit import ROOT, fake_context
+from tests.kit_runs import non_split_files
 
 SYNTH = ["--dataset", "synthetic", "--set", "model=logreg"]
 
@@ -304,7 +304,7 @@ def test_fedbn_with_cnn_is_refused_naming_cnn_bn(tmp_path):
 def test_summary_records_clients_data_source_versions_and_revision(tmp_path, monkeypatch):
     from fl_app.registry import get_method
     from strategies.base import fedavg_kwargs
-    from tests.helpers_inprocess import RoundByRound
+    from tests.kit_server import RoundByRound
 
     monkeypatch.delenv("FL_DRIFT_REVISION", raising=False)
     cfg = validate_config({"dataset": "synthetic", "model": "logreg"})
@@ -317,8 +317,8 @@ def test_summary_records_clients_data_source_versions_and_revision(tmp_path, mon
     assert summary["num_clients"] == 7
     assert summary["data_source"] == "synthetic"
     assert set(summary["versions"]) >= {"python", "flwr", "torch"}
-    # the tests run from a git checkout: the commit is found (it read "unknown" for every run
-    # after provenance.py moved to fl_app/server/, as the old pattern here allowed)
+    # the tests run from a git checkout: the revision is found, a full commit id, never "unknown"
+    # (wherever provenance.py lies in the checkout)
     assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", summary["code_revision"])
     from fl_app.server.provenance import data_source
 
@@ -327,7 +327,7 @@ def test_summary_records_clients_data_source_versions_and_revision(tmp_path, mon
 
 
 def test_shared_data_fixture_honours_fl_data_dir(tmp_path, monkeypatch):
-    from tests.conftest import SHARED_DATA, find_data_dir
+    from tests.kit import SHARED_DATA, find_data_dir
 
     monkeypatch.setenv("FL_DATA_DIR", str(tmp_path))
     assert find_data_dir() == tmp_path.resolve()

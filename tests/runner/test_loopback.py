@@ -1,7 +1,7 @@
 """A local simulation is reachable from its own machine only: while a run trains, no process of
 its tree (the SuperLink, SuperExec, the simulation's Ray driver, Ray's GCS, raylet, agents and
-the ClientApp actors) listens on an address outside 127.0.0.0/8 (issue #52, item 7: Ray's
-daemons listened on every interface and registered the node by the machine's external address).
+the ClientApp actors) listens on an address outside 127.0.0.0/8 (by default Ray's
+daemons listen on every interface and register the node by the machine's external address).
 The sockets are read from /proc (``fl_app.common.procfs.listening_sockets``) every 0.2 s while the run
 lasts, so that a process that listens for a moment is seen too."""
 

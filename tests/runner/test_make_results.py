@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from fl_app.registry import validate_config
-from tests.results_kit import GHOST, TOY, mr, row, section, write_run
+from tests.kit_runs import GHOST, TOY, load_make_results, row, section, write_run
+
+mr = load_make_results()
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -226,7 +228,7 @@ def test_real_experiment_files_are_valid(tmp_path):
             assert "paper-results" not in exp
             continue
         # a paper's table, or a paper's grid table (FedGAM Tables 4-5: paper cells keyed by row label)
-        assert len(exp["seeds"]) >= 3  # issue 31: every table over at least 3 seeds
+        assert len(exp["seeds"]) >= 3  # every table over at least 3 seeds
         assert set(exp["paper-results"]) <= set(labels)
         assert mr.experiment_claims(exp, labels)
         assert 0 < exp["target-accuracy"] < 1
@@ -567,7 +569,7 @@ def test_the_results_page_is_what_make_results_writes_from_the_kept_runs(tmp_pat
 
 
 def test_every_file_with_claims_says_how_each_rows_values_were_chosen():
-    """Issue 42: every experiment file with claims (experiments/ and experiments/paper/) carries a
+    """Every experiment file with claims (experiments/ and experiments/paper/) carries a
     [tune] table (one protocol for its rows) or a [chosen-by] statement that covers every row
     (``all`` or the row itself), so docs/results.md can name each row's protocol."""
     from runner.experiment import read_experiment

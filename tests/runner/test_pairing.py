@@ -18,8 +18,8 @@ from strategies.base import fedavg_kwargs
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights
 from tasks.partition_spec import PartitionSpec
-from tests.helpers_inprocess import RoundByRound
-from tests.server_kit import CLIENTS, Proxy
+from tests.kit import CLIENTS, Proxy
+from tests.kit_server import RoundByRound
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,10 +36,10 @@ def sampled(method: str, seed: int, tmp_path: Path, rounds: int = 4, **extra) ->
     strategy = RoundByRound(inner, cfg, tmp_path / f"{method}-{seed}", rounds)
     manager = SeededClientManager(seed)
     for pid in range(CLIENTS):  # node ids in another order than the partitions
-        manager.register(Proxy(str(9000 - 37 * pid), pid))
+        manager.register(Proxy(str(9000 - 37 * pid), partition=pid))
     out = []
     for rnd in range(1, rounds + 1):
-        out.append(sorted(c.pid for c, _ in strategy.configure_fit(rnd, params, manager)))
+        out.append(sorted(c.partition for c, _ in strategy.configure_fit(rnd, params, manager)))
     return out
 
 

@@ -1,4 +1,4 @@
-"""Issue 44, concurrent sweeps: ``run_simulation.py --parallel N`` (runner/parallel.py).
+"""Concurrent sweeps: ``run_simulation.py --parallel N`` (runner/parallel.py).
 
 The scheduling (how many workers, each one's share, the pool's order, failures and Ctrl-C) is
 tested without Flower; the runner's launch step with stand-in simulations (its outcome in the
@@ -40,7 +40,7 @@ from runner.parallel import (
     split,
 )
 from runner.plan import run_name
-from tests.conftest import ROOT
+from tests.kit import ROOT
 
 BIG = 1 << 40  # memory enough not to matter
 

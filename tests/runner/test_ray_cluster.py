@@ -20,7 +20,7 @@ from fl_app.common.procfs import processes_with_env
 from fl_app.server.placement import read_ray_nodes
 from runner.processes import Managed, exe, free_port, stop_processes
 from runner.results.report import read_metrics, read_summary
-from tests.conftest import ROOT
+from tests.kit import ROOT
 
 MARK = "FL_DRIFT_TEST_MARK"
 

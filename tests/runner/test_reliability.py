@@ -15,8 +15,8 @@ from fl_app.registry import validate_config
 from runner.results.report import read_metrics, read_summary
 from tasks.datasets import DataUnavailableError, PartitionError
 from tasks.partitioning import PartitionSpec, check_data
-from tests.conftest import ROOT, local_simulation, serve_in_process
-from tests.simulation_kit import SUPERNODES, simulated_config, tiny_parquet
+from tests.kit import ROOT, serve_in_process
+from tests.kit_runs import SUPERNODES, local_simulation, simulated_config, tiny_parquet
 
 
 # ------------------------------------------------------------------------------ bad input
@@ -83,7 +83,7 @@ def test_bad_fault_spec_rejected():
 def test_raising_and_nan_clients_do_not_corrupt_the_run(small_mnist, sim, tmp_path):
     """Partition 0 raises every round, partition 1 returns NaN weights every round. (``small_mnist``
     first: without data the test skips before the session's SuperLink starts, in
-    tests/runner/test_newcomer_defects.py's pytest without a data folder.)"""
+    tests/runner/test_fresh_clone.py's pytest without a data folder.)"""
     cfg = {"strategy": "fedavg", "dataset": "mnist", "model": "lenet", "num-server-rounds": 2,
            "fraction-fit": 1.0, "learning-rate": 0.05, "data-dir": str(small_mnist),
            "inject-faults": "raise:0,nan:1", "results-dir": str(tmp_path), "run-name": "faults"}
@@ -162,7 +162,7 @@ def test_resume_matches_uninterrupted(simulated, sim, method, tmp_path, request)
         assert a["test_accuracy"] == pytest.approx(b["test_accuracy"], abs=1e-6)
         assert a["test_loss"] == pytest.approx(b["test_loss"], rel=1e-5)
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
-        state = [k for k in a if k.startswith("state_arrays_in")]  # counted after the restore (issue 52)
+        state = [k for k in a if k.startswith("state_arrays_in")]  # counted after the restore
         assert {k: b[k] for k in state} == {k: a[k] for k in state}
     assert not (tmp_path / "cut" / "client-state").exists()  # removed once the run finished
 
@@ -199,11 +199,8 @@ def test_non_finite_aggregate_is_discarded(tmp_path):
     from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
     from flwr.server.strategy import FedAvg
 
-    from tests.helpers_inprocess import RoundByRound
-
-    class Proxy:
-        def __init__(self, cid):
-            self.cid = cid
+    from tests.kit import Proxy
+    from tests.kit_server import RoundByRound
 
     class OverflowingServer(FedAvg):
         """A server update that overflows: the aggregate holds Inf."""

@@ -8,9 +8,8 @@ from flwr.common import parameters_to_ndarrays
 
 from fl_app.server.recording import summarise_client_metrics
 from runner.results.report import compare, read_metrics, read_summary, write_comparison
-from tests.conftest import FakeManager, FakeProxy
-from tests.helpers_baselines import fit_res
-from tests.server_kit import make_strategy
+from tests.kit import FakeManager, Proxy, fit_res
+from tests.kit_server import make_strategy
 
 
 def test_rows_summary_and_rejections(tmp_path):
@@ -25,10 +24,10 @@ def test_rows_summary_and_rejections(tmp_path):
         nan = [np.full((2, 2), np.nan, np.float32), np.ones(2, np.float32)]
         wrong_shape = [np.ones((3, 2), np.float32), np.ones(2, np.float32)]
         results = [
-            (FakeProxy("0"), fit_res(good, 10, {"train_loss": 1.0, "ri": 0.2, "num_steps": 3})),
-            (FakeProxy("1"), fit_res(good, 30, {"train_loss": 2.0, "ri": 0.6, "num_steps": 5})),
-            (FakeProxy("2"), fit_res(nan, 10, {"train_loss": 0.0})),
-            (FakeProxy("3"), fit_res(wrong_shape, 10, {"train_loss": 0.0})),
+            (Proxy("0"), fit_res(good, 10, {"train_loss": 1.0, "ri": 0.2, "num_steps": 3})),
+            (Proxy("1"), fit_res(good, 30, {"train_loss": 2.0, "ri": 0.6, "num_steps": 5})),
+            (Proxy("2"), fit_res(nan, 10, {"train_loss": 0.0})),
+            (Proxy("3"), fit_res(wrong_shape, 10, {"train_loss": 0.0})),
         ]
         params, _ = strategy.aggregate_fit(rnd, results, failures=[RuntimeError("boom")])
         np.testing.assert_allclose(parameters_to_ndarrays(params)[0], good[0])
@@ -55,7 +54,7 @@ def test_all_bad_updates_keep_global_model(tmp_path):
     params = strategy.initialize_parameters(manager)
     strategy.configure_fit(1, params, manager)
     inf = [np.full((2, 2), np.inf, np.float32), np.ones(2, np.float32)]
-    new, metrics = strategy.aggregate_fit(1, [(FakeProxy("0"), fit_res(inf, 5, {}))], [])
+    new, metrics = strategy.aggregate_fit(1, [(Proxy("0"), fit_res(inf, 5, {}))], [])
     assert new is None  # Flower keeps the previous global parameters
 
 
@@ -92,7 +91,7 @@ def test_too_few_successes_stop_the_run_with_a_clear_error(tmp_path):
     params = strategy.initialize_parameters(manager)
     strategy.configure_fit(1, params, manager)
     good = [np.ones((2, 2), np.float32), np.ones(2, np.float32)]
-    ok = [(FakeProxy(str(i)), fit_res(good, 5, {})) for i in range(2)]
+    ok = [(Proxy(str(i)), fit_res(good, 5, {})) for i in range(2)]
     with pytest.raises(RunAborted, match=r"only 2 of 4 sampled clients .*2 failed.*min-fit-fraction = 0.75"):
         strategy.aggregate_fit(1, ok, [RuntimeError("a"), RuntimeError("b")])
     # The stop is a result: summary.json says where and why, so sweeps keep it and reports show it.

@@ -1,5 +1,5 @@
-"""Run folders and ``--resume`` (issue 66, trust v4, items 1 and 4): two labels never share a
-run folder, and a resume never drops a flag silently. Each test here failed on main 0b96d0f."""
+"""Run folders and ``--resume``: two labels never share a run folder, and a resume never drops a
+flag silently."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""Issue 41: a runner that cannot outlive itself or share a folder.
+"""A runner that cannot outlive itself or share a folder.
 
-`kill -9` of `run_simulation.py` left 13 processes (SuperLink, SuperExec, flwr-simulation, Ray)
-that finished the run unattended, and a `--resume` of the same folder started meanwhile wrote
-into it too. Now a watchdog (runner/watchdog.py) stops everything with the runner's
+Without a guard, `kill -9` of `run_simulation.py` leaves 13 processes (SuperLink, SuperExec,
+flwr-simulation, Ray) that finish the run unattended, and a `--resume` of the same folder started
+meanwhile writes into it too. A watchdog (runner/watchdog.py) stops everything with the runner's
 FLWR_HOME when the runner dies, Ray's session folders live in a private temp folder that goes
 with it, and a results folder is held by one runner at a time (an flock'ed ``.lock``).
 """
@@ -20,9 +20,9 @@ import pytest
 
 from fl_app.common.procfs import descendants, environ_of, processes_with_env
 from runner.processes import FolderInUse, lock_folder
-from tests.conftest import ROOT
+from tests.kit import ROOT
 
-GONE_WITHIN = 30.0  # seconds after the runner's death (the issue's bound)
+GONE_WITHIN = 30.0  # seconds after the runner's death within which its processes are gone
 
 
 def wait_until(condition, timeout: float, step: float = 0.2):
@@ -108,7 +108,7 @@ def test_the_watchdog_of_a_launcher_that_closed_touches_nothing(tmp_path):
     assert folder.exists()
 
 
-# ---- issue 66: Ray's renamed agents, a second marker, no folder before the watchdog ---------------------
+# ---- Ray's renamed agents, a second marker, no folder before the watchdog ------------------------------
 
 # A launcher with a LocalSimulation's watchdog (no SuperLink), and two processes like the Ray processes
 # that outlived a killed runner: a "SuperExec" in a session of its own carrying FLWR_HOME, whose child
@@ -133,8 +133,8 @@ time.sleep(600)
 
 
 def test_the_watchdog_stops_ray_processes_that_show_no_flwr_home_and_removes_the_folders_it_made():
-    """Issue 66: after a ``kill -9`` of the runner, ``ray::DashboardAgent`` and ``ray::RuntimeEnvAgent``
-    lived on for a minute, their environment in /proc lacking FLWR_HOME, the watchdog's only marker."""
+    """After a ``kill -9`` of the runner, ``ray::DashboardAgent`` and ``ray::RuntimeEnvAgent`` can live
+    on for a minute, their environment in /proc lacking FLWR_HOME, the watchdog's first marker."""
     launcher = python(RAY_LIKE, stdout=subprocess.PIPE, text=True)
     pids: list[int] = []
     try:
@@ -168,8 +168,8 @@ def running(pid: int) -> bool:
 
 
 def test_a_simulation_never_started_makes_no_folder(tmp_path, monkeypatch):
-    """Issue 66: a killed runner left an empty ``fl-drift-flwr-*``: the home was made in ``__init__``,
-    its watchdog (which removes it) only in ``start()``. Now the watchdog makes it."""
+    """A runner killed before ``start()`` leaves no empty ``fl-drift-flwr-*``: the home is made by
+    the watchdog (which removes it), not in ``__init__``."""
     import tempfile
 
     from runner.launch import LocalSimulation
@@ -317,8 +317,8 @@ def session_table() -> dict[int, int]:
 
 @pytest.mark.slow  # a real simulation up to its first round: 1-2 minutes on a loaded 2-core machine
 def test_kill_9_mid_run_leaves_no_ray_process_and_no_folder_10_s_later(tmp_path, mnist_sample):
-    """Issue 66: after a ``kill -9`` of the runner, ``ray::DashboardAgent`` and ``ray::RuntimeEnvAgent``
-    were alive 30 s later (in 2 of 4 kills), and a killed runner could leave an empty ``fl-drift-flwr-*``."""
+    """After a ``kill -9`` of the runner, no ``ray::DashboardAgent`` or ``ray::RuntimeEnvAgent`` is alive
+    10 s later (unguarded, they were 30 s later in 2 of 4 kills), and no empty ``fl-drift-flwr-*`` is left."""
     found = kill_9_probe(tmp_path, mnist_sample(600, 100))
     print(found)
     left = {key: found[key] for key in ("marked", "tree", "in_sessions", "folders") if found[key]}

@@ -12,8 +12,8 @@ import pytest
 
 from fl_app.registry import method_names
 from runner.results.report import read_metrics, read_summary
-from tests.conftest import ROOT
-from tests.simulation_kit import SECOND_WAVE_METHODS, SIMULATED, SUPERNODES, simulated_config
+from tests.kit import ROOT
+from tests.kit_runs import SIMULATED, SLOW_TRANSPORT_METHODS, SUPERNODES, simulated_config
 
 
 @pytest.mark.slow  # FedProx trains in process (test_every_method); flwr run, MNIST and Flower: the FedBN and faults runs
@@ -80,7 +80,7 @@ def test_drift_per_class_accuracy_and_tensorboard_on_mnist(sim, shared_data, met
 # are checked in process by default (tests/methods/test_fedbn.py: the kept BN entries;
 # tests/methods/test_dp_fedavg.py: the client-mode clipping mod), and the fedavg and scaffold runs,
 # shared with the resume and FAB tests, keep Flower's transport and context.state in the default run.
-SLOW_SIMULATED = ("fedyogi", "fedbn", "dp-fedavg", *SECOND_WAVE_METHODS)
+SLOW_SIMULATED = ("fedyogi", "fedbn", "dp-fedavg", *SLOW_TRANSPORT_METHODS)
 
 
 @pytest.mark.parametrize("method", [pytest.param(m, marks=pytest.mark.slow) if m in SLOW_SIMULATED

@@ -1,7 +1,6 @@
-"""Issue 52 ("trust v3"), items 1, 3, 4, 9 and 10: a kept result is never lost by --collect,
-and bad input (repeated seeds or grid values, an attack on a partition that does not exist,
-labels outside the dataset's classes, no CPU per client) is refused in one line before
-anything is launched. Every test here failed on the code before the fix (main fb2d34f)."""
+"""A kept result is never lost by --collect, and bad input (repeated seeds or grid values, an
+attack on a partition that does not exist, labels outside the dataset's classes, no CPU per
+client) is refused in one line before anything is launched."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ import pytest
 
 import run_simulation
 from runner import checks, cli, sweep
-from tests.conftest import load_make_results
+from tests.kit_runs import load_make_results
 
 SYNTH = ["--dataset", "synthetic", "--set", "model=logreg"]
 
@@ -216,9 +215,9 @@ def test_a_config_error_is_one_line(tmp_path, capsys, body, expected):
     ('strategies = ["fedavg"]\n[grid]\nlearnin-rate = [0.1]\n', "[grid] names unknown run-config key 'learnin-rate'"),
 ])
 def test_a_misspelled_key_in_an_experiment_file_names_the_closest_not_every_key(tmp_path, capsys, body, expected):
-    """Issue 70: a key typo inside a --config file printed all ~140 keys on one line, and a
-    misspelled top-level table had no did-you-mean; now the table, the key and its closest
-    valid key, and where the whole list is."""
+    """A key typo inside a --config file is refused naming the table, the key, its closest valid
+    key and where the whole list is (not all ~140 keys on one line), and a misspelled top-level
+    table gets a did-you-mean."""
     exp = tmp_path / "exp.toml"
     exp.write_text(body)
     err = refused_at_parse(["--config", str(exp), "--check"], capsys)

@@ -1,4 +1,4 @@
-"""The tuning protocol (issue 42, runner/tuning.py): the validation split held out of
+"""The tuning protocol (runner/tuning.py): the validation split held out of
 the training data, the search's choice, the chosen values in the table's runs, make_results'
 refusal to count a claim between rows tuned differently, and the [tune] table's errors.
 
@@ -52,7 +52,7 @@ from tasks.partitioning import (
     train_rows,
     validation_size,
 )
-from tests.conftest import non_split_files
+from tests.kit_runs import non_split_files
 
 ROOT = Path(__file__).resolve().parents[2]
 # the Hugging Face features the hub's MNIST parquet declares: the image column decodes as an image
@@ -353,7 +353,7 @@ def test_the_fedpgvc_files_tune_every_claimed_row():
 
 
 def test_every_tune_grid_brackets_the_value_its_row_ran_before():
-    """Issue 42: a [tune] grid reaches past the value the row's earlier runs used (its [methods]
+    """A [tune] grid reaches past the value the row's earlier runs used (its [methods]
     or [run-config] value) on both sides, so the earlier choice is inside the search and not its
     edge (FedProx, FedBN and FedPGVC ran Adam 0.01, the top of the earlier grid; the SGD rows 0.05,
     the top of theirs). Every file with [tune], the papers' settings included."""
@@ -554,7 +554,7 @@ def test_the_runner_says_after_its_search_which_choices_its_grid_did_not_bracket
                      " (the kept search runs are reused)"]
 
 
-# ---- a committed record's scores reused (issue 70) ------------------------------------------
+# ---- a committed record's scores reused ----------------------------------------------------
 
 def test_a_committed_records_matching_runs_are_reused_and_the_others_run_again(tmp_path, monkeypatch, capsys):
     """A widened search on a fresh checkout: the grid points the committed record

@@ -1,4 +1,4 @@
-"""A diverged run reads as diverged (issue 66 item 7): the one detector of
+"""A diverged run reads as diverged: the one detector of
 ``fl_app/common/divergence.py`` on hand-built per-round series, summary.json's ``status``, the
 comparison's rows (comparison.md/.csv, the terminal summary) for new and older kept runs alike,
 and the tuning search, which never chooses a diverged point over one that did not diverge.
@@ -27,7 +27,7 @@ def rows_of(accs, losses=None, **columns):
     return out
 
 
-# The issue's SCAFFOLD run (NIID-Bench #C = 2, lr 0.01, momentum 0.9): it peaks at 0.765, its control
+# A diverged SCAFFOLD run (NIID-Bench #C = 2, lr 0.01, momentum 0.9): it peaks at 0.765, its control
 # variates grow from 0.05 to 6.6e7 and its accuracy ends at chance; the loss stays moderate.
 SCAFFOLD_ACCS = [0.35, 0.55, 0.70, 0.765, 0.60, 0.31, 0.12, 0.10, 0.10, 0.10]
 SCAFFOLD_LOSS = [1.2, 0.9, 0.7, 0.6, 0.9, 1.8, 2.2, 2.3, 2.3, 2.3]
@@ -91,7 +91,7 @@ def test_chance_is_one_over_the_classes():
 
 
 def test_the_kept_unclipped_feddc_run_that_fell_in_its_last_two_rounds_is_flagged():
-    """feddc-mnist-dir03/feddc-seed1 of commit 0cfcca4 (unclipped): 0.966 in round 38, then 0.159
+    """A kept unclipped FedDC run (feddc-mnist-dir03/feddc-seed1): 0.966 in round 38, then 0.159
     and 0.116, its loss only 9.6 (below the loss bound): the accuracy signal catches it."""
     accs = [0.97, 0.973, 0.961, 0.966, 0.159, 0.116]
     losses = [0.1, 0.08, 0.7, 0.11, 9.59, 2.37]

@@ -21,7 +21,8 @@ from fl_app.server.drift import (
 from strategies.base import DriftFedAvg, fedavg_kwargs
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights
-from tests.helpers_inprocess import RoundByRound
+from tests.kit import Proxy
+from tests.kit_server import RoundByRound
 
 # Three made-up client updates in 2 coordinates (first: a head entry, second: a body entry)
 # with n = 20, 10, 10, so p = (1/2, 1/4, 1/4).
@@ -170,10 +171,6 @@ def test_recording_strategy_writes_drift_columns(tmp_path):
     inner = DriftFedAvg.from_config(
         cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w0), lambda r, a, c: (0.0, {"accuracy": 0.5})))
     strategy = RoundByRound(inner, cfg, tmp_path / "run", 1)
-
-    class Proxy:
-        def __init__(self, cid):
-            self.cid = cid
 
     class Manager:
         proxies = (Proxy("0"), Proxy("1"), Proxy("2"))

@@ -15,9 +15,8 @@ from fl_app.config import ConfigError
 from fl_app.registry import validate_config
 from fl_app.server.recording import evaluated_round
 from runner.results.report import curves, plot
-from tests.conftest import FakeManager, FakeProxy
-from tests.helpers_baselines import fit_res
-from tests.server_kit import make_strategy
+from tests.kit import FakeManager, Proxy, fit_res
+from tests.kit_server import make_strategy
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("make_results", ROOT / "scripts" / "make_results.py")
@@ -56,7 +55,7 @@ def run_rounds(tmp_path, rounds, every):
     for rnd in range(1, rounds + 1):
         strategy.configure_fit(rnd, params, manager)
         update = [np.ones((2, 2), np.float32) * rnd, np.ones(2, np.float32)]
-        results = [(FakeProxy(str(i)), fit_res(update, 10, {"train_loss": 1.0})) for i in range(2)]
+        results = [(Proxy(str(i)), fit_res(update, 10, {"train_loss": 1.0})) for i in range(2)]
         params, _ = strategy.aggregate_fit(rnd, results, failures=[])
         strategy.evaluate(rnd, params)
     return calls, tmp_path / "run"

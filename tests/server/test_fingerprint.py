@@ -1,4 +1,4 @@
-"""Results never mix data (issue 41): every run records a fingerprint of what it trained and
+"""Results never mix data: every run records a fingerprint of what it trained and
 tested on (``fl_app/server/provenance.py``), and ``scripts/make_results.py --collect``, the
 report and the runner's re-run and ``--resume`` checks refuse to put two fingerprints in one
 table. Runs made before fingerprints existed are labelled, never guessed."""
@@ -6,7 +6,6 @@ table. Runs made before fingerprints existed are labelled, never guessed."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
@@ -22,15 +21,7 @@ from fl_app.server import provenance
 from fl_app.server.provenance import data_fingerprint
 from runner import checks, cli, sweep
 from tasks.partition_spec import PartitionSpec
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def load_make_results():
-    spec = importlib.util.spec_from_file_location("make_results", ROOT / "scripts" / "make_results.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.kit_runs import load_make_results
 
 
 def data_folder(where: Path, train: bytes, test: bytes = b"the test split", stamp: int = 1) -> Path:
@@ -122,7 +113,7 @@ def test_a_run_records_its_fingerprint_and_refuses_to_resume_on_other_data(mnist
     """A real run (ServerApp and ClientApp in one process, 2 nodes, 300 MNIST images) writes the
     fingerprint of the files it read into data-fingerprint.json and summary.json; continued from
     its checkpoint after its training file changed, it stops with DataChanged."""
-    from tests.conftest import serve_in_process
+    from tests.kit import serve_in_process
 
     data = Path(shutil.copytree(mnist_sample(300, 100), tmp_path / "data"))
     cfg = {"strategy": "fedavg", "dataset": "mnist", "model": "cnn-small", "data-dir": str(data),
@@ -153,7 +144,7 @@ def test_a_run_records_its_fingerprint_and_refuses_to_resume_on_other_data(mnist
 def cut_run(mnist_sample, tmp_path, name: str) -> tuple[dict, Path, Path]:
     """A 3-round run on a copy of 300 MNIST images (2 nodes) that crashed after round 1: its
     config, data folder and run folder."""
-    from tests.conftest import serve_in_process
+    from tests.kit import serve_in_process
 
     data = Path(shutil.copytree(mnist_sample(300, 100), tmp_path / f"data-{name}"))
     cfg = {"strategy": "fedavg", "dataset": "mnist", "model": "cnn-small", "data-dir": str(data),
@@ -165,11 +156,12 @@ def cut_run(mnist_sample, tmp_path, name: str) -> tuple[dict, Path, Path]:
 
 
 def test_the_checkpoint_carries_the_fingerprint_so_a_deleted_file_does_not_let_other_data_in(mnist_sample, tmp_path):
-    """Issue 52: data swapped in place after round 1, data-fingerprint.json deleted, resume: it
-    trained rounds 2-3 on the other data (rc 0). The checkpoint (hashed) carries the fingerprint:
+    """Data swapped in place after round 1, data-fingerprint.json deleted, resume: without the
+    fingerprint in the checkpoint, rounds 2-3 would train on the other data (rc 0). The checkpoint
+    (hashed) carries the fingerprint:
     the server refuses in one line naming both digests, so does the runner before any launch."""
     from fl_app.server.checkpoint import load_checkpoint
-    from tests.conftest import serve_in_process
+    from tests.kit import serve_in_process
 
     cfg, data, run = cut_run(mnist_sample, tmp_path, "cut")
     before = json.loads((run / "data-fingerprint.json").read_text())
@@ -194,11 +186,11 @@ def test_a_checkpoint_without_a_fingerprint_resumes_only_when_the_file_agrees(mn
     one line when the file is missing (the data it started on is unknown), by the server and by
     the runner's check."""
     from fl_app.server.checkpoint import load_checkpoint, save_checkpoint
-    from tests.conftest import serve_in_process
+    from tests.kit import serve_in_process
 
     cfg, _, run = cut_run(mnist_sample, tmp_path, "old")
     old = load_checkpoint(run)
-    old.data_fingerprint = None  # as written before issue 52
+    old.data_fingerprint = None  # as a checkpoint without a fingerprint is read
     save_checkpoint(run, old)
     kept = (run / "data-fingerprint.json").read_text()
     (run / "data-fingerprint.json").unlink()
@@ -241,7 +233,7 @@ def test_a_simulated_run_records_the_fingerprint_the_runner_expects(simulated, r
     """Through Flower's Ray simulation (the shared fedavg run of tests/runner/test_simulation.py): the
     server's fingerprint has the partitions the nodes reported, so re-running the runner's
     command on the same data keeps the run (``changed_data`` finds no change)."""
-    from tests.simulation_kit import SUPERNODES, simulated_config
+    from tests.kit_runs import SUPERNODES, simulated_config
 
     cfg = simulated_config("fedavg", request)
     run = simulated("fedavg", cfg, SUPERNODES)
@@ -294,8 +286,8 @@ def subset(tmp_path):
 
 
 def test_collect_refuses_runs_on_two_data_sets_in_one_line(subset, tmp_path, capsys):
-    """The issue's probe: seed 0 on a 6,000-image subset and seed 1 on a 600-image one became one
-    row (0.664 +- 0.265) and exit 0."""
+    """Seed 0 on a 6,000-image subset and seed 1 on a 600-image one are refused in one line, never
+    averaged into one row (which would read 0.664 +- 0.265, exit 0)."""
     argv, runs, big, small = subset
     finished_run(runs, 0, 0.851, big)
     finished_run(runs, 1, 0.477, small)
@@ -334,9 +326,9 @@ def test_runs_that_all_lack_a_fingerprint_are_labelled_and_still_collect(subset,
 
 
 def test_a_run_without_a_fingerprint_beside_one_with_is_refused_in_one_line(subset, tmp_path, capsys):
-    """Issue 52: a run whose data is unknown was averaged with one whose data is known (0.6640
-    +- 0.2645 over 2 seeds, only a text line saying one fingerprint was not recorded): refused
-    by --collect and by the report, in one line naming the runs."""
+    """A run whose data is unknown is never averaged with one whose data is known (which would
+    read as, say, 0.6640 +- 0.2645 over 2 seeds, with only a text line saying one fingerprint was
+    not recorded): refused by --collect and by the report, in one line naming the runs."""
     argv, runs, big, _ = subset
     finished_run(runs, 0, 0.851, big)
     finished_run(runs, 1, 0.477, None)

@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from fl_app.server.placement import read_ray_nodes, record_ray_nodes
-from tests.conftest import FakeManager, FakeProxy
-from tests.helpers_baselines import fit_res
-from tests.server_kit import make_strategy
+from tests.kit import FakeManager, Proxy, fit_res
+from tests.kit_server import make_strategy
 
 
 def test_rounds_record_their_ray_nodes(tmp_path):
@@ -18,7 +17,7 @@ def test_rounds_record_their_ray_nodes(tmp_path):
     placement = {1: ["a", "b", "a"], 2: ["b", "b", "b"]}
     for rnd in (1, 2):
         strategy.configure_fit(rnd, params, manager)
-        results = [(FakeProxy(str(i)), fit_res(update, 10, {"train_loss": 1.0, "ray_node": node}))
+        results = [(Proxy(str(i)), fit_res(update, 10, {"train_loss": 1.0, "ray_node": node}))
                    for i, node in enumerate(placement[rnd])]
         params, _ = strategy.aggregate_fit(rnd, results, failures=[])
         strategy.evaluate(rnd, params)

@@ -1,6 +1,6 @@
 """Resume in one process: the ServerApp's ``server_fn`` and the ClientApp's ``client_fn`` driven by
 Flower's own server loop (``flwr.server.Server``), with no Ray and no SuperLink
-(``serve_in_process`` in conftest.py; its rounds equal a simulation's to the last digit).
+(``serve_in_process`` in tests/kit.py; its rounds equal a simulation's to the last digit).
 
 A run crashes after round 3 (``inject-faults = "crash-after:3"``), a new server and new nodes
 (empty ``context.state``) resume it from its checkpoint, and rounds 4-6 must equal those of an
@@ -15,8 +15,8 @@ from __future__ import annotations
 import pytest
 
 from runner.results.report import read_metrics, read_summary
-from tests.conftest import serve_in_process
-from tests.simulation_kit import NEEDS
+from tests.kit import serve_in_process
+from tests.kit_runs import NEEDS
 
 NODES = 4
 # stateless, client and server state (control variates, FedDyn's h and g_k), a server optimiser
@@ -52,7 +52,7 @@ def test_resume_in_process_matches_uninterrupted(method, tmp_path):
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
     state_columns = [k for k in full[3] if k.startswith("state_arrays_in")]
     assert bool(state_columns) == (method in ("scaffold", "feddyn"))  # methods with client state report it
-    for a, b in zip(full[3:], resumed[3:]):  # counted after the mirror's state is restored (issue 52)
+    for a, b in zip(full[3:], resumed[3:]):  # counted after the mirror's state is restored
         assert {k: b[k] for k in state_columns} == {k: a[k] for k in state_columns}, a["round"]
     assert read_summary(tmp_path / "cut")["rounds"] == 6
     assert not (tmp_path / "cut" / "client-state").exists()  # removed once the run finished

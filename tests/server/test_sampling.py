@@ -1,24 +1,16 @@
 """SeededClientManager: the same seed samples the same partitions, whatever the node ids."""
 
 import pytest
-from flwr.common import Code, GetPropertiesRes, Status
 
 from fl_app.server.sampling import NotEnoughNodes, SeededClientManager
-
-
-class Proxy:
-    def __init__(self, cid, pid):
-        self.cid, self.pid = cid, pid
-
-    def get_properties(self, ins, timeout, group_id):
-        return GetPropertiesRes(Status(Code.OK, ""), {"partition-id": self.pid, "num-partitions": 10})
+from tests.kit import Proxy
 
 
 def sampled_partitions(seed, node_ids, rounds=3):
     manager = SeededClientManager(seed)
     for pid, cid in enumerate(node_ids):
-        manager.register(Proxy(cid, pid))
-    return [sorted(c.pid for c in manager.sample(3)) for _ in range(rounds)]
+        manager.register(Proxy(cid, partition=pid))
+    return [sorted(c.partition for c in manager.sample(3)) for _ in range(rounds)]
 
 
 def test_same_seed_same_partitions_despite_random_node_ids():
@@ -36,7 +28,7 @@ def test_waits_for_min_available_only_until_reached():
     manager = SeededClientManager(0)
     waited = []
     manager.wait_for = lambda n, timeout=86400: waited.append(n) or len(manager.clients) >= n
-    proxies = [Proxy(str(100 + i), i) for i in range(3)]
+    proxies = [Proxy(str(100 + i), partition=i) for i in range(3)]
     for proxy in proxies[:2]:
         manager.register(proxy)
     manager.sample(2, 3)  # only 2 of 3 nodes so far: waits (here: returns at once, not reached)
@@ -46,7 +38,7 @@ def test_waits_for_min_available_only_until_reached():
     manager.unregister(proxies[2])  # the node died
     chosen = manager.sample(2, 3)
     assert waited == [3, 3]  # no wait for the lost node
-    assert sorted(c.pid for c in chosen) == [0, 1]
+    assert sorted(c.partition for c in chosen) == [0, 1]
 
 
 def test_wait_for_asks_flower_to_register_nodes():
@@ -54,7 +46,7 @@ def test_wait_for_asks_flower_to_register_nodes():
     sample (it wraps them) or every 5 s; wait_for must call num_available itself, not sleep
     until that tick."""
     manager = SeededClientManager(0)
-    grid_nodes = [Proxy(str(100 + i), i) for i in range(3)]
+    grid_nodes = [Proxy(str(100 + i), partition=i) for i in range(3)]
     plain_num_available = manager.num_available
 
     def flowers_wrapper():  # what Flower's start_update_client_manager_thread installs

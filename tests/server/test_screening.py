@@ -20,15 +20,8 @@ from fl_app.server.screening import (
 )
 from runner.results.report import read_metrics
 from strategies.base import DriftFedAvg, fedavg_kwargs
-from tests.conftest import FakeManager
-from tests.helpers_baselines import fit_res
-from tests.helpers_inprocess import RoundByRound
-from tests.server_kit import (
-    W_T,
-    client,
-    depends_only_on_the_mean,
-    probe_config,
-)
+from tests.kit import FakeManager, fit_res
+from tests.kit_server import W_T, RoundByRound, client, depends_only_on_the_mean, probe_config
 
 # norms: ||(3, 4)|| = 5 with matrix update 0; client B: matrix update 1 everywhere (norm 2), vector 0;
 # client C: matrix 0, vector (0, 30) -> 30

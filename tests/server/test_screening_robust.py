@@ -10,7 +10,7 @@ from flwr.server.strategy.aggregate import aggregate_krum
 from fl_app.config import ConfigError
 from fl_app.registry import resolve, validate_config
 from fl_app.server.screening import decide, krum_keep, krum_scores, min_replies, robust_weights
-from tests.server_kit import W_T, client
+from tests.kit_server import W_T, client
 
 # five updates on the float vector (the matrix update 0): four honest near (1, 1), one far
 UPDATES = [[1.0, 1.0], [1.0, 2.0], [2.0, 1.0], [2.0, 2.0], [10.0, -10.0]]
@@ -110,8 +110,7 @@ def test_config_refusals_are_one_line(cfg, words):
 def test_krum_on_scaffold_drops_the_attackers_delta_c():
     """Krum keeps or drops a reply whole: SCAFFOLD's delta c_i (after the weights) follows it."""
     from fl_app.server.screening import Screening
-    from tests.conftest import FakeProxy
-    from tests.helpers_baselines import fit_res
+    from tests.kit import Proxy, fit_res
 
     cfg = validate_config({"strategy": "scaffold", "screening": "krum", "screen-attackers": 1})
     w_t = [np.zeros(3, np.float32), np.zeros(1, np.float32)]
@@ -120,7 +119,7 @@ def test_krum_on_scaffold_drops_the_attackers_delta_c():
     honest = [(1.0, 1.0), (1.1, 2.0), (0.8, 3.0), (1.5, 4.0)]  # (weight update, delta c) per client
     replies = [[np.full(3, v, np.float32), np.zeros(1, np.float32), np.full(3, c, np.float32),
                 np.zeros(1, np.float32)] for v, c in honest + [(-50.0, 99.0)]]
-    kept = screening.apply(1, [(FakeProxy(str(k)), fit_res(r, 10)) for k, r in enumerate(replies)], {})
+    kept = screening.apply(1, [(Proxy(str(k)), fit_res(r, 10)) for k, r in enumerate(replies)], {})
     assert [p.cid for p, _ in kept] == ["0"]  # scores / 3 (2 nearest): .01+.04, .01+.09, .04+.09, .16+.25, ...
     arrays = parameters_to_ndarrays(kept[0][1].parameters)
     np.testing.assert_array_equal(arrays[2], np.full(3, 1.0, np.float32))  # its own delta c, unchanged

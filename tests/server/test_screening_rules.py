@@ -13,7 +13,8 @@ from fl_app.config import ConfigError
 from fl_app.registry import resolve, validate_config
 from fl_app.server import robust_rules as R
 from fl_app.server.screening import Screening, check_replies, decide, min_replies
-from tests.server_kit import W_T, client
+from tests.kit import Proxy, fit_res
+from tests.kit_server import W_T, client
 
 
 def line(*xs):
@@ -131,14 +132,11 @@ def test_too_few_rows_after_bucketing_update_nothing():
 
 
 def test_screening_applies_the_rule_to_every_reply():
-    from tests.conftest import FakeProxy
-    from tests.helpers_baselines import fit_res
-
     cfg = validate_config({"screening": "geometric-median"})
     screening = Screening(cfg)
     screening.begin_round(ndarrays_to_parameters(W_T))
     replies = [client(0.0, [x, 0.0]) for x in (0, 1, 10)]
-    out = screening.apply(1, [(FakeProxy(str(k)), fit_res(r, 10)) for k, r in enumerate(replies)], {})
+    out = screening.apply(1, [(Proxy(str(k)), fit_res(r, 10)) for k, r in enumerate(replies)], {})
     for _, res in out:  # every reply now carries the geometric median, 1
         np.testing.assert_allclose(parameters_to_ndarrays(res.parameters)[1], [1.0, 0.0], atol=1e-6)
 

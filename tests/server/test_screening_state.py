@@ -18,9 +18,8 @@ from strategies.feddyn import FedDynStrategy
 from strategies.scaffold import ScaffoldStrategy
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights
-from tests.conftest import Proxy
-from tests.helpers_inprocess import RoundByRound
-from tests.kit import fake_context, make_client
+from tests.kit import Proxy, fake_context, make_client
+from tests.kit_server import RoundByRound
 
 K = 4
 SIZES = [12, 20, 16, 24]

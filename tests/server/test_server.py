@@ -14,8 +14,7 @@ from fl_app.server.server import DriftServer
 from strategies.base import fedavg_kwargs
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights
-from tests.conftest import Proxy
-from tests.kit import fake_context, make_client
+from tests.kit import Proxy, fake_context, make_client
 
 SIZES = (12, 20, 16, 24)
 

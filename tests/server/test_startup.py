@@ -100,7 +100,7 @@ def test_a_failed_warm_up_does_not_fail_fit(tmp_path, monkeypatch):
 
 # ------------------------------------------- a checked partitioning is remembered on disk
 def _tiny_mnist(folder, rows=20):
-    from tests.simulation_kit import tiny_parquet
+    from tests.kit_runs import tiny_parquet
 
     return tiny_parquet(folder, rows=rows)
 

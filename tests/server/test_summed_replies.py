@@ -1,5 +1,5 @@
-"""Summed replies (issue 68, item 3): a cohort node's one n_k-weighted mean and sums for its
-clients (protocol/cohort.py ``sum_replies``) in place of every client's own reply.
+"""Summed replies: a cohort node's one n_k-weighted mean and sums for its clients
+(protocol/cohort.py ``sum_replies``) in place of every client's own reply.
 
 Checked here without a simulation: the node's sums by hand, each registered server's
 declaration (``REPLY_SUMS``), every summing server's aggregation of node sums against the same
@@ -24,10 +24,9 @@ from protocol.traffic import SUMMED_CLIENTS, clients_in
 from strategies.base import build_strategy
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights
-from tests.conftest import FakeManager
-from tests.kit import assert_arrays_close
-from tests.node_kit import reply_as_fitres
-from tests.simulation_kit import NEEDS
+from tests.kit import FakeManager, assert_arrays_close
+from tests.kit_runs import NEEDS
+from tests.kit_server import reply_as_fitres
 
 STRATEGIES = sorted({m.strategy for m in METHODS.values()}, key=lambda cls: cls.__name__)
 SUMMING = [name for name, m in METHODS.items() if m.strategy.REPLY_SUMS is not None]

@@ -139,7 +139,7 @@ def test_drift_plot_title_carries_the_setup_line(tmp_path):
 
 
 def test_every_title_names_the_whole_split_and_the_model(tmp_path):
-    """Issue 70: the plots' titles, comparison.md's header and the terminal summary name the
+    """The plots' titles, comparison.md's header and the terminal summary name the
     split whole (partitioner, its keys, feature noise, the clients' sizes from their
     client_label_counts.csv) and the model, and a plot's title fits its figure."""
     import matplotlib
@@ -218,7 +218,7 @@ def _record_one_round(run_dir: Path, **keys) -> dict:
 
     from fl_app.registry import validate_config
     from strategies.base import DriftFedAvg, fedavg_kwargs
-    from tests.helpers_inprocess import RoundByRound
+    from tests.kit_server import RoundByRound
 
     cfg = validate_config({"fraction-fit": 1.0, "num-server-rounds": 1, "model": "logreg",
                            "dataset": "synthetic", **keys})

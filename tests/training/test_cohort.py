@@ -1,4 +1,4 @@
-"""The cohort path (issue 44): which path a run takes and its refusals, the server's routing
+"""The cohort path: which path a run takes and its refusals, the server's routing
 between N virtual clients and M cohort nodes, and end-to-end equivalence with the per-client path.
 
 Tolerance of the end-to-end comparisons: a cohort node trains its K clients in one
@@ -50,7 +50,7 @@ from fl_app.server.cohort_routing import CohortFailure, fit_cohort
 from fl_app.server.sampling import CohortClientManager, SeededClientManager
 from protocol.cohort import bundle_replies, split_instructions
 from tasks.functional import Hyper, LocalUpdate
-from tests.simulation_kit import NEEDS as SIMULATION_NEEDS
+from tests.kit_runs import NEEDS as SIMULATION_NEEDS
 
 
 def config(**keys) -> dict:
@@ -315,12 +315,12 @@ SUMMED_TRAFFIC = ("bytes_up",)
 def serve_cohort(run_config: dict, nodes: int) -> None:
     """One cohort run in this process: the ServerApp's ``server_fn`` components, and ``nodes``
     cohort nodes (node config partition-id m of ``nodes``, as Flower's simulation gives its
-    SuperNodes) served by the ClientApp's ``client_fn`` (``tests.conftest.AppProxy``), one message
+    SuperNodes) served by the ClientApp's ``client_fn`` (``tests.kit.Proxy``), one message
     at a time (``serve_in_process``'s reason: in one process the nodes share the cached model)."""
     from flwr.app import Context, RecordDict
 
     from fl_app.server_app import server_fn
-    from tests.conftest import AppProxy, without_picture
+    from tests.kit import Proxy, without_picture
 
     run_config = without_picture(run_config)
     components = server_fn(Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config=run_config))
@@ -328,7 +328,7 @@ def serve_cohort(run_config: dict, nodes: int) -> None:
     for m in range(nodes):
         context = Context(run_id=0, node_id=500 + 11 * m, node_config={"partition-id": m, "num-partitions": nodes},
                           state=RecordDict(), run_config=run_config)
-        server.client_manager().register(AppProxy(str(500 + 11 * m), context))
+        server.client_manager().register(Proxy(str(500 + 11 * m), context))
     server.set_max_workers(1)  # one process: the nodes share the cached models, as one Ray actor's clients do
     server.fit(components.config.num_rounds, timeout=None)
 
@@ -363,7 +363,7 @@ def compared(a_rows: list[dict], b_rows: list[dict], exact: bool, skip: tuple = 
 
 def per_client_run(method: str, tmp_path, **keys) -> list[dict]:
     from runner.results.report import read_metrics
-    from tests.conftest import serve_in_process
+    from tests.kit import serve_in_process
 
     serve_in_process(base_config(method, tmp_path, **keys, **{"run-name": "per-client"}), NODES)
     return read_metrics(tmp_path / "per-client")
@@ -396,7 +396,7 @@ def test_cohort_run_equals_per_client_run_within_tolerance(method, tmp_path, req
     assert [r["num_clients"] for r in cohort] == [2, 2, 2]
     bn = "-bn" in NEEDS.get(method, {}).get("model", "")
     # BN: min_class_accuracy is one class's ~100 test images, which BN's amplified rounding moved
-    # by 7 (0.73 vs 0.66, measured 2026-11-29 at 3d18406 too): left out, test_accuracy is held
+    # by 7 (0.73 vs 0.66, measured 2026-11-29): left out, test_accuracy is held
     assert compared(per_client, cohort, exact=False, skip=("min_class",) if bn else (),
                     **(BN_TOLERANCE if bn else {})) == []
 
@@ -433,7 +433,7 @@ def test_cohort_resume_equals_uninterrupted_cohort_run(method, tmp_path):
     serve_cohort(base_config(method, tmp_path, **cohort_keys(**keys), **{"run-name": "cut", "resume": True}), 1)
     resumed = read_metrics(tmp_path / "cut")
     assert [r["round"] for r in resumed] == [1, 2, 3, 4]
-    # state_arrays_in too: counted after the mirror's state is restored (issue 52)
+    # state_arrays_in too: counted after the mirror's state is restored
     assert compared(full, resumed, exact=True) == []
     assert read_summary(tmp_path / "cut")["execution"]["path"] == "cohort"
 
@@ -520,7 +520,7 @@ def test_cohort_run_through_flowers_simulation_equals_per_client(simulated, sim,
     run of ``tests/runner/test_simulation.py`` (shared: ``simulated``), metrics.csv within the module
     docstring's tolerance; summary.json records the path and why."""
     from runner.results.report import read_metrics, read_summary
-    from tests.simulation_kit import SUPERNODES, simulated_config
+    from tests.kit_runs import SUPERNODES, simulated_config
 
     cfg = simulated_config("fedavg", request)
     per_client = simulated("fedavg", cfg, SUPERNODES)

@@ -1,11 +1,11 @@
-"""Every registered method's round on real data (issue 66): two clients of a seeded MNIST sample
+"""Every registered method's round on real data: two clients of a seeded MNIST sample
 on ``cnn-small``, 10 SGD steps of 8 images each, through the cohort path (both clients in one
 ``torch.func.vmap``, ``fl_app.node.cohort_client.train_cohort``) against each client's own
 ``local_round`` (the per-client path): the same steps, weights, client state and reply (the
 arrays sent back beyond the weights) within ``REL``, the fit metrics within ``REL`` too. The
 synthetic-data checks (tests/test_functional*.py, tests/training/test_cohort.py) run ``logreg``/``mlp``
 or random images; this one runs the convolution, the dead ReLU units and the skewed features of
-real digits, where FedDecorr's paths were found to part (issue 66).
+real digits, where FedDecorr's batched and per-client paths part.
 
 Tolerance ``REL`` = 2e-5 of each array's largest magnitude, in float32. vmap's batched kernels
 sum in another order, so the paths differ by float rounding only. Measured on this case (2-core
@@ -77,7 +77,7 @@ def test_a_cohort_node_trains_fedDecorr_exactly_as_its_per_client_round(digits):
     """FedDecorr's update is ``unbatched``: a cohort node (``fl_app.node.cohort_client.train``)
     trains its clients one at a time, so on real data, in float32, each client's round is its
     per-client round bit for bit (batched, the paths parted by 4e-3 relative here and moved a
-    2-round run's accuracy from 0.6175 to 0.6040: issue 66)."""
+    2-round run's accuracy from 0.6175 to 0.6040)."""
     from fl_app.node.cohort_client import train
     from tasks.functional import local_round
 

@@ -37,10 +37,23 @@ from tasks.functional import Hyper, LocalUpdate, Round, cohort_round, local_roun
 from tasks.functional.optim import opt_init, opt_step
 from tasks.functional.rounds import unstack_tree
 from tasks.models import build_model
-from tests.functional_kit import KEYS, NAMES, SHAPE, UPDATES, cohort_inputs, compare_cohort
-from tests.helpers_baselines import client_batches, sgd_round64, softmax_regression_grad, softmax_regression_loss
-from tests.helpers_module import foreach_norm, module_round, module_sam_eps, perturbed
 from tests.kit import fake_context, make_client
+from tests.kit_training import (
+    COHORT_KEYS,
+    COHORT_NAMES,
+    COHORT_SHAPE,
+    COHORT_UPDATES,
+    client_batches,
+    cohort_inputs,
+    compare_cohort,
+    foreach_norm,
+    module_round,
+    module_sam_eps,
+    perturbed,
+    sgd_round64,
+    softmax_regression_grad,
+    softmax_regression_loss,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -85,7 +98,7 @@ def test_tree_norm_is_the_norm_of_the_concatenation():
 # --------------------------------------------------- (a) against the module-based loop
 def corrected_step(name: str, w_t: list[torch.Tensor]):
     """The step of the module-based loop the clients ran before they became functions
-    (``helpers_module.module_round``), each method's correction on ``.grad``; ``w_t`` the
+    (``tests.kit_training.module_round``), each method's correction on ``.grad``; ``w_t`` the
     weights the round started from."""
     def step(model, xb, yb, keys, ctx):
         params = list(model.parameters())
@@ -112,11 +125,11 @@ def corrected_step(name: str, w_t: list[torch.Tensor]):
 
 
 @pytest.mark.parametrize("model_name", ["cnn-small", "cnn-bn"])
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", COHORT_NAMES)
 def test_functional_round_equals_module_loop(name, model_name):
     gen = torch.Generator().manual_seed(2)
     x, y = torch.randn(10, 1, 8, 8, generator=gen), torch.randint(0, 10, (10,), generator=gen)
-    model = build_model(model_name, SHAPE, seed=0)
+    model = build_model(model_name, COHORT_SHAPE, seed=0)
     params, buffers = module_state(model)
     names = list(params)
     extra = [torch.randn(p.shape, generator=gen) * 0.1 for p in params.values()]
@@ -127,8 +140,8 @@ def test_functional_round_equals_module_loop(name, model_name):
         ctx = {"corr": [c - i for c, i in zip(extra, ci)]}
     if name == "feddyn":
         state, ctx = {"grad": dict(zip(names, extra))}, {"grad": extra}
-    hp = Hyper(lr=0.05, momentum=0.9, weight_decay=5e-4, keys=KEYS)
-    result = local_round(Round(UPDATES[name], copy.deepcopy(model), params, buffers, state, server, hp,
+    hp = Hyper(lr=0.05, momentum=0.9, weight_decay=5e-4, keys=COHORT_KEYS)
+    result = local_round(Round(COHORT_UPDATES[name], copy.deepcopy(model), params, buffers, state, server, hp,
                          x, y, 4, 2, torch.Generator().manual_seed(3)))
     w_t = [p.detach().clone() for p in model.parameters()]
     loss = module_round(corrected_step(name, w_t), model, x, y, hp, 4, 2, 3, ctx)
@@ -238,18 +251,18 @@ def test_client_two_rounds_equal_the_float64_round_by_hand(name):
 
 
 # ------------------------------------------------------------------------ (b), (c) cohorts
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", COHORT_NAMES)
 def test_cohort_of_three_equals_three_rounds(name):
     compare_cohort(name, "cnn-small", [12, 12, 12], 4, rel=1e-5)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", COHORT_NAMES)
 def test_cohort_masks_clients_with_fewer_or_shorter_batches(name):
     # 14 samples: batches 4, 4, 4, 2 per epoch; 6: 4, 2; 12: 4, 4, 4 -> 8, 4 and 6 steps
     compare_cohort(name, "cnn-small", [14, 6, 12], 4, rel=1e-5)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", COHORT_NAMES)
 def test_cohort_of_one_is_exact(name):
     compare_cohort(name, "cnn-small", [10], 4, rel=0)
 
@@ -264,7 +277,7 @@ def test_cohort_refuses_an_empty_client():
     skeleton, params, buffers, data, states, server = cohort_inputs("cnn-small", [4, 4])
     data[1] = (data[1][0][:0], data[1][1][:0])
     with pytest.raises(ValueError, match="sizes \\[4, 0\\]"):
-        cohort_round(UPDATES["fedavg"], skeleton, params, buffers, states, server, Hyper(lr=0.1), data, 4, 1,
+        cohort_round(COHORT_UPDATES["fedavg"], skeleton, params, buffers, states, server, Hyper(lr=0.1), data, 4, 1,
                      [torch.Generator() for _ in data])
 
 
@@ -307,8 +320,8 @@ def test_scaffold_round_without_a_local_step_keeps_c_i():
     w_t, on its own round and in a cohort beside a client that trains (momentum 0.9, so K_eff's
     momentum-corrected form is the one that would be 0)."""
     skeleton, params, buffers, data, states, server = cohort_inputs("lenet-bn", [1, 9], shape=InputShape(1, 28, 10))
-    hp = Hyper(lr=0.05, momentum=0.9, weight_decay=5e-4, keys=KEYS)
-    update = UPDATES["scaffold"]
+    hp = Hyper(lr=0.05, momentum=0.9, weight_decay=5e-4, keys=COHORT_KEYS)
+    update = COHORT_UPDATES["scaffold"]
     together = cohort_round(update, skeleton, params, buffers, states, server, hp, data, 8, 2,
                             [torch.Generator().manual_seed(10 + k) for k in range(2)])
     alone = local_round(Round(update, skeleton, unstack_tree(params, 0), unstack_tree(buffers, 0), states[0], server, hp,

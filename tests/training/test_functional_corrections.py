@@ -27,8 +27,8 @@ from tasks.catalogue import InputShape
 from tasks.functional import Hyper, Round, cohort_round, local_round, module_state
 from tasks.functional.rounds import stack_trees, unstack_tree
 from tasks.models import build_model
-from tests.helpers_baselines import client_batches, sgd_round64, softmax_regression_grad, softmax_regression_loss
 from tests.kit import assert_cohort_client_equals, make_client
+from tests.kit_training import client_batches, sgd_round64, softmax_regression_grad, softmax_regression_loss
 
 FLAT = InputShape(0, 5, 3)  # logistic regression on 5 features, 3 classes: small enough to write out
 IMAGES = InputShape(1, 8, 10)

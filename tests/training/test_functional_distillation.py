@@ -30,9 +30,8 @@ from tasks.catalogue import InputShape
 from tasks.functional import Hyper, Round, cohort_round, local_round, module_state
 from tasks.functional.rounds import stack_trees, unstack_tree
 from tasks.models import Classifier, build_model, set_weights
-from tests.helpers_baselines import client_batches
-from tests.helpers_module import frozen, module_fit
 from tests.kit import assert_cohort_client_equals, make_client
+from tests.kit_training import client_batches, frozen, module_fit
 
 SHAPE = InputShape(1, 8, 10)
 KEYS = {"ntd-beta": 1.5, "ntd-tau": 2.0, "moon-mu": 2.0, "moon-temperature": 0.5}

@@ -45,10 +45,9 @@ from tasks.functional import CohortResult, Hyper, Round, cohort_round, local_rou
 from tasks.functional.rounds import stack_trees, unstack_tree
 from tasks.keras_layers import pgvc_code_layers
 from tasks.models import Classifier, build_model, get_weights, last_layers_param_names, set_weights
-from tests.helpers_baselines import client_batches
-from tests.helpers_module import module_fit
 from tests.kit import assert_arrays_close, assert_cohort_client_equals, assert_same_reply, fake_context, make_client
-from tests.node_kit import N, cohort_fit
+from tests.kit_server import N, cohort_fit
+from tests.kit_training import client_batches, module_fit
 
 FEDPGVC, FEDAVG = fedpgvc.UPDATE, fedavg.UPDATE
 SHAPE = InputShape(1, 8, 10)

@@ -6,7 +6,7 @@ fedsmoo.py) against independent references.
     numbers small enough to do on paper.
 (a') Each update equals the module-based training the clients ran before they became functions,
     written here as it ran (``torch.optim`` on a module, the perturbation moved into the weights
-    in place and restored by copy, ``tests.helpers_module.perturbed``), on a channels-last CNN
+    in place and restored by copy, ``tests.kit_training.perturbed``), on a channels-last CNN
     and on a BatchNorm CNN: bit for bit (on CPU ``grad_and_loss`` runs the same autograd kernels
     as ``backward()``).
 (b) A cohort of K = 3 (one ``vmap``) equals three ``local_round`` calls within 1e-5 relative
@@ -37,9 +37,8 @@ from tasks.datasets import input_shape
 from tasks.functional import Hyper, Round, cohort_round, local_round, module_state
 from tasks.functional.rounds import stack_trees, unstack_tree
 from tasks.models import build_model
-from tests.helpers_baselines import softmax_regression_grad
-from tests.helpers_module import module_round, perturbed
 from tests.kit import assert_cohort_client_equals, make_client
+from tests.kit_training import module_round, perturbed, softmax_regression_grad
 
 FEDASAM, FEDGAM, FEDGAM_CV, FEDSMOO, FEDSOL = (m.UPDATE for m in (fedasam, fedgam, fedgam_cv, fedsmoo, fedsol))
 SHAPE = InputShape(1, 8, 10)  # one channel (channels-last quirk: keep_layout), small for speed

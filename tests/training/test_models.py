@@ -19,8 +19,8 @@ from protocol.layout import bn_indices
 from strategies.base import fedavg_kwargs
 from tasks.datasets import input_shape
 from tasks.models import build_model, get_weights, last_layers_param_names, set_weights
-from tests.conftest import local_simulation
 from tests.kit import make_client
+from tests.kit_runs import local_simulation
 
 LARGE = ("resnet18", "resnet18-bn", "vgg11")
 

@@ -1,5 +1,8 @@
-"""Issue 41 ("trust v2"): each defect found by probing the runner and the ServerApp, reproduced
-and refused. Every test here failed on the code before the fix (main 326ae59)."""
+"""Bad input to the runner and the ServerApp is refused, with a message that names it, before
+it can run under another meaning: an experiment file's [run-config] that would replace its
+strategies, ``--clients 0``, a screening rule the sampled clients cannot meet, a federation
+larger than the data, a results folder that cannot be written, an empty split, ``--resume
+--check``, and a run whose clients all failed."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from fl_app.config import ConfigError
 from fl_app.registry import validate_config
 from runner import checks, cli, sweep
 from tasks.datasets import DataUnavailableError, PartitionError
-from tests.conftest import non_split_files
+from tests.kit_runs import non_split_files
 
 SYNTH = ["--dataset", "synthetic", "--set", "model=logreg"]
 
@@ -193,7 +196,7 @@ def test_a_refusal_is_logged_once_and_stops_nothing_outside_a_simulation(shared_
 def test_flwr_run_with_200000_supernodes_is_refused_before_ray_starts():
     """It was refused after 176 s naming "64855 partitions"; now with the whole count, and the
     simulation process ends before Ray starts (its private temp folder has no session)."""
-    from tests.conftest import local_simulation
+    from tests.kit_runs import local_simulation
 
     lines: list[str] = []
     with local_simulation() as sim:
@@ -263,7 +266,7 @@ def test_a_run_whose_clients_all_failed_exits_non_zero(tmp_path, capsys):
     """Every client raises in round 1: the run stops with 0 rounds (its summary says why); the
     runner exited 0 ("stopped", a result) and now exits 1 naming the reason."""
     from fl_app.server.participation import RunAborted
-    from tests.conftest import serve_in_process
+    from tests.kit import serve_in_process
 
     cfg = {"dataset": "synthetic", "model": "logreg", "num-server-rounds": 2, "fraction-fit": 1.0,
            "min-available-clients": 3, "inject-faults": "raise:0,raise:1,raise:2", "tracking": "none",

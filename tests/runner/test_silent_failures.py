@@ -1,6 +1,6 @@
-"""Issue 29: trustworthy runs. Each test reproduces one way a user could lose work or draw a
-wrong conclusion without being told (resume, data folders, empty rounds, checkpoints,
-collected runs, experiment files, pre-launch checks)."""
+"""No silent loss of work, no silent wrong conclusion: each test checks one way a user could
+lose work or draw a wrong conclusion without being told (resume, data folders, empty rounds,
+checkpoints, collected runs, experiment files, pre-launch checks, deployment keys)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import pytest
 
 import run_simulation
 from runner import checks, cli
-from tests.conftest import ROOT, load_make_results
+from tests.kit import ROOT
+from tests.kit_runs import load_make_results
 
 
 def write_experiment(path: Path, body: str) -> Path:
@@ -208,10 +209,8 @@ def recorded_run(run_dir: Path, rounds_ok: list[bool]) -> Path:
     from flwr.server.strategy import FedAvg
 
     from fl_app.registry import validate_config
-    from tests.helpers_inprocess import RoundByRound
-
-    class Proxy:
-        cid = "0"
+    from tests.kit import Proxy
+    from tests.kit_server import RoundByRound
 
     cfg = validate_config({"dataset": "synthetic", "model": "logreg", "min-fit-fraction": 0.0})
     params = ndarrays_to_parameters([np.ones((2,), np.float32)])
@@ -220,7 +219,7 @@ def recorded_run(run_dir: Path, rounds_ok: list[bool]) -> Path:
     for rnd, ok in enumerate(rounds_ok, 1):
         recording.participation.sampled, recording.round_started = 1, 0.0
         recording.row = {"round": rnd, "num_clients": 0, "num_failures": 0, "num_rejected": 0, "num_dropped": 0}
-        reply = [(Proxy(), FitRes(Status(Code.OK, ""), params, 10, {}))]
+        reply = [(Proxy("0"), FitRes(Status(Code.OK, ""), params, 10, {}))]
         recording.aggregate_fit(rnd, reply if ok else [], [] if ok else [RuntimeError("client failed")])
         recording.evaluate(rnd, params)
     return run_dir

@@ -1,5 +1,5 @@
-"""Client state kept by the client classes before the method layer (commit f782df9:
-ScaffoldClient, FedDynClient, MoonClient, FedSMOOClient, FedBNClient) resumes on the one generic
+"""Client state kept by the per-method client classes that preceded the method layer
+(ScaffoldClient, FedDynClient, MoonClient, FedSMOOClient, FedBNClient) resumes on the one generic
 ``DriftClient``: a ``context.state`` holding their records, under their names and in the order they
 wrote them, is what the method's ``LocalUpdate`` starts its round from (a run's client-state mirror
 taken before the change continues as it would have)."""
@@ -25,7 +25,7 @@ from tasks.models import build_model, get_weights
 from tests.kit import make_client
 
 
-# The order each old client wrote its record in (its save_state call, f782df9:clients/<method>.py).
+# The order each old client wrote its record in (its save_state call in clients/<method>.py).
 def old_cv_order(model: nn.Module) -> list[str]:
     """ControlVariateClient's c_i and FedSMOOClient's mu_i: trainable parameters, state_dict order."""
     return cv_names_in_state_order(model, trainable_param_names(model, {}))

@@ -1,5 +1,4 @@
-"""Issue 53, item 1: a newcomer's first failure, the README's ``flwr run`` block without data,
-reported in one line that names the real cause.
+"""The README's ``flwr run`` block without data fails in one line that names the real cause.
 
 - the line's choice (``fl_app/server/data_source.py``): the hub unreachable and no data folder
   on a SuperLink this run started; a SuperLink an earlier run started (whose environment has
@@ -179,8 +178,8 @@ def test_the_readme_block_twice_without_then_with_data(tmp_path):
     again after ``export FL_DATA_DIR``, then the kill line. The first run's one line names the
     missing folder and the hub; the second's the SuperLink the first started, still without
     ``FL_DATA_DIR``; neither prints a traceback or a hub retry."""
-    from tests.conftest import find_data_dir
-    from tests.simulation_kit import base_env, copy_checkout, processes_with_env, shrink, stop_pids
+    from tests.kit import find_data_dir
+    from tests.kit_runs import base_env, copy_checkout, processes_with_env, shrink, stop_pids
 
     data = find_data_dir()
     if not (data / "mnist" / "train.parquet").exists():

@@ -1,4 +1,4 @@
-"""Issue 53, item 4: the smaller frictions a newcomer met, each checked where it can fail.
+"""What a run leaves behind and what the runner prints, each checked where it can fail:
 
 - a run refused by its start-up leaves no empty folder in the results;
 - ``keep-checkpoint = false`` drops a finished run's checkpoint (and its resume is refused);
@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 
 from tasks.datasets import PartitionError
-from tests.conftest import serve_in_process
-from tests.simulation_kit import tiny_parquet
+from tests.kit import serve_in_process
+from tests.kit_runs import tiny_parquet
 
 
 # ------------------------------------------------------------------ no empty run folders
@@ -90,7 +90,7 @@ def test_help_points_at_readme_sections_that_exist(capsys):
     import re
 
     from runner import cli
-    from tests.conftest import ROOT
+    from tests.kit import ROOT
 
     with pytest.raises(SystemExit):
         cli.parse_args(["--help"])
