@@ -263,7 +263,7 @@ def test_method_modules_do_not_borrow_from_sibling_methods():
     """A method module may import its package's shared modules, not another method's."""
     shared = {
         "strategies": {"strategies.base", "strategies.arrays", "strategies.server_opt", "strategies.parts",
-                       "strategies.control_variates", "strategies.declared"},
+                       "strategies.control_variates", "strategies.declared", "strategies.momentum"},
         # the terms the client methods share (each written once, with explicit coefficients)
         "clients": {"tasks.optim", "clients.control_variates", "clients.dynamic", "clients.gam",
                     "clients.sharpness", "clients.momentum"},
@@ -278,8 +278,8 @@ def test_method_modules_do_not_borrow_from_sibling_methods():
                 if target.startswith(package + ".") and target not in allowed:
                     bad.append(f"{module} imports {target}")
     # A method composes shared parts (clients.control_variates, .dynamic, .gam, .sharpness, .momentum and
-    # tasks.functional.terms on the client; strategies.parts, strategies.control_variates and
-    # strategies.declared on the server) and imports no other method: no exception.
+    # tasks.functional.terms on the client; strategies.parts, strategies.control_variates,
+    # strategies.momentum and strategies.declared on the server) and imports no other method: no exception.
     assert sorted(bad) == []
 
 
