@@ -150,25 +150,27 @@ def test_code_noise_is_drawn_per_batch_with_the_codes_std(small_mnist):
 
 
 def test_code_noise_reaches_both_execution_paths(small_mnist):
-    """A virtual client on a cohort node and the per-client node of the same partition prepare
-    the same augmentation callable (op noise, the same draws), which the cohort node keeps."""
+    """A virtual client prepared by a cohort node (``cohort_client.prepare``) and the per-client
+    node of the same partition prepare the same augmentation callable (op noise, the same draws)."""
     import torch
 
     from clients import fedavg
-    from fl_app.node.cohort_client import CohortClient
+    from fl_app.node.client_state import ClientStateStore
+    from fl_app.node.cohort_client import prepare
     from fl_app.node.drift_client import DriftClient
     from protocol.cohort import NUM_PARTITIONS
     from tasks.models import get_weights
     from tests.kit import fake_context
 
     cfg = code_noise_cfg(small_mnist)
-    node = CohortClient(cfg, fake_context(cfg), fedavg.UPDATE, 0, 1)
-    virtual = node.virtual_client(3, {NUM_PARTITIONS: 4})
     alone = DriftClient(fedavg.UPDATE, cfg, fake_context(cfg), 3, 4)
     weights = get_weights(alone.model)
-    jobs = [c.prepare_round(weights, {"server-round": 2}) for c in (virtual, alone)]
-    assert [j.augment.ops for j in jobs] == [("noise",), ("noise",)]
-    x = virtual.data[0][:64]
+    failed: dict = {}
+    (member,) = prepare(fedavg.UPDATE, cfg, [(3, weights, {NUM_PARTITIONS: 4, "server-round": 2})],
+                        ClientStateStore(), failed)
+    jobs = [member.job, alone.prepare_round(weights, {"server-round": 2})]
+    assert not failed and [j.augment.ops for j in jobs] == [("noise",), ("noise",)]
+    x = alone.data[0][:64]
     assert torch.equal(jobs[0].augment(x), jobs[1].augment(x)) and not torch.equal(jobs[0].augment(x), x)
 
 

@@ -256,21 +256,25 @@ def test_noise_is_seeded_and_reaches_the_local_split(small_mnist):
 
 
 def test_cohort_and_per_client_see_the_same_noisy_inputs(small_mnist):
-    """A virtual client on a cohort node and the per-client node of the same partition train
-    on the same inputs, noise and all."""
+    """A virtual client prepared by a cohort node (``cohort_client.prepare``) and the per-client
+    node of the same partition train on the same inputs, noise and all."""
     from clients import fedavg
-    from fl_app.node.cohort_client import CohortClient
+    from fl_app.node.client_state import ClientStateStore
+    from fl_app.node.cohort_client import prepare
     from fl_app.node.drift_client import DriftClient
     from protocol.cohort import NUM_PARTITIONS
+    from tasks.models import get_weights
     from tests.kit import fake_context
 
     cfg = validate_config({"data-dir": str(small_mnist), "partitioner": "iid", "noise-sigma": 0.3,
                            "model": "cnn-small"})
-    node = CohortClient(cfg, fake_context(cfg), fedavg.UPDATE, 0, 1)
     for pid in (0, 3):
-        virtual = node.virtual_client(pid, {NUM_PARTITIONS: 4})
         alone = DriftClient(fedavg.UPDATE, cfg, fake_context(cfg), pid, 4)
-        assert torch.equal(virtual.data[0], alone.data[0]) and torch.equal(virtual.data[1], alone.data[1])
+        failed: dict = {}
+        (member,) = prepare(fedavg.UPDATE, cfg, [(pid, get_weights(alone.model), {NUM_PARTITIONS: 4})],
+                            ClientStateStore(), failed)
+        assert not failed
+        assert torch.equal(member.job.x, alone.data[0]) and torch.equal(member.job.y, alone.data[1])
         clean = load_partition(PartitionSpec.from_config({**cfg, "noise-sigma": 0.0}, 4), pid)[0]
         assert not torch.equal(alone.data[0].cpu(), clean)
 
