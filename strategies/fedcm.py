@@ -12,4 +12,5 @@ from strategies.momentum import client_momentum_server
 class FedCMStrategy(DeclaredStrategy):
     """The unweighted mean update, stepped by eta_g, kept per local step as Delta and sent down."""
 
-    SERVER = client_momentum_server("FedCM", "fedcm")
+    SERVER = client_momentum_server("FedCM", server_lr="fedcm-server-lr", record="fedcm",
+                                    metric="fedcm_delta_norm")

@@ -10,4 +10,5 @@ from strategies.momentum import client_momentum_server
 class MoFedSAMStrategy(DeclaredStrategy):
     """The unweighted mean update, stepped by eta_g, kept per local step as Delta and sent down."""
 
-    SERVER = client_momentum_server("MoFedSAM", "mofedsam")
+    SERVER = client_momentum_server("MoFedSAM", server_lr="mofedsam-server-lr", record="mofedsam",
+                                    metric="mofedsam_delta_norm")

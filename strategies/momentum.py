@@ -14,15 +14,14 @@ from strategies.declared import ServerSide
 from strategies.parts import MOMENTUM_WHY, ClientMomentum
 
 
-def client_momentum_server(name: str, prefix: str) -> ServerSide:
-    """The declaration of a FedCM-style server named ``name``: its key ``<prefix>-server-lr``
-    (eta_g), its checkpoint record ``<prefix>`` and round metric ``<prefix>_delta_norm``.
-    Screening: clip and reject only (``MOMENTUM_WHY``); every client's own reply (a plain mean
-    over clients sums nothing)."""
-    key = f"{prefix}-server-lr"
+def client_momentum_server(name: str, server_lr: str, record: str, metric: str) -> ServerSide:
+    """The declaration of a FedCM-style server named ``name``: its key ``server_lr`` (eta_g),
+    its checkpoint record ``record`` and round metric ``metric`` (||Delta||). Screening: clip and
+    reject only (``MOMENTUM_WHY``); every client's own reply (a plain mean over clients sums
+    nothing)."""
     return ServerSide(
         name, screening=REPLIES_ONLY, reply_sums=None,
-        keys={key: Key(1.0, positive, "> 0 (global learning rate eta_g on the mean update)")},
+        keys={server_lr: Key(1.0, positive, "> 0 (global learning rate eta_g on the mean update)")},
         traffic=CLIENT_MOMENTUM,
-        parts={"momentum": ClientMomentum(key, record=prefix, metric=f"{prefix}_delta_norm")},
+        parts={"momentum": ClientMomentum(server_lr, record=record, metric=metric)},
         screening_why=MOMENTUM_WHY)
