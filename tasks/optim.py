@@ -9,27 +9,12 @@ them. AdamW's weight decay is the run's ``weight-decay`` (default 0), not PyTorc
 
 The clients run these optimisers as pure functions (``tasks.functional.optim``), their state
 (momentum buffer, Adam's moments) started afresh each round, as in the papers; this module
-checks the keys. ``build_optimizer`` builds ``torch.optim``'s own, the reference the functional
-ones equal; no product code or bench uses it.
+checks the keys (the tests hold the functional ones equal to ``torch.optim``'s own).
 """
 
 from __future__ import annotations
 
-import torch
-
 OPTIMIZERS = ("sgd", "adam", "adamw")
-
-
-def build_optimizer(params, cfg: dict, lr: float) -> torch.optim.Optimizer:
-    """The run's local optimiser over ``params`` at learning rate ``lr``."""
-    name = cfg["optimizer"]
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=cfg["momentum"], weight_decay=cfg["weight-decay"])
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=cfg["weight-decay"])
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=cfg["weight-decay"])
-    raise ValueError(f"run-config key 'optimizer' = {name!r} is invalid; valid choices: {', '.join(OPTIMIZERS)}")
 
 
 def optimizer_problem(optimizer: str, momentum: float) -> str | None:

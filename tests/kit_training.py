@@ -43,12 +43,25 @@ from tasks.functional import Hyper, Round, cohort_round, local_round, module_sta
 from tasks.functional.rounds import stack_trees, unstack_tree
 from tasks.functional.update import LocalUpdate
 from tasks.models import Classifier, build_model, get_weights, set_weights
-from tasks.optim import build_optimizer
+from tasks.optim import OPTIMIZERS
 from tests.kit import assert_cohort_client_equals
 
 # ---------------------------------------------------------------------- the hand-computation model
 X1 = torch.tensor([[1.0]], dtype=torch.float64)
 Y1 = torch.tensor([0])
+
+
+def build_optimizer(params, cfg: dict, lr: float) -> torch.optim.Optimizer:
+    """The run's local optimiser as ``torch.optim``'s own, over ``params`` at learning rate ``lr``: the
+    reference the product's functional optimisers (``tasks.functional.optim``) are held equal to."""
+    name = cfg["optimizer"]
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=cfg["momentum"], weight_decay=cfg["weight-decay"])
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=cfg["weight-decay"])
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=cfg["weight-decay"])
+    raise ValueError(f"run-config key 'optimizer' = {name!r} is invalid; valid choices: {', '.join(OPTIMIZERS)}")
 
 
 def weight(values) -> dict[str, torch.Tensor]:
