@@ -34,6 +34,7 @@ from clients import (
     fedgam_cv,
     fedgamma,
     fedlc,
+    fedlesam,
     fednova,
     fedntd,
     fedpgvc,
@@ -67,6 +68,7 @@ from strategies.feddyn import FedDynStrategy
 from strategies.fedexp import FedExPStrategy
 from strategies.fedgam_cv import FedGAMCVStrategy
 from strategies.fedgamma import FedGammaStrategy
+from strategies.fedlesam import FedLESAMStrategy
 from strategies.fednova import FedNovaStrategy
 from strategies.fedpgvc import FedPGVCStrategy
 from strategies.fedprox import FedProxStrategy
@@ -111,6 +113,7 @@ METHODS: dict[str, Method] = {
     "fedcm": Method(FedCMStrategy, fedcm.UPDATE),
     "mofedsam": Method(MoFedSAMStrategy, mofedsam.UPDATE),
     "fedgamma": Method(FedGammaStrategy, fedgamma.UPDATE),
+    "fedlesam": Method(FedLESAMStrategy, fedlesam.UPDATE),
 }
 
 
