@@ -33,6 +33,7 @@ from clients import (
     fedgam,
     fedgam_cv,
     fedgamma,
+    fedinit,
     fedlc,
     fedlesam,
     fednova,
@@ -114,6 +115,7 @@ METHODS: dict[str, Method] = {
     "mofedsam": Method(MoFedSAMStrategy, mofedsam.UPDATE),
     "fedgamma": Method(FedGammaStrategy, fedgamma.UPDATE),
     "fedlesam": Method(FedLESAMStrategy, fedlesam.UPDATE),
+    "fedinit": Method(DriftFedAvg, fedinit.UPDATE),
 }
 
 
