@@ -33,7 +33,9 @@ from clients import (
     fedgam,
     fedgam_cv,
     fedgamma,
+    fedinit,
     fedlc,
+    fedlesam,
     fednova,
     fedntd,
     fedpgvc,
@@ -67,6 +69,7 @@ from strategies.feddyn import FedDynStrategy
 from strategies.fedexp import FedExPStrategy
 from strategies.fedgam_cv import FedGAMCVStrategy
 from strategies.fedgamma import FedGammaStrategy
+from strategies.fedlesam import FedLESAMStrategy
 from strategies.fednova import FedNovaStrategy
 from strategies.fedpgvc import FedPGVCStrategy
 from strategies.fedprox import FedProxStrategy
@@ -111,6 +114,8 @@ METHODS: dict[str, Method] = {
     "fedcm": Method(FedCMStrategy, fedcm.UPDATE),
     "mofedsam": Method(MoFedSAMStrategy, mofedsam.UPDATE),
     "fedgamma": Method(FedGammaStrategy, fedgamma.UPDATE),
+    "fedlesam": Method(FedLESAMStrategy, fedlesam.UPDATE),
+    "fedinit": Method(DriftFedAvg, fedinit.UPDATE),
 }
 
 
