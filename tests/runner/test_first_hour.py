@@ -181,6 +181,9 @@ def fake_run(run_dir: Path, label_cfg: dict, accs: list[float], losses: list[flo
     return run_dir
 
 
+# 70 s through flwr run, marked slow to keep the default run under 10 minutes (the comparison files
+# themselves are checked in the default run by tests/runner/test_simulation.py)
+@pytest.mark.slow
 def test_grid_rows_reach_the_comparison_and_one_seed_prints_no_spread(tmp_path):
     runs = {
         "fedavg[learning-rate=0.01]": [fake_run(tmp_path / "a0", {}, [0.5, 0.6], [1.0, 0.9]),
