@@ -32,9 +32,10 @@ Liang, Zhang, Tan, Bai, ICLR 2023).
   a client's round by 1e-5 to 1e-1 relative, and a batched cohort's summation order moves it
   as much (measured on MNIST, 2 clients x 20 steps of 64: 0.1-1 relative). The term is the
   authors' (their loss.py), so it is kept; instead a cohort node trains FedDecorr's clients one
-  at a time (``unbatched``), each exactly its per-client round at the same number of torch
-  threads (another thread count alone moves a 503-step round by 0.22 relative, docs/running.md);
-  in float64 a batched cohort agrees to about 1e-10.
+  at a time (``unbatched``) at the per-client path's torch threads (``client-threads``: another
+  thread count alone moves a 503-step round by 0.22 relative) and replies in full, so that a
+  cohort run is its per-client run bit for bit (docs/running.md); in float64 a batched cohort
+  agrees to about 1e-10.
 
 Summary: client + β decorrelation of the batch's representations | server - | client state - |
 server state - | traffic -

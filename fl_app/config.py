@@ -160,9 +160,14 @@ GENERAL_KEYS: dict[str, Key] = {
     "execution": Key("auto", choices=EXECUTIONS),
     "num-virtual-clients": Key(0, non_negative, ">= 0 (clients N the cohort nodes host, set by run_simulation.py"
                                                 " for the cohort path; 0 = each node is one client)"),
+    # The torch threads a cohort node trains an ``unbatched`` update's client at (FedDecorr's, alone
+    # through local_round): the per-client path's, whose Ray actor runs at its CPU share
+    # (fl_app/node/node_client.py), so that such a client's round is its per-client round bit for bit.
+    "client-threads": Key(0, non_negative, ">= 0 (torch threads of a client a cohort node trains alone: the"
+                                           " per-client path's CPU share, set by run_simulation.py; 0 = the node's)"),
     # What a cohort node replies (fl_app/common/execution_checks.py, summed_replies): every client's
     # arrays (full), or one n_k-weighted mean and sums for its clients (sum: a server that declares
-    # REPLY_SUMS, screening none); auto = sum where it can, else full.
+    # REPLY_SUMS, screening none); auto = sum where it can (and the update is not unbatched), else full.
     "cohort-replies": Key("auto", choices=COHORT_REPLIES),
     # Precision on CUDA (tasks.models.set_cuda_precision), set by both apps before any model is
     # built; decided here, not inherited from PyTorch (TF32 on for cuDNN convolutions by default).

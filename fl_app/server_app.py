@@ -117,7 +117,7 @@ def _server_components(context: Context) -> ServerAppComponents:
     startup.begin()  # start-up step 1: decode the test split while the nodes start
     server = DriftServer(
         client_manager=client_manager, cfg=cfg, run_dir=run_dir, strategy=strategy, method_class=method.strategy,
-        startup=startup, evaluation=evaluation, resume_from=checkpoint,
+        unbatched=method.update.unbatched, startup=startup, evaluation=evaluation, resume_from=checkpoint,
         previous_rows=read_metrics(run_dir) if checkpoint is not None else None, execution=execution,
     )
     done = checkpoint.round if checkpoint is not None else 0

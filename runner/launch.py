@@ -190,6 +190,8 @@ class LocalSimulation:
         ``run_config``, ``fl_app/common/execution_path.py``) starts M cohort nodes instead, each with its
         share of the cores and GPUs (``cohort_resources``; ``cohort_nodes`` sets M)."""
         if int(run_config.get("num-virtual-clients", 0) or 0):
+            # a client the cohort trains alone runs at the per-client path's threads (client-threads)
+            run_config = {**run_config, "client-threads": max(1, int(cpus_per_client))}
             num_supernodes, cpus_per_client, gpus_per_client = self.cohort_resources(num_supernodes, cohort_nodes)
         federation = (
             f"num-supernodes={num_supernodes} client-resources-num-cpus={_toml_number(cpus_per_client)}"

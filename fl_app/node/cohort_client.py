@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -124,17 +125,34 @@ def train_cohort(jobs: list[Round]) -> list[RoundResult]:
     return [result.client(k) for k in range(len(jobs))]
 
 
-def train(jobs: list[Round]) -> list[RoundResult]:
+@contextmanager
+def torch_threads(threads: int):
+    """Run the block at ``threads`` torch threads (0: as the process is), then restore them."""
+    before = torch.get_num_threads()
+    if threads and threads != before:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
+def train(jobs: list[Round], client_threads: int = 0) -> list[RoundResult]:
     """Every prepared round of the node's clients: one ``cohort_round`` per group of
     ``same_cohort`` rounds (one group in a run: all clients share the round's settings), a
     client without data, or of an ``unbatched`` update (FedDecorr), alone through
     ``local_round`` (``cohort_round`` needs data; FedDecorr's rounds amplify the batched kernels'
-    other summation order)."""
+    other summation order). An unbatched client trains at ``client_threads`` torch threads
+    (``client-threads``: the per-client path's, set by the runner; 0 = the node's own): its
+    round is then its per-client round bit for bit, which another thread count's summation
+    order alone would move by up to 0.2 relative (clients/feddecorr.py)."""
     results: list[RoundResult | None] = [None] * len(jobs)
     groups: list[list[int]] = []
     for i, job in enumerate(jobs):
         if len(job.x) == 0 or job.update.unbatched:
-            results[i] = local_round(job)
+            with torch_threads(client_threads if job.update.unbatched else 0):
+                results[i] = local_round(job)
             continue
         for group in groups:
             if same_cohort(jobs[group[0]], job):
@@ -303,7 +321,7 @@ class CohortClient(NumPyClient):
         members = prepare(self.update, self.cfg, instructions, store, failed)
         wait_for_warm_up()
         prepared = time.perf_counter()
-        results = train([m.job for m in members]) if members else []
+        results = train([m.job for m in members], int(self.cfg["client-threads"])) if members else []
         train_share = (time.perf_counter() - prepared) / max(len(members), 1)
         on_device = SUM in config and sums_on_device(self.cfg, default_device(), self.device_sums)
         replies = finish(self.cfg, members, results, store, failed, on_host=not on_device)

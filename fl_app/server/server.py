@@ -100,11 +100,12 @@ class DriftServer(Server):
     per-client."""
 
     def __init__(self, *, client_manager: ClientManager, cfg: dict, run_dir: Path, strategy: Strategy | None = None,
-                 method_class: type | None = None, startup=None, evaluation=None,
+                 method_class: type | None = None, unbatched: bool = False, startup=None, evaluation=None,
                  resume_from: Checkpoint | None = None,
                  previous_rows: list[dict] | None = None, execution: Execution | None = None):
         super().__init__(client_manager=client_manager, strategy=strategy)
         self.method_class = method_class
+        self.unbatched = unbatched  # the method's update trains alone on a cohort node (summed_replies)
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.num_rounds = cfg["num-server-rounds"]  # of the whole run, resumed or not
@@ -144,7 +145,7 @@ class DriftServer(Server):
         drift columns' entries), or None when every client replies its own arrays: the
         per-client path, ``cohort-replies = "full"``, or a method or setting that cannot
         (``summed_replies``)."""
-        if not self.execution.cohort or not summed_replies(self.cfg, self.method_class):
+        if not self.execution.cohort or not summed_replies(self.cfg, self.method_class, self.unbatched):
             return None
         num_state, head, body = layout(self.cfg["model"], self.cfg["dataset"], self.method_class)
         return SumSpec(num_state, head, body)

@@ -401,6 +401,33 @@ def test_cohort_run_equals_per_client_run_within_tolerance(method, tmp_path, req
                     **(BN_TOLERANCE if bn else {})) == []
 
 
+def test_an_unbatched_method_replies_in_full_by_default():
+    """``cohort-replies = "auto"`` sums for a summing server, but not for an ``unbatched`` update
+    (FedDecorr's), whose run is then its per-client run exactly (next test); ``sum`` asked for
+    is still taken."""
+    from fl_app.common.execution_checks import summed_replies
+
+    strategy = get_method("feddecorr").strategy
+    assert strategy.REPLY_SUMS is not None
+    assert summed_replies(config(strategy="feddecorr"), strategy) is True
+    assert summed_replies(config(strategy="feddecorr"), strategy, unbatched=True) is False
+    assert summed_replies(config(strategy="feddecorr", **{"cohort-replies": "sum"}), strategy, unbatched=True)
+
+
+def test_an_unbatched_methods_cohort_run_is_its_per_client_run_bit_for_bit(tmp_path, mnist_sample):
+    """FedDecorr (``unbatched``) on real MNIST, ``cnn-small``, float32: 2 rounds of 2 of 4 clients
+    on one cohort node with the default ``cohort-replies`` against 4 per-client nodes: metrics.csv
+    identical in every column but times. Its clients train alone (at the per-client path's threads,
+    tests/training/test_cohort_mnist.py) and reply in full, so the server's mean is the per-client
+    one; a node's summed reply rounded the mean otherwise, and FedDecorr's round 2 amplified it."""
+    keys = {"dataset": "mnist", "data-dir": str(mnist_sample(1200, 200)), "model": "cnn-small",
+            "num-server-rounds": 2, "batch-size": 32}
+    per_client = per_client_run("feddecorr", tmp_path, **keys)
+    cohort = cohort_run("feddecorr", tmp_path, **keys)
+    assert [r["num_clients"] for r in cohort] == [2, 2]
+    assert compared(per_client, cohort, exact=True) == []
+
+
 @pytest.mark.parametrize("method", ["fedavg", "scaffold", pytest.param("fedbn", marks=pytest.mark.slow)])
 def test_cohort_of_one_client_equals_per_client_exactly(method, tmp_path, request):
     """One of 4 clients a round, on one of 2 cohort nodes: a cohort of one runs unbatched, the
@@ -551,6 +578,23 @@ def test_runner_sets_the_virtual_clients_of_a_cohort_run():
     assert "num-virtual-clients" not in per_client and (execution.path, execution.nodes) == (PER_CLIENT, 6)
     with pytest.raises(ConfigError, match="'num-virtual-clients' = 3 is set by the runner"):
         execution_for({**raw, "num-virtual-clients": 3}, 6)
+
+
+@pytest.mark.parametrize("cpus_per_client, threads", [(1, 1), (0.5, 1), (2, 2)])
+def test_a_cohort_launch_trains_alone_at_the_per_client_paths_threads(monkeypatch, tmp_path, cpus_per_client,
+                                                                     threads):
+    """A cohort run is launched with ``client-threads`` = the per-client actor's torch threads
+    (its CPU share, ``match_threads_to_cpu_share``), which an unbatched client then trains at;
+    a per-client run is launched without it."""
+    import runner.launch as launch
+
+    sent = []
+    monkeypatch.setattr(launch, "stream_flwr_run", lambda app, fed, cfg, *a, **k: sent.append(cfg) or 0)
+    sim = launch.LocalSimulation(home=tmp_path)
+    sim.managed = type("Managed", (), {"refresh": lambda self: None})()
+    sim.run({"num-virtual-clients": 4}, num_supernodes=4, cpus_per_client=cpus_per_client)
+    sim.run({"num-virtual-clients": 0}, num_supernodes=4, cpus_per_client=cpus_per_client)
+    assert sent[0]["client-threads"] == threads and "client-threads" not in sent[1]
 
 
 def test_check_states_each_runs_path_and_refuses_a_cohort_that_cannot_run(tmp_path, capsys, monkeypatch):

@@ -73,23 +73,58 @@ def test_cohort_equals_per_client_on_mnist(method, digits):
                                     float64=wide)
 
 
-def test_a_cohort_node_trains_fedDecorr_exactly_as_its_per_client_round(digits):
-    """FedDecorr's update is ``unbatched``: a cohort node (``fl_app.node.cohort_client.train``)
-    trains its clients one at a time, so on real data, in float32, each client's round is its
-    per-client round bit for bit (batched, the paths parted by 4e-3 relative here and moved a
-    2-round run's accuracy from 0.6175 to 0.6040)."""
+def unbatched_methods() -> list[str]:
+    """The methods whose update a cohort node trains one client at a time (``unbatched``)."""
+    from fl_app.registry import get_method
+
+    return [m for m in method_names() if get_method(m).update.unbatched]
+
+
+def test_fedDecorr_is_declared_unbatched():
+    assert "feddecorr" in unbatched_methods()
+
+
+@pytest.mark.parametrize("method", unbatched_methods())
+def test_a_cohort_node_trains_an_unbatched_method_exactly_as_its_per_client_round(method, mnist_sample):
+    """An ``unbatched`` update (FedDecorr's) on a 2-round run's setting: real MNIST, float32,
+    ``cnn-small``, one cohort node hosting 4 clients (40 steps of 8 images each). The cohort node
+    (``fl_app.node.cohort_client.train``) runs at 2 torch threads, as one cohort node on this
+    2-core machine does, while a per-client Ray actor runs at its CPU share, 1 thread: with
+    ``client-threads`` = 1 (what the runner sets, ``runner/launch.py``) each client's round is its
+    per-client round at 1 thread bit for bit, weights and metrics. Without it (0: the node's 2
+    threads) the thread count's summation order alone moves FedDecorr's rounds by 0.02-1.1
+    relative (measured), which the last assertion checks, so that this case can tell the two."""
+    import pyarrow.parquet as pq
+
     from fl_app.node.cohort_client import train
+    from tasks.datasets import DATASETS, decode_images, normalise
     from tasks.functional import local_round
 
-    x, y = digits
-    per = STEPS * BATCH
-    keys = {"dataset": "mnist", "model": "cnn-small", "batch-size": BATCH, "learning-rate": 0.05}
-    clients = [make_client("feddecorr", keys, x[k * per:(k + 1) * per], y[k * per:(k + 1) * per], partition=k,
-                            num_partitions=CLIENTS) for k in range(CLIENTS)]
+    clients_n, steps, batch = 4, 40, 8
+    per = steps * batch
+    table = pq.read_table(mnist_sample(clients_n * per, 10) / "mnist" / "train.parquet")
+    info = DATASETS["mnist"]
+    table = table.take(np.random.default_rng(0).permutation(table.num_rows))  # the sample is sorted by label
+    x, y = normalise(decode_images(table.column(info.image_column).to_pylist(), None, info),
+                     np.array(table.column(info.label_column)), info)
+    keys = {"dataset": "mnist", "model": "cnn-small", "batch-size": batch, "learning-rate": 0.05}
+    clients = [make_client(method, keys, x[k * per:(k + 1) * per], y[k * per:(k + 1) * per], partition=k,
+                            num_partitions=clients_n) for k in range(clients_n)]
     weights, config = initial_weights(clients[0]), {"server-round": 3}
-    together = train([c.prepare_round(weights, config) for c in clients])
-    for client, node in zip(clients, together):
-        alone = local_round(client.prepare_round(weights, config))
-        for name, value in alone.params.items():
-            assert torch.equal(node.params[name], value), name
-        assert node.metrics == alone.metrics
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = [local_round(c.prepare_round(weights, config)) for c in clients]
+        torch.set_num_threads(2)
+        node = train([c.prepare_round(weights, config) for c in clients], client_threads=1)
+        assert torch.get_num_threads() == 2  # the node's own threads restored
+        node_threads = train([c.prepare_round(weights, config) for c in clients], client_threads=0)
+    finally:
+        torch.set_num_threads(before)
+    for k, (a, b) in enumerate(zip(alone, node)):
+        for name, value in a.params.items():
+            assert torch.equal(b.params[name], value), f"client {k} {name}"
+        assert b.metrics == a.metrics
+    moved = max(float((b.params[n] - a.params[n]).abs().max() / a.params[n].abs().max())
+                for a, b in zip(alone, node_threads) for n in a.params)
+    assert moved > 1e-3
