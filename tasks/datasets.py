@@ -180,7 +180,7 @@ def normalise_tensors(images: torch.Tensor, labels: torch.Tensor,
         images = images[:, None]
     else:  # colour: N x H x W x C
         images = images.permute(0, 3, 1, 2)
-    x = images.float().div_(255.0)
+    x = images.to(torch.get_default_dtype()).div_(255.0)  # float32 unless a float64 check changed it
     mean = torch.tensor(info.mean, device=x.device).view(1, -1, 1, 1)
     std = torch.tensor(info.std, device=x.device).view(1, -1, 1, 1)
     x = (x - mean) / std

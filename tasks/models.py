@@ -282,7 +282,7 @@ def cached_model(name: str, shape: InputShape, device: torch.device, slot: str =
     Callers load the full state into it before use, so reuse never leaks weights between
     clients; it only saves rebuilding modules.
     """
-    key = (name, shape, str(device), slot)
+    key = (name, shape, str(device), slot, torch.get_default_dtype())
     if key not in _MODEL_CACHE:
         _MODEL_CACHE[key] = build_model(name, shape).to(device)
     return _MODEL_CACHE[key]
