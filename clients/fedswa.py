@@ -29,9 +29,9 @@ Heterogeneous Data via Momentum-Based Stochastic Controlled Weight Averaging", I
   `update_FedSWA` and `apply_weights_avg`), which ran the paper's tables; the paper's reading is
   `fedswa-rho = 0.1`, `fedswa-lr-multiplier = 1`, `fedswa-alpha = 1.5` (its Sec. 6.1 settings,
   read through secondary summaries of the paper, whose own text was not readable here). Where they
-  differ: (1) the code hard-codes ρ = 0 (`rho=0`, its `--rho` unused), so the rate falls to 0 at
+  differ: (1) the code hard-codes ρ = 0 (its local `rho` is set to 0; `--rho` unused), so the rate falls to 0 at
   the round's end, where the paper's falls to ρ η = 0.1 η; (2) the code's SGD runs at 2 × the
-  schedule (`lr=lr*2`: m = 2, mean rate ≈ η), the paper's at η (m = 1); (3) the code's server is
+  schedule (built with `2 * lr`: m = 2, mean rate ≈ η), the paper's at η (m = 1); (3) the code's server is
   `w_t + lg · mean(w_i − w_t)` with `--lg` 1.0 (never set by the README's commands), so α = 1, the
   plain mean, where the paper's EMA/lookahead step takes α = 1.5. (4) The code also multiplies
   float buffers (BatchNorm statistics) by its `lg`; here buffers take the plain mean whatever α.
