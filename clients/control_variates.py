@@ -16,7 +16,7 @@ from protocol.traffic import CONTROL_VARIATES
 from tasks.functional.core import Hyper, Tree, tree_norm
 from tasks.functional.terms import POST_STEP, Term, constant
 from tasks.functional.update import Arrays
-from tasks.optim import effective_steps
+from tasks.optim import effective_steps, scheduled_steps
 
 
 def control_variate_begin(w_t: Tree, state: dict, server: dict, hp: Hyper) -> dict:
@@ -29,13 +29,18 @@ def control_variate_begin(w_t: Tree, state: dict, server: dict, hp: Hyper) -> di
 
 
 def control_variate_update(w_t: Tree, params: Tree, c: Tree, ci: Tree, steps: int, lr: float,
-                           momentum: float) -> Tree:
+                           momentum: float, factors: torch.Tensor | None = None) -> Tree:
     """SCAFFOLD option II: c_i+ = c_i - c + (w_t - w) / (lr K_eff), K_eff the momentum-corrected
     count of the round's ``steps`` (``tasks.optim.effective_steps``); c_i unchanged after no step.
-    The one place of this rule: SCAFFOLD, FedPVR and FedGAM-CV end their rounds with it."""
+    With an in-round schedule (``factors``, the steps' factors on lr: FedMoSWA's), lr K_eff is
+    the scheduled rates' sum, lr ``tasks.optim.scheduled_steps`` (sum_k eta_k without momentum).
+    The one place of this rule: SCAFFOLD, FedPVR, FedGAM-CV and FedMoSWA end their rounds with it."""
     if steps == 0:  # no local step: nothing was learned about this client's direction
         return {n: v.clone() for n, v in ci.items()}
-    scale = 1.0 / (lr * effective_steps(steps, momentum))
+    if factors is None:
+        scale = 1.0 / (lr * effective_steps(steps, momentum))
+    else:
+        scale = 1.0 / (lr * scheduled_steps(factors[:steps].tolist(), momentum))
     return {n: ci[n] - c[n] + (w_t[n] - params[n]) * scale for n in ci}
 
 

@@ -36,6 +36,7 @@ from clients import (
     fedinit,
     fedlc,
     fedlesam,
+    fedmoswa,
     fednova,
     fedntd,
     fedpgvc,
@@ -46,6 +47,7 @@ from clients import (
     fedsmoo,
     fedsol,
     fedspeed,
+    fedswa,
     mofedsam,
     moon,
     ri_fedavg,
@@ -70,12 +72,14 @@ from strategies.fedexp import FedExPStrategy
 from strategies.fedgam_cv import FedGAMCVStrategy
 from strategies.fedgamma import FedGammaStrategy
 from strategies.fedlesam import FedLESAMStrategy
+from strategies.fedmoswa import FedMoSWAStrategy
 from strategies.fednova import FedNovaStrategy
 from strategies.fedpgvc import FedPGVCStrategy
 from strategies.fedprox import FedProxStrategy
 from strategies.fedpvr import FedPVRStrategy
 from strategies.fedsmoo import FedSMOOStrategy
 from strategies.fedspeed import FedSpeedStrategy
+from strategies.fedswa import FedSWAStrategy
 from strategies.fedyogi import FedYogiStrategy
 from strategies.mofedsam import MoFedSAMStrategy
 from strategies.scaffold import ScaffoldStrategy
@@ -116,6 +120,8 @@ METHODS: dict[str, Method] = {
     "fedgamma": Method(FedGammaStrategy, fedgamma.UPDATE),
     "fedlesam": Method(FedLESAMStrategy, fedlesam.UPDATE),
     "fedinit": Method(DriftFedAvg, fedinit.UPDATE),
+    "fedswa": Method(FedSWAStrategy, fedswa.UPDATE),
+    "fedmoswa": Method(FedMoSWAStrategy, fedmoswa.UPDATE),
 }
 
 

@@ -13,8 +13,14 @@ declaration (``strategies.declared.ServerSide``), never by inheriting another me
   is allowed. Algorithm 1's mean is the unweighted one.
 - ``ControlVariates`` (live: ``ServerControlVariates``): SCAFFOLD's c, one array per parameter
   that carries a control variate (state_dict order), sent as ``c`` after the weights, moved by
-  the replies' ``delta_c``: c ← c + (1/D) Σ_{i∈S_t} Δc_i, D = N (``total``, SCAFFOLD) or
-  |S_t| (``participants``, FedGAM-CV's Eq. 22).
+  the replies' ``delta_c``: c ← c + (γ/D) Σ_{i∈S_t} Δc_i, D = N (``total``, SCAFFOLD) or
+  |S_t| (``participants``, FedGAM-CV's Eq. 22), γ = 1 unless a key names it (FedMoSWA's
+  momentum m ← m + γ (1/|S_t|) Σ (c_i⁺ − m), whose first update may take γ = 1:
+  ``FIRST_MEAN``).
+- ``Lookahead`` (live: ``ServerLookahead``): FedSWA's and FedMoSWA's server step, which forms
+  the model: w_{t+1} = w_t + α ((1/|S_t|) Σ_{i∈S_t} w_i − w_t) on the trainable entries
+  (buffers: the plain mean); α = 1 is the plain mean (``lookahead``, the rule FedCM's
+  ``ClientMomentum`` forms its model with too, α = η_g).
 
 - ``ClientMomentum`` (live: ``GlobalDirection``): FedCM's and MoFedSAM's server, which forms
   the model from the replies' mean update and keeps that update, per local step, as the
@@ -220,16 +226,27 @@ def cv_shapes(model: nn.Module, cfg: dict, select: Names) -> list[tuple]:
     return [tuple(state[n].shape) for n in cv_names_in_state_order(model, select(model, cfg))]
 
 
+FIRST_MEAN, ZERO_START = "first-mean", "zero"
+STARTS = (FIRST_MEAN, ZERO_START)
+"""How a ``ControlVariates`` part with a gain starts: ``first-mean``, its first update takes
+γ = 1 (c becomes the first round's mean Δc: the FedSWA authors' ``apply_weights_SCAF``, whose
+empty ``ps_c`` is set to that mean); ``zero``, c = 0 and every update takes γ."""
+
+
 @dataclass(frozen=True)
 class ControlVariates:
     """Declares SCAFFOLD's c (module docstring): ``scope`` names the parameters that carry a
     control variate (the same function as the client's ``LocalUpdate`` arrays), ``divisor`` the
-    D of its update, unless ``divisor_key`` names the run-config key that chooses it. Option II
-    control variates need a step linear in the gradient: Adam and AdamW are refused."""
+    D of its update, unless ``divisor_key`` names the run-config key that chooses it;
+    ``gain_key`` the key of its γ (1 when empty) and ``start_key`` the key of how it starts
+    (``STARTS``; ``zero`` when empty). Option II control variates need a step linear in the
+    gradient: Adam and AdamW are refused."""
 
     scope: Names = trainable_param_names
     divisor: str = "total"
     divisor_key: str = ""
+    gain_key: str = ""
+    start_key: str = ""
     SENDS: ClassVar[tuple[str, ...]] = ("c",)
     READS: ClassVar[tuple[str, ...]] = ("delta_c",)
     AGGREGATES: ClassVar[bool] = False
@@ -239,17 +256,20 @@ class ControlVariates:
             raise ValueError(f"cv_divisor {self.divisor!r} is not one of {DIVISORS}")
 
     def keys_read(self) -> tuple[str, ...]:
-        return (self.divisor_key,) if self.divisor_key else ()
+        return tuple(k for k in (self.divisor_key, self.gain_key, self.start_key) if k)
 
     def check(self, cfg: dict) -> None:
         refuse_nonlinear_optimiser(cfg)
 
     def build(self, cfg: dict, model: nn.Module) -> ServerControlVariates:
         divisor = cfg.get(self.divisor_key, self.divisor) if self.divisor_key else self.divisor
-        return self.part(cv_shapes(model, cfg, self.scope), divisor)
+        gain = float(cfg[self.gain_key]) if self.gain_key else 1.0
+        full_first = bool(self.start_key) and cfg[self.start_key] == FIRST_MEAN
+        return self.part(cv_shapes(model, cfg, self.scope), divisor, gain, full_first)
 
-    def part(self, shapes: list[tuple], divisor: str | None = None) -> ServerControlVariates:
-        return ServerControlVariates(shapes, divisor or self.divisor)
+    def part(self, shapes: list[tuple], divisor: str | None = None, gain: float = 1.0,
+             full_first: bool = False) -> ServerControlVariates:
+        return ServerControlVariates(shapes, divisor or self.divisor, gain, full_first)
 
 
 class TravellingState(Part):
@@ -278,29 +298,44 @@ class TravellingState(Part):
 
 
 class ServerControlVariates(TravellingState):
-    """SCAFFOLD's server control variate c (module docstring); round metric ``cv_norm`` = ||c||."""
+    """SCAFFOLD's server control variate c (module docstring); round metric ``cv_norm`` = ||c||.
+    ``gain`` is γ; with ``full_first`` the first update takes γ = 1 (``FIRST_MEAN``), and whether
+    it has happened is checkpointed (``cv-started``), so a resumed run steps as the uninterrupted one."""
 
     STATE, SENT, READ, RECORD = "c", "c", "delta_c", "cv-c"
 
-    def __init__(self, shapes: list[tuple], divisor: str = "total"):
+    def __init__(self, shapes: list[tuple], divisor: str = "total", gain: float = 1.0, full_first: bool = False):
         if divisor not in DIVISORS:
             raise ValueError(f"cv_divisor {divisor!r} is not one of {DIVISORS}")
-        self.divisor = divisor
+        self.divisor, self.gain, self.full_first = divisor, gain, full_first
+        self.started = False  # whether c has been updated once (read with full_first only)
         self.c = [np.zeros(s, dtype=np.float32) for s in shapes]
 
     def __repr__(self) -> str:
         return f"ServerControlVariates(cv_divisor={self.divisor!r})"
 
     def update(self, replies: Replies) -> None:
-        """c ← c + (1/D) Σ_i Δc_i over the replies' ``delta_c`` (float64 sums, float32 c), D =
-        |S_t| (``replies.clients``: a reply may be a sum of several) or N (when known)."""
+        """c ← c + (γ/D) Σ_i Δc_i over the replies' ``delta_c`` (float64 sums, float32 c), D =
+        |S_t| (``replies.clients``: a reply may be a sum of several) or N (when known); γ = 1 on the
+        first update with ``full_first``."""
         deltas = [groups["delta_c"] for groups in replies.up]
         d = replies.clients if self.divisor == "participants" else (replies.total or replies.clients)
-        self.c = [(c.astype(np.float64) + sum(x[i].astype(np.float64) for x in deltas) / d).astype(np.float32)
+        gain = 1.0 if self.full_first and not self.started else self.gain
+        self.c = [(c.astype(np.float64) + gain * sum(x[i].astype(np.float64) for x in deltas) / d).astype(np.float32)
                   for i, c in enumerate(self.c)]
+        self.started = True
 
     def metrics(self) -> dict[str, float]:
         return {"cv_norm": norm(self.c)}
+
+    def records(self) -> dict[str, list[np.ndarray]]:
+        own = super().records()
+        return {**own, "cv-started": [np.array([int(self.started)])]} if self.full_first else own
+
+    def restore(self, state: Mapping[str, list]) -> None:
+        super().restore(state)
+        if self.full_first and "cv-started" in state:
+            self.started = bool(np.asarray(state["cv-started"][0]).reshape(-1)[0])
 
 
 def refuse_nonlinear_optimiser(cfg: dict) -> None:
@@ -366,17 +401,9 @@ class GlobalDirection(TravellingState):
         return {}  # the replies carry the weights alone
 
     def aggregate(self, replies: Replies) -> list[np.ndarray]:
-        """w_t + η_g Δ̄_t on the trainable entries, the plain mean of the replies on the buffers."""
-        new, mean_update = [], []
-        for i, ref in enumerate(replies.w_t):
-            mean = np.stack([w[i].astype(np.float64) for w in replies.weights]).mean(axis=0)
-            if self.trainable[i]:
-                step = mean - ref.astype(np.float64)
-                mean_update.append(step)
-                new.append(cast_like(ref.astype(np.float64) + self.server_lr * step, ref))
-            else:
-                new.append(cast_like(mean, ref))
-        self.mean_update = mean_update
+        """w_t + η_g Δ̄_t on the trainable entries, the plain mean of the replies on the buffers
+        (``lookahead``)."""
+        new, self.mean_update = lookahead(replies, self.trainable, self.server_lr)
         return new
 
     def update(self, replies: Replies) -> None:
@@ -391,3 +418,57 @@ class GlobalDirection(TravellingState):
 
     def metrics(self) -> dict[str, float]:
         return {self.spec.metric: norm(self.delta)}
+
+
+# ------------------------------------------------------------------ FedSWA's lookahead step
+def lookahead(replies: Replies, trainable: list[bool], rate: float) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(the new model, the mean update Δ̄ on the trainable entries): w_t + rate Δ̄ with
+    Δ̄ = (1/|replies|) Σ_i (w_i − w_t) on the trainable entries, the plain mean of the replies on
+    the buffers, each array in its own dtype (float64 sums). The one place of this rule: FedCM's
+    server step (rate η_g) and FedSWA's and FedMoSWA's (rate α)."""
+    new, mean_update = [], []
+    for i, ref in enumerate(replies.w_t):
+        mean = np.stack([w[i].astype(np.float64) for w in replies.weights]).mean(axis=0)
+        if trainable[i]:
+            step = mean - ref.astype(np.float64)
+            mean_update.append(step)
+            new.append(cast_like(ref.astype(np.float64) + rate * step, ref))
+        else:
+            new.append(cast_like(mean, ref))
+    return new, mean_update
+
+
+@dataclass(frozen=True)
+class Lookahead:
+    """Declares FedSWA's server step (module docstring): ``rate`` the run-config key of α, the
+    step from w_t towards the plain mean of the replies (1: the mean itself)."""
+
+    rate: str
+    SENDS: ClassVar[tuple[str, ...]] = ()
+    READS: ClassVar[tuple[str, ...]] = ()
+    AGGREGATES: ClassVar[bool] = True  # w_t + α times the unweighted mean update
+
+    def keys_read(self) -> tuple[str, ...]:
+        return (self.rate,)
+
+    def check(self, cfg: dict) -> None:
+        """Nothing refused."""
+
+    def build(self, cfg: dict, model: nn.Module) -> ServerLookahead:
+        return self.part(trainable_mask(model), cfg[self.rate])
+
+    def part(self, trainable: list[bool], rate: float) -> ServerLookahead:
+        return ServerLookahead(self, trainable, rate)
+
+
+class ServerLookahead(Part):
+    """The lookahead step w_t + α (mean − w_t) (module docstring); it keeps no state."""
+
+    def __init__(self, spec: Lookahead, trainable: list[bool], rate: float):
+        self.spec, self.trainable, self.rate = spec, trainable, rate
+
+    def __repr__(self) -> str:
+        return f"ServerLookahead({self.spec.rate}={self.rate})"
+
+    def aggregate(self, replies: Replies) -> list[np.ndarray]:
+        return lookahead(replies, self.trainable, self.rate)[0]

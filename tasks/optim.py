@@ -43,6 +43,18 @@ def effective_steps(steps: int, momentum: float) -> float:
     return (steps - b * (1 - b**steps) / (1 - b)) / (1 - b)
 
 
+def scheduled_steps(factors, momentum: float) -> float:
+    """sum_{s=1..K} f_s (1 - beta^s) / (1 - beta): how many plain lr-sized steps K steps of
+    heavy-ball SGD take along a constant gradient when step s runs at rate f_s lr (an in-round
+    schedule, ``tasks.functional.update.LocalUpdate.lr_schedule``): step s moves by
+    f_s lr g (1 + beta + ... + beta^(s-1)). With every f_s = 1 it is ``effective_steps``, and
+    without momentum the plain sum of the factors (FedMoSWA's sum_k eta_k / eta)."""
+    b = float(momentum)
+    if b == 0:
+        return float(sum(float(f) for f in factors))
+    return float(sum(float(f) * (1 - b**s) / (1 - b) for s, f in enumerate(factors, start=1)))
+
+
 def linear_step_problem(optimizer: str, method: str) -> str | None:
     """Why option II control variates cannot run with this optimiser, or None.
 

@@ -37,10 +37,10 @@ import torch
 from torch import nn
 from torch.func import vmap
 
-from tasks.functional.core import Hyper, Tree, clipped
+from tasks.functional.core import Hyper, Tree, clipped, keep_layout
 from tasks.functional.optim import opt_init, opt_step
 from tasks.functional.terms import DECAY, GRADIENT, POST_STEP, add_terms
-from tasks.functional.update import LocalUpdate, Round
+from tasks.functional.update import LR_FACTORS, LocalUpdate, Round
 from tasks.train import batches, min_train_batch
 
 
@@ -66,7 +66,10 @@ def make_step(update: LocalUpdate, model: nn.Module, hp: Hyper, t: int) -> Calla
     ``optimizer.step`` in the authors' codes; then its decay terms (FedDyn's alpha w, which
     those codes add through SGD's weight_decay, after the clip); then the optimiser's step,
     weight decay and momentum; then its post-step terms, times -lr (SCAFFOLD as NIID-Bench
-    runs it) (``tasks.functional.terms``)."""
+    runs it) (``tasks.functional.terms``). With an ``lr_schedule`` (``ctx[LR_FACTORS]``, one
+    factor per step of the client), that whole move from w is scaled by the step's factor s_t:
+    w' = w + s_t (step(w) - w), the step at rate s_t lr, since each optimiser here moves linearly
+    in its rate (``tasks.functional.update``)."""
     clips = update.clips(hp)
 
     def step(params, buffers, carry, opt_state, x, y, w_t, ctx):
@@ -77,8 +80,32 @@ def make_step(update: LocalUpdate, model: nn.Module, hp: Hyper, t: int) -> Calla
         d = add_terms(d, update.terms, DECAY, params, w_t, ctx, hp)
         new_params, new_opt = opt_step(params, d, opt_state, hp, t)
         new_params = add_terms(new_params, update.terms, POST_STEP, params, w_t, ctx, hp, scale=-hp.lr)
+        if LR_FACTORS in ctx:
+            s_t = ctx[LR_FACTORS][t - 1]
+            new_params = {n: keep_layout(p + s_t * (new_params[n] - p), p) for n, p in params.items()}
         return new_params, new_buffers, new_carry, new_opt, loss
     return step
+
+
+def with_lr_factors(update: LocalUpdate, contexts: list[dict], steps: Sequence[int], hp: Hyper,
+                    like: torch.Tensor) -> list[dict]:
+    """``contexts`` with each client's ``lr_schedule`` factors under ``LR_FACTORS`` (dtype and
+    device of ``like``), padded with zeros to the cohort's longest round so that they stack (a
+    client never takes a step past its own K); unchanged when every client's schedule is flat
+    (None), and ones for a flat client beside others that are not."""
+    if update.lr_schedule is None:
+        return contexts
+    factors = [update.lr_schedule(k, hp) for k in steps]
+    if all(f is None for f in factors):
+        return contexts
+    longest = max(steps)
+    rows = [[1.0] * k if f is None else list(f) for f, k in zip(factors, steps)]
+    for row, k in zip(rows, steps):
+        if len(row) != k:
+            raise ValueError(f"{update.name}'s lr_schedule gave {len(row)} factors for a round of {k} steps")
+    return [{**ctx, LR_FACTORS: torch.tensor(row + [0.0] * (longest - len(row)), dtype=like.dtype,
+                                             device=like.device)}
+            for ctx, row in zip(contexts, rows)]
 
 
 def local_round(job: Round) -> RoundResult:
@@ -225,6 +252,7 @@ def cohort_round(update: LocalUpdate, model: nn.Module, params: Tree, buffers: T
     if len(servers) != k_all or len(augments) != k_all:
         raise ValueError(f"cohort of {k_all} clients given {len(servers)} server dicts and {len(augments)} augments")
     contexts = [update.begin(unstack_tree(w_t, k), states[k], servers[k], hp) for k in range(k_all)]
+    contexts = with_lr_factors(update, contexts, [len(steps) for steps in schedule], hp, next(iter(w_t.values())))
     carry = stack_trees([update.initial_carry(unstack_tree(w_t, k), contexts[k], hp) for k in range(k_all)])
     ctx = stack_trees(contexts)
     opt_state = opt_init(params, hp)

@@ -28,6 +28,14 @@ declaration says, besides the three step functions of ``tasks.functional``'s con
 - ``terms``: what the method adds to its own gradient, each term once with its coefficient and
   its place in the step (``tasks.functional.terms``: before the clip, or after it as weight
   decay); ``clip_key``: the method's own clip-norm key, applied where ``local-clip-norm`` is.
+- ``lr_schedule``: the learning rate within the round (FedSWA's linear decay), as
+  ``lr_schedule(K, hp)``, the factors s_1..s_K on the round's rate for a client whose round has K
+  local steps, or None for a constant rate (the default, and what a schedule returns when it is
+  flat, so a flat schedule runs the constant-rate loop exactly). Step t then moves the weights
+  by s_t times the optimiser's step at the round's rate (``tasks.functional.rounds.make_step``),
+  which is the optimiser's step at rate s_t η: SGD (with momentum), Adam and AdamW all move
+  linearly in their rate. The factors reach ``ctx`` under ``LR_FACTORS`` (``end`` reads them
+  there: FedMoSWA's c_i⁺ divides by their sum).
 - ``unbatched``: a cohort trains this update's clients one at a time (each a cohort of one,
   exactly its per-client round), for an update too ill-conditioned for batched kernels' other
   summation order (FedDecorr).
@@ -63,6 +71,12 @@ Begin = Callable[[Tree, dict, dict, Hyper], dict]
 Direction = Callable[..., tuple[Tree, Tree, Tree, torch.Tensor]]
 End = Callable[..., tuple[dict, dict, dict]]
 Names = Callable[[nn.Module, Mapping], Sequence[str]]
+Schedule = Callable[[int, Hyper], "Sequence[float] | None"]
+
+LR_FACTORS = "lr-factors"
+"""The ``ctx`` entry of an update with an ``lr_schedule``: the client's factors s_1..s_K on the
+round's learning rate (a 1-d tensor; the loop adds it after ``begin``, only when the schedule is
+not flat)."""
 
 
 def no_context(w_t: Tree, state: dict, server: dict, hp: Hyper) -> dict:
@@ -144,6 +158,7 @@ class LocalUpdate:
     module: str = ""
     terms: tuple[Term, ...] = ()
     clip_key: str = ""
+    lr_schedule: Schedule | None = None
     # True for an update whose float32 rounds amplify a one-ulp difference into a different
     # round (FedDecorr's 1/sqrt(var) of near-dead features): a cohort trains its clients one at a
     # time, each exactly as its per-client round, instead of batched in one vmap.

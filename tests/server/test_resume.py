@@ -19,8 +19,10 @@ from tests.kit import serve_in_process
 from tests.kit_runs import NEEDS
 
 NODES = 4
-# stateless, client and server state (control variates, FedDyn's h and g_k), a server optimiser
-METHODS = ["fedavg", "scaffold", "feddyn", "fedyogi"]
+# stateless, client and server state (control variates, FedDyn's h and g_k), a server optimiser; FedSWA's
+# in-round rate schedule and lookahead server; FedMoSWA's c_i and momentum m (with its first-mean start)
+METHODS = ["fedavg", "scaffold", "feddyn", "fedyogi", "fedswa", "fedmoswa"]
+CLIENT_STATE = ("scaffold", "feddyn", "fedmoswa")
 
 
 def serve(run_config: dict) -> None:
@@ -40,7 +42,7 @@ def test_resume_in_process_matches_uninterrupted(method, tmp_path):
         serve({**cfg, "run-name": "cut", "inject-faults": "crash-after:3"})
     assert read_summary(tmp_path / "cut") is None
     assert len(read_metrics(tmp_path / "cut")) == 3
-    if method in ("scaffold", "feddyn"):  # client state was mirrored for the resume
+    if method in CLIENT_STATE:  # client state was mirrored for the resume
         assert any((tmp_path / "cut" / "client-state").rglob("round-*.npz"))
 
     serve({**cfg, "run-name": "cut", "resume": True})  # new server, new nodes: nothing kept in memory
@@ -51,7 +53,7 @@ def test_resume_in_process_matches_uninterrupted(method, tmp_path):
         assert a["test_loss"] == pytest.approx(b["test_loss"], rel=1e-5)
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
     state_columns = [k for k in full[3] if k.startswith("state_arrays_in")]
-    assert bool(state_columns) == (method in ("scaffold", "feddyn"))  # methods with client state report it
+    assert bool(state_columns) == (method in CLIENT_STATE)  # methods with client state report it
     for a, b in zip(full[3:], resumed[3:]):  # counted after the mirror's state is restored
         assert {k: b[k] for k in state_columns} == {k: a[k] for k in state_columns}, a["round"]
     assert read_summary(tmp_path / "cut")["rounds"] == 6

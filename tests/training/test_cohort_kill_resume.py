@@ -1,7 +1,8 @@
 """A cohort run killed with SIGKILL and resumed equals the uninterrupted run.
 
 The runner (``run_simulation.py``) runs SCAFFOLD (its clients keep c_i: the cohort node's rows,
-journalled each round under the run folder) as one cohort node on the CPU; the second copy of
+journalled each round under the run folder), and FedMoSWA (c_i too, its server's momentum m with
+its first-mean start, and an in-round rate decay, fedmoswa-rho = 0.1), as one cohort node on the CPU; the second copy of
 the run is killed with ``kill -9`` while its rounds go on, at whatever point of a round the
 signal lands (a journal file or checkpoint half written is never read: both are atomic), then
 continued with ``run_simulation.py --resume``. Every metrics.csv row but the timings equals the
@@ -23,9 +24,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUNDS = 12
-ARGS = ["--strategy", "scaffold", "--dataset", "synthetic", "--rounds", str(ROUNDS), "--clients", "6",
+ARGS = ["--dataset", "synthetic", "--rounds", str(ROUNDS), "--clients", "6",
         "--fraction", "0.5", "--set", "model=logreg", "--set", "execution=cohort", "--set", "tracking=none",
         "--quiet"]
+METHODS = {"scaffold": [], "fedmoswa": ["--set", "fedmoswa-rho=0.1"]}
 
 
 def metrics_rows(out: Path) -> list[dict]:
@@ -43,14 +45,16 @@ def runner(*argv: str, env: dict) -> subprocess.Popen:
 
 
 @pytest.mark.slow
-def test_a_cohort_run_killed_and_resumed_equals_the_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("method", METHODS)
+def test_a_cohort_run_killed_and_resumed_equals_the_uninterrupted_run(method, tmp_path):
     env = {**os.environ, "FLWR_HOME": str(tmp_path / "flwr-home"), "FLWR_TELEMETRY_ENABLED": "0"}
-    full = runner(*ARGS, "--out", str(tmp_path / "full"), env=env)
+    args = ["--strategy", method, *ARGS, *METHODS[method]]
+    full = runner(*args, "--out", str(tmp_path / "full"), env=env)
     assert full.wait(timeout=900) == 0, full.stdout.read()
     want = metrics_rows(tmp_path / "full")
     assert want and want[-1]["round"] == str(ROUNDS)
 
-    killed = runner(*ARGS, "--out", str(tmp_path / "cut"), env=env)
+    killed = runner(*args, "--out", str(tmp_path / "cut"), env=env)
     deadline = time.monotonic() + 600
     while len(metrics_rows(tmp_path / "cut")) < 4 and killed.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
