@@ -33,6 +33,7 @@ from clients import (
     fedgam,
     fedgam_cv,
     fedgamma,
+    fedgela,
     fedinit,
     fedlc,
     fedlesam,
@@ -116,6 +117,7 @@ METHODS: dict[str, Method] = {
     "fedgamma": Method(FedGammaStrategy, fedgamma.UPDATE),
     "fedlesam": Method(FedLESAMStrategy, fedlesam.UPDATE),
     "fedinit": Method(DriftFedAvg, fedinit.UPDATE),
+    "fedgela": Method(DriftFedAvg, fedgela.UPDATE),
 }
 
 

@@ -19,8 +19,9 @@ from tests.kit import serve_in_process
 from tests.kit_runs import NEEDS
 
 NODES = 4
-# stateless, client and server state (control variates, FedDyn's h and g_k), a server optimiser
-METHODS = ["fedavg", "scaffold", "feddyn", "fedyogi"]
+# stateless, client and server state (control variates, FedDyn's h and g_k), a server optimiser,
+# a fixed head the clients reset (FedGELA)
+METHODS = ["fedavg", "scaffold", "feddyn", "fedyogi", "fedgela"]
 
 
 def serve(run_config: dict) -> None:
