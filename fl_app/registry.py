@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from clients import (
+    ccvr,
     dp_fedavg,
     fedacg,
     fedasam,
@@ -58,6 +59,7 @@ from fl_app.common.screening_modes import check_screening
 from fl_app.config import GENERAL_KEYS, parse_key_value, toml_value, validate_keys
 from protocol.keys import Key
 from strategies.base import DriftFedAvg, build_strategy
+from strategies.ccvr import CCVRStrategy
 from strategies.dp_fedavg import DPFedAvgStrategy
 from strategies.fedacg import FedACGStrategy
 from strategies.fedadagrad import FedAdagradStrategy
@@ -118,6 +120,7 @@ METHODS: dict[str, Method] = {
     "fedlesam": Method(FedLESAMStrategy, fedlesam.UPDATE),
     "fedinit": Method(DriftFedAvg, fedinit.UPDATE),
     "fedgela": Method(DriftFedAvg, fedgela.UPDATE),
+    "ccvr": Method(CCVRStrategy, ccvr.UPDATE),
 }
 
 

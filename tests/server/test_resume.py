@@ -20,8 +20,8 @@ from tests.kit_runs import NEEDS
 
 NODES = 4
 # stateless, client and server state (control variates, FedDyn's h and g_k), a server optimiser,
-# a fixed head the clients reset (FedGELA)
-METHODS = ["fedavg", "scaffold", "feddyn", "fedyogi", "fedgela"]
+# a fixed head the clients reset (FedGELA), a last round that calibrates the head (CCVR)
+METHODS = ["fedavg", "scaffold", "feddyn", "fedyogi", "fedgela", "ccvr"]
 
 
 def serve(run_config: dict) -> None:
