@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from clients import (
+    ccvr,
     dp_fedavg,
     fedacg,
     fedasam,
@@ -33,6 +34,7 @@ from clients import (
     fedgam,
     fedgam_cv,
     fedgamma,
+    fedgela,
     fedinit,
     fedlc,
     fedlesam,
@@ -59,6 +61,7 @@ from fl_app.common.screening_modes import check_screening
 from fl_app.config import GENERAL_KEYS, parse_key_value, toml_value, validate_keys
 from protocol.keys import Key
 from strategies.base import DriftFedAvg, build_strategy
+from strategies.ccvr import CCVRStrategy
 from strategies.dp_fedavg import DPFedAvgStrategy
 from strategies.fedacg import FedACGStrategy
 from strategies.fedadagrad import FedAdagradStrategy
@@ -122,6 +125,8 @@ METHODS: dict[str, Method] = {
     "fedinit": Method(DriftFedAvg, fedinit.UPDATE),
     "fedswa": Method(FedSWAStrategy, fedswa.UPDATE),
     "fedmoswa": Method(FedMoSWAStrategy, fedmoswa.UPDATE),
+    "fedgela": Method(DriftFedAvg, fedgela.UPDATE),
+    "ccvr": Method(CCVRStrategy, ccvr.UPDATE),
 }
 
 

@@ -21,14 +21,18 @@ def all_finite(arrays: list[np.ndarray]) -> bool:
     return all(np.isfinite(a).all() for a in arrays if np.issubdtype(np.asarray(a).dtype, np.number))
 
 
-def reply_problem(arrays: list, sent_shapes: list[tuple] | None, finite=all_finite) -> str:
+def reply_problem(arrays: list, sent_shapes: list[tuple] | None, finite=all_finite, more: bool = False) -> str:
     """Why a client's reply cannot be used ('' when it can): another count or shapes of arrays
     than it was sent, or non-finite values. The server's check of every reply
     (``fl_app.server.recording.check_reply``) and a cohort node's check of each client before it
     sums them (``protocol.cohort.sum_replies``): one rule on both sides. ``finite``: the
     finiteness test of the arrays' library (numpy's ``all_finite``; a node summing tensors on
-    their device passes its own)."""
-    if sent_shapes is not None and len(arrays) != len(sent_shapes):
+    their device passes its own). ``more``: the reply carries groups after the arrays sent that
+    answer none of them (``protocol.traffic.CLASS_STATISTICS``): at least as many arrays, the
+    sent ones of the sent shapes (the groups' count is the strategy's split's)."""
+    if sent_shapes is not None and more and len(arrays) < len(sent_shapes):
+        return f"{len(arrays)} arrays, expected at least {len(sent_shapes)}"
+    if sent_shapes is not None and not more and len(arrays) != len(sent_shapes):
         return f"{len(arrays)} arrays, expected {len(sent_shapes)}"
     if sent_shapes is not None:
         for i, (a, shape) in enumerate(zip(arrays, sent_shapes)):

@@ -14,10 +14,13 @@ product move there.
 | control variates (SCAFFOLD, FedPVR, FedGAM-CV, FedDC) | ``c`` | ``delta_c`` |
 | FedSMOO | ``s`` | ``stil`` |
 | client momentum (FedCM, MoFedSAM) | ``delta`` | - |
+| class statistics (CCVR) | - | ``class_stats`` |
 | every other method | - | - |
 
 A reply carries the weights and the family's ``up`` groups, each the shape of the ``down`` group it
-answers; a family with ``down`` groups and no ``up`` (client momentum) replies the weights alone.
+answers; a family with ``down`` groups and no ``up`` (client momentum) replies the weights alone. The
+class statistics answer no ``down`` group: ``class_stats`` is each client's per-class feature counts,
+means and covariances (``CLASS_STATISTICS``), empty arrays in the rounds that do not collect them.
 
 A reply may stand for several clients: on the cohort path a node can reply, for the round's
 clients it hosts, the n_k-weighted mean of their weights and the plain sum of each ``up`` group
@@ -45,8 +48,10 @@ CONTROL_VARIATES = Traffic(down=("c",), up=("delta_c",))
 SMOO = Traffic(down=("s",), up=("stil",))
 CLIENT_MOMENTUM = Traffic(down=("delta",))
 """FedCM's and MoFedSAM's global direction, the previous round's mean update per local step."""
+CLASS_STATISTICS = Traffic(up=("class_stats",))
+"""CCVR's per-class feature statistics, client to server (``protocol.calibration``)."""
 WEIGHTS_ONLY = Traffic()
-FAMILIES = (WEIGHTS_ONLY, CONTROL_VARIATES, SMOO, CLIENT_MOMENTUM)
+FAMILIES = (WEIGHTS_ONLY, CONTROL_VARIATES, SMOO, CLIENT_MOMENTUM, CLASS_STATISTICS)
 """Every family above: the only traffic a server may declare."""
 
 SUMMED_CLIENTS = "summed-clients"

@@ -16,8 +16,11 @@ A round of ``DeclaredStrategy``, whatever the method:
    the parts' ``down`` groups follow the weights in the family's order;
 2. ``aggregate_fit``: each reply split into its weights and its ``up`` groups by name; the new
    model is Flower's FedAvg (the n_k-weighted mean) unless a part forms it (``AGGREGATES``:
-   FedDyn's H, the plain mean plus H); then every part's ``update`` and its metrics, in the
-   declared order;
+   FedDyn's H, the plain mean plus H); then each part whose declaration says ``REVISES`` revises
+   that model from the round's replies (``Part.revise``: CCVR retrains the head on the class
+   statistics its clients sent, a step after the aggregation that neither the mean nor a part
+   forming the model expresses); then every part's ``update`` and its metrics, in the declared
+   order;
 3. ``get_state`` / ``set_state``: the parts' checkpoint records.
 """
 
@@ -159,6 +162,12 @@ class DeclaredStrategy(DriftFedAvg):
             parameters, metrics = ndarrays_to_parameters(self.parts[model].aggregate(replies)), {}
         else:
             parameters, metrics = super().aggregate_fit(server_round, weight_results, failures)
+        revising = [self.parts[name] for name, spec in self.SERVER.parts.items() if getattr(spec, "REVISES", False)]
+        if revising and parameters is not None:
+            weights = parameters_to_ndarrays(parameters)
+            for part in revising:
+                weights = part.revise(weights, replies)
+            parameters = ndarrays_to_parameters(weights)
         for part in self.parts.values():
             part.update(replies)
             metrics = {**(metrics or {}), **part.metrics()}

@@ -40,8 +40,10 @@ declaration (``strategies.declared.ServerSide``), never by inheriting another me
 
 A part's declaration (a frozen dataclass: what is fixed for the method) says which
 ``protocol.traffic`` groups it sends (``SENDS``) and reads (``READS``), whether it forms the
-new model (``AGGREGATES``), the run-config keys it reads (``keys_read``), and builds the live
-part (its state) from a run config (``build``) or from explicit values (``part``). A live part
+new model (``AGGREGATES``), whether it revises the model once formed (``REVISES``, False when
+absent: CCVR's calibrated head, ``strategies/ccvr.py``), the run-config keys it reads
+(``keys_read``), and builds the live part (its state) from a run config (``build``) or from
+explicit values (``part``). A live part
 follows ``Part``. N is ``strategies.arrays.total_clients``, read when the round's clients are
 sampled.
 """
@@ -95,6 +97,11 @@ class Part:
     def up_sizes(self) -> dict[str, int]:
         """{up group: how many arrays it has} in every reply."""
         return {}
+
+    def revise(self, weights: list[np.ndarray], replies: Replies) -> list[np.ndarray]:
+        """The new model revised from the round's replies (called only for a part whose
+        declaration sets ``REVISES``, after the model is formed, before ``update``)."""
+        return weights
 
     def update(self, replies: Replies) -> None:
         """Move the part's state by the round's replies (after the new model is formed)."""

@@ -117,10 +117,11 @@ def evaluated_round(server_round: int, every: int, last_round: int) -> bool:
     return server_round == 0 or server_round % every == 0 or server_round >= last_round
 
 
-def check_reply(res: FitRes, sent_shapes: list[tuple] | None) -> str:
+def check_reply(res: FitRes, sent_shapes: list[tuple] | None, more: bool = False) -> str:
     """Why a reply cannot be used ('' when it can): ``protocol.layout.reply_problem`` on its
-    arrays (another count or shapes than were sent, or non-finite values)."""
-    return reply_problem(array_views(res.parameters), sent_shapes)
+    arrays (another count or shapes than were sent, or non-finite values; ``more``: groups follow
+    that answer nothing sent)."""
+    return reply_problem(array_views(res.parameters), sent_shapes, more=more)
 
 
 def in_node_order(results: list[tuple[ClientProxy, FitRes]], client_manager) -> list[tuple[ClientProxy, FitRes]]:

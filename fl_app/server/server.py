@@ -262,6 +262,13 @@ class DriftServer(Server):
             arrays = arrays[: len(self.parameters.tensors)]
         return [a.shape for a in arrays]
 
+    @property
+    def replies_carry_more(self) -> bool:
+        """The replies carry groups that answer nothing sent (a family with ``up`` groups and no
+        ``down``: CCVR's class statistics), checked after the arrays sent by the strategy's split."""
+        traffic = getattr(self.strategy, "TRAFFIC", WEIGHTS_ONLY)
+        return bool(traffic.up) and not traffic.down
+
     def model_sent(self, instructions: list[tuple]) -> Parameters:
         """w_t, the model the round's clients start from, that the drift columns and screening
         measure each update from: the model arrays of the first instruction (every instruction
@@ -283,7 +290,7 @@ class DriftServer(Server):
         row["bytes_up_per_client"] = message_nbytes([res.parameters for _, res in results])
         accepted = []
         for client, res in in_node_order(results, self.client_manager()):
-            problem = check_reply(res, self.sent_shapes)
+            problem = check_reply(res, self.sent_shapes, self.replies_carry_more)
             if problem:
                 log.warning("round %d: rejected the update of node %s: %s", server_round, client.cid, problem)
             else:
@@ -312,7 +319,7 @@ class DriftServer(Server):
             rejected += len(node.rejected)
             if not node.clients:
                 continue
-            problem = check_reply(node.reply, self.sent_shapes)
+            problem = check_reply(node.reply, self.sent_shapes, self.replies_carry_more)
             if problem:
                 log.warning("round %d: rejected the summed update of node %s (%d clients): %s", server_round,
                             host.cid, len(node.clients), problem)

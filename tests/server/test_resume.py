@@ -20,8 +20,9 @@ from tests.kit_runs import NEEDS
 
 NODES = 4
 # stateless, client and server state (control variates, FedDyn's h and g_k), a server optimiser; FedSWA's
-# in-round rate schedule and lookahead server; FedMoSWA's c_i and momentum m (with its first-mean start)
-METHODS = ["fedavg", "scaffold", "feddyn", "fedyogi", "fedswa", "fedmoswa"]
+# in-round rate schedule and lookahead server; FedMoSWA's c_i and momentum m (with its first-mean start);
+# a fixed head the clients reset (FedGELA), a last round that calibrates the head (CCVR)
+METHODS = ["fedavg", "scaffold", "feddyn", "fedyogi", "fedswa", "fedmoswa", "fedgela", "ccvr"]
 CLIENT_STATE = ("scaffold", "feddyn", "fedmoswa")
 
 
