@@ -46,6 +46,7 @@ from fl_app.common.run_files import (
     read_summary,
 )
 from fl_app.config import ConfigError
+from fl_app.node.client_state import check_state_files
 from fl_app.registry import check_method, resolve, spec, validate_config
 from fl_app.server.checkpoint import CHECKPOINT, CheckpointError, checkpoint_fingerprint, load_checkpoint
 from fl_app.server.preflight import check_data_dir, check_nodes
@@ -139,13 +140,15 @@ def preflight(raws: list[dict], clients: int, runs_dir: Path, *, env_data_dir: s
 
 def check_checkpoints(raws: list[dict], runs_dir: Path) -> None:
     """Every unfinished run's checkpoint that a re-run would continue from is checked now
-    (readable, its SHA-256, written for this model): ``CheckpointError`` before any launch."""
+    (readable, its SHA-256, written for this model): ``CheckpointError`` before any launch; and
+    every client-state file it continues from is readable (``check_state_files``: ``StateFileError``)."""
     for raw in raws:
         run_dir = Path(runs_dir) / raw["run-name"]
         if read_summary(run_dir) is None and (run_dir / CHECKPOINT).exists():
             cfg = validate_config(raw)
             shapes = [w.shape for w in get_weights(build_model(cfg["model"], input_shape(cfg["dataset"])))]
-            load_checkpoint(run_dir, cfg["model"], shapes)
+            checkpoint = load_checkpoint(run_dir, cfg["model"], shapes)
+            check_state_files(run_dir, run_dir / CHECKPOINT, checkpoint.round)
 
 
 # by design: continuation flag; the folder may move; the target only reads the accuracies afterwards

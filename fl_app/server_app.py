@@ -19,6 +19,7 @@ from fl_app.common.execution_path import server_execution
 from fl_app.common.run_files import SUMMARY_FILE, read_metrics
 from fl_app.common.verbosity import quiet_by_default
 from fl_app.config import ConfigError
+from fl_app.node.client_state import check_state_files
 from fl_app.registry import resolve
 from fl_app.server.checkpoint import CHECKPOINT, Checkpoint, load_checkpoint
 from fl_app.server.data_source import this_superlink
@@ -133,11 +134,13 @@ def _server_components(context: Context) -> ServerAppComponents:
 
 def starting_point(cfg: dict, run_dir: Path, initial: list) -> tuple[Checkpoint | None, list]:
     """The run's checkpoint and weights when it resumes one (``resume``; the checkpoint must
-    match the shapes of the ``initial`` weights), else no checkpoint and the ``initial``
+    match the shapes of the ``initial`` weights, and every client-state file it continues must be
+    readable: ``check_state_files``), else no checkpoint and the ``initial``
     weights (the seeded initial model's). A resume of a finished run that kept no checkpoint is
     refused (``ConfigError``): starting it over would overwrite its results."""
     checkpoint = load_checkpoint(run_dir, cfg["model"], [w.shape for w in initial]) if cfg["resume"] else None
     if checkpoint is not None:
+        check_state_files(run_dir, run_dir / CHECKPOINT, checkpoint.round)  # the clients' state it continues
         log.info("resuming %s from its checkpoint after round %d", run_dir, checkpoint.round)
         return checkpoint, checkpoint.weights
     if cfg["resume"] and (run_dir / SUMMARY_FILE).exists():  # starting over would overwrite a kept result

@@ -2,7 +2,13 @@
 checkpoint, the clients' state mirrors and the run's record files all go through here.
 
 A write that fails (a full disk, a signal) removes its temp file and leaves the old file as it
-was: no ``checkpoint.npz.tmp`` or 0-byte table is left behind (``replacing``)."""
+was: no ``checkpoint.npz.tmp`` or 0-byte table is left behind (``replacing``). A process killed
+mid-write (``kill -9``) leaves its temp file, which nothing reads (every reader names its files
+exactly, or matches ``round-<r>.npz$``) and the next write of that file replaces.
+
+A client that cannot write the state it keeps between rounds (``StateNotKept``) stops the run:
+counted as one failed client, its round would be aggregated without it and the run would go on,
+no longer the run its config and seed give, while a resume could not restore that client."""
 
 from __future__ import annotations
 
@@ -13,6 +19,15 @@ from pathlib import Path
 from typing import IO
 
 import numpy as np
+
+STATE_NOT_KEPT = "client state not kept"  # how a StateNotKept failure's text begins, wherever it is reported
+
+
+class StateNotKept(RuntimeError):
+    """A client's kept state could not be written (its mirror, its cohort node's journal): the
+    run stops. Its text begins with ``STATE_NOT_KEPT``, which reaches the server in the failure
+    (Flower hands a ClientApp's error on as text), where ``fl_app.server.server`` stops on it."""
+
 
 
 @contextlib.contextmanager

@@ -22,16 +22,18 @@ finished. A client whose round failed keeps the state it had.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 
-from fl_app.common.files import atomic_savez
+from fl_app.common.files import STATE_NOT_KEPT, StateNotKept, atomic_savez
+from protocol.keys import ConfigError
 from tasks.functional.update import LocalUpdate
 
 Load = Callable[[str], "list[np.ndarray] | None"]  # a client's arrays kept under a record name, or None
@@ -61,6 +63,35 @@ def keep_from(config: dict, server_round: int) -> int:
 def stateful(update: LocalUpdate) -> bool:
     """Whether the method's clients keep arrays across rounds (declared state or personal entries)."""
     return bool(update.state) or update.personal is not None
+
+
+class StateFileError(ConfigError):
+    """A client-state file (a mirror's or a journal's) that cannot be read: truncated or corrupt.
+    One line naming the file (and, before a resume, the fix: ``check_state_files``)."""
+
+
+def read_arrays(path: Path) -> dict[str, np.ndarray]:
+    """Every array of the ``.npz`` file ``path``, each read whole (a member's CRC-32 is checked
+    as it is read, so a truncated or altered file is found here, not half applied);
+    ``StateFileError`` (one line naming the file) when it cannot be read."""
+    try:
+        with np.load(path) as data:
+            return {key: data[key] for key in data.files}
+    except Exception as exc:  # zipfile.BadZipFile, EOFError, OSError, ValueError, ...
+        raise StateFileError(f"client state {path} is unreadable (truncated or corrupt: {type(exc).__name__}:"
+                             f" {exc})") from exc
+
+
+@contextlib.contextmanager
+def kept_or_stop(who: str) -> Iterator[None]:
+    """Around the write of a client's kept state to disk: a write that fails (a full disk, a
+    folder made read-only) is ``StateNotKept``, which stops the run, rather than one failed
+    client the round goes on without (``fl_app.common.files``)."""
+    try:
+        yield
+    except OSError as exc:
+        raise StateNotKept(f"{STATE_NOT_KEPT}: {who} cannot write {exc.filename or 'its state'}: "
+                           f"{exc.strerror or exc}") from exc
 
 
 # ------------------------------------------------------------------ one client's mirror
@@ -94,10 +125,9 @@ class ClientStateMirror:
         if not candidates:
             return None
         state: dict[str, dict[int, np.ndarray]] = {}
-        with np.load(candidates[-1]) as data:
-            for key in data.files:
-                name, i = key.rsplit("\x1f", 1)
-                state.setdefault(name, {})[int(i)] = data[key]
+        for key, array in read_arrays(candidates[-1]).items():
+            name, i = key.rsplit("\x1f", 1)
+            state.setdefault(name, {})[int(i)] = array
         return {name: [d[i] for i in sorted(d)] for name, d in state.items()}
 
 
@@ -114,6 +144,37 @@ def mirrored_partitions(run_dir: str) -> list[int]:
     folder = Path(run_dir) / "client-state"
     names = [p.name for p in folder.iterdir()] if folder.is_dir() else []
     return sorted(int(n[len(PARTITION):]) for n in names if n.startswith(PARTITION) and n[len(PARTITION):].isdigit())
+
+
+def files_a_resume_reads(run_dir: Path, checkpoint_round: int) -> list[Path]:
+    """The client-state files a run resumed from its checkpoint of ``checkpoint_round`` reads:
+    of each client's mirror the newest file of a round <= it (``ClientStateMirror.load``), of
+    each cohort node's journal every file of a round <= it (``RowsJournal.restore``). Files of
+    later rounds are never read (a journal's are removed, a mirror's rewritten by the resumed run)."""
+    found = []
+    for folder, kind in (("client-state", ClientStateMirror), ("client-rows", RowsJournal)):
+        folder = Path(run_dir) / folder
+        for sub in sorted(p for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []:
+            files = sorted((int(m.group(1)), f) for f in sub.iterdir() if (m := kind.PATTERN.search(f.name)))
+            upto = [f for r, f in files if r <= checkpoint_round]
+            found += upto[-1:] if kind is ClientStateMirror else upto
+    return found
+
+
+def check_state_files(run_dir: Path, checkpoint: Path, checkpoint_round: int) -> None:
+    """Every client-state file a resume from ``checkpoint`` (of round ``checkpoint_round``) reads
+    is read whole now (``files_a_resume_reads``, ``read_arrays``), so a truncated or corrupt one
+    is refused in one line before a round runs (``StateFileError``), not found by its client, which
+    would fail every round it is sampled while the run goes on without it. No older file stands
+    in for a broken one: it holds an older round's state, which the checkpoint's round does not
+    continue."""
+    for path in files_a_resume_reads(run_dir, checkpoint_round):
+        try:
+            read_arrays(path)
+        except StateFileError as exc:
+            raise StateFileError(f"{exc}; {checkpoint} (round {checkpoint_round}) needs it to restore the clients'"
+                                 f" state: put the file back as it was, or rename {checkpoint} (e.g. to"
+                                 f" {checkpoint.name}.bad) to start this run from round 1") from exc
 
 
 # ------------------------------------------------------------------------ the stores
@@ -184,7 +245,8 @@ class ContextStore(ClientStateStore):
         for p in finished:
             mirror, records = self.mirror(p), self.records(p)
             if mirror is not None and records:
-                mirror.save(server_round, records, keep_from=keep_from)
+                with kept_or_stop(mirror.dir.name):
+                    mirror.save(server_round, records, keep_from=keep_from)
 
 
 class DiskStore(ContextStore):
@@ -276,9 +338,9 @@ class RowsJournal:
     def restore(self, rows: ClientRows, up_to_round: int) -> None:
         """``rows`` as of round ``up_to_round``: every file up to it applied in round order."""
         for _, path in [(r, p) for r, p in self.files() if r <= up_to_round]:
-            with np.load(path) as data:
-                for (record, partition), keys in self._rows(data.files).items():
-                    rows.put(partition, {record: [data[key] for key in keys]})
+            data = read_arrays(path)
+            for (record, partition), keys in self._rows(data).items():
+                rows.put(partition, {record: [data[key] for key in keys]})
 
     def drop_after(self, server_round: int) -> None:
         """Remove the files of rounds after ``server_round`` (a killed run's rounds past the
@@ -365,7 +427,8 @@ class RowsStore(ClientStateStore):
         return self.rows.records(partition)
 
     def close_round(self, server_round: int, finished: list[int], keep_from: int) -> None:
-        RowsJournal(self.run_dir, self.node).write(server_round, self.written, keep_from)
+        with kept_or_stop(f"cohort node {self.node}"):
+            RowsJournal(self.run_dir, self.node).write(server_round, self.written, keep_from)
 
 
 def virtual_prefix(partition: int) -> str:

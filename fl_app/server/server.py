@@ -53,6 +53,7 @@ from flwr.server.strategy import Strategy
 
 from fl_app.common.execution_checks import PER_CLIENT, summed_replies
 from fl_app.common.execution_path import Execution
+from fl_app.common.files import STATE_NOT_KEPT, StateNotKept
 from fl_app.server.checkpoint import Checkpoint, checkpoint_due, drop_checkpoint, save_checkpoint
 from fl_app.server.cohort_routing import fit_cohort, fit_cohort_summed
 from fl_app.server.crash import crash_if_injected
@@ -188,11 +189,14 @@ class DriftServer(Server):
         checkpoint's model is already recorded), then the data fingerprint, the run folder's
         first file (``RunRecorder.folder``: a run refused by its start-up, for no data or a
         partitioning that cannot be cut, leaves no folder behind), and round 0 to the trackers.
-        False when a resumed run has no round left (its summary is then written)."""
+        False when a resumed run has no round left (its summary is then written). A run that
+        does not resume first removes client state an earlier run of its folder left (``drop_client_state``)."""
         log.info("fl-drift: execution %s (%s)", self.execution.path, self.execution.reason)
         if self.done >= self.num_rounds:
             self.finish()
             return False
+        if self.resume_from is None:
+            self.drop_client_state()  # an earlier, interrupted run's, never this one's
         self.parameters = self.strategy.initialize_parameters(client_manager=self.client_manager())
         with loud(DataUnavailableError, PartitionError):  # one fl-drift: line, Flower's traceback at debug only
             if self.startup is not None:  # start-up step 2: the nodes' partitions, the test split loaded
@@ -283,6 +287,7 @@ class DriftServer(Server):
         """The replies the method will see, in node order: those that pass ``check_reply``,
         then ``screening``; counts them into the row with the clients' metrics, and stops the
         run (``RunAborted``) when too few sampled clients succeeded."""
+        self.stop_if_state_not_kept(server_round, failures)
         row = self.record.row
         row["fit_phase_seconds"] = time.monotonic() - self.round_started  # sampling to the last reply
         if self.sum_spec is not None:
@@ -341,6 +346,19 @@ class DriftServer(Server):
         self.stop_if_short(server_round, len(clients), len(clients) + rejected, len(failures))
         self.round_sums = [node for _, node in accepted]
         return [(host, node.reply) for host, node in accepted]
+
+    def stop_if_state_not_kept(self, server_round: int, failures: list) -> None:
+        """Stop the run (``StateNotKept``) when a client could not write the state it keeps
+        between rounds (a full disk, say: ``fl_app.common.files``), before anything of the round
+        is aggregated or recorded. No summary is written: the run is unfinished, and a resume
+        continues it from its last checkpoint, redoing this round, once the disk has room."""
+        for failure in failures:
+            text = repr(failure)  # an exception, a (proxy, FitRes) pair, or Flower's error with the client's text
+            if STATE_NOT_KEPT in text:
+                said = text[text.index(STATE_NOT_KEPT):].splitlines()[0].split("'>")[0].rstrip("'\")")
+                raise StateNotKept(f"round {server_round}: {said}. Stopping the run before round {server_round} is"
+                                   f" recorded; its last checkpoint (round {self.last_checkpoint}) is kept: resume"
+                                   " the run once the disk has room")
 
     def stop_if_short(self, server_round: int, accepted: int, replied: int, failed: int) -> None:
         """Stop the run (``RunAborted``) when too few sampled clients succeeded."""
@@ -436,7 +454,15 @@ class DriftServer(Server):
         the summary: a crash before it leaves a run that resume finishes)."""
         self.record.write_summary(self.client_manager())
         self.tracker.close()
-        for kept in ("client-state", "client-rows"):
-            shutil.rmtree(self.run_dir / kept, ignore_errors=True)
+        self.drop_client_state()
         if not self.cfg["keep-checkpoint"]:
             drop_checkpoint(self.run_dir)
+
+    def drop_client_state(self) -> None:
+        """Remove the clients' state mirrors and the cohort nodes' row journals from the run folder
+        (``fl_app.node.client_state``): once the run has finished, and before round 1 of a run
+        that does not resume (a run started anew in a folder whose earlier run was interrupted:
+        its clients would otherwise read that run's files as their own state, a client first
+        sampled after round 1 its mirror of the earlier run's round)."""
+        for kept in ("client-state", "client-rows"):
+            shutil.rmtree(self.run_dir / kept, ignore_errors=True)

@@ -5,7 +5,7 @@ The commands are taken from the fenced blocks that README marks with ``<!-- test
 Only sizes are changed (fewer rounds, nodes, clients and seeds: ``SHRINK``); each replaced
 text must be in README, so the test fails when README's command changes under it. The run
 blocks run in a copy of the checkout (its results and Flower home stay out of the working
-tree) with the data of ``$FL_DATA_DIR``. The set-up block's ``pip install`` line runs in a new
+tree) with the data of ``$FL_DATA_DIR``. The set-up block's ``pip install`` lines run in a new
 virtual environment that sees this environment's installed packages (a ``.pth`` file), so
 nothing is downloaded but the build backend; set ``FL_TEST_PIP_INDEX_URL`` to point pip at a
 local index on an offline machine. The venv and test-suite lines of that block are not run
@@ -36,9 +36,11 @@ from tests.kit_runs import base_env, copy_checkout, processes_with_env, readme_b
 pytestmark = pytest.mark.slow
 
 
-def test_readme_setup_install_line(tmp_path):
-    line = next(line for line in readme_block("setup").splitlines() if line.startswith("pip install"))
-    command = line.split("#", 1)[0].strip()
+def test_readme_setup_install_lines(tmp_path):
+    """Each `pip install` line (the lean install, then `.[dev]`), in order, in one new environment."""
+    commands = [line.split("#", 1)[0].strip() for line in readme_block("setup").splitlines()
+                if line.startswith("pip install")]
+    assert commands[0] == "pip install -e ." and len(commands) == 2, commands
     checkout = copy_checkout(tmp_path / "checkout")
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
@@ -50,9 +52,11 @@ def test_readme_setup_install_line(tmp_path):
     env["VIRTUAL_ENV"] = str(env_dir)
     if os.environ.get("FL_TEST_PIP_INDEX_URL"):
         env["PIP_INDEX_URL"] = os.environ["FL_TEST_PIP_INDEX_URL"]
-    proc = subprocess.run(["bash", "-c", command], cwd=checkout, env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "Successfully installed" in proc.stdout and "fl-drift" in proc.stdout
+    for command in commands:
+        proc = subprocess.run(["bash", "-c", command], cwd=checkout, env=env, capture_output=True, text=True,
+                              timeout=600, check=False)
+        assert proc.returncode == 0, command + "\n" + proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert "Successfully installed" in proc.stdout and "fl-drift" in proc.stdout, command
 
 
 def test_readme_run_commands_produce_metrics(tmp_path):
