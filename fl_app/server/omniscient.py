@@ -131,7 +131,7 @@ class OmniscientAttacks:
             new = row_reply(crafted[key], arrays[k], w_t, self.skip)
             out[k] = (client, FitRes(res.status, ndarrays_to_parameters(new), res.num_examples, res.metrics))
         log.info("round %d: omniscient attacks replaced the replies of partitions %s (n = %d, f = %d)",
-                 server_round, [partitions[k] for k in targets], n, f)
+                 server_round, sorted(partitions[k] for k in targets), n, f)
         return out
 
     @staticmethod
