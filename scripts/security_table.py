@@ -7,6 +7,7 @@ Usage (the data folder holds mnist/{train,test}.parquet; without it the Hugging 
     python scripts/security_table.py --data-dir DATA --attackers 3 1      # f = 3 first, then f = 1
     python scripts/security_table.py --data-dir DATA --seeds 0 1 2        # seed by seed
     python scripts/security_table.py --data-dir DATA --partitioner dirichlet --alpha 0.3   # label-skewed clients
+    python scripts/security_table.py --data-dir DATA --attackers 3 --attacks alie ipm   # other attacks
     python scripts/security_table.py --render                             # the page from kept runs only
 
 Each run is one seeded run (the seed sets the split (IID, or Dirichlet(alpha) over the labels with
@@ -17,7 +18,10 @@ own pieces: every client is the method's real client behind ``NodeClient`` (whic
 applies ``screening``), and the test accuracy is the server's evaluation. All 10 clients are
 sampled every round; the attackers are partitions 0 .. f-1. Attacks: ``scale-x10``
 (``scale:k:10``), ``sign-flip`` (``flip:k``), ``adaptive`` (``adaptive:k``: a sign flip sized to
-0.9 x the screening bound, fl_app/node/attacks.py). Defences: every screening the method supports
+0.9 x the screening bound, fl_app/node/attacks.py) by default; ``--attacks`` picks among those and
+``alie``, ``ipm``, ``mimic`` (the omniscient attacks, applied at the server with their defaults,
+fl_app/server/omniscient.py), ``label-flip`` and ``gaussian`` (``ATTACKS``). A page shows the
+default attacks and every other one with a kept run. Defences: every screening the method supports
 (fl_app/server/screening.py), with ``screen-attackers`` = f; Bulyan only where 10 >= 4f + 3.
 
 Each finished run is kept as one JSON file in ``docs/results/security/`` (IID clients) or
@@ -70,7 +74,22 @@ KEPT = ROOT / "docs" / "results" / "security"
 PAGE = ROOT / "docs" / "security.md"
 CLIENTS = 10
 STRATEGIES = ("fedavg", "scaffold")
-ATTACKS = {"scale-x10": "scale:{k}:10", "sign-flip": "flip:{k}", "adaptive": "adaptive:{k}"}
+ATTACKS = {"scale-x10": "scale:{k}:10", "sign-flip": "flip:{k}", "adaptive": "adaptive:{k}",
+           "alie": "alie:{k}", "ipm": "ipm:{k}", "mimic": "mimic:{k}", "label-flip": "label-flip:{k}",
+           "gaussian": "gaussian:{k}"}  # name -> the inject-faults item of attacker k (--attacks picks)
+DEFAULT_ATTACKS = ("scale-x10", "sign-flip", "adaptive")  # run without --attacks, always on the page
+ATTACK_TEXT = {
+    "scale-x10": "`scale-x10` multiplies each attacker's update by 10",
+    "sign-flip": "`sign-flip` sends its negation",
+    "adaptive": "`adaptive` sends its negation scaled to 0.9 x the screening bound (3 x its own update norm under "
+                "`reject`, the clip bound under `clip`), so that it stays just inside the norm filter",
+    "alie": "`alie` (Baruch et al. 2019) sends the honest updates' mean - z x their standard deviation per "
+            "coordinate, z the paper's z_max for n and f (fl_app/server/omniscient.py)",
+    "ipm": "`ipm` (Xie et al. 2020) sends -0.1 x the honest updates' mean",
+    "mimic": "`mimic` (Karimireddy et al. 2022) sends the update of the honest client of lowest partition",
+    "label-flip": "`label-flip` trains on the labels y -> 9 - y",
+    "gaussian": "`gaussian` sends N(0, 1) coordinates",
+}
 DEFENCE_ORDER = ("clip", "reject", "median", "trimmed-mean", "krum", "multi-krum", "bulyan")  # columns
 RUN_ORDER = ("multi-krum", "trimmed-mean", "reject", "clip", "median", "krum", "bulyan")  # likeliest first
 TOLERANCE = 0.03  # the acceptance target: a mean loss of at most 3 points against the clean run
@@ -93,15 +112,22 @@ def defences(strategy: str, attackers: int) -> list[str]:
     return [m for m in DEFENCE_ORDER if m in modes and CLIENTS >= min_replies(m, attackers)]
 
 
-def cells(strategy: str, attackers: int) -> list[tuple[str, str]]:
+def cells(strategy: str, attackers: int, attacks=DEFAULT_ATTACKS) -> list[tuple[str, str]]:
     """Every (attack, screening) run of one table, in the order they are run: clean, each attack
-    undefended, then defence by defence (``RUN_ORDER``), so a table cut short by time still
-    has whole columns."""
-    out = [("clean", "none")] + [(attack, "none") for attack in ATTACKS]
+    of ``attacks`` undefended, then defence by defence (``RUN_ORDER``), so a table cut short by
+    time still has whole columns."""
+    out = [("clean", "none")] + [(attack, "none") for attack in attacks]
     mine = defences(strategy, attackers)
     for d in sorted(mine, key=lambda m: RUN_ORDER.index(m)):
-        out += [("clean", d)] + [(attack, d) for attack in ATTACKS]
+        out += [("clean", d)] + [(attack, d) for attack in attacks]
     return out
+
+
+def shown_attacks(records: list[dict]) -> list[str]:
+    """The attacks a page (or one table) shows, in ``ATTACKS`` order: the default ones and any
+    other with a kept run."""
+    kept = {r["attack"] for r in records}
+    return [a for a in ATTACKS if a in DEFAULT_ATTACKS or a in kept]
 
 
 def split_name(partitioner: str, alpha: float) -> str:
@@ -183,7 +209,7 @@ def run_table(strategy: str, attackers: int, seed: int, args, data) -> None:
     folder = kept_folder(args.partitioner, args.alpha)
     folder.mkdir(parents=True, exist_ok=True)
     part, parts = args.shard
-    for position, (attack, screening) in enumerate(cells(strategy, attackers)):
+    for position, (attack, screening) in enumerate(cells(strategy, attackers, args.attacks)):
         if position % parts != part:
             continue
         if args.screenings and attack != "clean" and screening not in args.screenings:
@@ -293,7 +319,7 @@ def table_lines(records: list[dict], strategy: str, attackers: int) -> list[str]
     cost = [points(loss(records, "clean", c)) for c in columns[1:]]
     if any(cost):
         lines.append("| no attack (the screening's cost) | | " + " | ".join(cost) + " |")
-    for attack in ATTACKS:
+    for attack in shown_attacks(records):
         values = []
         for c in columns:
             p = loss(records, attack, c)
@@ -326,7 +352,7 @@ def verdict_lines(records: list[dict], strategy: str, attackers: int, iid: bool 
     loss over its kept seeds above the tolerance); the acceptance over all attacks."""
     lines, statuses = [], []
     bar = f"{TOLERANCE * 100:.0f} points"
-    for attack in ATTACKS:
+    for attack in shown_attacks(records):
         best, p, status = best_screening(records, strategy, attackers, attack)
         statuses.append(status)
         if best is None:
@@ -346,7 +372,7 @@ def verdict_lines(records: list[dict], strategy: str, attackers: int, iid: bool 
                      f"{above}")
     lines.append("")
     for d in defences(strategy, attackers):
-        kept = {a: p for a in ATTACKS if (p := loss(records, a, d)).n > 0}
+        kept = {a: p for a in shown_attacks(records) if (p := loss(records, a, d)).n > 0}
         cost = loss(records, "clean", d)
         if not kept and not cost.n:
             continue
@@ -370,7 +396,7 @@ def section(records: list[dict], strategy: str, attackers: int, iid: bool = True
         return lines + ["The clean run is not kept yet: no loss to show.", ""]
     lines += table_lines(mine, strategy, attackers) + [""]
     seeds = sorted({seed_of(r) for r in mine})
-    wanted = len(cells(strategy, attackers)) * len(seeds)
+    wanted = len(cells(strategy, attackers, shown_attacks(mine))) * len(seeds)
     if len(mine) < wanted:
         lines += [f"{wanted - len(mine)} of {wanted} runs (every cell on seeds {', '.join(map(str, seeds))}) "
                   "are not kept yet.", ""]
@@ -387,7 +413,7 @@ def render_page(records: list[dict], hand_written: str = "") -> str:
     if not records:
         lines.append("No runs are kept yet.")
     else:
-        lines += [*ABOUT, ""]
+        lines += [*about(shown_attacks(records)), ""]
         splits = sorted({split_of(r) for r in records}, key=lambda name: (name != "iid", name))
         for name in splits:
             lines += split_part([r for r in records if split_of(r) == name], name)
@@ -430,10 +456,7 @@ ABOUT = [
     "(`runner/results/stats.py`); a negative loss is a gain. The acceptance asks, for each attack, a screening "
     f"whose mean loss over at least {SEEDS_NEEDED} seeds is at most {TOLERANCE * 100:.0f} points.",
     "",
-    "Attacks (`inject-faults`, fl_app/node/attacks.py): `scale-x10` multiplies each attacker's update by 10; "
-    "`sign-flip` sends its negation; `adaptive` sends its negation scaled to 0.9 x the screening bound "
-    "(3 x its own update norm under `reject`, the clip bound under `clip`), so that it stays just "
-    "inside the norm filter.",
+    "{attacks}",
     "",
     "Defences (`screening`, fl_app/server/screening.py, with `screen-attackers` = f): `clip` and `reject` are "
     "norm filters (bound: 1 x, resp. 3 x the round's median update norm): by their documented rule they "
@@ -452,6 +475,12 @@ ABOUT = [
     "is measured against the same bar so the gap is visible. Who can reach a deployment at all, and "
     "what that rests on, is [Deploy on real devices](deployment.md)'s subject.",
 ]
+
+
+def about(attacks: list[str]) -> list[str]:
+    """``ABOUT`` with the paragraph on ``attacks``."""
+    text = "Attacks (`inject-faults`, fl_app/node/attacks.py): " + "; ".join(ATTACK_TEXT[a] for a in attacks) + "."
+    return [text if line == "{attacks}" else line for line in ABOUT]
 
 
 def shard(text: str) -> tuple[int, int]:
@@ -479,6 +508,8 @@ def main(argv=None) -> int:
                         help="seeds, run one after the other (each seed's whole table before the next)")
     parser.add_argument("--screenings", nargs="+", choices=("none", *DEFENCE_ORDER), default=None,
                         help="run only these screenings (and the clean run); default: every one that applies")
+    parser.add_argument("--attacks", nargs="+", choices=tuple(ATTACKS), default=list(DEFAULT_ATTACKS),
+                        help="the attacks to run (default: the first three); each is run on partitions 0 .. f-1")
     parser.add_argument("--render", action="store_true", help="only write the page from the kept runs")
     args = parser.parse_args(argv)
     for f in args.attackers:

@@ -20,12 +20,14 @@ run another way (``check_execution``).
 What a cohort node replies (``cohort-replies``, ``summed_replies``): ``full``, every client's
 arrays; ``sum``, one n_k-weighted mean and sums for all its clients (``protocol.cohort``),
 for a method whose server declares ``REPLY_SUMS`` and a run without update screening (which
-acts on each reply); ``auto``, ``sum`` where it can and the method's update is batched, else
+acts on each reply) or an omniscient attack (``alie``, ``ipm``, ``mimic``: the server replaces
+single replies); ``auto``, ``sum`` where it can and the method's update is batched, else
 ``full``. ``sum`` where it cannot is refused in one line (``sum_problem``).
 """
 
 from __future__ import annotations
 
+from fl_app.common.faults import server_attacks
 from fl_app.common.method import Method
 from protocol.keys import ConfigError
 
@@ -54,6 +56,10 @@ def sum_problem(cfg: dict, strategy: type) -> str:
                 " (it declares no REPLY_SUMS)")
     if cfg["screening"] != "none":
         return f"screening = {cfg['screening']!r} acts on each client's reply"
+    attacks = server_attacks(cfg["inject-faults"])
+    if attacks:
+        kinds = ", ".join(sorted({a.kind for a in attacks.values()}))
+        return f"inject-faults' omniscient attacks ({kinds}) replace single clients' replies at the server"
     return ""
 
 

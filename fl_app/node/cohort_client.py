@@ -47,7 +47,7 @@ from flwr.app import Context, RecordDict
 from flwr.client import NumPyClient
 
 from fl_app.node import drift_client
-from fl_app.node.attacks import faulted_reply, raise_if_injected, targets_clients
+from fl_app.node.attacks import faulted_reply, partition_metric, raise_if_injected, targets_clients
 from fl_app.node.client_state import ROWS, ClientStateStore, RowsStore, choose_store, keep_from
 from fl_app.node.drift_client import (
     DriftClient,
@@ -218,6 +218,7 @@ def finish(cfg: dict, members: list[Member], results, store: ClientStateStore, f
             continue
         if store.count(member.partition):  # stateful methods only: 0 in a first round
             metrics["state_arrays_in"] = member.carried
+        metrics.update(partition_metric(cfg, member.partition))
         if in_ray_worker():
             metrics["ray_node"] = ray_node_id()
         replies.append((member.partition, reply, num_examples, metrics))

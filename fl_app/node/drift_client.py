@@ -34,6 +34,7 @@ from flwr.app import Context
 from flwr.client import NumPyClient
 from torch import nn
 
+from fl_app.node.attacks import attacked_labels
 from fl_app.node.client_state import ClientStateStore, ContextStore, Load
 from protocol.layout import all_finite
 from protocol.traffic import append_groups, split_groups
@@ -133,11 +134,13 @@ def prepared_round(update: LocalUpdate, model: nn.Module, cfg: dict, device: tor
                    received: dict, x: torch.Tensor, y: torch.Tensor) -> Round:
     """One client's round, prepared: w_t (``params``, ``buffers``), its kept ``state`` and what
     the server sent besides the weights (``received``), the round's learning rate, the client's
-    data, batch-order generator and augmentation (``num_partitions`` None for a node with its own
+    data (its labels flipped by an injected ``label-flip``, ``fl_app.node.attacks.attacked_labels``),
+    batch-order generator and augmentation (``num_partitions`` None for a node with its own
     data), then the update's ``prepare`` step. The one preparation of the per-client path
     (``DriftClient.prepare_round``) and of a cohort node's clients (``fl_app.node.cohort_client``);
     the tensors given are only read (a cohort's clients may share w_t's)."""
     lr = cfg["learning-rate"] * cfg["lr-decay"] ** (server_round - 1)
+    y = attacked_labels(cfg, partition_id, server_round, y, input_shape(cfg["dataset"]).classes)  # label-flip
     job = Round(update, model, params, buffers, state, {"buffers": buffers, **received},
                 Hyper.from_config(cfg, lr, update.key_names()), x, y, cfg["batch-size"], cfg["local-epochs"],
                 round_generator(cfg["seed"], partition_id, server_round),

@@ -36,7 +36,7 @@ import torch
 from flwr.client import NumPyClient
 
 from fl_app.common.background import in_background
-from fl_app.node.attacks import faulted_reply, raise_if_injected
+from fl_app.node.attacks import faulted_reply, partition_metric, raise_if_injected
 from fl_app.node.client_state import PARTITION, choose_store, keep_from
 from fl_app.node.drift_client import DriftClient
 from tasks.functional import local_round
@@ -160,6 +160,7 @@ class NodeClient(NumPyClient):
         if store.count(c.partition_id):  # stateful methods only: 0 in a node's first round
             metrics["state_arrays_in"] = carried
         reply = faulted_reply(c.cfg, c.partition_id, server_round, reply, parameters, len(c.model.state_dict()))
+        metrics.update(partition_metric(c.cfg, c.partition_id))
         store.close_round(server_round, [c.partition_id], keep_from(config, server_round))
         if in_ray_worker():  # which machine of the Ray cluster ran this fit
             metrics["ray_node"] = ray_node_id()

@@ -40,6 +40,7 @@ from flwr.common import FitRes, Parameters, parameters_to_ndarrays
 from flwr.server.client_proxy import ClientProxy
 
 from fl_app.common.divergence import divergence
+from fl_app.common.faults import PARTITION_METRIC
 from fl_app.common.files import atomic_write_text
 from fl_app.common.run_files import BASE_COLUMNS, FINGERPRINT_KEY, SUMMARY_FILE, write_metrics
 from fl_app.server.checkpoint import Checkpoint
@@ -52,7 +53,7 @@ from tasks.train import accuracy_spread
 log = logging.getLogger("flwr.fl_drift")
 
 # Client metrics that are bookkeeping, not method metrics.
-_SKIP_CLIENT_METRICS = {"train_loss", "num_steps"}
+_SKIP_CLIENT_METRICS = {"train_loss", "num_steps", PARTITION_METRIC}
 
 
 def array_views(parameters: Parameters) -> list[np.ndarray]:

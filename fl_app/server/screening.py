@@ -27,12 +27,24 @@ count and are clipped like the weights (a client could otherwise poison them fre
 Arrays the server does not aggregate (a strategy's ``screen_skip``: entries kept on the clients, BatchNorm's say)
 neither count nor change.
 
-A method's extra arrays after the N weights (control-variate updates) follow their reply:
-a rejected reply is dropped whole, so its extras are never applied; a clipped reply's
+A method's extra arrays after the N weights (control-variate updates, delta c_i) follow their
+reply: a rejected reply is dropped whole, so its extras are never applied; a clipped reply's
 floating extras are scaled by the same s_k, so clipping shrinks every contribution of that
 client to the server state by one factor (rejection being s_k = 0, no screening s_k = 1).
-Extras are not screened on their own norm: an attacker that sends a normal weight update
-with a poisoned delta c_i is not caught (see the README).
+They are also screened, as a second group of the reply's update, by the same rule, so that a
+client sending a normal weight update with a poisoned delta c_i is caught
+(tests/server/test_screening_extras.py): ``clip`` bounds ||e_k|| (L2 over the floating extras)
+by ``screen-clip-multiple`` x the round's median ||e||, s_k being the smaller of the two
+groups' factors; ``reject`` drops a reply whose ||e_k|| exceeds ``screen-reject-multiple`` x
+the median ||e||, as it drops one whose ||Delta_k|| is too large; ``krum`` / ``multi-krum``
+score the concatenation of Delta_k and e_k x (median ||Delta|| / median ||e||). Each group is
+held against its own median, not one norm over both: the two are in different units (delta c_i
+is a gradient, about Delta / (K lr)), so in one norm the larger would hide the other, and honest
+extras would pad a weight attacker's norm past the documented bound. Krum has no per-group
+form (its picks on two groups need not agree), so it reads both groups rescaled to one scale.
+The rules that replace the weights by a robust value (``median`` and the like) are refused for
+methods with extras. What screening still leaves open is the clients' own state: a rejected
+SCAFFOLD client's c_i has moved as if its update was applied.
 
 Byzantine-robust rules for a declared number of attackers f = ``screen-attackers``:
 
@@ -174,6 +186,17 @@ def update_norm(weights: list[np.ndarray], w_t: list[np.ndarray], skip: frozense
     return math.sqrt(total)
 
 
+def extras_norm(extras: list[np.ndarray]) -> float:
+    """||e|| (L2, float64) over a reply's floating extra arrays (those after its weights)."""
+    floating = [a for a in extras if np.issubdtype(a.dtype, np.floating)]
+    return math.sqrt(sum(float((a.astype(np.float64) ** 2).sum()) for a in floating))
+
+
+def has_extras(clients: list[list[np.ndarray]], n: int) -> bool:
+    """Whether the replies carry floating extra arrays after their ``n`` weights."""
+    return any(np.issubdtype(a.dtype, np.floating) and a.size for c in clients for a in c[n:])
+
+
 def clip_factor(norm: float, bound: float) -> float:
     """s = min(1, bound / norm); 1 for a zero update."""
     return 1.0 if norm <= bound else bound / norm
@@ -267,12 +290,18 @@ def rule_on_rows(rows: np.ndarray, mode: str, trim: float, attackers: int, cc: t
 
 
 def krum_scores(clients: list[list[np.ndarray]], w_t: list[np.ndarray], attackers: int,
-                skip: frozenset[int] = frozenset()) -> list[float]:
+                skip: frozenset[int] = frozenset(), extras_scale: float | None = None) -> list[float]:
     """Krum's score of each reply (Blanchard et al. 2017): the sum of the squared L2
     distances from its screened arrays to those of its n - f - 2 nearest other replies
-    (at least 1, as in Flower's ``aggregate_krum``), in float64."""
+    (at least 1, as in Flower's ``aggregate_krum``), in float64. With ``extras_scale`` the
+    floating extras after the weights count too, times that scale (``decide``: the ratio of the
+    round's median norms, so that both groups weigh alike)."""
     index = [i for i, ref in enumerate(w_t) if screened(i, ref, skip)]
-    flat = np.stack([np.concatenate([c[i].astype(np.float64).ravel() for i in index]) for c in clients])
+    n = len(w_t)
+    flat = np.stack([np.concatenate([c[i].astype(np.float64).ravel() for i in index]
+                                    + ([extras_scale * a.astype(np.float64).ravel() for a in c[n:]
+                                        if np.issubdtype(a.dtype, np.floating)] if extras_scale is not None else []))
+                     for c in clients])
     dist = np.array([[float(((a - b) ** 2).sum()) for b in flat] for a in flat])
     nearest = max(1, len(clients) - attackers - 2)
     scores = []
@@ -303,6 +332,8 @@ class Decision:
     bound: float | None
     median: float
     robust: dict[int, np.ndarray] = field(default_factory=dict)
+    extras_norms: list[float] = field(default_factory=list)  # ||e_k|| of the extras; [] without any
+    extras_bound: float | None = None  # clip's or reject's bound on them
 
 
 def decide(clients: list[list[np.ndarray]], w_t: list[np.ndarray], mode: str, clip_norm: float,
@@ -311,9 +342,19 @@ def decide(clients: list[list[np.ndarray]], w_t: list[np.ndarray], mode: str, cl
            rng: np.random.Generator | None = None) -> Decision:
     """The screening of one round's replies (``clients``: each reply's arrays, weights first).
     Fewer replies than ``min_replies``: every reply is dropped. ``pre``: the ``screen-pre`` chain
-    (``bucket``: its s); ``cc``: centered-clip's (tau, iterations); ``rng``: bucketing's order."""
+    (``bucket``: its s); ``cc``: centered-clip's (tau, iterations); ``rng``: bucketing's order.
+
+    Replies with floating extras after the weights (a method's delta c_i) are screened on both
+    groups by the same rule (module docstring): ``clip`` and ``reject`` bound each group by
+    ``multiple`` x that group's median norm (the weights by ``clip_norm`` instead when > 0), a
+    reply scaled by the smaller factor or rejected when either group is over; Krum's distances
+    are over the weights and the extras scaled by median ||Delta|| / median ||e||."""
     norms = [update_norm(c[: len(w_t)], w_t, skip) for c in clients]
     median = float(np.median(norms)) if norms else 0.0
+    extras = has_extras(clients, len(w_t))
+    e_norms = [extras_norm(c[len(w_t):]) for c in clients] if extras else []
+    e_median = float(np.median(e_norms)) if e_norms else 0.0
+    e_bound = multiple * e_median if extras and mode in ("clip", "reject") else None
     keep = [True] * len(clients)
     factors = [1.0] * len(clients)
     bound = None
@@ -324,11 +365,16 @@ def decide(clients: list[list[np.ndarray]], w_t: list[np.ndarray], mode: str, cl
     elif mode == "clip":
         bound = clip_norm if clip_norm > 0 else multiple * median
         factors = [clip_factor(n, bound) for n in norms]
+        if extras:
+            factors = [min(s, clip_factor(e, e_bound)) for s, e in zip(factors, e_norms)]
     elif mode == "reject":
         bound = multiple * median
         keep = [n <= bound for n in norms]
+        if extras:
+            keep = [k and e <= e_bound for k, e in zip(keep, e_norms)]
     elif mode in SELECTION_MODES and clients and not pre:
-        keep = krum_keep(krum_scores(weights, w_t, attackers, skip), mode, attackers)
+        scale = (median / e_median if median > 0 and e_median > 0 else 1.0) if extras else None
+        keep = krum_keep(krum_scores(clients if extras else weights, w_t, attackers, skip, scale), mode, attackers)
     elif mode in ("median", "trimmed-mean", "bulyan") and clients and not pre:
         robust = robust_weights(weights, w_t, mode, trim, skip, attackers)
     elif clients and (pre or mode in ROBUST_MODES):
@@ -336,7 +382,7 @@ def decide(clients: list[list[np.ndarray]], w_t: list[np.ndarray], mode: str, cl
         rows = pre_aggregate(rows, pre, attackers, bucket, rng or np.random.default_rng(0))
         v, bound = rule_on_rows(rows, mode, trim, attackers, cc)
         robust = unflatten(v, w_t, index)
-    return Decision(norms, keep, factors, bound, median, robust)
+    return Decision(norms, keep, factors, bound, median, robust, e_norms, e_bound)
 
 
 class Screening:
@@ -385,12 +431,16 @@ class Screening:
         row["screen_bound"] = d.bound if d.bound is not None else ""
         row["screen_median_norm"] = d.median
         out = []
-        for (client, res), arrays, norm, keep, s in zip(accepted, clients, d.norms, d.keep, d.factors):
+        for k, ((client, res), arrays, norm, keep, s) in enumerate(zip(accepted, clients, d.norms, d.keep, d.factors)):
             if not keep:
-                if self.mode == "reject":
+                if self.mode == "reject" and norm > d.bound:
                     log.warning("round %d: rejected the update of node %s: update norm %.4g > %.4g "
                                 "(%g x the median %.4g; screening = reject)",
                                 server_round, client.cid, norm, d.bound, multiple, d.median)
+                elif self.mode == "reject":
+                    log.warning("round %d: rejected the update of node %s: its extras' norm %.4g > %.4g "
+                                "(%g x their median; screening = reject)",
+                                server_round, client.cid, d.extras_norms[k], d.extras_bound, multiple)
                 continue
             if s < 1.0:
                 arrays = scale_update(arrays, self.w_t, s, self.skip)

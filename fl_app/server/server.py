@@ -29,6 +29,9 @@ The rules the steps apply, whatever the method:
 - failed clients (raised, timed out) are counted (``num_failures``); ``drop-rate`` drops
   clients (``num_dropped``) and the run stops with ``RunAborted`` when fewer than
   ``min-fit-fraction`` of the sampled clients succeed;
+- ``inject-faults``' omniscient attacks (``alie``, ``ipm``, ``mimic``) replace the attacking
+  partitions' accepted replies by vectors crafted from the honest ones
+  (``fl_app/server/omniscient.py``), a simulation-only stand-in for colluding attackers; then
 - ``screening`` clips, rejects or robustly replaces the accepted updates before the method
   aggregates them (``num_clipped``, ``screen_bound``);
 - every ``checkpoint-every`` rounds a checkpoint is written; a resumed run starts at the
@@ -58,6 +61,7 @@ from fl_app.server.checkpoint import Checkpoint, checkpoint_due, drop_checkpoint
 from fl_app.server.cohort_routing import fit_cohort, fit_cohort_summed
 from fl_app.server.crash import crash_if_injected
 from fl_app.server.drift import drift_from_sums, layout, round_drift
+from fl_app.server.omniscient import OmniscientAttacks
 from fl_app.server.participation import Participation, RunAborted
 from fl_app.server.placement import record_ray_nodes
 from fl_app.server.preflight import loud
@@ -113,6 +117,7 @@ class DriftServer(Server):
         self.record = RunRecorder(cfg, run_dir)
         self.tracker = RunTracker(self.run_dir, cfg)
         self.screening = Screening(cfg)
+        self.attacks = OmniscientAttacks(cfg)  # inject-faults' alie, ipm, mimic (simulation only)
         self.participation = Participation(cfg)
         self.startup, self.evaluation = startup, evaluation
         self.resume_from = resume_from
@@ -137,6 +142,7 @@ class DriftServer(Server):
         super().set_strategy(strategy)
         self.method_class = self.method_class or type(strategy)
         self.screening.skip = frozenset(getattr(strategy, "screen_skip", ()))
+        self.attacks.skip = self.screening.skip
         self.sum_spec = self.reply_sums()
         if self.resume_from is not None and hasattr(strategy, "set_state"):
             strategy.set_state(self.resume_from.strategy_state)
@@ -300,6 +306,7 @@ class DriftServer(Server):
                 log.warning("round %d: rejected the update of node %s: %s", server_round, client.cid, problem)
             else:
                 accepted.append((client, res))
+        accepted = self.attacks.apply(server_round, accepted, self.sent_weights)
         accepted = self.screening.apply(server_round, accepted, row)
         row.update(num_clients=len(accepted), num_failures=len(failures), num_rejected=len(results) - len(accepted))
         for failure in failures:

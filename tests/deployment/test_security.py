@@ -140,6 +140,24 @@ def test_table_cells_follow_each_method_and_f():
     assert sorted(cells("fedavg", 1)) == sorted(set(cells("fedavg", 1)))  # each run once
 
 
+def test_new_attacks_are_selected_with_attacks_and_shown_when_kept():
+    from types import SimpleNamespace
+
+    from scripts.security_table import ATTACKS, cells, render_page, run_config, shown_attacks
+
+    assert cells("fedavg", 3, ["alie"])[:3] == [("clean", "none"), ("alie", "none"), ("clean", "multi-krum")]
+    args = SimpleNamespace(partitioner="dirichlet", alpha=0.3, data_dir="", rounds=10)
+    for attack in ("alie", "ipm", "mimic", "label-flip", "gaussian"):
+        cfg = run_config("fedavg", 3, attack, "multi-krum", 0, args)  # validated: the items parse
+        assert cfg["inject-faults"] == ",".join(ATTACKS[attack].format(k=k) for k in range(3))
+    assert cfg["partitioner"] == "dirichlet" and cfg["screen-attackers"] == 3
+    assert shown_attacks([_record("clean", "none", 0.9)]) == ["scale-x10", "sign-flip", "adaptive"]
+    records = _scaffold_table([0.9] * 3, {("alie", "multi-krum"): [0.8] * 3})
+    assert shown_attacks(records) == ["scale-x10", "sign-flip", "adaptive", "alie"]
+    page = render_page(records)
+    assert "| alie |  |  |  |  | 10.0 [10.0, 10.0] |" in page and "`alie` (Baruch et al. 2019)" in page
+
+
 def test_shards_split_the_cells():
     from scripts.security_table import shard
 

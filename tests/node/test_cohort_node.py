@@ -306,3 +306,18 @@ def test_non_finite_virtual_client_keeps_its_state_the_others_move_on():
     want0 = per_client(cfg, "scaffold", 0, state0).fit([a.copy() for a in arrays], {"server-round": 2})
     assert_same_reply(got[0], want0, rel=1e-5)
     assert_same_state(node_state, 0, state0, rel=1e-5)
+
+
+def test_label_flip_and_the_partition_metric_on_a_cohort_node():
+    """A label-flipping virtual client trains on y -> C - 1 - y as its own node would, and in a run
+    with an omniscient attack every virtual client names its partition, as a per-client node does."""
+    cfg = config_of(strategy="fedavg", **{"inject-faults": "label-flip:2,alie:0"})
+    arrays = initial(cfg, "fedavg")
+    got = cohort_fit(cohort_node(cfg, "fedavg"), arrays, [0, 2, 3], {"server-round": 1})
+    for p in (0, 2, 3):
+        want = per_client(cfg, "fedavg", p, RecordDict()).fit([a.copy() for a in arrays], {"server-round": 1})
+        assert_same_reply(got[p], want, rel=1e-5)
+        assert got[p].metrics["partition"] == p
+    honest = per_client(config_of(strategy="fedavg"), "fedavg", 2, RecordDict()).fit([a.copy() for a in arrays],
+                                                                                   {"server-round": 1})
+    assert not np.allclose(parameters_to_ndarrays(got[2].parameters)[0], honest[0][0], rtol=1e-3)

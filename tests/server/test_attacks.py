@@ -154,3 +154,75 @@ def test_client_sends_the_adaptive_update():
     _, attacked = _fit(fedavg.UPDATE, "adaptive:0:0.5")  # default screening: reject's bound 3
     for s, h, a in zip(sent, honest, attacked):
         np.testing.assert_allclose(a - s, -1.5 * (h - s), rtol=1e-4, atol=1e-5)
+
+
+def test_gaussian_sends_n_0_sigma2_coordinates_repeatably():
+    """gaussian:<p>:<sigma>: Delta's coordinates are independent N(0, sigma^2) (ByzFL's Gaussian),
+    seeded by (seed, partition, round); integer buffers and extras are sent as computed."""
+    w_t = [np.zeros((100, 200), np.float32), np.zeros(3, np.int64)]
+    w_k = [np.ones((100, 200), np.float32), np.full(3, 4, np.int64)]
+    reply = w_k + EXTRA
+    a = attacked_reply(Attack("gaussian", 0.5), reply, w_t + [np.zeros(2, np.float32)], 2, 0, 4, 2)
+    delta = a[0].astype(np.float64)
+    assert abs(delta.mean()) < 4 * 0.5 / np.sqrt(delta.size)  # 4 standard errors
+    assert delta.std() == pytest.approx(0.5, rel=0.03)
+    np.testing.assert_array_equal(a[1], w_k[1])
+    np.testing.assert_array_equal(a[2], EXTRA[0])
+    again = attacked_reply(Attack("gaussian", 0.5), reply, w_t, 2, 0, 4, 2)
+    np.testing.assert_array_equal(a[0], again[0])
+    assert not np.array_equal(a[0], attacked_reply(Attack("gaussian", 0.5), reply, w_t, 2, 0, 4, 3)[0])
+    assert not np.array_equal(a[0], attacked_reply(Attack("gaussian", 0.5), reply, w_t, 2, 0, 5, 2)[0])
+
+
+def test_new_node_attacks_parse_and_refuse_bad_values():
+    assert parse_faults("gaussian:1, gaussian:2:0.01@3, label-flip:3, label-flip:4@2") == {
+        1: Attack("gaussian", 1.0), 2: Attack("gaussian", 0.01, 3), 3: Attack("label-flip", None),
+        4: Attack("label-flip", None, 2)}
+    for item, why in [("gaussian:1:0", "sigma must be > 0"), ("gaussian:1:-2", "sigma must be > 0"),
+                      ("label-flip:1:3", "label-flip takes no number"), ("label-flip:x", "partition")]:
+        with pytest.raises(ConfigError) as err:
+            validate_config({"inject-faults": item})
+        assert f"item {item!r}" in str(err.value) and why in str(err.value) and "\n" not in str(err.value)
+
+
+def test_label_flip_trains_on_c_minus_1_minus_y():
+    from fl_app.node.attacks import attacked_labels
+
+    cfg = {"inject-faults": "label-flip:2@2"}
+    y = torch.tensor([0, 3, 9])
+    assert attacked_labels(cfg, 2, 2, y, 10).tolist() == [9, 6, 0]
+    assert attacked_labels(cfg, 2, 1, y, 10) is y  # before its round
+    assert attacked_labels(cfg, 1, 2, y, 10) is y  # another partition
+    assert attacked_labels({"inject-faults": "scale:2:3"}, 2, 2, y, 10) is y
+
+
+def test_a_label_flipping_client_is_an_honest_client_of_flipped_data():
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(20, 60, generator=g), torch.randint(0, 10, (20,), generator=g)
+    attacker = make_client(fedavg.UPDATE, {"inject-faults": "label-flip:0", "learning-rate": 0.1}, x, y)
+    flipped = make_client(fedavg.UPDATE, {"learning-rate": 0.1}, x, 9 - y)
+    honest = make_client(fedavg.UPDATE, {"learning-rate": 0.1}, x, y)
+    sent = [np.full(a.shape, 0.1, a.dtype) for a in honest.get_parameters({})]
+    got = NodeClient(attacker).fit([a.copy() for a in sent], {"server-round": 1})[0]
+    want = NodeClient(flipped).fit([a.copy() for a in sent], {"server-round": 1})[0]
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(got[0], NodeClient(honest).fit([a.copy() for a in sent], {"server-round": 1})[0][0])
+
+
+def test_nodes_name_their_partition_only_in_a_run_with_an_omniscient_attack():
+    _, _, metrics = NodeClient(_client({"inject-faults": "alie:1"}, partition=3)).fit(*_sent_and_config())
+    assert metrics["partition"] == 3
+    _, _, metrics = NodeClient(_client({"inject-faults": "scale:1:10"}, partition=3)).fit(*_sent_and_config())
+    assert "partition" not in metrics
+
+
+def _client(overrides, partition=0):
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(20, 60, generator=g), torch.randint(0, 10, (20,), generator=g)
+    return make_client(fedavg.UPDATE, overrides, x, y, partition=partition, num_partitions=5)
+
+
+def _sent_and_config():
+    sent = [np.full(a.shape, 0.1, a.dtype) for a in _client({}).get_parameters({})]
+    return sent, {"server-round": 1}

@@ -120,6 +120,9 @@ def test_krum_on_scaffold_drops_the_attackers_delta_c():
     replies = [[np.full(3, v, np.float32), np.zeros(1, np.float32), np.full(3, c, np.float32),
                 np.zeros(1, np.float32)] for v, c in honest + [(-50.0, 99.0)]]
     kept = screening.apply(1, [(Proxy(str(k)), fit_res(r, 10)) for k, r in enumerate(replies)], {})
-    assert [p.cid for p, _ in kept] == ["0"]  # scores / 3 (2 nearest): .01+.04, .01+.09, .04+.09, .16+.25, ...
+    # The distances count delta c too, times median ||Delta|| / median ||delta c|| = 1.1 / 3: per
+    # coordinate pair (dv^2 + (1.1/3)^2 dc^2): 0-1 .1444, 0-2 .5778, 0-3 1.46, 1-2 .2244, 1-3 .6978,
+    # 2-3 .6244; scores / 3 (the 2 nearest): .7222, .3689, .8022, 1.3222, the attacker's far more.
+    assert [p.cid for p, _ in kept] == ["1"]
     arrays = parameters_to_ndarrays(kept[0][1].parameters)
-    np.testing.assert_array_equal(arrays[2], np.full(3, 1.0, np.float32))  # its own delta c, unchanged
+    np.testing.assert_array_equal(arrays[2], np.full(3, 2.0, np.float32))  # its own delta c, unchanged

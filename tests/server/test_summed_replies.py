@@ -166,6 +166,7 @@ def test_drift_from_sums_refuses_a_plain_mean_server():
     ({"strategy": "fednova"}, "FedNovaStrategy) needs every client's reply"),
     ({"screening": "clip"}, "screening = 'clip' acts on each client's reply"),
     ({"execution": "per-client"}, "execution = 'per-client' has no cohort node"),
+    ({"inject-faults": "alie:0,ipm:1"}, "omniscient attacks (alie, ipm) replace single clients' replies at the server"),
 ])
 def test_cohort_replies_sum_is_refused_in_one_line_where_it_cannot_be(keys, words):
     with pytest.raises(ConfigError) as err:

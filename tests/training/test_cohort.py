@@ -428,6 +428,19 @@ def test_an_unbatched_methods_cohort_run_is_its_per_client_run_bit_for_bit(tmp_p
     assert compared(per_client, cohort, exact=True) == []
 
 
+@pytest.mark.parametrize("faults", ["alie:0", "mimic:1,label-flip:2"])
+def test_omniscient_and_data_attacks_act_alike_on_both_paths(faults, tmp_path):
+    """The server replaces the attackers' replies from the honest ones whichever path brought them
+    (fl_app/server/omniscient.py: each reply names its partition), and a label-flipping virtual
+    client trains as its own node would: the same run within tolerance, and not the clean run."""
+    keys = {"inject-faults": faults, "fraction-fit": 1.0, "cohort-replies": "auto"}  # auto: full replies here
+    per_client = per_client_run("fedavg", tmp_path, **keys)
+    cohort = cohort_run("fedavg", tmp_path, **keys)
+    assert compared(per_client, cohort, exact=False) == []
+    clean = cohort_run("fedavg", tmp_path, name="clean", **{"fraction-fit": 1.0})
+    assert compared(clean, cohort, exact=False) != []
+
+
 @pytest.mark.parametrize("method", ["fedavg", "scaffold", pytest.param("fedbn", marks=pytest.mark.slow)])
 def test_cohort_of_one_client_equals_per_client_exactly(method, tmp_path, request):
     """One of 4 clients a round, on one of 2 cohort nodes: a cohort of one runs unbatched, the

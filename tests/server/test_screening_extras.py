@@ -1,0 +1,112 @@
+"""Poisoned extras: a client that sends an ordinary weight update but a poisoned method extra
+(SCAFFOLD's delta c_i scaled by 1e4) is caught by the screening rule, as an attacker on its
+weights is (fl_app/server/screening.py: the extras are a second group of each reply's update,
+screened by the same rule). By hand on a few vectors for each rule a method with extras may
+use (clip, reject, krum, multi-krum), then with SCAFFOLD's real clients and server: the server
+control variate c takes only the honest clients' delta c_i."""
+
+import numpy as np
+import pytest
+import torch
+from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.server.client_manager import SimpleClientManager
+
+from clients import scaffold
+from fl_app.node.node_client import NodeClient
+from fl_app.registry import validate_config
+from fl_app.server.screening import decide
+from strategies.base import fedavg_kwargs
+from strategies.scaffold import ScaffoldStrategy
+from tasks.datasets import input_shape
+from tasks.models import build_model, get_weights
+from tests.kit import Proxy, fake_context, make_client
+from tests.kit_server import RoundByRound
+
+POISON = 1e4
+
+
+def _replies(n=7, seed=0):
+    """w_t = 0 (a 2x2 and a 2-vector), n replies: honest updates and extras of norms near 1;
+    reply 0's extras times POISON, its weights as honest as the others'."""
+    rng = np.random.default_rng(seed)
+    w_t = [np.zeros((2, 2), np.float32), np.zeros(2, np.float32)]
+    replies = []
+    for k in range(n):
+        weights = [(0.5 + 0.05 * rng.standard_normal(a.shape)).astype(np.float32) for a in w_t]
+        extras = [(0.3 + 0.05 * rng.standard_normal((2, 2))).astype(np.float32),
+                  (0.3 + 0.05 * rng.standard_normal(2)).astype(np.float32)]
+        if k == 0:
+            extras = [(POISON * e).astype(np.float32) for e in extras]
+        replies.append(weights + extras)
+    return replies, w_t
+
+
+@pytest.mark.parametrize("mode, attackers", [("reject", 0), ("krum", 1), ("multi-krum", 1)])
+def test_a_poisoned_extra_is_dropped_by_the_rules_that_drop_replies(mode, attackers):
+    replies, w_t = _replies()
+    d = decide(replies, w_t, mode, 0.0, 3.0, 0.2, attackers=attackers)
+    assert not d.keep[0]
+    if mode != "krum":
+        assert all(d.keep[1:])  # the honest ones all pass
+
+
+def test_a_poisoned_extra_is_clipped_to_the_honest_extras():
+    """clip (multiple 1): reply 0's extras have norm ~ POISON x the median extras' norm, so its
+    factor is the median extras' norm over its own, and its extras are sent at that median."""
+    replies, w_t = _replies()
+    d = decide(replies, w_t, "clip", 0.0, 1.0, 0.2)
+    extras_norms = [np.sqrt(sum(float((e.astype(np.float64) ** 2).sum()) for e in r[2:])) for r in replies]
+    weight_norms = [np.sqrt(sum(float((w.astype(np.float64) ** 2).sum()) for w in r[:2])) for r in replies]
+    median_e, median_w = np.median(extras_norms), np.median(weight_norms)
+    want = min(1.0, median_e / extras_norms[0], median_w / weight_norms[0])
+    assert d.factors[0] == pytest.approx(want, rel=1e-9)
+    assert d.factors[0] < 2 / POISON
+
+
+class Poisoned:
+    """A node whose reply's weights are its honest ones but whose extras (delta c_i) are scaled by POISON."""
+
+    def __init__(self, node, num_weights):
+        self.node, self.num_weights = node, num_weights
+
+    def fit(self, parameters, config):
+        reply, n, metrics = self.node.fit(parameters, config)
+        return reply[: self.num_weights] + [POISON * a for a in reply[self.num_weights:]], n, metrics
+
+
+K = 5
+SIZES = [12, 20, 16, 24, 18]
+
+
+class Everyone(SimpleClientManager):
+    def sample(self, num_clients, min_num_clients=None, criterion=None):
+        return [self.clients[str(k)] for k in range(K)]
+
+
+@pytest.mark.parametrize("screening, attackers", [("multi-krum", 1), ("reject", 0)])
+def test_scaffold_c_never_takes_a_poisoned_delta_c(screening, attackers, tmp_path):
+    cfg = validate_config({
+        "strategy": "scaffold", "dataset": "synthetic", "model": "logreg", "fraction-fit": 1.0,
+        "min-fit-clients": K, "min-available-clients": K, "learning-rate": 0.1, "batch-size": 8,
+        "screening": screening, "screen-attackers": attackers,
+    })
+    w0 = get_weights(build_model("logreg", input_shape("synthetic"), seed=1))
+    inner = ScaffoldStrategy.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w0), None))
+    strategy = RoundByRound(inner, cfg, tmp_path, num_rounds=1)
+    manager = Everyone()
+    for k in range(K):
+        g = torch.Generator().manual_seed(10 + k)
+        x, y = torch.randn(SIZES[k], 60, generator=g), torch.randint(0, 10, (SIZES[k],), generator=g)
+        c = make_client(scaffold.UPDATE, dict(cfg), x, y, context=fake_context(), partition=k, num_partitions=K)
+        node = NodeClient(c)
+        manager.register(Proxy(str(k), Poisoned(node, len(w0)) if k == 0 else node))
+    instructions = strategy.configure_fit(1, ndarrays_to_parameters(w0), manager)
+    results = [(p, p.fit(ins, None, None)) for p, ins in instructions]
+    replies = [parameters_to_ndarrays(r.parameters) for _, r in results]
+    assert np.linalg.norm(replies[0][2]) > 100 * np.linalg.norm(replies[1][2])  # the poison is sent
+    strategy.aggregate_fit(1, results, [])
+    assert strategy.row["num_rejected"] == 1
+    # c <- c + (1/N) sum of the kept clients' delta c_i: the four honest ones (c starts at 0)
+    want = [sum(r[2 + i].astype(np.float64) for r in replies[1:]) / K for i in range(2)]
+    for got, w in zip(inner.cv.c, want):
+        np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-7)
