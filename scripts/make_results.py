@@ -54,7 +54,9 @@ Methods or experiments without finished runs are listed as "not run yet"; no num
 
 Beside it, the same command writes the results atlas, docs/atlas.md with docs/results/atlas.png
 (``runner/results/atlas.py``): every method's rank, accuracy and claim verdicts across the files,
-grouped by kind of skew and model, from the rows and claim tests the sections show (``atlas_file``).
+grouped by kind of skew and model, from the rows and claim tests the sections show (``atlas_file``),
+each column with its budget as a fraction of its paper's (``budget_fraction``) and its seeds, and
+rows identical by design (``runner/results/design.py``) folded into one.
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ from runner.experiment import read_experiment  # noqa: E402
 from runner.plan import check_axes, grid_points, label, resolve_rows, run_name  # noqa: E402
 from runner.results.atlas import AtlasFile, Entry, Verdict, write_atlas  # noqa: E402
 from runner.results.clientmix import LABEL_COUNTS_FILE, PER_CLASS_FILE, client_mix_columns, run_label_counts  # noqa: E402
+from runner.results.design import identical_rows  # noqa: E402
 from runner.results.fingerprint import data_line, fingerprint_of, mixed_data  # noqa: E402
 from runner.results.report import (  # noqa: E402
     CLIENT_HEADERS,
@@ -176,18 +179,25 @@ def expected_runs(exp: dict) -> dict[str, dict]:
     """Run folder name -> the settings the experiment file fixes for that (row, seed): its
     [run-config], the row's [methods.<label>] keys and grid point, strategy, seed, and
     ``clients`` (the number of partitions), validated as the runner validates them."""
+    out = {}
+    for name, point, fixed in row_settings(exp):
+        for seed in exp.get("seeds", [0]):
+            cfg = validate_config({**fixed, "seed": seed})
+            out[run_name(label(name, point), seed)] = {
+                **{k: cfg[k] for k in [*fixed, "seed"]}, "clients": exp.get("clients", 10)}
+    return out
+
+
+def row_settings(exp: dict) -> list[tuple[str, dict, dict]]:
+    """(listed name, grid point, the settings the file fixes for it) per row, in the runner's
+    order: the file's [run-config] (machine paths left out), the row's [methods.<label>] keys,
+    its grid point and its strategy."""
     base = {k: v for k, v in exp.get("run-config", {}).items() if k not in MACHINE_PATHS}
     file_grid = check_axes(exp.get("grid", {}), "[grid]")
-    out = {}
-    for name, strategy, keys, grid in resolve_rows(list(exp.get("strategies", [])), exp.get("methods", {}),
-                                                   method_names()):
-        for point in grid_points({**file_grid, **grid}):
-            fixed = {**base, **keys, **point, "strategy": strategy}
-            for seed in exp.get("seeds", [0]):
-                cfg = validate_config({**fixed, "seed": seed})
-                out[run_name(label(name, point), seed)] = {
-                    **{k: cfg[k] for k in [*fixed, "seed"]}, "clients": exp.get("clients", 10)}
-    return out
+    return [(name, point, {**base, **keys, **point, "strategy": strategy})
+            for name, strategy, keys, grid in resolve_rows(list(exp.get("strategies", [])), exp.get("methods", {}),
+                                                           method_names())
+            for point in grid_points({**file_grid, **grid})]
 
 
 def recorded_setting(summary: dict) -> dict:
@@ -636,7 +646,13 @@ def section(path: Path, exp: dict, kept: KeptRuns, figures: Path, md_dir: Path,
 
 def budget(exp: dict) -> float:
     """Training budget of an experiment: rounds x local epochs x participation (fraction-fit),
-    summed over its grid points (the file's [run-config] with each point of its [grid])."""
+    summed over its grid points (the file's [run-config] with each point of its [grid]).
+
+    It counts passes over the training split: a round's clients (fraction-fit x N) each train
+    local-epochs passes over their partition (1/N of the split on average), so a round is
+    fraction-fit x local-epochs passes, whatever N is. Every file trains on its whole training
+    split (no key subsamples it), so this is the share of the training the papers' numbers
+    were reached with, the model's size apart (``budget_fraction``)."""
     rc = exp.get("run-config", {})
     total = 0.0
     for point in grid_points(check_axes(exp.get("grid", {}), "[grid]")):
@@ -645,12 +661,25 @@ def budget(exp: dict) -> float:
     return total
 
 
+def paper_setting(path: Path) -> Path | None:
+    """The paper's own setting of experiment file ``path``: experiments/paper/<file name> beside
+    it (else the repository's); None when there is none."""
+    for paper_file in (Path(path).parent / "paper" / Path(path).name, ROOT / "experiments" / "paper" / Path(path).name):
+        if paper_file.is_file():
+            return paper_file
+    return None
+
+
+def budget_fraction(path: Path, exp: dict) -> float | None:
+    """The file's ``budget`` over its paper setting's (``paper_setting``); None without one."""
+    paper_file = paper_setting(path)
+    return None if paper_file is None else budget(exp) / budget(read_experiment(paper_file))
+
+
 def budget_line(path: Path, exp: dict) -> list[str]:
     """'Budget: x of the paper's' from the paper's own setting, experiments/paper/<file name>."""
-    paper_file = Path(path).parent / "paper" / Path(path).name
-    if not paper_file.is_file():
-        paper_file = ROOT / "experiments" / "paper" / Path(path).name
-    if not paper_file.is_file():
+    paper_file = paper_setting(path)
+    if paper_file is None:
         return []
     paper = read_experiment(paper_file)
     ours, theirs = budget(exp), budget(paper)
@@ -760,41 +789,60 @@ def grid_choice(points: list[str], rows: dict[str, dict]) -> str | None:
     return max(ran, key=lambda p: rows[p]["best"][0]) if ran else None
 
 
-def atlas_file(exp: dict, kept: KeptRuns, rows: dict[str, dict]) -> AtlasFile:
+def atlas_file(path: Path, exp: dict, kept: KeptRuns, rows: dict[str, dict]) -> AtlasFile:
     """The experiment file as the atlas shows it: per listed name (method or variant) the row its
     section shows (a grid's chosen point, ``grid_choice``) with the mean of the paper's metric,
-    and the counted claims (``claim_tests``, the sections' verdicts) between two listed names."""
+    the counted claims (``claim_tests``, the sections' verdicts) between two listed names, and
+    its budget as a fraction of its paper's (``budget_fraction``). Listed names identical by
+    design (``runner.results.design``, from the settings the runs were made with: the file's,
+    with the tuning record's choices) are one entry, named 'a = b'; a claim between two of them
+    compares a row with itself and is left out."""
     name = exp.get("name", "?")
     key = "best" if uses_best(exp) else "final"
     table = experiment_rows(exp)
+    same = identical_rows(row_configs(apply_choice(exp, kept.tuning)))
+    folded = {member: " = ".join(group) for group in same for member in group}
     listed: dict[str, list[str]] = {}
     variants = {}
     for row, listed_name, strategy in table:
         listed.setdefault(listed_name, []).append(row)
         if listed_name != strategy:
-            variants[listed_name] = strategy
+            variants.setdefault(folded.get(listed_name, listed_name), strategy)
     config = {**{k: v.default for k, v in spec().items()}, **exp.get("run-config", {})}
     shown = any(kept.dirs.values())
     planned = len(table) * len(exp.get("seeds", [0]))
     status = (NOT_RUN if not shown else "earlier setting" if kept.shows_earlier
               else "complete" if kept.current >= planned else "partial")
+    common = {"methods": tuple(dict.fromkeys(folded.get(n, n) for n in listed)), "variants": variants,
+              "budget": budget_fraction(path, exp), "folded": {" = ".join(g): g for g in same}}
     if not shown:
-        return AtlasFile(name, config, key, status, methods=tuple(listed), variants=variants)
+        return AtlasFile(name, config, key, status, **common)
     entries = {}
     strategy_of = {listed_name: strategy for _, listed_name, strategy in table}
     for listed_name, points in listed.items():
         row = grid_choice(points, rows) if len(points) > 1 else points[0]
-        if row is None or not rows[row]["seeds"]:
+        shown_name = folded.get(listed_name, listed_name)
+        if row is None or not rows[row]["seeds"] or shown_name in entries:
             continue
         mean, std = rows[row][key]
-        entries[listed_name] = Entry(listed_name, strategy_of[listed_name], row, mean, std, rows[row]["seeds"],
-                                     len(rows[row]["diverged"]))
-    of = {row: listed_name for row, listed_name, _ in table}
+        entries[shown_name] = Entry(shown_name, strategy_of[listed_name], row, mean, std, rows[row]["seeds"],
+                                    len(rows[row]["diverged"]), row[len(listed_name):].strip("[]"))
+    of = {row: folded.get(listed_name, listed_name) for row, listed_name, _ in table}
     verdicts, not_counted = [], []
     for c, d, _, why in claim_tests(exp, kept.dirs):
         if d is not None and of[c.better] != of[c.worse]:
             (not_counted if why else verdicts).append(Verdict(of[c.better], of[c.worse], d.verdict, c.text()))
-    return AtlasFile(name, config, key, status, entries, verdicts, not_counted, tuple(listed), variants)
+    return AtlasFile(name, config, key, status, entries, verdicts, not_counted, **common)
+
+
+def row_configs(exp: dict) -> dict[str, list[dict]]:
+    """Listed name -> the validated run config of each of its grid points (the file's first
+    seed), what ``runner.results.design.identical_rows`` compares."""
+    seed = exp.get("seeds", [0])[0]
+    out: dict[str, list[dict]] = {}
+    for name, _, fixed in row_settings(exp):
+        out.setdefault(name, []).append(validate_config({**fixed, "seed": seed}))
+    return out
 
 
 def drift_figure(name: str, dirs: dict[str, list[Path]], figures: Path, md_dir: Path) -> list[str]:
@@ -857,7 +905,7 @@ def make_results(experiments: Path, results: Path, out: Path) -> str:
     out.parent.mkdir(parents=True, exist_ok=True)
     text = "\n".join(lines).rstrip() + "\n"
     out.write_text(text)
-    write_atlas([atlas_file(exp, k, r) for (path, exp), k, r in zip(exps, kept, rows)], atlas_path(out), out,
+    write_atlas([atlas_file(path, exp, k, r) for (path, exp), k, r in zip(exps, kept, rows)], atlas_path(out), out,
                 figures / ATLAS_PICTURE)
     return text
 

@@ -18,6 +18,14 @@ from fl_app.api import fingerprint_of
 from runner.results.records import Run, as_records
 
 NOT_RECORDED = "data fingerprint not recorded"
+# Why such a run's fingerprint is not computed now from the data at hand and the split settings it
+# recorded: the fingerprint's train and test entries are the sizes and SHA-256 of the files the run
+# read, and a run without one kept nothing of them (no hash; its data folder's path is blanked in
+# the store, and its client_label_counts.csv, where it has one, was cut when it was collected, from
+# the collecting machine's data, not by the run). The split settings alone would give the partition
+# entry; the files' entries would be today's files, a guess presented as a record.
+NOT_RECOMPUTABLE = ("not recomputed from the data at hand: the fingerprint hashes the files a run read, and these "
+                    "runs kept no trace of theirs")
 
 
 def by_digest(runs: Iterable[tuple[str, dict | None]]) -> tuple[dict[str, tuple[dict, list[str]]], list[str]]:
@@ -84,7 +92,7 @@ def data_line(runs: Iterable[tuple[str, dict | None]]) -> list[str]:
              for fp, names in groups.values()]
     if missing:
         parts.append(f"{NOT_RECORDED} ({len(missing)} runs, made before runs recorded one: known only by the "
-                     "settings above)")
+                     f"settings above; {NOT_RECOMPUTABLE})")
     if not parts:
         return []
     return [f"Data the kept runs trained and tested on: {'; '.join(parts)}.", ""]
