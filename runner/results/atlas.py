@@ -350,6 +350,25 @@ def relative(f: AtlasFile, name: str) -> float:
     return 100 * (e.mean - ref.mean)
 
 
+def label_columns(ax, run: list[AtlasFile]) -> None:
+    """The heat map's column labels (file, skew, model, budget; grey below ``SMALL_BUDGET``) and
+    its skew groups, each headed and set off by a line."""
+    labels = [f"{f.name}{' *' if f.metric == 'best' else ''} · {skew(f.config)[1]} · {f.config.get('model', '?')}"
+              f" · {budget_text(f)}{' !' if budget_mark(f) else ''}" for f in run]
+    ax.set_xticks(range(len(run)), labels, rotation=60, ha="right", rotation_mode="anchor", fontsize=7)
+    for tick, f in zip(ax.get_xticklabels(), run):
+        if budget_mark(f):
+            tick.set_color("#8a8a8a")
+    groups = [skew(f.config)[0] for f in run]
+    starts = [j for j in range(len(run)) if j == 0 or groups[j] != groups[j - 1]]
+    for k, j in enumerate(starts):
+        end = starts[k + 1] if k + 1 < len(starts) else len(run)
+        if j:
+            ax.axvline(j - 0.5, color="black", linewidth=1.2)
+        ax.text((j + end - 1) / 2, -0.8, group_heading(groups[j], short=True), ha="center", va="bottom",
+                fontsize=8, fontweight="bold")
+
+
 def heatmap(files: list[AtlasFile], path: Path) -> bool:
     """Methods (rows) x run files (columns, grouped by skew): accuracy minus the file's FedAvg in
     percentage points, blue above and red below, each cell's number its rank in the file; False
@@ -380,20 +399,7 @@ def heatmap(files: list[AtlasFile], path: Path) -> bool:
             dark = math.isfinite(values[i, j]) and abs(values[i, j]) > 0.6 * span
             ax.text(j, i, str(rank), ha="center", va="center", fontsize=7, color="white" if dark else "black")
     ax.set_yticks(range(len(names)), names, fontsize=8)
-    labels = [f"{f.name}{' *' if f.metric == 'best' else ''} · {skew(f.config)[1]} · {f.config.get('model', '?')}"
-              f" · {budget_text(f)}{' !' if budget_mark(f) else ''}" for f in run]
-    ax.set_xticks(range(len(run)), labels, rotation=60, ha="right", rotation_mode="anchor", fontsize=7)
-    for tick, f in zip(ax.get_xticklabels(), run):
-        if budget_mark(f):
-            tick.set_color("#8a8a8a")
-    groups = [skew(f.config)[0] for f in run]
-    starts = [j for j in range(len(run)) if j == 0 or groups[j] != groups[j - 1]]
-    for k, j in enumerate(starts):
-        end = starts[k + 1] if k + 1 < len(starts) else len(run)
-        if j:
-            ax.axvline(j - 0.5, color="black", linewidth=1.2)
-        ax.text((j + end - 1) / 2, -0.8, group_heading(groups[j], short=True), ha="center", va="bottom",
-                fontsize=8, fontweight="bold")
+    label_columns(ax, run)
     bar = fig.colorbar(image, ax=ax, shrink=0.5, pad=0.02)
     bar.set_label("accuracy − the file's FedAvg (percentage points)", fontsize=8)
     ax.set_title("Each method against FedAvg in each experiment file (number: rank in the file; dark grey: not "
