@@ -40,7 +40,8 @@ FLOAT32 = {
     "fedgam-cv": 1e-4, "scaffold": 1e-4, "fedpvr": 1e-5, "fedsam": 1e-5, "fedasam": 1e-3, "fedsmoo": 1e-1,
     "fedavgm": 1e-5, "fedadam": 1e-4, "fedyogi": 1e-1, "fedadagrad": 1e-2, "fedrs": 1e-5, "fedlc": 1e-5,
     "feddecorr": 0.0, "fedacg": 1e-1, "fedexp": 1e-5, "feddc": 1e-2, "fedspeed": 1e-5, "fedcm": 1e-6,
-    "mofedsam": 1e-5, "fedgamma": 1e-1, "fedlesam": 1e-6, "fedinit": 1e-5,
+    "mofedsam": 1e-5, "fedgamma": 1e-1, "fedlesam": 1e-6, "fedinit": 1e-5, "fedswa": 1.0, "fedmoswa": 1e-5,
+    "fedgela": 1e-3, "ccvr": 1e-5,
 }
 DEFAULT_FLOAT32 = ("scaffold",)  # the others are slow (each about 8 s idle)
 DEFAULT_FLOAT64 = ("scaffold",)
