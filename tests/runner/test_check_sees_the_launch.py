@@ -301,3 +301,46 @@ def test_a_shared_tuning_grid_searches_a_key_only_where_it_is_read(tmp_path):
     exp.write_text(TUNED + "[tune.grid]\nlearning-rate = [0.1, 0.2]\n[tune.fedavg]\nsam-rho = [0.05, 0.1]\n")
     with pytest.raises(ConfigError, match=r"\[tune.fedavg\] sets 'sam-rho', which changes nothing"):
         read_experiment(exp)
+
+
+# ---- --check's pictures: one folder left, not one per check ------------------------------------
+
+def check_folders(tmp: Path) -> list[Path]:
+    return sorted(tmp.glob("fl-drift-check-*"))
+
+
+def test_a_check_removes_the_folders_earlier_checks_left(tmp_path, capsys, monkeypatch):
+    """Every --check left a fl-drift-check-* folder in the temporary directory; now the next
+    check removes it, so one is left: the last check's, whose split: line names its picture."""
+    import tempfile
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    argv = [*SYNTH, "--rounds", "1", "--out", str(tmp_path / "o"), "--check"]
+    leftover = tmp / "fl-drift-check-old"  # as a check before this change left it: no lock in it
+    leftover.mkdir()
+    old = 1_000_000_000
+    os.utime(leftover, (old, old))
+    for _ in range(2):
+        assert run_simulation.main(argv) == 0
+    printed = capsys.readouterr().out
+    (folder,) = check_folders(tmp)  # the leftover and the first check's folder removed
+    assert f"split: {folder / 'partitions.png'} (synthetic" in printed and (folder / "partitions.png").is_file()
+
+
+def test_a_check_leaves_the_folder_a_running_check_draws_in(tmp_path, monkeypatch):
+    import tempfile
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    with checks.check_folder() as drawing:  # a check still drawing its splits
+        with checks.check_folder() as other:
+            assert drawing.is_dir() and other.is_dir() and drawing != other
+        fresh = tmp / "fl-drift-check-new"  # made a moment ago, its lock not yet taken
+        fresh.mkdir()
+        with checks.check_folder() as third:
+            assert drawing.is_dir() and fresh.is_dir()
+            assert not other.exists()  # finished: removed by the next check
+    assert check_folders(tmp) == sorted([drawing, fresh, third])
