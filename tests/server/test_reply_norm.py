@@ -3,7 +3,7 @@
 SCAFFOLD at learning rate 3 (with ``inject-faults = "nan:1"``) aggregated such replies: every
 value finite, so the NaN check let them through, and the server's float32 sums over them
 overflowed (``cv_norm`` inf) with no rejection counted. The rule (``protocol.layout.all_finite``):
-the squared norm of a reply's floating arrays must fit a float32 (at most 3.4028235e38)."""
+the squared norm of a reply's floating arrays must fit a float32 (at most about 3.4e38)."""
 
 from __future__ import annotations
 
