@@ -237,16 +237,19 @@ def _coerce(name: str, key: Key, value: Any) -> Any:
             except ValueError:
                 pass
     elif want is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if math.isfinite(float(value)):
-                return float(value)
+            number = float(value)
         elif isinstance(value, str):
             try:
-                f = float(value)
-                if math.isfinite(f):
-                    return f
+                number = float(value)
             except ValueError:
                 pass
+        if number is not None:
+            if math.isfinite(number):
+                return number
+            raise ConfigError(f"run-config key '{name}' = {value!r} is invalid: must be a finite number"
+                              + (f" {key.allowed}" if key.allowed else "") + " (not NaN or an infinity)")
     elif want is str:
         if isinstance(value, str):
             return value

@@ -193,6 +193,21 @@ def config_keys(method: Method) -> dict:
     return {**getattr(method.strategy, "CONFIG_KEYS", {}), **client_side(method).keys}
 
 
+def keys_read(name: str) -> frozenset[str]:
+    """Every run-config key a run of the method ``name`` reads: ``strategy`` and the general
+    keys (``fl_app.config.GENERAL_KEYS``), which every run reads, and the method's own
+    (``config_keys``: its strategy's ``CONFIG_KEYS`` and its update's ``keys``; the keys its
+    update ``reads`` are declared on that strategy). A key outside it changes nothing in the
+    run, so the runner refuses it where it would be silently ignored (``runner.plan``)."""
+    method = get_method(name)
+    return frozenset({*general_keys(), *config_keys(method), *client_side(method).reads})
+
+
+def readers(key: str) -> tuple[str, ...]:
+    """The methods whose runs read the method key ``key`` (every method for a general key)."""
+    return tuple(name for name in METHODS if key in keys_read(name))
+
+
 def method_keys() -> dict:
     """Every method's own run-config keys. A key shared by several methods must be the same
     declaration (one ``Key`` object), never two that could disagree on default or range."""

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 import numpy as np
 from flwr.common import Code, FitIns, FitRes, Parameters, Status, bytes_to_ndarray
 
-from protocol.layout import all_finite, reply_problem
+from protocol.layout import reply_problem, squared_norm
 from protocol.traffic import SUMMED_CLIENTS
 
 PARTITIONS = "cohort-partitions"  # the bundle's virtual clients (partition ids), comma-separated, in order
@@ -294,7 +294,7 @@ class SumOps:
     dot: Callable  # float(d . d) of a float64 array
     zeros64: Callable  # float64 zeros of an array's shape, on its device
     cast: Callable  # a float64 value back to a reference array's dtype (an integer one rounded half to even)
-    finite: Callable  # whether every numeric array of a list is finite
+    squares: Callable  # a list's squared norm over its floating arrays, float64 squares (protocol.layout.squared_norm)
     to_numpy: Callable  # an output array on the host
 
 
@@ -304,7 +304,8 @@ def _numpy_cast(value, ref):
 
 
 NUMPY_SUMS = SumOps(to64=lambda a: a.astype(np.float64), dot=lambda d: float(np.vdot(d, d)),
-                    zeros64=lambda a: np.zeros(a.shape), cast=_numpy_cast, finite=all_finite, to_numpy=np.asarray)
+                    zeros64=lambda a: np.zeros(a.shape), cast=_numpy_cast, squares=squared_norm,
+                    to_numpy=np.asarray)
 
 
 def sum_replies(replies: Sequence[tuple[int, list, int, dict, list]], failed: Mapping[int, str], spec: SumSpec,
@@ -315,7 +316,7 @@ def sum_replies(replies: Sequence[tuple[int, list, int, dict, list]], failed: Ma
     kept, records, pids = [], [], []
     rejected: list[tuple[int, str]] = []
     for partition, reply, num_examples, metrics, sent in replies:
-        problem = reply_problem(reply, [tuple(a.shape) for a in sent], ops.finite)
+        problem = reply_problem(reply, [tuple(a.shape) for a in sent], ops.squares)
         if problem:
             rejected.append((int(partition), problem))
         else:

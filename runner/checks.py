@@ -6,28 +6,38 @@ error) of one line, raised before a SuperLink starts."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import math
 import os
+import shutil
+import stat
 import tempfile
+import time
 from pathlib import Path
 
-from fl_app.api import RunFacts, check_configs, check_report, check_splits, preflight
+from fl_app.api import SUMMARY_FILE, RunFacts, check_configs, check_report, check_splits, preflight
 from fl_app.api import changed_data as changed_data  # a kept run's data against the data asked for now
 from fl_app.api import changed_runs as changed_in
-from fl_app.config import ConfigError
+from fl_app.config import ConfigError, did_you_mean
 from fl_app.registry import method_names, parse_override
 from runner.launch import visible_gpus
 from runner.parallel import check_workers
 from runner.plan import (
     check_axes,
     check_command_line_keys,
+    check_name_length,
+    check_read_by_some,
     check_run_names,
     grid_points,
     label,
     parse_grid,
     resolve_rows,
+    row_axes,
     run_name,
+    shown,
 )
+from runner.snapshot import SNAPSHOT_FOLDER
 from runner.tuning import SEARCH_FOLDER, SearchPlan, committed_reuse
 
 
@@ -36,7 +46,10 @@ def planned_configs(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str,
     unchecked (``build_configs`` checks them); a ConfigError for the grid and the rows.
 
     Precedence (later wins; see runner/plan.py): the file's [run-config], its
-    [methods.<label>] keys, its grids, the command line (flags and --set), --grid. A relative
+    [methods.<label>] keys, its grids, the command line (flags and --set), --grid. A grid is a
+    grid of the rows whose method reads its key (``runner.plan.row_axes``); a ``--set`` or
+    ``--grid`` key that no row of the table reads is refused, and so is, for a file that lists no
+    rows itself, a ``[methods.<label>]`` table of a row ``--strategy`` does not list. A relative
     ``data-dir`` of an experiment file is taken from the folder the sweep was started in
     (``args.cwd``)."""
     experiment = getattr(args, "experiment", {}) or {}
@@ -55,10 +68,18 @@ def planned_configs(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str,
         base.setdefault("target-accuracy", experiment["target-accuracy"])
     listed = command_line.pop("strategy", base.pop("strategy", args.strategy))
     names = [s.strip() for s in listed.split(",") if s.strip()]
+    rows = resolve_rows(names, per_method, method_names())
+    if "strategies" not in experiment:  # a file without its own list: its tables are checked against this one
+        check_listed(per_method, names, "--strategy")
+    # the table's rows (a tuning search runs some of them: SearchPlan's args keep the table's list)
+    table = [s.strip() for s in getattr(args, "table_strategy", listed).split(",") if s.strip()]
+    methods = [strategy for _, strategy, _, _ in resolve_rows(table, per_method, method_names())]
+    check_read_by_some([k for k in command_line if k in set_keys(args)], methods, "--set {key}=...")
+    check_read_by_some(cli_grid, methods, "--grid {key}=...")
     configs = []
-    for name, strategy, keys, method_grid in resolve_rows(names, per_method, method_names()):
-        axes = {k: v for k, v in {**file_grid, **method_grid}.items() if k not in command_line}
-        axes.update(cli_grid)
+    for name, strategy, keys, method_grid in rows:
+        axes = row_axes(strategy, {k: v for k, v in {**file_grid, **method_grid}.items() if k not in command_line},
+                        cli_grid)
         for point in grid_points(axes):
             row = label(name, point)
             for seed in args.seeds:
@@ -67,8 +88,22 @@ def planned_configs(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str,
                 given = str(raw.get("data-dir", ""))
                 raw["data-dir"] = str(Path(args.cwd or ".", given)) if given and args.cwd else given
                 configs.append((row, seed, raw))
-    check_run_names([row for row, _, _ in configs])
+    check_run_names([row for row, _, _ in configs], args.seeds)
     return configs
+
+
+def set_keys(args: argparse.Namespace) -> set[str]:
+    """The keys ``--set`` gives (``command_line_keys`` adds the flags' keys, which are general)."""
+    return {parse_override(text)[0] for text in args.overrides}
+
+
+def check_listed(per_method: dict, names: list[str], where: str) -> None:
+    """Refuse a ``[methods.<label>]`` table for a label that ``names`` does not list: its keys
+    would reach no run."""
+    for name in per_method:
+        if name not in names:
+            raise ConfigError(f"[methods.{name}] is a table for a row {where} does not list{did_you_mean(name, names)};"
+                              f" listed: {', '.join(names)}; list it, or remove the table")
 
 
 def where_to_run(args: argparse.Namespace) -> dict:
@@ -139,6 +174,7 @@ def validate(args: argparse.Namespace, runs_dir: Path) -> list[tuple[str, int, d
     check_resources(args)
     check_workers(getattr(args, "parallel", None))
     planned = planned_configs(args, runs_dir)
+    check_run_folders(planned, runs_dir)
     checked, changed = preflight([raw for _, _, raw in planned], args.clients, runs_dir, **where_to_run(args))
     if changed:
         raise ConfigError("finished or started runs would be kept or continued although config or data changed:\n  "
@@ -176,11 +212,14 @@ def print_checks(args: argparse.Namespace, search: SearchPlan | None, configs: l
     (``print_check``), then a line per picture of the table's splits; 0. ``out`` is only named:
     a check creates no results folder and writes nothing into one (with or without ``--out``);
     its pictures go into a new folder of the system's temporary directory (``check_folder``),
-    which the split lines name."""
+    which the split lines name and the next check removes."""
     groups = ([(search.configs, out / SEARCH_FOLDER / "runs")] if search else []) + [(configs, out / "runs")]
     runs = [(runs_dir / raw["run-name"], raw) for group, runs_dir in groups for _, _, raw in group]
     facts = check_report(runs, args.clients, visible_gpus(os.environ.get("CUDA_VISIBLE_DEVICES")))
-    splits = check_splits([raw for _, _, raw in configs], check_folder(), args.clients) if configs else []
+    splits = []
+    if configs:
+        with check_folder() as folder:
+            splits = check_splits([raw for _, _, raw in configs], folder, args.clients)
     if search:
         print(f"tuning search ({search.protocol.describe(search.rounds)}):")
         reused = search_reuse(args, search, groups[0][1])
@@ -213,19 +252,104 @@ def search_reuse(args: argparse.Namespace, search: SearchPlan, runs: Path) -> di
     return reused
 
 
-def check_folder() -> Path:
+CHECK_PREFIX = "fl-drift-check-"  # a check's folder in the system's temporary directory
+IN_USE = ".in-use"  # in a check's folder: locked (fcntl.flock) while the check draws in it
+LEFTOVER_AGE = 60.0  # seconds: an older folder without IN_USE is a leftover (of a check before IN_USE)
+
+
+@contextlib.contextmanager
+def check_folder():
     """Where ``--check`` draws its splits: a new folder ``fl-drift-check-*`` in the system's
     temporary directory (``$TMPDIR``), never the results folder, so that a check leaves no
-    ``results/compare-<time>`` behind and adds nothing to an ``--out`` a sweep will use."""
-    return Path(tempfile.mkdtemp(prefix="fl-drift-check-"))
+    ``results/compare-<time>`` behind and adds nothing to an ``--out`` a sweep will use. The
+    folder stays after the check (its ``split:`` lines name its pictures) until the next check,
+    which removes this user's earlier check folders first (``remove_idle``): one is left, not
+    one per check. While the check draws, its folder's ``IN_USE`` file is locked, so a check
+    running beside it never removes it."""
+    for earlier in Path(tempfile.gettempdir()).glob(CHECK_PREFIX + "*"):
+        remove_idle(earlier)
+    folder = Path(tempfile.mkdtemp(prefix=CHECK_PREFIX))
+    fd = os.open(folder / IN_USE, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield folder
+    finally:
+        os.close(fd)  # the lock goes with it; the folder stays for its pictures
+
+
+def remove_idle(folder: Path) -> None:
+    """Remove an earlier check's ``folder`` if it is this user's (a real folder, not a link) and
+    no check draws in it now (its ``IN_USE`` lock is free; a folder without one is removed once
+    it is ``LEFTOVER_AGE`` old: a check makes the lock at once). Anything else is left alone."""
+    try:
+        info = folder.lstat()
+    except OSError:  # removed meanwhile
+        return
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        return
+    try:
+        fd = os.open(folder / IN_USE, os.O_RDWR)
+    except FileNotFoundError:
+        if time.time() - info.st_mtime > LEFTOVER_AGE:
+            shutil.rmtree(folder, ignore_errors=True)
+        return
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:  # a check is drawing in it
+        os.close(fd)
+        return
+    shutil.rmtree(folder, ignore_errors=True)
+    os.close(fd)
 
 
 def check_out_folder(out: Path) -> None:
-    """The results folder must be a folder this user can write, or be creatable: refused in
-    one line (``ConfigError``) before anything is validated or launched."""
+    """The results folder must be a folder this user can write, or be creatable, and what the
+    launch makes in it (``runs``, ``tuning``, ``app``, ``runner.json``) must be of its kind and
+    writable where it exists: refused in one line (``ConfigError``) before anything is
+    validated or launched, by ``--check`` as by the launch. Each name of the path fits
+    ``NAME_MAX``. Writable is tried, not asked (``write_problem``): ``os.access`` answers yes
+    to root on a file system that refuses every write (sysfs, a read-only mount)."""
+    for part in out.parts:
+        check_name_length(part, f"--out {shown(str(out))}", "give a shorter --out")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is invalid: it is a file, not a folder; give a folder for the results")
     existing = next(p for p in (out, *out.parents) if p.exists())
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        what = "is not a folder" if not existing.is_dir() else "cannot be written by this user"
-        raise ConfigError(f"--out {out} is invalid: {existing} {what}; give a folder you can write")
+    if not existing.is_dir():
+        raise ConfigError(f"--out {out} is invalid: {existing} is not a folder; give a folder you can write")
+    folders = [existing] + [out / name for name in ("runs", SEARCH_FOLDER, f"{SEARCH_FOLDER}/runs", SNAPSHOT_FOLDER)]
+    for folder in folders:
+        if folder.exists() and not folder.is_dir():
+            raise ConfigError(f"--out {out} is invalid: {folder} is a file, where the runner makes a folder; remove it"
+                              " or give another --out")
+        if folder.is_dir() and (problem := write_problem(folder)):
+            raise ConfigError(f"--out {out} is invalid: {folder} cannot be written by this user ({problem}); give a"
+                              " folder you can write")
+    if (out / "runner.json").is_dir():
+        raise ConfigError(f"--out {out} is invalid: {out / 'runner.json'} is a folder, where the runner writes its"
+                          " record for --resume; remove it or give another --out")
+
+
+def write_problem(folder: Path) -> str:
+    """'' when a folder can be made in ``folder`` (one is made and removed at once, so nothing
+    is left), else the reason the system gives ("Permission denied", "Read-only file system")."""
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".fl-drift-write-check-", dir=folder))
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return ""
+
+
+def check_run_folders(configs: list[tuple[str, int, dict]], runs_dir: Path) -> None:
+    """Each run's folder, where it exists already (a kept or interrupted run, or something made
+    by hand), is a folder, and one the run can write when the launch will run it again (no
+    summary.json): refused in one line, not at its launch."""
+    for row, seed, raw in configs:
+        run_dir = Path(runs_dir) / raw["run-name"]
+        if run_dir.exists() and not run_dir.is_dir():
+            raise ConfigError(f"{row} seed {seed}: {run_dir} is a file, where the run makes its folder; remove it or"
+                              " give another --out")
+        if run_dir.is_dir() and not (run_dir / SUMMARY_FILE).exists() and (problem := write_problem(run_dir)):
+            raise ConfigError(f"{row} seed {seed}: its folder {run_dir} cannot be written by this user ({problem});"
+                              " fix its permissions or give another --out")

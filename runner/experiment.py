@@ -86,6 +86,7 @@ def read_experiment(path: Path | str) -> dict:
                               f" ({type(value).__name__}); expected {expected}")
     check_per_run_keys(exp, path)
     check_run_config_keys(exp, path)
+    check_keys_reach_a_run(exp, path)
     from runner.plan import check_distinct
     from runner.tuning import read_protocol
 
@@ -133,6 +134,37 @@ def check_run_config_keys(exp: dict, path: Path) -> None:
             named = ", ".join(f"{k!r}{did_you_mean(k, keys)}" for k in unknown)
             raise ConfigError(f"experiment file {path}: {where} names unknown run-config"
                               f" key{'s' if len(unknown) > 1 else ''} {named}; {KEYS_LISTED}")
+
+
+def check_keys_reach_a_run(exp: dict, path: Path) -> None:
+    """Refuse what the file sets but no run would read (``runner.plan``): a ``[methods.<label>]``
+    table for a label ``strategies`` does not list, a key of a ``[methods.<label>]`` table or of
+    its grid that the label's method does not read (``proximal-mu`` for FedAvg), a
+    ``[run-config]`` or ``[grid]`` key that no listed method reads. A label that names no
+    method is refused with the rows (``runner.plan.resolve_rows``), so its keys are not judged here."""
+    from fl_app.registry import method_names
+    from runner.plan import check_keys_read, check_read_by_some
+
+    where = f"experiment file {path}:"
+    listed = list(exp.get("strategies", []))
+    methods = exp.get("methods", {})
+    if "strategies" in exp:
+        for name in methods:
+            if name not in listed:
+                raise ConfigError(f"{where} [methods.{name}] is a table for a row that 'strategies' does not list"
+                                  f"{did_you_mean(name, listed)}; listed: {', '.join(listed)}; list it, or remove"
+                                  " the table")
+    strategy = {name: methods.get(name, {}).get("strategy", name) for name in {*listed, *methods}}
+    for name, entry in methods.items():
+        if strategy[name] in method_names():
+            keys = [k for k in entry if k not in ("strategy", "grid")]
+            check_keys_read(keys, strategy[name], f"{where} [methods.{name}]")
+            grid = entry.get("grid", {})
+            check_keys_read(grid if isinstance(grid, dict) else {}, strategy[name], f"{where} [methods.{name}.grid]")
+    rows = [strategy[name] for name in listed]
+    if rows and all(method in method_names() for method in rows):
+        check_read_by_some(exp.get("run-config", {}), rows, f"{where} [run-config] {{key}}")
+        check_read_by_some(exp.get("grid", {}), rows, f"{where} [grid] {{key}}")
 
 
 def check_per_run_keys(exp: dict, path: Path) -> None:

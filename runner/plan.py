@@ -10,6 +10,18 @@ Where a key is set in several places, the later one wins: the experiment file's
 ``[methods.<label>.grid]``), the command line (``--dataset``, ``--rounds``, ... and ``--set``),
 the command line's ``--grid``. A key given both by ``--set`` and ``--grid`` is refused; a
 ``--set`` key drops that key's grid from the file.
+
+A key is given only where a method reads it (``fl_app.registry.keys_read``: the general keys,
+which every run reads, and the method's own): a ``[methods.<label>]`` key, or one of its grid,
+that the row's method does not read is refused, and so is a ``--set`` (or ``[run-config]``) key
+that no listed method reads. A grid shared by every row (``--grid``, ``[grid]``) is a grid of
+the rows whose method reads its key and leaves the others as they are (``row_axes``): with
+``--grid scaffold-correction=direction,post-step --strategy fedavg,scaffold`` FedAvg runs once,
+not twice under two labels with one config; a shared grid key that no listed method reads is
+refused.
+
+Every run folder's name (``run_name``) fits the file systems' limit on one name
+(``NAME_MAX`` bytes; ``check_run_names``), or the launch would stop on "File name too long".
 """
 
 from __future__ import annotations
@@ -19,7 +31,7 @@ import re
 from typing import Any
 
 from fl_app.config import ConfigError, did_you_mean
-from fl_app.registry import parse_override
+from fl_app.registry import config_keys, get_method, keys_read, parse_override, readers
 
 # Run-config keys the runner sets for each run itself, and the flag that sets each: given by
 # --set or --grid they would be replaced silently (``--grid seed=0,1`` made two rows of one seed).
@@ -112,11 +124,35 @@ def folder_stem(row_label: str) -> str:
     return re.sub(r"[^A-Za-z0-9._=+-]+", "_", row_label).strip("_")
 
 
-def check_run_names(rows: list[str]) -> None:
+# The longest name of one folder or file: 255 bytes on ext4, XFS, btrfs, ZFS, tmpfs and APFS (NTFS:
+# 255 UTF-16 units), whatever the length of the whole path.
+NAME_MAX = 255
+
+
+def shown(text: str, width: int = 60) -> str:
+    """``text`` cut to ``width`` characters for a one-line message (``...`` where it was cut)."""
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def check_name_length(name: str, what: str, fix: str) -> None:
+    """Refuse a folder name longer than ``NAME_MAX`` bytes (its UTF-8 encoding): creating it
+    fails with "File name too long" on every common file system. ``what``: what gave the name;
+    ``fix``: how to shorten it, for the one line."""
+    size = len(name.encode())
+    if size > NAME_MAX:
+        raise ConfigError(f"{what} is invalid: its folder name {shown(name)!r} is {size} bytes, over the {NAME_MAX}"
+                          f" a folder name may have on common file systems (\"File name too long\"); {fix}")
+
+
+def check_run_names(rows: list[str], seeds: list[int] | tuple[int, ...] = (0,)) -> None:
     """Refuse two labels that ``run_name`` cleans to one folder name (``"a/b"`` and ``"a_b"``
     both give ``a_b-seed0``): the second run would "resume" the first one's folder and report
-    its result under its own label, or overwrite its record. Named both, before anything runs."""
+    its result under its own label, or overwrite its record. Named both, before anything runs.
+    And refuse a label whose run folder (``run_name`` with the longest of ``seeds``) is longer
+    than a file system allows (``check_name_length``): the launch would fail on it, and so
+    would every ``--resume``."""
     seen: dict[str, str] = {}
+    longest = max(seeds, key=lambda seed: len(str(seed)), default=0)
     for row in dict.fromkeys(rows):
         folder = folder_stem(row)
         if folder in seen:
@@ -124,6 +160,55 @@ def check_run_names(rows: list[str]) -> None:
                               f" folders {folder}-seed<seed> (characters other than letters, digits and ._=+- become"
                               " _); rename one of them")
         seen[folder] = row
+        check_name_length(run_name(row, longest), f"label {shown(row)!r} (seed {longest})",
+                          "give the row a shorter label (a variant's [methods.\"<label>\"] name, or shorter grid"
+                          " values)")
+
+
+# ---- keys only where a method reads them ---------------------------------------------------------
+
+def unread(key: str, strategy: str) -> str:
+    """Why ``key`` changes nothing in a run of ``strategy``, for a one-line refusal: the
+    closest key the method has (did-you-mean), the methods that do read it, the method's own
+    keys."""
+    own = sorted(config_keys(get_method(strategy)))
+    by = readers(key)
+    return (f"method {strategy!r} does not read {key!r}{did_you_mean(key, own)}"
+            f" ({'read by ' + ', '.join(by) if by else 'no method reads it'}); {strategy}'s own keys:"
+            f" {', '.join(own) if own else 'none (it reads only the general keys: run_simulation.py --list keys)'}")
+
+
+def check_keys_read(keys, strategy: str, where: str) -> None:
+    """Refuse a key of ``keys`` (a ``[methods.<label>]`` table or its grid, a ``[tune.<row>]``
+    table) that the row's method ``strategy`` does not read: it would run as if not given."""
+    reads = keys_read(strategy)
+    for key in keys:
+        if key not in reads:
+            raise ConfigError(f"{where} sets {key!r}, which changes nothing: {unread(key, strategy)}")
+
+
+def check_read_by_some(keys, strategies: list[str], where: str) -> None:
+    """Refuse a key of ``keys`` (given for every row: ``--set``, ``--grid``, ``[run-config]``,
+    ``[grid]``) that none of the rows' methods ``strategies`` reads: it would change no run.
+    ``where`` is formatted with ``key``."""
+    methods = list(dict.fromkeys(strategies))
+    for key in keys:
+        if not any(key in keys_read(method) for method in methods):
+            by = readers(key)
+            raise ConfigError(f"{where.format(key=key)} is invalid: no listed method reads {key!r}"
+                              f" ({'read by ' + ', '.join(by) if by else 'no method reads it'}; listed:"
+                              f" {', '.join(methods)}); list a method that reads it, or drop the key")
+
+
+def row_axes(strategy: str, *grids: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """The grid of one row of method ``strategy``: ``grids`` merged in order (a later one's
+    values win), less the keys the method does not read. A key it does not read would give it
+    one row per value, all the same run under different labels; it runs once instead."""
+    reads = keys_read(strategy)
+    merged: dict[str, list[Any]] = {}
+    for axes in grids:
+        merged.update(axes)
+    return {key: values for key, values in merged.items() if key in reads}
 
 
 def resolve_rows(names: list[str], per_method: dict, methods: tuple[str, ...]) -> list[tuple[str, str, dict, dict]]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import os
 import sys
@@ -417,10 +418,14 @@ def run_comparison(args: argparse.Namespace, out: Path) -> int:
 def file_problem(exc: OSError, out: Path | None = None) -> str:
     """One line for an ``OSError`` on the runner's own files (a full disk, a folder made
     read-only under it): the file and the reason, and with ``out`` that what is finished there
-    stays for --resume. (Every file is written through a temp file and a rename, so none is
+    stays for --resume; for a name too long (``ENAMETOOLONG``), which --resume would meet again,
+    what to shorten instead. (Every file is written through a temp file and a rename, so none is
     left half written.)"""
     where = f" {exc.filename}" if exc.filename else ""
     line = f"cannot write{where}: {exc.strerror or exc}"
+    if exc.errno == errno.ENAMETOOLONG:  # --resume keeps the names, so it would meet the same error
+        return line + ("; the names come from --out and the row labels, which --resume keeps: run again with a"
+                       " shorter --out or shorter labels")
     return line + (f"; the finished runs and checkpoints in {out} are kept: free space (or fix the folder) and"
                    f" continue with run_simulation.py --resume {out}" if out else "")
 

@@ -55,8 +55,8 @@ from pathlib import Path
 from typing import Any
 
 from fl_app.config import ConfigError, did_you_mean
-from fl_app.registry import spec
-from runner.plan import check_distinct, grid_points, label, run_name
+from fl_app.registry import method_names, spec
+from runner.plan import check_distinct, check_keys_read, check_read_by_some, grid_points, label, row_axes, run_name
 from runner.results.records import as_record, as_records
 from runner.results.report import LOST_UPDATES, client_failures, diverged_runs, tail_accuracy
 
@@ -131,15 +131,29 @@ def read_protocol(exp: dict, rows: list[str], path: Any = None) -> Protocol | No
                           " [tune] grid is searched; give the search in [tune.grid] or [tune.<row>] only")
     shared = _axes(tune.get("grid", {}), f"{where}[tune.grid]")
     grids = {}
-    for row in rows:
-        if row in untuned:
-            continue
-        axes = {**shared, **_axes(tune.get(row, {}), f"{where}[tune.{row}]")}
+    tuned = [(row, row_method(exp, row)) for row in rows if row not in untuned]
+    known = [method for _, method in tuned if method in method_names()]
+    if len(known) == len(tuned):  # (a row that names no method is refused with the rows, runner/plan.py)
+        check_read_by_some(shared, known, f"{where}[tune.grid] {{key}}")
+    for row, method in tuned:
+        own = _axes(tune.get(row, {}), f"{where}[tune.{row}]")
+        if method in method_names():
+            check_keys_read(own, method, f"{where}[tune.{row}]")
+            axes = row_axes(method, shared, own)  # [tune.grid]'s keys that the row's method reads, then its own
+        else:
+            axes = {**shared, **own}
         if not axes:
-            raise ConfigError(f"{where}[tune] gives row {row!r} no grid: add [tune.grid] (every row) or"
+            unread = f" (method {method!r} reads none of [tune.grid]'s keys {', '.join(shared)})" if shared else ""
+            raise ConfigError(f"{where}[tune] gives row {row!r} no grid{unread}: add [tune.grid] (every row) or"
                               f" [tune.{row}], or list it in untuned")
         grids[row] = axes
     return Protocol(tuple(seeds), float(budget), metric, float(fraction), grids, tuple(untuned))
+
+
+def row_method(exp: dict, row: str) -> str:
+    """The method of the file's row ``row``: its ``[methods.<row>]`` strategy, else the row itself."""
+    entry = exp.get("methods", {}).get(row, {})
+    return entry.get("strategy", row) if isinstance(entry, dict) else row
 
 
 def _scalars(tune: dict, where: str) -> tuple[list[int], float, str, float]:
@@ -604,6 +618,7 @@ def plan_search(args: Any) -> SearchPlan | None:
     search = copy.copy(args)
     search.experiment = search_experiment(exp, protocol, rounds)
     search.strategy = ",".join(protocol.grids)
+    search.table_strategy = args.strategy  # the table's rows: a --set key read by an untuned row is no stray
     search.seeds = list(protocol.seeds)
     search.rounds = None
     search.overrides = [t for t in args.overrides if parse_override(t)[0] != "num-server-rounds"]

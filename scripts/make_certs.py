@@ -152,6 +152,7 @@ def make_server_cert(out: Path, hosts: list[str], days: int = 365, loopback: boo
 
 def make_node_key(out: Path, name: str) -> dict[str, Path]:
     """A SuperNode authentication key pair (ECDSA P-384, OpenSSH formats)."""
+    name = _device_name(name, "SuperNode key")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     key = ec.generate_private_key(ec.SECP384R1())
@@ -166,12 +167,20 @@ def make_node_key(out: Path, name: str) -> dict[str, Path]:
 
 
 DEVICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+MAX_NAME = 64  # X.509's upper bound on a common name (RFC 5280, ub-common-name), which a device's name is
 
 
-def _device_name(name: str) -> str:
+def _device_name(name: str, what: str = "device") -> str:
+    """``name`` when it is a valid name of a device or SuperNode key: letters, digits, '.', '_'
+    and '-', not starting with '.', '_' or '-' (it is part of a file name, so no '/' or '..'), and at
+    most ``MAX_NAME`` characters (a device's name is its certificate's CN); else the one-line
+    refusal (``SystemExit``)."""
     if not DEVICE_NAME.fullmatch(name):
-        raise SystemExit(f"device name {name!r} is not valid: use letters, digits, '.', '_' and '-'"
-                         " (it becomes the file name device-NAME.pem and the certificate's CN)")
+        raise SystemExit(f"{what} name {name!r} is not valid: use letters, digits, '.', '_' and '-', starting with a"
+                         " letter or digit (it becomes the file name device-NAME.pem and the certificate's CN)")
+    if len(name) > MAX_NAME:
+        raise SystemExit(f"{what} name {name[:20]!r}... is not valid: it has {len(name)} characters, at most"
+                         f" {MAX_NAME} (a certificate's CN is at most {MAX_NAME})")
     return name
 
 
@@ -212,9 +221,9 @@ def make_device_cert(out: Path, name: str, days: int = 365) -> dict[str, Path]:
     """A device's client certificate ``device-NAME.pem`` / ``device-NAME.key`` (CN = NAME,
     extended key usage: TLS client authentication only), issued by the device CA; also writes
     the device CA and ``crl.pem`` if absent."""
+    name = _device_name(name)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    name = _device_name(name)
     ca_cert, ca_key = load_or_make_device_ca(out, days)
     key = _key()
     now = dt.datetime.now(dt.UTC)
@@ -252,6 +261,23 @@ def revoke_device(out: Path, name: str, days: int = 365) -> Path:
     return write_crl(out, days, revoke=x509.load_pem_x509_certificate(path.read_bytes()))
 
 
+def check_request(args: argparse.Namespace, out: Path) -> None:
+    """Every name and every request checked before anything is written: a bad ``--device``,
+    ``--revoke`` or ``--node-key`` name (``../../evil``, one over 64 characters), a ``--revoke``
+    of a device never issued here (nor by this call), a ``--renew-crl`` without a device CA; so a
+    refused call leaves ``--out`` as it was (no new CA, no server key)."""
+    for flag, names in (("--node-key", args.node_key), ("--device", args.device), ("--revoke", args.revoke)):
+        for name in names:
+            _device_name(name, flag)
+    for name in args.revoke:
+        if name not in args.device and not (out / f"device-{name}.pem").is_file():
+            known = sorted(p.name[len("device-"):-len(".pem")] for p in out.glob("device-*.pem"))
+            raise SystemExit(f"cannot revoke {name!r}: {out / f'device-{name}.pem'} does not exist (devices in {out}:"
+                             f" {', '.join(known) or 'none'})")
+    if args.renew_crl and not args.device and not (out / "device-ca.crt").is_file():
+        raise SystemExit(f"--renew-crl: {out / 'device-ca.crt'} does not exist (issue a --device first)")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="certs", help="output folder (default: certs)")
@@ -271,8 +297,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="re-sign crl.pem, valid --days from now (before it expires)")
     args = parser.parse_args(argv)
     out = Path(args.out)
-    if args.renew_crl and not args.device and not (out / "device-ca.crt").is_file():
-        raise SystemExit(f"--renew-crl: {out / 'device-ca.crt'} does not exist (issue a --device first)")
+    check_request(args, out)
     paths: dict[str, Path] = {}
     if args.host or args.no_loopback or not (out / "server.pem").is_file():
         paths = make_server_cert(out, args.host, args.days, loopback=not args.no_loopback)

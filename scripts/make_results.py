@@ -79,7 +79,7 @@ from fl_app.api import as_read_now  # noqa: E402
 from fl_app.config import ConfigError  # noqa: E402
 from fl_app.registry import method_names, spec, validate_config  # noqa: E402
 from runner.experiment import read_experiment  # noqa: E402
-from runner.plan import check_axes, grid_points, label, resolve_rows, run_name  # noqa: E402
+from runner.plan import check_axes, grid_points, label, resolve_rows, row_axes, run_name  # noqa: E402
 from runner.results.atlas import AtlasFile, Entry, Verdict, write_atlas  # noqa: E402
 from runner.results.clientmix import LABEL_COUNTS_FILE, PER_CLASS_FILE, client_mix_columns, run_label_counts  # noqa: E402
 from runner.results.design import identical_rows  # noqa: E402
@@ -150,12 +150,13 @@ def load_experiments(folder: Path) -> list[tuple[Path, dict]]:
 
 def experiment_rows(exp: dict) -> list[tuple[str, str, str]]:
     """(row label, listed name, method) per row of the experiment, in the runner's order:
-    every listed name (method or variant) times the points of its grid."""
+    every listed name (method or variant) times the points of its grid (``runner.plan.row_axes``:
+    the file's [grid] keys that its method reads, then its own)."""
     rows = []
     file_grid = check_axes(exp.get("grid", {}), "[grid]")
     for name, strategy, _keys, grid in resolve_rows(list(exp.get("strategies", [])), exp.get("methods", {}),
                                                    method_names()):
-        for point in grid_points({**file_grid, **grid}):
+        for point in grid_points(row_axes(strategy, file_grid, grid)):
             rows.append((label(name, point), name, strategy))
     return rows
 
@@ -197,7 +198,7 @@ def row_settings(exp: dict) -> list[tuple[str, dict, dict]]:
     return [(name, point, {**base, **keys, **point, "strategy": strategy})
             for name, strategy, keys, grid in resolve_rows(list(exp.get("strategies", [])), exp.get("methods", {}),
                                                            method_names())
-            for point in grid_points({**file_grid, **grid})]
+            for point in grid_points(row_axes(strategy, file_grid, grid))]
 
 
 def recorded_setting(summary: dict) -> dict:

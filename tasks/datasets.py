@@ -95,16 +95,27 @@ def parquet_rows(path: Path) -> int | None:
         return None
 
 
-def check_columns(fds, info: DatasetInfo, where: str) -> None:
-    """The image and label columns, and the natural-id column where the dataset names one."""
-    cols = set(fds.load_split("test").column_names)
+def check_columns(files: dict[str, str], info: DatasetInfo, name: str) -> None:
+    """Every local parquet file (``{split: path}``) has the columns dataset ``name`` reads (its
+    image and label columns, and the natural-id column where the dataset names one), read from
+    each file's footer (nothing decoded) before the ``datasets`` library reads them: a file with
+    renamed columns is one ``DataUnavailableError`` line naming the columns needed and the ones
+    found, not that library's schema cast dump. A footer that cannot be read is left to the
+    readers, which report it."""
+    import pyarrow.parquet as pq
+
     wanted = [c for c in (info.image_column, info.label_column, info.natural_id_column) if c]
-    missing = set(wanted) - cols
-    if missing:
-        raise DataUnavailableError(
-            f"{where}: missing column(s) {sorted(missing)} (found {sorted(cols)}); the "
-            f"{info.hub_id} schema has {', '.join(map(repr, wanted))}"
-        )
+    for path in files.values():
+        try:
+            found = pq.read_schema(path).names
+        except Exception:  # ArrowInvalid, OSError, ...: reported by the readers
+            continue
+        missing = [c for c in wanted if c not in found]
+        if missing:
+            raise DataUnavailableError(
+                f"{path}: missing column(s) {missing}: dataset {name!r} needs the columns"
+                f" {', '.join(map(repr, wanted))} (the {info.hub_id} schema); found {', '.join(map(repr, found))}"
+            )
 
 
 def check_labels(name: str, files: dict[str, str]) -> None:

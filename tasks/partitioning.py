@@ -143,6 +143,7 @@ def _federated_dataset(spec: PartitionSpec, versions: tuple):
                   preprocessor=PrepareSplits(info.held_out_test, spec.validation_fraction))
     files = local_parquet_files(spec.dataset, spec.data_dir)
     if files is not None:
+        check_columns(files, info, spec.dataset)  # before the datasets library reads them
         try:
             fds = FederatedDataset(dataset="parquet", data_files=files, **common)
             fds.load_split("test")  # reads the files now, so an unreadable one is reported here
@@ -151,7 +152,6 @@ def _federated_dataset(spec: PartitionSpec, versions: tuple):
                 f"cannot read {' / '.join(files.values())} as parquet for dataset "
                 f"{spec.dataset!r}: {type(exc).__name__}: {exc}"
             ) from exc
-        check_columns(fds, info, files["train"])
         return fds
     try:
         fds = FederatedDataset(dataset=info.hub_id, **common)

@@ -55,7 +55,7 @@ from fl_app.node.drift_client import (
     kept_state,
     prepared_round,
     split_received,
-    tensors_finite,
+    tensors_squared_norm,
     weights_to_tensors,
 )
 from fl_app.node.node_client import in_ray_worker, ray_node_id, round_timings, wait_for_warm_up
@@ -242,7 +242,7 @@ def device_sums(device: torch.device) -> SumOps:
         return a.detach().to("cpu", memory_format=torch.contiguous_format).numpy()
     return SumOps(to64=to64, dot=lambda d: float(torch.dot(d.reshape(-1), d.reshape(-1))),
                   zeros64=lambda a: torch.zeros(tuple(a.shape), dtype=torch.float64, device=device),
-                  cast=cast, finite=tensors_finite, to_numpy=to_numpy)
+                  cast=cast, squares=tensors_squared_norm, to_numpy=to_numpy)
 
 
 def sums_on_device(cfg: dict, device: torch.device, forced: bool | None) -> bool:

@@ -36,7 +36,7 @@ from torch import nn
 
 from fl_app.node.attacks import attacked_labels
 from fl_app.node.client_state import ClientStateStore, ContextStore, Load
-from protocol.layout import all_finite
+from protocol.layout import FLOAT32_MAX, all_finite
 from protocol.traffic import append_groups, split_groups
 from tasks.augment import Augment
 from tasks.datasets import input_shape
@@ -178,11 +178,17 @@ def finished_round(job: Round, result: RoundResult, cfg: dict,
     return reply, kept if finite else None, len(job.x), dict(result.metrics)
 
 
+def tensors_squared_norm(tensors: list[torch.Tensor]) -> float:
+    """``protocol.layout.squared_norm`` for tensors on any device (each cast to float64 before
+    it is squared; one host sync for the list)."""
+    norms = [torch.linalg.vector_norm(t, dtype=torch.float64) for t in tensors if t.is_floating_point()]
+    return float(torch.stack(norms).square().sum()) if norms else 0.0
+
+
 def tensors_finite(tensors: list[torch.Tensor]) -> bool:
-    """No NaN or Inf in any floating tensor (``protocol.layout.all_finite`` for tensors on any
-    device: one host sync for the list)."""
-    flags = [torch.isfinite(t).all() for t in tensors if t.is_floating_point()]
-    return bool(torch.stack(flags).all()) if flags else True
+    """``protocol.layout.all_finite`` for tensors on any device: no NaN or Inf, and a float32
+    norm that is finite too."""
+    return tensors_squared_norm(tensors) <= FLOAT32_MAX
 
 
 def kept_state(update: LocalUpdate, model: nn.Module, cfg: dict, load: Load) -> dict:

@@ -120,7 +120,7 @@ def test_a_degenerate_inner_dirichlet_size_draw_is_refused_naming_the_key():
 
 @pytest.mark.parametrize("sigma", [1e6, -0.1, float("inf"), float("nan")])
 def test_size_sigma_outside_its_range_is_refused(sigma):
-    with pytest.raises(ConfigError, match=r"'size-sigma' = .* is invalid: (must be 0 to 5|expected a float)"):
+    with pytest.raises(ConfigError, match=r"'size-sigma' = .* is invalid: must be (a finite number )?0 to 5"):
         validate_config({"partitioner": "inner-dirichlet", "size-sigma": sigma})
 
 

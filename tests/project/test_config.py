@@ -43,7 +43,9 @@ def test_unknown_strategy_lists_every_valid_name():
         ("momentum", 1.0, "[0, 1)"),
         ("partitioner", "random", "dirichlet, shard, iid"),
         ("dataset", "imagenet", "mnist"),
-        ("learning-rate", float("nan"), "expected a float"),
+        ("learning-rate", float("nan"), "must be a finite number > 0"),  # it said "expected a float"
+        ("learning-rate", "nan", "must be a finite number > 0"),  # as --set learning-rate=nan gives it
+        ("momentum", float("inf"), "must be a finite number in [0, 1)"),
     ],
 )
 def test_bad_value_names_key_value_and_rule(key, value, fragment):

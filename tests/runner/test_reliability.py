@@ -27,6 +27,24 @@ def test_wrong_columns_named(tmp_path):
     assert "missing column(s) ['image', 'label']" in str(err.value) and "picture" in str(err.value)
 
 
+def test_a_test_split_with_a_renamed_column_is_one_line_naming_the_columns(tmp_path, capsys):
+    """Only test.parquet renamed (label -> labels): the datasets library failed to cast the two
+    files to one schema and logged its schema dump; now one line says which columns the dataset
+    needs and which the file has, before that library reads anything."""
+    import pyarrow.parquet as pq
+
+    import run_simulation
+
+    tiny_parquet(tmp_path)
+    test = tmp_path / "mnist" / "test.parquet"
+    pq.write_table(pq.read_table(test).rename_columns(["image", "labels"]), test)
+    argv = ["--dataset", "mnist", "--data-dir", str(tmp_path), "--clients", "2", "--check", "--out", str(tmp_path / "o")]
+    assert run_simulation.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: {test}: missing column(s) ['label']: dataset 'mnist' needs the columns 'image', 'label'"
+                   " (the ylecun/mnist schema); found 'image', 'labels'\n")
+
+
 def test_unreadable_data_file_named(tmp_path):
     tiny_parquet(tmp_path)
     (tmp_path / "mnist" / "train.parquet").write_bytes(b"this is not parquet")
