@@ -27,7 +27,8 @@ Data", NeurIPS 2023).
   A missing class's logit is 0 (not −∞): it stays in the client's softmax. `train_loss` is that
   adapted loss; τ scales the training logits only (the global model's are Mᵀ h, as the code
   evaluates it).
-- Server: the weighted mean (Flower's FedAvg, `DriftFedAvg`). Every reply's head is M, so the
+- Server: the weighted mean (Flower's FedAvg, `strategies/fedgela.py`, which refuses a model
+  whose body has no parameters, `logreg`, before training). Every reply's head is M, so the
   mean's head is M within float32 rounding; the bodies are averaged. No state on either side;
   nothing travels besides the model (the counts never leave the client; M is recomputed by every
   client from the run's seed). The initial model's head, before the first aggregation, is the

@@ -73,6 +73,7 @@ from strategies.feddc import FedDCStrategy
 from strategies.feddyn import FedDynStrategy
 from strategies.fedexp import FedExPStrategy
 from strategies.fedgam_cv import FedGAMCVStrategy
+from strategies.fedgela import FedGELAStrategy
 from strategies.fedgamma import FedGammaStrategy
 from strategies.fedlesam import FedLESAMStrategy
 from strategies.fedmoswa import FedMoSWAStrategy
@@ -125,7 +126,7 @@ METHODS: dict[str, Method] = {
     "fedinit": Method(DriftFedAvg, fedinit.UPDATE),
     "fedswa": Method(FedSWAStrategy, fedswa.UPDATE),
     "fedmoswa": Method(FedMoSWAStrategy, fedmoswa.UPDATE),
-    "fedgela": Method(DriftFedAvg, fedgela.UPDATE),
+    "fedgela": Method(FedGELAStrategy, fedgela.UPDATE),
     "ccvr": Method(CCVRStrategy, ccvr.UPDATE),
 }
 

@@ -164,3 +164,16 @@ def test_two_rounds_keep_the_fixed_head_and_average_the_bodies(tmp_path):
 def test_bad_keys_are_refused(key, value):
     with pytest.raises(ConfigError, match=key):
         validate_config({"strategy": "fedgela", "dataset": "synthetic", "model": "mlp", key: value})
+
+
+def test_a_model_without_body_parameters_is_refused_before_training():
+    """logreg's body is the identity: FedGELA, which trains the body alone, would have nothing to
+    train (a cryptic autograd error in the first fit before this refusal)."""
+    from fl_app.registry import get_method, validate_config
+    from protocol.keys import ConfigError
+
+    cfg = validate_config({"strategy": "fedgela", "dataset": "synthetic", "model": "logreg"})
+    with pytest.raises(ConfigError, match=r"'model' = 'logreg' is invalid for strategy 'fedgela'.*valid choices: mlp$"):
+        get_method("fedgela").strategy.from_config(cfg)
+    get_method("fedgela").strategy.from_config(validate_config({"strategy": "fedgela", "dataset": "synthetic",
+                                                                "model": "mlp"}))

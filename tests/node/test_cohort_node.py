@@ -114,7 +114,8 @@ def test_every_cohort_method_equals_per_client(method):
     """Every method without client mods (each is a LocalUpdate), one round,
     weights-only instructions: the virtual clients share the process's cached model, so a method whose prepare kept a
     reference to it (not its own tensors) would show here."""
-    cfg = config_of(strategy=method, **({"model": "mlp"} if method == "fedpgvc" else {}))  # 2 Linear layers
+    # FedPGVC: 2 Linear layers; FedGELA: a body to train
+    cfg = config_of(strategy=method, **({"model": "mlp"} if method in ("fedpgvc", "fedgela") else {}))
     arrays = DriftClient(METHODS[method].update, cfg, fake_context(), 0, N).get_parameters({})
     got = cohort_fit(cohort_node(cfg, method), arrays, [1, 2], {"server-round": 1})
     for p in (1, 2):

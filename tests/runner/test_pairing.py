@@ -48,6 +48,11 @@ def test_every_method_samples_the_same_clients_for_a_seed(tmp_path):
     assert len({tuple(r) for r in reference}) > 1  # the rounds differ
     assert sampled("fedavg", 4, tmp_path) != reference  # and so do the seeds
     for method in method_names():
+        if method == "ccvr":  # its last round (calibration) asks every client by default (ccvr-clients)
+            assert sampled(method, 3, tmp_path)[:-1] == reference[:-1]
+            assert sampled(method, 3, tmp_path)[-1] == list(range(CLIENTS))
+            assert sampled(method, 3, tmp_path, **{"ccvr-clients": "sampled"}) == reference
+            continue
         assert sampled(method, 3, tmp_path) == reference, method
 
 

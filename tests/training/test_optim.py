@@ -178,7 +178,7 @@ def test_every_other_method_trains_with_adam(method):
         out, _, metrics = client.fit([a.copy() for a in w], config)
         assert all(np.isfinite(a).all() for a in out)
         assert any(not np.array_equal(a, b) for a, b in zip(out, w))
-        w = out
+        w = out[:len(w)]  # the weights: a reply may carry more (SCAFFOLD's delta c, CCVR's statistics)
     assert np.isfinite(metrics["train_loss"])
 
 
