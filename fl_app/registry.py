@@ -73,8 +73,8 @@ from strategies.feddc import FedDCStrategy
 from strategies.feddyn import FedDynStrategy
 from strategies.fedexp import FedExPStrategy
 from strategies.fedgam_cv import FedGAMCVStrategy
-from strategies.fedgela import FedGELAStrategy
 from strategies.fedgamma import FedGammaStrategy
+from strategies.fedgela import FedGELAStrategy
 from strategies.fedlesam import FedLESAMStrategy
 from strategies.fedmoswa import FedMoSWAStrategy
 from strategies.fednova import FedNovaStrategy
