@@ -22,7 +22,13 @@ sampled every round; the attackers are partitions 0 .. f-1. Attacks: ``scale-x10
 ``alie``, ``ipm``, ``mimic`` (the omniscient attacks, applied at the server with their defaults,
 fl_app/server/omniscient.py), ``label-flip`` and ``gaussian`` (``ATTACKS``). A page shows the
 default attacks and every other one with a kept run. Defences: every screening the method supports
-(fl_app/server/screening.py), with ``screen-attackers`` = f; Bulyan only where 10 >= 4f + 3.
+(fl_app/server/screening.py, geometric-median and centered-clip included), with ``screen-attackers``
+= f, and the pre-aggregation chains ``CHAINS``, each named as one defence 'step+...+rule'
+(``screen-pre`` = the steps, ``screening`` = the rule; ``--screenings nnm+trimmed-mean``); Bulyan
+only where 10 >= 4f + 3, bucketing only where the buckets the f attackers spoil are fewer than half.
+A table's columns are the defences that apply with a kept run; its last row is each one's worst
+case (the largest mean loss over the attacks kept for it), and the text names the defence of
+smallest worst case among those kept for every attack shown.
 
 Each finished run is kept as one JSON file in ``docs/results/security/`` (IID clients) or
 ``docs/results/security/dirichlet-<alpha>/``, named by method, f, attack, screening and seed (a run already kept is not run again, so an interrupted table
