@@ -22,7 +22,13 @@ sampled every round; the attackers are partitions 0 .. f-1. Attacks: ``scale-x10
 ``alie``, ``ipm``, ``mimic`` (the omniscient attacks, applied at the server with their defaults,
 fl_app/server/omniscient.py), ``label-flip`` and ``gaussian`` (``ATTACKS``). A page shows the
 default attacks and every other one with a kept run. Defences: every screening the method supports
-(fl_app/server/screening.py), with ``screen-attackers`` = f; Bulyan only where 10 >= 4f + 3.
+(fl_app/server/screening.py, geometric-median and centered-clip included), with ``screen-attackers``
+= f, and the pre-aggregation chains ``CHAINS``, each named as one defence 'step+...+rule'
+(``screen-pre`` = the steps, ``screening`` = the rule; ``--screenings nnm+trimmed-mean``); Bulyan
+only where 10 >= 4f + 3, bucketing only where the buckets the f attackers spoil are fewer than half.
+A table's columns are the defences that apply with a kept run; its last row is each one's worst
+case (the largest mean loss over the attacks kept for it), and the text names the defence of
+smallest worst case among those kept for every attack shown.
 
 Each finished run is kept as one JSON file in ``docs/results/security/`` (IID clients) or
 ``docs/results/security/dirichlet-<alpha>/``, named by method, f, attack, screening and seed (a run already kept is not run again, so an interrupted table
@@ -56,11 +62,11 @@ from flwr.app import Context, RecordDict  # noqa: E402
 from flwr.common import ndarrays_to_parameters  # noqa: E402
 from flwr.server.client_manager import SimpleClientManager  # noqa: E402
 
-from fl_app.common.screening_modes import allowed_modes  # noqa: E402
+from fl_app.common.screening_modes import allowed_modes, parse_pre  # noqa: E402
 from fl_app.node.drift_client import DriftClient  # noqa: E402
 from fl_app.node.node_client import NodeClient  # noqa: E402
 from fl_app.registry import METHODS, validate_config  # noqa: E402
-from fl_app.server.screening import min_replies  # noqa: E402
+from fl_app.server.screening import min_replies, rows_left  # noqa: E402
 from fl_app.server.server import DriftServer  # noqa: E402
 from runner.inprocess import InProcessProxy  # noqa: E402
 from runner.results.stats import Paired, paired_difference  # noqa: E402
@@ -90,12 +96,20 @@ ATTACK_TEXT = {
     "label-flip": "`label-flip` trains on the labels y -> 9 - y",
     "gaussian": "`gaussian` sends N(0, 1) coordinates",
 }
-DEFENCE_ORDER = ("clip", "reject", "median", "trimmed-mean", "krum", "multi-krum", "bulyan")  # columns
-RUN_ORDER = ("multi-krum", "trimmed-mean", "reject", "clip", "median", "krum", "bulyan")  # likeliest first
+CHAINS = ("nnm+trimmed-mean", "arc+nnm+trimmed-mean", "bucketing+median")
+"""Pre-aggregation chains run as one defence, named 'step+...+rule' (``screen-pre`` = the steps,
+``screening`` = the rule), as their papers pair them: NNM + coordinate-wise trimmed mean (Allouah
+et al., AISTATS 2023), ARC + NNM + a robust rule (Allouah et al., ICLR 2025), bucketing (s = 2)
++ a robust rule (Karimireddy et al., ICLR 2022)."""
+DEFENCE_ORDER = ("clip", "reject", "median", "trimmed-mean", "krum", "multi-krum", "bulyan", "geometric-median",
+                 "centered-clip", *CHAINS)  # columns
+RUN_ORDER = ("multi-krum", "trimmed-mean", "reject", "clip", "median", "krum", "bulyan", "geometric-median",
+             "centered-clip", *CHAINS)  # likeliest first
 TOLERANCE = 0.03  # the acceptance target: a mean loss of at most 3 points against the clean run
 SEEDS_NEEDED = 3  # the acceptance is over the mean of (at least) this many seeds
 SETTING = {"dataset": "mnist", "model": "cnn-small", "partitioner": "iid", "learning-rate": 0.05,
            "local-epochs": 1, "batch-size": 32, "seed": 0}  # "seed": the default, replaced per run
+BUCKET = 2  # bucketing's s: the run config's default screen-bucket-size, which every run uses
 HAND_WRITTEN = "<!-- hand-written below: scripts/security_table.py keeps this part of the page as it is -->"
 
 
@@ -106,10 +120,35 @@ class Everyone(SimpleClientManager):
         return [self.clients[str(k)] for k in range(len(self.clients))]
 
 
+def split_defence(name: str) -> tuple[str, str]:
+    """A defence's (``screen-pre``, ``screening``): 'arc+nnm+trimmed-mean' -> ('arc+nnm',
+    'trimmed-mean'); a plain rule 'krum' -> ('none', 'krum')."""
+    pre, _, rule = name.rpartition("+")
+    return pre or "none", rule
+
+
+def applies(defence: str, attackers: int) -> bool:
+    """Whether ``defence`` holds its guarantee with ``attackers`` of CLIENTS, all sampled: enough
+    replies for its rule after its chain (``min_replies``), and, with bucketing (s =
+    ``screen-bucket-size``'s default 2), fewer attacked buckets than half of them (each attacker
+    spoils at most one bucket; the paper's s <= n / (2f) in another form): so Bulyan only where
+    10 >= 4f + 3, bucketing+median only where f < ceil(10 / 2) / 2."""
+    pre, rule = split_defence(defence)
+    steps = parse_pre(pre)
+    if CLIENTS < min_replies(rule, attackers, steps, BUCKET):
+        return False
+    return "bucketing" not in steps or 2 * attackers < rows_left(CLIENTS, steps, attackers, BUCKET)
+
+
 def defences(strategy: str, attackers: int) -> list[str]:
-    """The screenings of ``strategy`` that apply with ``attackers`` of CLIENTS, in table order."""
-    modes = allowed_modes(METHODS[strategy].strategy)
-    return [m for m in DEFENCE_ORDER if m in modes and CLIENTS >= min_replies(m, attackers)]
+    """The defences of ``strategy`` that apply with ``attackers`` of CLIENTS, in table order: its
+    screenings, and the chains where it allows their rule and ``screen-pre`` (``check_pre``: a
+    strategy without ``median``, e.g. SCAFFOLD, takes none)."""
+    strategy_cls = METHODS[strategy].strategy
+    modes = allowed_modes(strategy_cls)
+    chains_ok = "median" in getattr(strategy_cls, "SCREENING", ("clip", "reject"))
+    return [d for d in DEFENCE_ORDER if split_defence(d)[1] in modes and (chains_ok or "+" not in d)
+            and applies(d, attackers)]
 
 
 def cells(strategy: str, attackers: int, attacks=DEFAULT_ATTACKS) -> list[tuple[str, str]]:
@@ -151,14 +190,26 @@ def run_name(strategy: str, attackers: int, attack: str, screening: str, seed: i
 
 
 def run_config(strategy: str, attackers: int, attack: str, screening: str, seed: int, args) -> dict:
+    """The validated run config of one run; ``screening`` is a defence name (``split_defence``)."""
     faults = ",".join(ATTACKS[attack].format(k=k) for k in range(attackers)) if attack != "clean" else ""
+    pre, rule = split_defence(screening)
     return validate_config({
         **SETTING, "partitioner": args.partitioner, "alpha": args.alpha, "seed": seed, "strategy": strategy, "data-dir": args.data_dir, "num-server-rounds": args.rounds,
         "fraction-fit": 1.0, "min-fit-clients": CLIENTS, "min-available-clients": CLIENTS,
-        "inject-faults": faults, "screening": screening, "screen-attackers": attackers,
+        "inject-faults": faults, "screening": rule, "screen-pre": pre, "screen-attackers": attackers,
         "min-fit-fraction": 0.0,  # a wrecked model's clients may all send NaN: the run goes on
         "checkpoint-every": 0, "tensorboard": False,
     })
+
+
+def defence_keys(cfg: dict) -> tuple[str, ...]:
+    """The run-config keys a run's defence reads beyond ``screening`` and ``screen-attackers``,
+    kept in its record (only where they apply, so that records of the other defences, kept before
+    these keys existed, stay as they were): the chain and bucketing's s, centered-clip's tau and
+    iterations."""
+    pre = parse_pre(cfg["screen-pre"])
+    return ((("screen-pre",) if pre else ()) + (("screen-bucket-size",) if "bucketing" in pre else ())
+            + (("screen-cc-tau", "screen-cc-iters") if cfg["screening"] == "centered-clip" else ()))
 
 
 def load_data(args, seed: int):
@@ -220,7 +271,7 @@ def run_table(strategy: str, attackers: int, seed: int, args, data) -> None:
         cfg = run_config(strategy, attackers, attack, screening, seed, args)
         result = one_run(cfg, *data)
         keys = (*SETTING, *(("alpha",) if args.partitioner != "iid" else ()),  # IID records as before
-                "num-server-rounds", "inject-faults", "screening", "screen-attackers")
+                "num-server-rounds", "inject-faults", "screening", "screen-attackers", *defence_keys(cfg))
         setting = {k: cfg[k] for k in keys}
         record = {"strategy": strategy, "attackers": attackers, "attack": attack, "screening": screening,
                   "clients": CLIENTS, "per_client": args.per_client, "test_images": args.test,
@@ -231,7 +282,8 @@ def run_table(strategy: str, attackers: int, seed: int, args, data) -> None:
 
 # ------------------------------------------------------------------ the page, from the kept runs
 NAMES = {"fedavg": "FedAvg", "scaffold": "SCAFFOLD"}
-PER_RUN = ("seed", "inject-faults", "screening", "screen-attackers")  # what differs between the runs of one page
+PER_RUN = ("seed", "inject-faults", "screening", "screen-attackers", "screen-pre", "screen-bucket-size",
+           "screen-cc-tau", "screen-cc-iters")  # what differs between the runs of one page (defence_keys)
 
 
 def load_kept(folder: Path) -> list[dict]:
@@ -309,7 +361,7 @@ def one(fraction: float) -> str:
 def table_lines(records: list[dict], strategy: str, attackers: int) -> list[str]:
     """The loss table of one (strategy, f): a row per attack, a column per screening; a cell with
     fewer seeds than the clean run says how many it has."""
-    columns = ["none"] + defences(strategy, attackers)
+    columns = ["none"] + shown_defences(records, strategy, attackers)
     clean = finals(records, "clean", "none")
     lines = ["| attack | " + " | ".join("no screening" if c == "none" else c for c in columns) + " |",
              "|---" * (len(columns) + 1) + "|"]
@@ -325,7 +377,66 @@ def table_lines(records: list[dict], strategy: str, attackers: int) -> list[str]
             p = loss(records, attack, c)
             values.append(points(p) + (f" (n = {p.n})" if 1 < p.n < len(clean) else ""))
         lines.append(f"| {attack} | " + " | ".join(values) + " |")
+    attacks = shown_attacks(records)
+    worst = []
+    for c in columns:
+        attack, p = worst_case(records, c, attacks)
+        kept = sum(loss(records, a, c).n > 0 for a in attacks)
+        part = f"; {kept} of {len(attacks)} attacks" if kept < len(attacks) else ""
+        worst.append(f"{points(p)} ({attack}{part})" if attack else "")
+    lines.append("| **worst case** (attack) | " + " | ".join(worst) + " |")
     return lines
+
+
+def shown_defences(records: list[dict], strategy: str, attackers: int) -> list[str]:
+    """The columns of one table after 'no screening': the defences that apply (``defences``) and
+    have a kept run in ``records``, in table order."""
+    kept = {r["screening"] for r in records}
+    return [d for d in defences(strategy, attackers) if d in kept]
+
+
+def worst_case(records: list[dict], defence: str, attacks: list[str]):
+    """(attack, its Paired loss) of the largest mean loss under ``defence`` among ``attacks``
+    with a paired run kept (the first in ``attacks`` order on a tie); (None, None) with none."""
+    kept = [(a, p) for a in attacks if (p := loss(records, a, defence)).n > 0]
+    if not kept:
+        return None, None
+    return max(kept, key=lambda item: item[1].mean)  # max keeps the first of equal means
+
+
+def best_worst_case(records: list[dict], strategy: str, attackers: int):
+    """(defence, attack, Paired) of the smallest worst-case loss (``worst_case``) among the
+    defences kept for every shown attack on at least ``SEEDS_NEEDED`` seeds (the first in
+    table order on a tie), and the defences shown that are left out for fewer attacks or seeds;
+    (None, None, None) as the first three when no defence is complete."""
+    attacks = shown_attacks(records)
+    shown = shown_defences(records, strategy, attackers)
+    complete = [d for d in shown if all(loss(records, a, d).n >= SEEDS_NEEDED for a in attacks)]
+    left_out = [d for d in shown if d not in complete]
+    if not complete:
+        return None, None, None, left_out
+    worst = {d: worst_case(records, d, attacks) for d in complete}
+    best = min(complete, key=lambda d: worst[d][1].mean)  # min keeps the first of equal means
+    return best, *worst[best], left_out
+
+
+def worst_case_line(records: list[dict], strategy: str, attackers: int) -> str:
+    """The text naming the defence of smallest worst-case loss, its cost without attack, and
+    whether it holds every attack within ``TOLERANCE`` (by the mean), saying so plainly when not."""
+    attacks = shown_attacks(records)
+    best, attack, p, left_out = best_worst_case(records, strategy, attackers)
+    bar = f"{TOLERANCE * 100:.0f} points"
+    over = f"over the {len(attacks)} attacks shown, each on at least {SEEDS_NEEDED} seeds"
+    out = f" (left out, fewer attacks or seeds kept: {', '.join(left_out)})" if left_out else ""
+    if best is None:
+        return (f"- Worst case: no defence is kept yet for all {len(attacks)} attacks shown on at least "
+                f"{SEEDS_NEEDED} seeds each{out}.")
+    cost = loss(records, "clean", best)
+    costs = f"it costs {points(cost)} points without attack" if cost.n else "its cost without attack is not kept"
+    said = (f"it holds every attack within {bar} by the mean" if p.mean <= TOLERANCE + 1e-12 else
+            f"**no defence holds every attack within {bar}**")
+    return (f"- Worst case {over}: the smallest is `{best}`'s, {points(p)} points against {attack}; {costs}; "
+            f"{said}{out}.")
 
 
 def best_screening(records: list[dict], strategy: str, attackers: int, attack: str):
@@ -381,6 +492,7 @@ def verdict_lines(records: list[dict], strategy: str, attackers: int, iid: bool 
         costs = f"costs {points(cost)} points without attack; " if cost.n else ""
         lines.append(f"- `{d}` {costs}fails against: {', '.join(fails) or 'none'}; holds against: "
                      f"{', '.join(holds) or 'none'}")
+    lines += ["", worst_case_line(records, strategy, attackers)]
     verdict = ("NOT met" if "NOT within" in statuses else
                "met" if all(s == "within" for s in statuses) else "not decided (runs missing)")
     lead = "Acceptance" if iid else "The IID acceptance bar applied to these clients"
@@ -396,10 +508,15 @@ def section(records: list[dict], strategy: str, attackers: int, iid: bool = True
         return lines + ["The clean run is not kept yet: no loss to show.", ""]
     lines += table_lines(mine, strategy, attackers) + [""]
     seeds = sorted({seed_of(r) for r in mine})
-    wanted = len(cells(strategy, attackers, shown_attacks(mine))) * len(seeds)
-    if len(mine) < wanted:
-        lines += [f"{wanted - len(mine)} of {wanted} runs (every cell on seeds {', '.join(map(str, seeds))}) "
+    shown = shown_defences(mine, strategy, attackers)
+    wanted = (1 + len(shown_attacks(mine))) * (1 + len(shown)) * len(seeds)  # the cells of ``cells``
+    kept = sum(r["screening"] in ("none", *shown) for r in mine)
+    if kept < wanted:
+        lines += [f"{wanted - kept} of {wanted} runs (every cell shown, on seeds {', '.join(map(str, seeds))}) "
                   "are not kept yet.", ""]
+    unrun = [d for d in defences(strategy, attackers) if d not in shown]
+    if unrun:
+        lines += [f"Not run for this table (no kept run): {', '.join(f'`{d}`' for d in unrun)}.", ""]
     lines += verdict_lines(mine, strategy, attackers, iid) + [""]
     return lines
 
@@ -463,9 +580,22 @@ ABOUT = [
     "stop updates that are too large, not updates that point the wrong way at an ordinary norm, so a "
     "sign flip at an honest norm or the adaptive attacker passes them. `median`, `trimmed-mean` (f cut "
     "at each end), `krum`, `multi-krum` (n - f kept) and `bulyan` (only where n >= 4f + 3) judge the "
-    "updates against each other. SCAFFOLD allows only the rules that keep or drop whole replies "
-    "(clip, reject, krum, multi-krum): a robust value of the weights alone would leave its control "
-    "variate open to the attackers.",
+    "updates against each other, as do `geometric-median` (smoothed Weiszfeld, RFA) and `centered-clip` "
+    "(3 iterations from the zero update, tau the round's median update norm). A name `step+...+rule` is a "
+    "pre-aggregation chain (`screen-pre` = the steps, `screening` = the rule, fl_app/server/robust_rules.py) "
+    "in the pairings its papers recommend: `nnm+trimmed-mean` (NNM, Allouah et al. AISTATS 2023, shown there "
+    "with the coordinate-wise trimmed mean), `arc+nnm+trimmed-mean` (ARC, Allouah et al. ICLR 2025, clips "
+    "before NNM and a robust rule) and `bucketing+median` (Karimireddy et al. ICLR 2022, s = 2); bucketing "
+    "only where the f spoilt buckets are fewer than half of the ceil(n / s) (at f = 3 of 10 they are 3 of 5, "
+    "past the median's breakdown, so it is not run there). SCAFFOLD allows only the rules that keep or drop "
+    "whole replies (clip, reject, krum, multi-krum) and no chain: a robust value of the weights alone would "
+    "leave its control variate open to the attackers.",
+    "",
+    "The **worst case** row is, per defence, the largest mean loss over the attacks kept for it (with that "
+    "cell's interval and the attack; 'k of K attacks' where some are not kept), and the line after the "
+    "verdicts names the defence with the smallest worst case among those kept for every attack shown on at "
+    f"least {SEEDS_NEEDED} seeds, its cost without attack, and whether it stays within {TOLERANCE * 100:.0f} "
+    "points.",
     "",
     "What this rests on: the attackers poison the model update only (SCAFFOLD's delta c_i is sent as "
     "computed); the server is told the true f (`screen-attackers`); every client is sampled every round. With "

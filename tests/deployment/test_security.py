@@ -129,12 +129,14 @@ def test_attack_and_screening_through_a_simulation(tmp_path):
 def test_table_cells_follow_each_method_and_f():
     from scripts.security_table import cells, defences
 
-    assert defences("fedavg", 3) == ["clip", "reject", "median", "trimmed-mean", "krum", "multi-krum"]
-    assert defences("fedavg", 1)[-1] == "bulyan"  # 10 >= 4f + 3 only for f = 1
-    assert defences("scaffold", 3) == ["clip", "reject", "krum", "multi-krum"]
+    assert defences("fedavg", 3) == ["clip", "reject", "median", "trimmed-mean", "krum", "multi-krum",
+                                     "geometric-median", "centered-clip", "nnm+trimmed-mean", "arc+nnm+trimmed-mean"]
+    # 10 >= 4f + 3 only for f = 1; bucketing (s = 2): f = 1 spoils 1 of 5 buckets, f = 3 spoils 3 of 5
+    assert defences("fedavg", 1)[6] == "bulyan" and defences("fedavg", 1)[-1] == "bucketing+median"
+    assert defences("scaffold", 3) == ["clip", "reject", "krum", "multi-krum"]  # no robust value, no chain
     assert cells("scaffold", 3)[:2] == [("clean", "none"), ("scale-x10", "none")]
     # clean, each attack unscreened, then per screening: clean (its cost) and each attack
-    assert len(cells("fedavg", 3)) == 1 + 3 + 6 * 4 and len(cells("scaffold", 1)) == 1 + 3 + 4 * 4
+    assert len(cells("fedavg", 3)) == 1 + 3 + 10 * 4 and len(cells("scaffold", 1)) == 1 + 3 + 4 * 4
     assert cells("fedavg", 3)[4:8] == [("clean", "multi-krum")] + [
         (a, "multi-krum") for a in ("scale-x10", "sign-flip", "adaptive")]
     assert sorted(cells("fedavg", 1)) == sorted(set(cells("fedavg", 1)))  # each run once
@@ -155,7 +157,9 @@ def test_new_attacks_are_selected_with_attacks_and_shown_when_kept():
     records = _scaffold_table([0.9] * 3, {("alie", "multi-krum"): [0.8] * 3})
     assert shown_attacks(records) == ["scale-x10", "sign-flip", "adaptive", "alie"]
     page = render_page(records)
-    assert "| alie |  |  |  |  | 10.0 [10.0, 10.0] |" in page and "`alie` (Baruch et al. 2019)" in page
+    # columns: no screening and the defences with a kept run (multi-krum); the others are named
+    assert "| alie |  | 10.0 [10.0, 10.0] |" in page and "`alie` (Baruch et al. 2019)" in page
+    assert "Not run for this table (no kept run): `clip`, `reject`, `krum`." in page
 
 
 def test_shards_split_the_cells():
@@ -224,7 +228,7 @@ def test_page_verdicts_come_from_the_kept_runs():
     assert "- `krum` fails against: scale-x10 (4.0 points); holds against: none" in page
     assert "**met**" in page
     # 20 cells a seed; missing: clean under each of 4 screenings (12), krum: 2 seeds of scale-x10, 3 + 3 (8)
-    assert "20 of 60 runs (every cell on seeds 0, 1, 2) are not kept yet" in page
+    assert "20 of 60 runs (every cell shown, on seeds 0, 1, 2) are not kept yet" in page
     # adaptive's multi-krum loses 4 points on average: other screenings could still hold (krum not run)
     for r in records:
         if r["attack"] == "adaptive" and r["screening"] == "multi-krum":
@@ -321,10 +325,103 @@ def test_each_split_has_its_part_and_the_screenings_cost_without_attack():
     assert "## IID clients" in head and tail and "partitioner = dirichlet, alpha = 0.3" in tail
     assert "0.900 over seeds 0, 1, 2" in head and "0.820 over seeds 0, 1, 2" in tail
     # by hand: clean - clean under krum = 0.10, 0.04, 0.07 -> mean 7.0 points, sd 3.0, 4.303 * 3 / sqrt(3) = 7.5
-    assert "| no attack (the screening's cost) | |  |  | 7.0 [-0.5, 14.5] |  |" in tail
+    assert "| no attack (the screening's cost) | | 7.0 [-0.5, 14.5] |" in tail
     assert "- `krum` costs 7.0 [-0.5, 14.5] points without attack; fails against: sign-flip (20.0 points)" in tail
     assert "no attack" not in head  # no clean run under a screening kept for IID here
     assert "The IID acceptance bar applied to these clients" in tail and "\nAcceptance (" in head
     with pytest.raises(ValueError, match=r"learning-rate.*out of docs/results/security/dirichlet-0.3$"):  # one split
         render_page(skewed + [_record("clean", "clip", 0.8, seed=1, partitioner="dirichlet", alpha=0.3,
                                       **{"learning-rate": 0.1})])
+
+
+def test_chains_are_one_defence_name_split_into_pre_and_rule(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    import scripts.security_table as table
+
+    assert table.split_defence("arc+nnm+trimmed-mean") == ("arc+nnm", "trimmed-mean")
+    assert table.split_defence("bucketing+median") == ("bucketing", "median")
+    assert table.split_defence("krum") == ("none", "krum")
+    args = SimpleNamespace(partitioner="dirichlet", alpha=0.3, data_dir="", rounds=10)
+    cfg = table.run_config("fedavg", 3, "alie", "arc+nnm+trimmed-mean", 0, args)  # validated
+    assert (cfg["screen-pre"], cfg["screening"]) == ("arc+nnm", "trimmed-mean")
+    assert table.defence_keys(cfg) == ("screen-pre",)
+    assert table.defence_keys(table.run_config("fedavg", 1, "clean", "bucketing+median", 0, args)) == (
+        "screen-pre", "screen-bucket-size")
+    assert table.defence_keys(table.run_config("fedavg", 3, "clean", "centered-clip", 0, args)) == (
+        "screen-cc-tau", "screen-cc-iters")
+    assert table.defence_keys(table.run_config("fedavg", 3, "clean", "multi-krum", 0, args)) == ()  # as before
+    assert table.run_name("fedavg", 3, "ipm", "nnm+trimmed-mean", 2) == "fedavg-f3-ipm-nnm+trimmed-mean-s2"
+    # --screenings takes them (the page written from an empty folder here)
+    monkeypatch.setattr(table, "KEPT", tmp_path)
+    monkeypatch.setattr(table, "PAGE", tmp_path / "security.md")
+    monkeypatch.setattr(table, "ROOT", tmp_path)
+    assert table.main(["--screenings", "nnm+trimmed-mean", "bucketing+median", "--render"]) == 0
+    # a chain's record (with screen-pre) and one kept before the key existed are one setting
+    records = [_record("clean", "none", 0.9, strategy="fedavg"),
+               _record("clean", "nnm+trimmed-mean", 0.88, strategy="fedavg")]
+    records[1]["setting"].update({"screen-pre": "nnm", "screening": "trimmed-mean"})
+    table.check_one_setting(records)  # no error
+    assert "| no attack (the screening's cost) | | 2.0 (1 seed) |" in table.render_page(records)
+
+
+def test_bad_chain_is_refused(capsys):
+    from scripts.security_table import main
+
+    with pytest.raises(SystemExit):
+        main(["--screenings", "nnm+krum+median", "--render"])
+    assert "--screenings: invalid choice: 'nnm+krum+median'" in capsys.readouterr().err
+
+
+def _fedavg_table(clean, attacked, seeds=(0, 1, 2)):
+    records = [_record("clean", "none", acc, strategy="fedavg", seed=s) for s, acc in zip(seeds, clean)]
+    for (attack, screening), accs in attacked.items():
+        records += [_record(attack, screening, acc, strategy="fedavg", seed=s) for s, acc in zip(seeds, accs)]
+    return records
+
+
+def test_worst_case_row_and_the_best_worst_case_defence():
+    from scripts.security_table import best_worst_case, render_page, worst_case
+
+    attacks = ("scale-x10", "sign-flip", "adaptive", "alie")
+    # by hand, clean 0.90 on every seed: trimmed-mean loses 1, 2, 3, 5 points (worst: alie, 5.0);
+    # multi-krum 4, 4, 2, 1 (worst: scale-x10 and sign-flip tie at 4.0, the first is named);
+    # nnm+trimmed-mean 0, 1, 6, 2 on two seeds only for alie: left out of the comparison
+    losses = {"trimmed-mean": (0.01, 0.02, 0.03, 0.05), "multi-krum": (0.04, 0.04, 0.02, 0.01),
+              "nnm+trimmed-mean": (0.0, 0.01, 0.06, 0.02)}
+    attacked = {(a, d): [0.90 - x] * 3 for d, xs in losses.items() for a, x in zip(attacks, xs)}
+    attacked.update({(a, "none"): [0.5] * 3 for a in attacks})
+    attacked[("clean", "multi-krum")] = [0.89, 0.90, 0.88]  # costs 1.0 [-1.5, 3.5]
+    records = _fedavg_table([0.90] * 3, attacked)
+    records = [r for r in records if not (r["screening"] == "nnm+trimmed-mean" and r["attack"] == "alie"
+                                          and r["setting"]["seed"] == 2)]
+    attack, p = worst_case(records, "multi-krum", list(attacks))
+    assert attack == "scale-x10" and p.mean == pytest.approx(0.04)
+    best, attack, p, left_out = best_worst_case(records, "fedavg", 3)
+    assert (best, attack, left_out) == ("multi-krum", "scale-x10", ["nnm+trimmed-mean"])
+    assert p.mean == pytest.approx(0.04)
+    page = render_page(records)
+    assert ("| **worst case** (attack) | 40.0 [40.0, 40.0] (scale-x10) | 5.0 [5.0, 5.0] (alie) | "
+            "4.0 [4.0, 4.0] (scale-x10) | 6.0 [6.0, 6.0] (adaptive) |") in page
+    assert ("- Worst case over the 4 attacks shown, each on at least 3 seeds: the smallest is `multi-krum`'s, "
+            "4.0 [4.0, 4.0] points against scale-x10; it costs 1.0 [-1.5, 3.5] points without attack; "
+            "**no defence holds every attack within 3 points** (left out, fewer attacks or seeds kept: "
+            "nnm+trimmed-mean).") in page
+    # multi-krum 2 points better everywhere: within the bar, said so, and nothing plain about none holding
+    for r in records:
+        if r["screening"] == "multi-krum" and r["attack"] != "clean":
+            r["accuracy"][-1] += 0.02
+    page = render_page(records)
+    assert "the smallest is `multi-krum`'s, 2.0 [2.0, 2.0] points against scale-x10" in page
+    assert "it holds every attack within 3 points by the mean (left out" in page
+    assert "no defence holds" not in page
+
+
+def test_worst_case_counts_only_the_attacks_kept_for_a_defence():
+    from scripts.security_table import render_page
+
+    records = _fedavg_table([0.90] * 3, {("sign-flip", "median"): [0.80] * 3, ("alie", "median"): [0.85] * 3})
+    page = render_page(records)
+    assert "| **worst case** (attack) |  | 10.0 [10.0, 10.0] (sign-flip; 2 of 4 attacks) |" in page
+    assert ("- Worst case: no defence is kept yet for all 4 attacks shown on at least 3 seeds each "
+            "(left out, fewer attacks or seeds kept: median).") in page
