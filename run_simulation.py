@@ -25,12 +25,21 @@ from runner.quiet import quiet_libraries
 from runner.sweep import run_comparison
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a job scheduler, ``timeout``), raised where Ctrl-C's KeyboardInterrupt would be, so
+    that it unwinds the same way: the private SuperLink and everything it started are stopped, and
+    finished runs and checkpoints stay for --resume."""
+
+
+def terminated(signum, frame):
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
     """parse -> validate -> plan -> launch -> report. Exit codes: 0 done, 1 a run failed,
-    2 refused before anything was launched, 130 interrupted (Ctrl-C: one line, no traceback)."""
-    # SIGTERM (a job scheduler, `timeout`) unwinds like Ctrl-C, so the private SuperLink and
-    # everything it started are stopped; finished runs and checkpoints stay for --resume.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    2 refused before anything was launched, 130 interrupted (Ctrl-C) and 143 (SIGTERM): one line
+    saying what is kept, no traceback."""
+    signal.signal(signal.SIGTERM, terminated)
     args = parse_args(argv)
     quiet_libraries(args.verbose)  # runner/quiet.py: hidden unless --verbose
     if args.list:
@@ -41,11 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or f"results/compare-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     try:
         return run_comparison(args, out)
-    except KeyboardInterrupt:  # every process of the runs is stopped by then (runner/parallel.py)
+    except KeyboardInterrupt as exc:  # every process of the runs is stopped by then (runner/parallel.py)
         kept = (f"the runs finished or checkpointed in {out} are kept: run_simulation.py --resume {out} continues"
                 " them" if (out / "runner.json").exists() else "nothing was launched")
-        print(f"\ninterrupted (Ctrl-C): {kept}", file=sys.stderr)
-        return 130
+        by = "SIGTERM" if isinstance(exc, Terminated) else "Ctrl-C"
+        print(f"\ninterrupted ({by}): {kept}", file=sys.stderr)
+        return 128 + signal.SIGTERM if isinstance(exc, Terminated) else 130
 
 
 if __name__ == "__main__":

@@ -91,9 +91,9 @@ def test_a_signalled_runner_stops_its_processes_keeps_its_rounds_and_resumes_to_
             proc.kill()
             proc.wait()
     assert proc.returncode == (130 if how == "ctrl-c" else 128 + signal.SIGTERM), output[-3000:]
-    if how == "ctrl-c":
-        assert f"interrupted (Ctrl-C): the runs finished or checkpointed in {out} are kept" in output
-        assert "Traceback" not in output, output[-3000:]
+    by = "Ctrl-C" if how == "ctrl-c" else "SIGTERM"
+    assert f"interrupted ({by}): the runs finished or checkpointed in {out} are kept" in output, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
     left = wait_until(lambda: not any(processes_with_env("FLWR_HOME", home) for home in homes), GONE_WITHIN)
     assert left, f"processes left after the runner exited: {[processes_with_env('FLWR_HOME', h) for h in homes]}"
 
