@@ -93,25 +93,31 @@ def mnist_sample(tmp_path_factory):
     check Flower's plumbing, not what full MNIST learns. Decoding and training on 60,000 images
     is most of such a run's cost beyond Flower's and Ray's start-up, and in a deployment every
     ClientApp process decodes its data anew."""
-    import numpy as np
-    import pyarrow.parquet as pq
-
     made: dict[tuple[int, int], Path] = {}
 
     def sample(train: int, test: int) -> Path:
         if (train, test) not in made:
-            source = _offline_data() / "mnist"
-            folder = tmp_path_factory.mktemp(f"mnist-{train}-{test}")
-            (folder / "mnist").mkdir()
-            rng = np.random.default_rng(0)
-            for split, rows in (("train", train), ("test", test)):
-                table = pq.read_table(source / f"{split}.parquet")
-                keep = np.sort(rng.choice(table.num_rows, size=rows, replace=False))
-                pq.write_table(table.take(keep), folder / "mnist" / f"{split}.parquet")
-            made[train, test] = folder
+            made[train, test] = write_mnist_sample(tmp_path_factory.mktemp(f"mnist-{train}-{test}"), train, test)
         return made[train, test]
 
     return sample
+
+
+def write_mnist_sample(folder: Path, train: int, test: int) -> Path:
+    """Write ``folder``/mnist/{train,test}.parquet: ``train`` and ``test`` rows of the offline
+    MNIST files drawn by one generator seeded 0 (the train rows first), kept in file order;
+    returns ``folder`` (``mnist_sample``'s sample, also for scripts run outside pytest)."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    source = _offline_data() / "mnist"
+    (folder / "mnist").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for split, rows in (("train", train), ("test", test)):
+        table = pq.read_table(source / f"{split}.parquet")
+        keep = np.sort(rng.choice(table.num_rows, size=rows, replace=False))
+        pq.write_table(table.take(keep), folder / "mnist" / f"{split}.parquet")
+    return folder
 
 
 @pytest.fixture(scope="session")

@@ -49,12 +49,19 @@ KEYS = {
 def digits(mnist_sample) -> tuple[torch.Tensor, torch.Tensor]:
     """CLIENTS x STEPS x BATCH training images of the seeded MNIST sample, normalised as a
     client loads them (skips without the offline data)."""
+    return training_tensors(mnist_sample(CLIENTS * STEPS * BATCH, 10))
+
+
+def training_tensors(folder, shuffled: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The training images and labels of the MNIST sample in ``folder``, normalised as a client
+    loads them; ``shuffled``: in a seeded random order (the sample is sorted by label)."""
     import pyarrow.parquet as pq
 
     from tasks.datasets import DATASETS, decode_images, normalise
 
-    rows = CLIENTS * STEPS * BATCH
-    table = pq.read_table(mnist_sample(rows, 10) / "mnist" / "train.parquet")
+    table = pq.read_table(folder / "mnist" / "train.parquet")
+    if shuffled:
+        table = table.take(np.random.default_rng(0).permutation(table.num_rows))
     info = DATASETS["mnist"]
     images = decode_images(table.column(info.image_column).to_pylist(), None, info)
     return normalise(images, np.array(table.column(info.label_column)), info)
@@ -94,19 +101,12 @@ def test_a_cohort_node_trains_an_unbatched_method_exactly_as_its_per_client_roun
     per-client round at 1 thread bit for bit, weights and metrics. Without it (0: the node's 2
     threads) the thread count's summation order alone moves FedDecorr's rounds by 0.02-1.1
     relative (measured), which the last assertion checks, so that this case can tell the two."""
-    import pyarrow.parquet as pq
-
     from fl_app.node.cohort_client import train
-    from tasks.datasets import DATASETS, decode_images, normalise
     from tasks.functional import local_round
 
     clients_n, steps, batch = 4, 40, 8
     per = steps * batch
-    table = pq.read_table(mnist_sample(clients_n * per, 10) / "mnist" / "train.parquet")
-    info = DATASETS["mnist"]
-    table = table.take(np.random.default_rng(0).permutation(table.num_rows))  # the sample is sorted by label
-    x, y = normalise(decode_images(table.column(info.image_column).to_pylist(), None, info),
-                     np.array(table.column(info.label_column)), info)
+    x, y = training_tensors(mnist_sample(clients_n * per, 10), shuffled=True)
     keys = {"dataset": "mnist", "model": "cnn-small", "batch-size": batch, "learning-rate": 0.05}
     clients = [make_client(method, keys, x[k * per:(k + 1) * per], y[k * per:(k + 1) * per], partition=k,
                             num_partitions=clients_n) for k in range(clients_n)]

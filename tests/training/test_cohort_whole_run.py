@@ -158,22 +158,13 @@ def test_float64_runs_in_float64(float64_default):
 if __name__ == "__main__":  # the measured numbers (module docstring)
     import json
 
-    from tests.conftest import _offline_data
+    from tests.conftest import write_mnist_sample
 
     precision, *names = sys.argv[1:] or ["float32"]
     if precision == "float64":
         torch.set_default_dtype(torch.float64)
     torch.set_num_threads(1)
-    import numpy as np
-    import pyarrow.parquet as pq
-
-    folder = Path(tempfile.mkdtemp()) / "data"
-    (folder / "mnist").mkdir(parents=True)
-    rng = np.random.default_rng(0)  # conftest's mnist_sample
-    for split, rows in (("train", 2400), ("test", 500)):
-        table = pq.read_table(_offline_data() / "mnist" / f"{split}.parquet")
-        pq.write_table(table.take(np.sort(rng.choice(table.num_rows, size=rows, replace=False))),
-                       folder / "mnist" / f"{split}.parquet")
+    folder = write_mnist_sample(Path(tempfile.mkdtemp()) / "data", 2400, 500)  # whole_run_data's sample
     for name in names or cohort_methods():
         apart = whole_run_differences(name, folder, Path(tempfile.mkdtemp()))
         print(json.dumps({"method": name, "precision": precision,
