@@ -33,6 +33,22 @@ def record_ray_nodes(run_dir: Path, server_round: int, clients: list[tuple[str, 
     return {"num_ray_nodes": len({node for _, _, node in rows})}
 
 
+def keep_rounds(run_dir: Path, last_round: int) -> None:
+    """Drop the rows of rounds after ``last_round`` (a resumed run's checkpoint): those rounds
+    run again, and their fits are appended anew, so each fit of the finished run is one row."""
+    path = Path(run_dir) / FILE
+    if not path.exists():
+        return
+    with path.open(newline="") as f:
+        rows = list(csv.reader(f))
+    kept = rows[:1] + [r for r in rows[1:] if r and int(r[0]) <= last_round]
+    if len(kept) < len(rows):
+        tmp = path.with_name(f".{FILE}.tmp")
+        with tmp.open("w", newline="") as f:
+            csv.writer(f).writerows(kept)
+        tmp.replace(path)
+
+
 def read_ray_nodes(run_dir: Path) -> dict[int, set[str]]:
     """Round -> the Ray node ids that ran its fits."""
     out: dict[int, set[str]] = {}

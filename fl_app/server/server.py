@@ -63,7 +63,7 @@ from fl_app.server.crash import crash_if_injected
 from fl_app.server.drift import drift_from_sums, layout, round_drift
 from fl_app.server.omniscient import OmniscientAttacks
 from fl_app.server.participation import Participation, RunAborted
-from fl_app.server.placement import record_ray_nodes
+from fl_app.server.placement import keep_rounds, record_ray_nodes
 from fl_app.server.preflight import loud
 from fl_app.server.recording import (
     RunRecorder,
@@ -133,6 +133,7 @@ class DriftServer(Server):
         self.record.facts["execution"] = self.execution.record()
         if resume_from is not None:
             self.record.resume(resume_from, previous_rows or [])
+            keep_rounds(self.record.run_dir, resume_from.round)  # the rounds after it run again
         if strategy is not None:
             self.set_strategy(strategy)
 

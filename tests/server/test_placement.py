@@ -29,3 +29,24 @@ def test_rounds_record_their_ray_nodes(tmp_path):
 def test_no_ray_node_no_file(tmp_path):
     assert record_ray_nodes(tmp_path, 1, [("0", {})]) == {}
     assert not (tmp_path / "ray-nodes.csv").exists() and read_ray_nodes(tmp_path) == {}
+
+
+def test_a_resumed_run_keeps_one_row_per_fit(tmp_path):
+    """A run killed after round 3's fits were recorded but with its checkpoint at round 2 runs
+    round 3 again on resume: its old rows go, so each fit of the finished run is one row (the
+    resumed server drops them as it starts; before, round 3 was listed twice)."""
+    from fl_app.registry import validate_config
+    from fl_app.server.checkpoint import Checkpoint
+    from fl_app.server.server import DriftServer
+
+    run = tmp_path / "run"
+    run.mkdir()
+    for rnd in (1, 2, 3):
+        record_ray_nodes(run, rnd, [("0", {"ray_node": "a"}), ("1", {"ray_node": f"n{rnd}"})])
+    cfg = validate_config({"num-server-rounds": 4})
+    w = [np.zeros(2, np.float32)]
+    DriftServer(client_manager=FakeManager(2), cfg=cfg, run_dir=run, resume_from=Checkpoint(round=2, weights=w))
+    assert read_ray_nodes(run) == {1: {"a", "n1"}, 2: {"a", "n2"}}
+    record_ray_nodes(run, 3, [("0", {"ray_node": "a"})])  # round 3 again
+    lines = (run / "ray-nodes.csv").read_text().splitlines()
+    assert lines[0] == "round,flower_node,ray_node" and [ln.split(",")[0] for ln in lines[1:]] == ["1", "1", "2", "2", "3"]
