@@ -43,8 +43,8 @@ for Federated Learning with Non-IID Data", NeurIPS 2021).
 - Keys: `ccvr-samples` M (100, ≥ 1; fluke's default, FL-bench's 200), `ccvr-epochs` (1, ≥ 1;
   FL-bench's and fluke's one pass), `ccvr-lr` (0.01, > 0), `ccvr-clients` (`all` | `sampled`,
   default `all`), `ccvr-covariance` (`unbiased` | `population`, default `unbiased`).
-- Readings: no authors' code was found (the CReFF-FL authors' issue tracker has users asking
-  for one); the paper's algorithm runs by default as recalled here, and FL-bench
+- Readings: no authors' code was found (users of the CReFF-FL authors' repository ask them for
+  one); the paper's algorithm runs by default as recalled here, and FL-bench
   (`src/server/ccvr.py`, `src/client/ccvr.py`) and fluke (`fluke/algorithms/ccvr.py`) were read.
   The pooled covariance above is exact for the clients' unbiased covariances (the paper's); both
   FL-bench and fluke compute the clients' covariance with divisor N_c (torch's correction 0) and pool it with the
@@ -52,9 +52,15 @@ for Federated Learning with Non-IID Data", NeurIPS 2021).
   head with plain SGD and the run's batch size, as here; fluke draws 100 per class at lr 0.1,
   FL-bench 200 at the clients' lr. fluke calibrates once at the end of training with every
   client's statistics, as here; FL-bench calibrates a copy before each evaluation (the calibrated
-  head evaluated, training continuing from the uncalibrated model): not offered. The paper's
-  choice of M and of the retraining's rate and length was not re-read for this change. Features
-  are the body's output (the head's input), in eval mode (FL-bench's `model.eval()`).
+  head evaluated, training continuing from the uncalibrated model): not offered. Features are
+  the body's output (the head's input), in eval mode (FL-bench's `model.eval()`).
+- Paper and authors' code. Read: the paper's abstract only (arXiv 2106.05001: the classifier
+  "post-calibrat[ed] after federated training" on "virtual representations sampled from an
+  approximated gaussian mixture model", as here); its algorithm box, its pooling formula and
+  its choice of M, of the retraining's rate and length, and of the layer whose features are
+  pooled were not available to this change, so the rules above are the paper as recalled and
+  FL-bench's and fluke's code; with no authors' code there is no second reading to offer
+  beyond `ccvr-covariance`.
 
 Summary: client - (round R: per-class feature statistics) | server round R: head retrained on
 virtual features | client state - | server state - | traffic per-class counts, means, covariances

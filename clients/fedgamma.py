@@ -33,6 +33,17 @@ Minimization", IEEE TNNLS 2023).
   mean update with η_g = 1, here the n_k-weighted mean (the same with equal-size partitions);
   the code's ESAM counts BatchNorm statistics twice per step and adds 1e-7 to the norm; its clip
   at norm 10 is the run-wide `local-clip-norm = 10` (off by default).
+- Paper and authors' code. Read: the paper's abstract (TNNLS 2023, its DOI page: "a local
+  varieties control technique to better align each client's local updates" towards global
+  flatness) and the code, FL-Simulator, which the FedLESAM authors' README names as where the
+  FedGamma authors released theirs; the paper's algorithm box and settings were not available,
+  so whether its ascent uses the corrected gradient (`global`) is unconfirmed. The code's
+  README table, which reported FedGamma's accuracies, ran ρ = 0.01, where its `--rho` default
+  (and the default here) is 0.1: set `fedgamma-rho = 0.01` for the table's setting. Its η_l =
+  0.1, lr decay 0.998 a round and weight decay 1e-3 are run-wide keys here. As FedCM's code, it
+  moves the parameters alone (buffers neither averaged nor sent) and samples each client with
+  probability `--active-ratio`; here buffers take the plain mean and Flower draws a fixed-size
+  sample.
 
 Summary: client SAM gradient (ascent along g or g − c_i + c) + c − c_i | server c update | client
 state c_i | server state c | traffic c down, Δc_i up

@@ -52,6 +52,15 @@ Data", NeurIPS 2023).
   batch). The code's optimiser (SGD, momentum 0.9, weight decay 1e-4) and gradient clip at norm
   20 are the run's keys (`momentum`, `weight-decay`, `local-clip-norm`). The personalised model
   (φ ⊙ M on each client's test split) is not evaluated: the runs here report the global model.
+- Paper and authors' code. Read: the paper's abstract (arXiv 2405.18972: the classifier
+  "globally fixed as a simplex ETF while locally adapted to the personal distributions") and
+  the code; the paper's equations and its E_W and τ settings were not available to this change,
+  so the code's reading above is the only one. Further differences from the code, the same
+  maths: its ETF is a tensor outside the model (never in the state dict, never averaged), here
+  the model's head, frozen and reset after each round, so the logits agree; it draws M from
+  NumPy's global generator after its seeding, here from a torch generator seeded by `seed`
+  (another M of the same law); it samples `party_per_round` clients uniformly, a fixed-size
+  sample as Flower's.
 
 Summary: client CE on φ ⊙ (ETF h) / τ, head fixed | server - | client state - | server state - |
 traffic -

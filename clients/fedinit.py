@@ -1,6 +1,6 @@
 """FedInit: each client starts its round at a relaxed point beyond w_t, away from its own last
-local model (Sun, Shen, Chen, Ding, Tao, "Understanding How Consistency Works in Federated
-Learning via Stage-wise Relaxed Initialization", NeurIPS 2023).
+local model (Sun, Shen, Tao, "Understanding How Consistency Works in Federated Learning via
+Stage-wise Relaxed Initialization", NeurIPS 2023).
 
 - Client, before its round: with w_i^last its own model at the end of its previous round,
 
@@ -13,11 +13,23 @@ Learning via Stage-wise Relaxed Initialization", NeurIPS 2023).
 - Server: the weighted mean (Flower's FedAvg, `DriftFedAvg`).
 - State: the client's final trainable weights (`fedinit-last`). Traffic: none beyond FedAvg's.
 - Keys: `fedinit-beta` β (0.1, ≥ 0). β = 0 is FedAvg exactly.
-- Readings: no authors' release was found in this change, so this is the paper's algorithm as
-  recalled (the relaxed start, FedAvg's local steps and server); the default β was not checked
-  against the paper's tables. The relaxation option of the FedLESAM authors' code (`use_RI`,
-  the same formula, computed on its server) starts a never-sampled client's w_i^last at w_0;
-  here such a client starts at w_t.
+- Readings: the paper's algorithm as read from its abstract ("initializes the local state by
+  moving away from the current global state towards the reverse direction of the latest local
+  state": the relaxed start above) and, for the rest, as recalled (FedAvg's local steps, and a
+  server that averages the local models w_{i,K}); its algorithm box and tables were not
+  available to this change.
+- Paper and authors' code. No release linked from the paper was found; the first author's
+  FL-Simulator (the FedSpeed and FedSMOO code) runs the relaxed start as `--use-RI` on every
+  method's server, with `--beta` 0.1 (the default here), and the FedLESAM authors' copy of it
+  keeps the option. Where it differs, none offered as a key: (1) its server computes w_i^0 from
+  its copy of the client's last model, which starts at w_0 for a client never sampled (here
+  such a client starts at w_t); (2) its client returns w_{i,K} − w_i^0 and its server steps
+  w_{t+1} = w_t + η_g mean_i (w_{i,K} − w_i^0) (η_g = 1), which is the mean of the w_{i,K} minus
+  β mean_i (w_t − w_i^last): the relaxation is taken back at aggregation, where here (and in the
+  paper as recalled) the new model is the mean of the local models themselves; (3) its mean is
+  unweighted (here n_k-weighted: the same with equal-size partitions), it moves the parameters
+  alone (buffers neither averaged nor sent) and it samples each client with probability
+  `--active-ratio` (here Flower's fixed-size sample).
 
 Summary: client starts at w_t + β (w_t − w_i^last) | server - | client state last local model |
 server state - | traffic -

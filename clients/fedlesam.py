@@ -33,6 +33,14 @@ Perturbations for Federated Sharpness-aware Minimization", ICML 2024).
   whole-vector direction and L2 norm, not reproduced. Its norm adds 1e-7 (here 1e-12); its clip
   at norm 10 is the run-wide `local-clip-norm = 10` (off by default); its `use_RI` option (the
   relaxed start of FedInit) is not part of FedLESAM here.
+- Paper and authors' code. Read: the paper's abstract (arXiv 2405.18890), which defines the
+  direction as "the difference between global models received in the previous active and
+  current rounds" (`client`), and the code; the paper's algorithm box and its choice of ρ were
+  not available to this change. The code's own defaults are ρ = 0.1 (the default here), 200
+  clients, 5% active, batch 25, E = 5, η_l = 0.1 decayed 0.998 a round, weight decay 1e-3; its
+  README's command runs the -S variant at ρ = 0.5 and says ρ needs tuning. Built on FL-Simulator,
+  it moves the parameters alone and samples each client with probability `--active-ratio` (see
+  fedcm); here buffers take the plain mean and Flower draws a fixed-size sample.
 
 Summary: client ∇f at w + ρ v/‖v‖, v = w_old − w_t | server mean update step η_g, keeps Δ |
 client state last global model (`client`) | server state Δ | traffic Δ down

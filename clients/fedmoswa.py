@@ -49,8 +49,10 @@ Momentum-Based Stochastic Controlled Weight Averaging", ICML 2025).
   Not reproduced: (4) the code loads each client's c_i from a dictionary it never writes
   (`state_ci_loader` reads `ci_dict`, the round writes `c_dict`), so its c_i is whatever its Ray
   worker last computed, for whichever client that was; here every client keeps its own c_i, as
-  the paper says; (5) it divides by its `--K` (50) even when a client took fewer steps; here by
-  the steps taken (the same for its 500-example clients at B = 50, E = 5). Shared by both: the
+  the paper says; (5) it stops every client after its `--K` (50) steps (the loop breaks, so a
+  client with more than K batches in its E epochs trains fewer than E epochs) and divides by K
+  even when a client took fewer steps; here every client runs its E epochs and divides by the
+  steps taken (the same for its 500-example clients at B = 50, E = 5). Shared by both: the
   reply is c_i⁺ − m (not SCAFFOLD's c_i⁺ − c_i), the means are unweighted, the correction is
   added after the clip (the code's `clip_grad_norm_(10)` then `grad += c − c_i`: the run's
   `local-clip-norm = 10`, off by default) and before its SGD `weight_decay=1e-3` (the run's

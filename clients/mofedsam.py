@@ -21,15 +21,22 @@ Minimization", ICML 2022).
   K̄_t = E · mean_i n_i / B; Δ checkpointed as `mofedsam-delta`, metric `mofedsam_delta_norm`.
 - Keys: `mofedsam-alpha` α (0.1, in (0, 1]), `mofedsam-rho` ρ (0.1, > 0; the code's `--rho`
   default), `mofedsam-server-lr` η_g (1.0, > 0). Adam and AdamW are refused.
-- Readings (authors' code: FL-Simulator `client/mofedsam.py` with its `ESAM` optimiser,
-  `server/MoFedSAM.py`, which runs by default): ε is formed from the plain gradient g (not from
+- Readings (reference code: FL-Simulator `client/mofedsam.py` with its `ESAM` optimiser,
+  `server/MoFedSAM.py`, by the FedSpeed and FedSMOO authors, not by the paper's; it runs by
+  default): ε is formed from the plain gradient g (not from
   the mixed direction), and α scales the SAM gradient only, as the code's `ESAM.step(alpha)`
   followed by the backward pass of (1 − α)⟨w, Δ⟩. Differences from the code: its ESAM's second
   pass runs the model in training mode again, so BatchNorm statistics count each batch twice
   (here once, the project's rule for every SAM method); its norm adds 1e-7 (here 1e-12); its clip
   at norm 10 is the run-wide `local-clip-norm = 10` (off by default). The normaliser K̄ and the
-  server step are FedCM's readings (see fedcm). The paper was not re-read in this change, so no
-  second reading is offered yet.
+  server step are FedCM's readings (see fedcm).
+- Paper and authors' code. Read: the paper's abstract and opening (ICML 2022, PMLR v162) and
+  the code; its MoFedSAM algorithm box and experiment settings were not available to this
+  change, so no second reading is offered. The code's README table ran ρ = 0.1 and α = 0.05 or
+  0.1 (the defaults here: 0.1 and 0.1), η_g = 1, η_l = 0.1 and lr decay 0.998 a round, with the
+  code's default weight decay 1e-3 (run-wide keys here). As FedCM's code, it moves the parameters alone and samples each
+  client with probability `--active-ratio`; here buffers take the plain mean and Flower draws a
+  fixed-size sample.
 
 Summary: client α SAM gradient + (1 − α) Δ | server mean update step η_g, keeps Δ = −Δ̄/(η K) |
 client state - | server state Δ | traffic Δ down
