@@ -46,14 +46,24 @@ file (``timings_file``: ``$FL_DRIFT_TIMINGS``, else ``timings.jsonl`` in ``$FL_D
 ``~/.cache/fl-drift``) and the
 estimate reads the recent ones made on this host with this many cores (``recent_timings``);
 without any it uses ``DEFAULT_TIMINGS``, measured on the project's 2-core CPU machine (listed
-below with their runs). Of those it keeps the ones recorded nearest the load now
-(``closest_in_load``: a timing records the processes running beside its run as it started,
-``load_now``, the same count the estimate takes now). The estimate is made with each kept timing;
-the range is their spread, widened by a factor ``1 + margin()`` either way (the middle value is the
-median timing's): 1.2 on an idle machine, more the more the load exceeds the cores (a load that
-changes during the run is what the probes cannot see: at load 5-10 on the 2-core machine the runs
-took 0.54x to 1.85x the
-estimate, mostly within 0.7-1.5x).
+below with their runs).
+
+The load. A timing records the threads running beside its run as it started (``load_now``: the
+machine's runnable threads outside the runner's own process tree, so that the sweep's SuperLink
+and Ray do not count and ``--check``, made before any of them start, reads the same quantity).
+The estimate uses the timings recorded nearest the load now (``closest_in_load``), this
+machine's own unless the defaults have one more than ``OWN_REACH`` nearer (``choose_timings``).
+A timing of this machine from another load is moved to this one by a straight line,
+``slowdown(b) = 1 + LOAD_SLOWDOWN * b / cores``, for the start-up, the nodes and Flower's parts
+(the local steps and the evaluation follow the model's probe, which is taken now, at this
+load); the defaults, from another machine, are moved by the reference probe. The range is the
+used timings' spread, widened by ``1 + margin()`` either way: 1.2 idle, more the more the load
+exceeds the cores, and more again the farther the timings' load is from the load now (and
+``OTHER_MACHINE_MARGIN`` more with the defaults). What no estimate can see is a load that
+changes during the run: a sweep started beside work that ends (or begins) part-way lands outside
+its range, and the end of a sweep prints the time taken against the estimate so that the miss
+is seen. Measured on the 2-core machine for the README's comparison, constant load (busy
+single-thread processes), see docs/running.md.
 """
 
 from __future__ import annotations
@@ -76,6 +86,14 @@ SYNTHETIC_TEST = 1000
 MARGIN = 0.2  # the range: the timings' spread, widened by a factor 1.2 either way on an idle machine ...
 LOAD_MARGIN = 0.1  # ... and by 0.1 more for each load of the machine's cores beyond them (at most MAX_MARGIN)
 MAX_MARGIN = 0.6
+FAR_MARGIN = 0.25  # ... and by 0.25 more for each core's worth of load between the load now and the timings' (at most
+MAX_FAR_MARGIN = 1.0  # MAX_FAR_MARGIN in all): the load model below is a straight line, fitted at loads 0 and 4
+LOAD_SLOWDOWN = 1.5  # ``slowdown``: a run's start-up, nodes and rounds beside b busy threads on c cores take
+# 1 + LOAD_SLOWDOWN * b / c times their idle seconds (the README's comparison, 2 cores: 37 s a run idle, 150 s
+# beside 4 busy processes)
+OTHER_MACHINE_MARGIN = 0.15  # ... and by 0.15 more when the timings are the defaults (another machine's: the
+# README's comparison took 4.0 min idle here where they gave 5.0)
+OWN_REACH = 1.0  # this machine's timings are used unless a default one was recorded this much nearer the load now
 CLOSEST_TIMINGS = 8  # the timings recorded nearest the load now that the estimate uses (closest_in_load) ...
 LOAD_WINDOW = 0.25  # ... none of them more than a quarter of a process's load farther from it than the closest
 RECENT_DAYS = 30
@@ -178,12 +196,25 @@ def clients_per_round(cfg: dict, clients: int) -> int:
     return max(cfg["min-fit-clients"], math.ceil(clients * cfg["fraction-fit"]))
 
 
+def slowdown(load: float, cores: int | None = None) -> float:
+    """How many times its idle seconds a run's start-up, nodes and Flower's rounds take beside
+    ``load`` busy threads on ``cores`` cores: ``1 + LOAD_SLOWDOWN * load / cores`` (a straight
+    line through what the 2-core machine measured idle and beside 4 busy processes)."""
+    cores = cores or os.cpu_count() or 1
+    return 1.0 + LOAD_SLOWDOWN * max(0.0, load) / cores
+
+
 def run_seconds(cfg: dict, clients: int, probe: Probe, timing: Timing, reference: float,
-                step_cost: float = 1.0) -> float:
-    """Estimated seconds of one run of ``cfg`` with one ``timing`` of this machine and the
-    reference probe now (``reference``); see the module docstring for the formula.
-    ``step_cost``: the method's ``LocalUpdate.step_cost`` (its local step against one SGD step)."""
+                step_cost: float = 1.0, load: float | None = None) -> float:
+    """Estimated seconds of one run of ``cfg`` with one ``timing`` and the reference probe now
+    (``reference``; 0: not scaled by it); see the module docstring for the formula.
+    ``step_cost``: the method's ``LocalUpdate.step_cost`` (its local step against one SGD step).
+    ``load``: the load now, when the timing is this machine's own: its start-up, nodes and
+    Flower's parts are moved from the load it was recorded at to this one (``slowdown``); its
+    local steps and evaluation follow the model's probe, measured now at this load."""
     s = reference / timing.reference if timing.reference > 0 and reference > 0 else 1.0
+    if load is not None and timing.background >= 0:
+        s *= slowdown(load) / slowdown(timing.background)
     m = clients_per_round(cfg, clients)
     train = local_steps(cfg, clients) * probe.step_seconds * step_cost * timing.train_ratio
     fit = m * (timing.prepare * s + train) / max(1.0, min(timing.parallel, m))
@@ -406,28 +437,66 @@ class Estimate:
     timings: int
     unsized: list[str]
     sweep: float = 0.0  # the sweep's own seconds (SWEEP_SECONDS, scaled to this machine now)
+    own: bool = False  # made with this machine's timings (else the default ones: ``choose_timings``)
 
     @property
     def seconds(self) -> float:
         return self.sweep + sum(self.runs)
 
 
-def load_now(samples: int = 10, interval: float = 0.05) -> float:
-    """The processes running or ready to run now besides this one: the kernel's count of them
-    (``procs_running`` in /proc/stat) averaged over ``samples`` reads while this process sleeps
-    between them (the reader itself, running while it reads, is not counted). Not the 1-minute
-    load average: a ``--check`` that has just drawn its splits for seconds raises that by 0.3-0.5
-    on an idle 2-core machine, enough to take the timings of a loaded machine for an idle one.
-    The 1-minute load average where there is no /proc (not Linux)."""
+def runnable_threads() -> dict[int, tuple[int, int]]:
+    """Every process now: pid -> (parent pid, its threads running or ready to run, state ``R``
+    in ``/proc/<pid>/task/<tid>/stat``); a process that ends while it is read is left out."""
+    out: dict[int, tuple[int, int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            running = 0
+            for task in os.scandir(f"/proc/{entry.name}/task"):
+                with open(f"/proc/{entry.name}/task/{task.name}/stat") as f:
+                    running += f.read().rsplit(")", 1)[1].split()[0] == "R"
+        except (OSError, ValueError, IndexError):
+            continue
+        out[int(entry.name)] = (parent, running)
+    return out
+
+
+def beside_tree(processes: dict[int, tuple[int, int]], root: int) -> int:
+    """The runnable threads of ``processes`` (``runnable_threads``) outside the process tree of
+    ``root`` (it and every descendant), and never the reading process itself."""
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _) in processes.items():
+        children.setdefault(parent, []).append(pid)
+    mine, todo = {root, os.getpid()}, [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in mine:
+                mine.add(child)
+                todo.append(child)
+    return sum(running for pid, (_, running) in processes.items() if pid not in mine)
+
+
+def load_now(samples: int = 10, interval: float = 0.05, root: int | None = None) -> float:
+    """The threads running or ready to run now beside the process tree of ``root`` (default:
+    this process): the mean of ``samples`` counts ``interval`` seconds apart (``beside_tree``).
+    Beside the tree, not the whole machine's count: a sweep measures the load before each run
+    with its own SuperLink, Ray and their polls alive (about 1 thread on the idle 2-core
+    machine), ``--check`` with none of them, and both must read the user's other work only. Not
+    the 1-minute load average either: a ``--check`` that has just drawn its splits for seconds
+    raises that by 0.3-0.5 on an idle 2-core machine. The 1-minute load average where there is
+    no /proc (not Linux)."""
+    root = os.getpid() if root is None else root
     counts = []
     try:
         for _ in range(samples):
             time.sleep(interval)
-            with open("/proc/stat") as f:
-                counts += [int(line.split()[1]) - 1 for line in f if line.startswith("procs_running")]
-    except (OSError, ValueError, IndexError):
+            counts.append(beside_tree(runnable_threads(), root))
+    except OSError:
         return os.getloadavg()[0]
-    return max(0.0, statistics.fmean(counts)) if counts else os.getloadavg()[0]
+    return statistics.fmean(counts) if counts else os.getloadavg()[0]
 
 
 def _background_of(entry: dict) -> float:
@@ -459,23 +528,46 @@ def closest_in_load(pool: list[Timing], load: float, keep: int = CLOSEST_TIMINGS
     return sorted(near, key=lambda t: distance[id(t)])[:keep]
 
 
+def choose_timings(own: list[Timing], load: float) -> tuple[list[Timing], bool]:
+    """The timings an estimate at ``load`` uses, and whether they are this machine's: its own
+    nearest the load (``closest_in_load``) unless the defaults' nearest is more than
+    ``OWN_REACH`` nearer (a timing of this machine is worth that much load). Why: a
+    machine that has only run idle has no timing of a loaded run, and its idle ones moved to load
+    4 by the straight-line model missed by 2x (8.2 min estimated, 15 min taken), where the default
+    timings measured beside 4 busy processes held (13 min, range 10 to 18)."""
+    defaults = closest_in_load(list(DEFAULT_TIMINGS), load)
+    if not own:
+        return defaults, False
+    near = closest_in_load(own, load)
+    if any(t.background < 0 for t in near):
+        return near, True
+    mine, theirs = (min(abs(t.background - load) for t in pool) for pool in (near, defaults))
+    return (near, True) if mine <= theirs + OWN_REACH else (defaults, False)
+
+
 def estimate(configs: list[dict], clients: int, step_costs: list[float] | None = None,
              timings: list[Timing] | None = None, load: float | None = None) -> Estimate:
     """The estimate of ``configs`` (validated run configs), one probe per (dataset, model,
-    batch); ``timings``: this machine's (default: ``recent_timings``, else ``DEFAULT_TIMINGS``),
-    of which the ``CLOSEST_TIMINGS`` recorded nearest the load now (``load``, default the
-    machine's 1-minute load average) are used (``closest_in_load``). Each run's middle value uses
-    the median timing (per entry); the range is the least and most any one timing gives, widened
-    by ``margin``. A run of unknown data size counts 0 and is listed in ``unsized``."""
-    timings = list(timings) if timings is not None else recent_timings()
-    used = len(timings)
-    pool = closest_in_load(timings or list(DEFAULT_TIMINGS), probed(("load",), load_now) if load is None else load)
+    batch); ``timings``: this machine's (default: ``recent_timings``), of which those nearest
+    the load now (``load``, default ``load_now``) are used, or the default timings where they
+    are nearer (``choose_timings``). Each run's middle value uses the median timing (per entry);
+    the range is the least and most any one timing gives, widened by ``margin`` (more the farther
+    the timings' load is from the load now). A run of unknown data size counts 0 and is listed in
+    ``unsized``."""
+    own = list(timings) if timings is not None else recent_timings()
+    now = probed(("load",), load_now) if load is None else load
+    pool, mine = choose_timings(own, now)
     middle = Timing(**{f.name: statistics.median(getattr(t, f.name) for t in pool) for f in fields(Timing)})
     costs = step_costs or [1.0] * len(configs)
     probes: dict[tuple, Probe] = {}
     reference = probed(("reference",), reference_seconds) if any(estimable(c) for c in configs) else 0.0
     sweep = SWEEP_SECONDS * reference / SWEEP_REFERENCE if reference > 0 else 0.0
     runs, lows, highs, unsized = [], sweep, sweep, []
+    # this machine's own timings are moved to the load now by the load model (``slowdown``), not by the
+    # reference, which a sweep takes as the previous run's processes end (0.0067-0.0078 s before the
+    # runs of an idle sweep against 0.0050-0.0057 s from --check); the default timings, from another
+    # machine, are scaled to this one's speed now by the reference (it slows with the load too)
+    scale_to, at = (0.0, now) if mine else (reference, None)
     for cfg, cost in zip(configs, costs):
         if not estimable(cfg):
             runs.append(0.0)
@@ -484,25 +576,25 @@ def estimate(configs: list[dict], clients: int, step_costs: list[float] | None =
         key = (cfg["dataset"], cfg["model"], cfg["batch-size"])
         if key not in probes:
             probes[key] = probed(key, lambda cfg=cfg: measure(cfg))
-        # this machine's own timings are already matched to the load now (closest_in_load): not scaled
-        # by the reference, which a sweep takes as the previous run's processes end (0.0067-0.0078 s
-        # before the runs of an idle sweep against 0.0050-0.0057 s from --check) and would cut them by a
-        # third; the default timings, from another machine, are scaled to this one's speed
-        scale_to = 0.0 if used else reference
-        each = [run_seconds(cfg, clients, probes[key], t, scale_to, cost) for t in pool]
-        runs.append(run_seconds(cfg, clients, probes[key], middle, scale_to, cost))
+        each = [run_seconds(cfg, clients, probes[key], t, scale_to, cost, load=at) for t in pool]
+        runs.append(run_seconds(cfg, clients, probes[key], middle, scale_to, cost, load=at))
         lows += min(each)
         highs += max(each)
-    widen = 1 + margin()
-    return Estimate(runs, lows / widen, highs * widen, probes, used, unsized, sweep)
+    recorded = [abs(t.background - now) for t in pool if t.background >= 0]
+    widen = 1 + margin(now, far=min(recorded) if recorded else 0.0) + (0.0 if mine else OTHER_MACHINE_MARGIN)
+    return Estimate(runs, lows / widen, highs * widen, probes, len(own), unsized, sweep, mine)
 
 
-def margin(load: float | None = None, cores: int | None = None) -> float:
+def margin(load: float | None = None, cores: int | None = None, far: float = 0.0) -> float:
     """How much wider than the timings' spread the range is (a factor ``1 + margin`` either way):
-    ``MARGIN`` idle, ``LOAD_MARGIN`` more per load of the cores beyond them, at most ``MAX_MARGIN``."""
-    load = os.getloadavg()[0] if load is None else load
+    ``MARGIN`` idle, ``LOAD_MARGIN`` more per load of the cores beyond them (at most
+    ``MAX_MARGIN``), and ``FAR_MARGIN`` more per core's worth of load between the load now and
+    the nearest timing's (``far``; at most ``MAX_FAR_MARGIN`` in all): a timing from another
+    load is moved by a model, not measured."""
+    load = load_now() if load is None else load
     cores = cores or os.cpu_count() or 1
-    return min(MAX_MARGIN, MARGIN + LOAD_MARGIN * max(0.0, load / cores - 1))
+    base = min(MAX_MARGIN, MARGIN + LOAD_MARGIN * max(0.0, load / cores - 1))
+    return min(MAX_FAR_MARGIN, base + FAR_MARGIN * far / cores) if far > 0 else base
 
 
 def minutes(seconds: float) -> str:
@@ -541,8 +633,9 @@ def describe(configs: list[dict], clients: int, kept: int = 0, step_costs: list[
     cohort_text = (f"; {cohort} of them on the cohort path, estimated as per-client runs: faster on a GPU, slower on"
                    " a CPU (bench/cohort.py)") if cohort else ""
     source = (f"the timings of the {min(CLOSEST_TIMINGS, est.timings)} of {est.timings} runs recorded on this machine"
-              f" nearest this load ({timings_file()})" if est.timings else
-              "the default timings of a 2-core CPU machine nearest this load (this one has recorded no run yet)")
+              f" nearest this load ({timings_file()})" if est.own else
+              "the default timings of a 2-core CPU machine nearest this load (this one has recorded "
+              + (f"{est.timings} runs, none as near this load)" if est.timings else "no run yet)"))
     load = probed(("load",), load_now)
     return (f"estimated run time on this machine: {minutes(est.seconds)} (range {minutes(est.low)} to "
             f"{minutes(est.high)}) for {n} runs{kept_text}, at load {load:.1f} on {os.cpu_count()} cores "

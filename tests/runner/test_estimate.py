@@ -162,26 +162,92 @@ def test_the_timings_recorded_nearest_the_load_now_make_the_estimate():
     pool = [busy] * 9 + [idle]
     assert closest_in_load(pool, 0.3) == [idle] and closest_in_load(pool, 5.0) == [busy] * 8
     assert closest_in_load([PLAIN, PLAIN], 0.3) == [PLAIN, PLAIN]
-    assert estimate([cfg], clients=100, timings=pool, load=0.2).runs == estimate([cfg], 100, timings=[idle]).runs
-    assert estimate([cfg], clients=100, timings=pool, load=6.0).runs == estimate([cfg], 100, timings=[busy]).runs
+    assert estimate([cfg], 100, timings=pool, load=0.2).runs == estimate([cfg], 100, timings=[idle], load=0.2).runs
+    assert estimate([cfg], 100, timings=pool, load=6.0).runs == estimate([cfg], 100, timings=[busy], load=6.0).runs
     # no timings of this machine: the defaults nearest the load now (an idle one among them)
     assert min(t.background for t in DEFAULT_TIMINGS) < 0.5
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="load_now reads /proc/stat (Linux)")
-def test_load_now_counts_the_other_processes_not_itself():
-    """The load the estimate matches timings against counts the processes running beside the
-    runner now: a busy process adds one; the runner's own work (its split drawn just before)
-    does not, as it did through the 1-minute load average."""
-    from runner.estimate import load_now
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="load_now reads /proc (Linux)")
+def test_load_now_counts_the_work_beside_the_runners_process_tree():
+    """The load counts the runnable threads outside the caller's process tree: a busy process
+    beside it adds one (a loop never sleeps: it is always running or ready to run); the same
+    process as the caller's child (a sweep's SuperLink, Ray and their polls, about 1 thread on the
+    idle 2-core machine) does not, so the load a sweep records before each run reads what
+    ``--check`` reads before any of them started (before, the idle machine's runs recorded 1.0-1.1)."""
+    from runner.estimate import beside_tree, load_now, runnable_threads
 
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    other = subprocess.Popen(["sleep", "30"])
     try:
         time.sleep(0.3)
-        assert load_now() >= 0.9
+        processes = runnable_threads()
+        assert processes[busy.pid][1] >= 1 and processes[busy.pid][0] == os.getpid()
+        mine, beside_other = beside_tree(processes, os.getpid()), beside_tree(processes, other.pid)
+        assert beside_other - mine == processes[busy.pid][1]  # counted beside another tree, not beside its own
+        assert load_now(root=other.pid) >= 0.9
     finally:
         busy.kill()
+        other.kill()
         busy.wait()
+        other.wait()
+
+
+def test_beside_tree_by_hand():
+    from runner.estimate import beside_tree
+
+    # pid: (parent, runnable threads); the tree of 10 is 10, 11 and 12 (11's child)
+    processes = {1: (0, 1), 10: (1, 2), 11: (10, 1), 12: (11, 5), 20: (1, 3), os.getpid(): (1, 7)}
+    assert beside_tree(processes, 10) == 1 + 3  # and never the reader itself
+    assert beside_tree(processes, 20) == 1 + 2 + 1 + 5
+
+
+def test_a_timing_of_this_machine_is_moved_to_the_load_now():
+    """This machine's timing recorded idle, estimated at load 4 on 2 cores: its start-up, nodes
+    and Flower's parts take ``slowdown(4) = 1 + 1.5 * 4 / 2 = 4`` times as long; the local steps
+    and the evaluation follow the probe (taken at the load now), unchanged."""
+    from runner.estimate import slowdown
+
+    cfg = validate_config({"strategy": "fedavg", "dataset": "mnist", "num-server-rounds": 45, "fraction-fit": 0.1,
+                           "local-epochs": 2, "batch-size": 64})
+    probe = Probe(step_seconds=0.015, forward_seconds_per_example=1e-5)
+    idle = Timing(**{**PLAIN.__dict__, "background": 0.0})
+    assert slowdown(0.0, 2) == 1.0 and slowdown(4.0, 2) == 4.0 and slowdown(2.0, 4) == 1.75
+    cores = os.cpu_count()
+    factor = slowdown(4.0) / slowdown(0.0)
+    assert factor == pytest.approx(1 + 1.5 * 4 / cores)
+    # by hand (test_run_seconds_by_hand): start 230 s, per round 10 x 0.5 s / 2 = 2.5 s prepare, 3 s steps,
+    # 0.1 s eval, 0.2 s Flower
+    moved = run_seconds(cfg, 100, probe, idle, 0.0, load=4.0)
+    assert moved == pytest.approx(230 * factor + 45 * (2.5 * factor + 3.0 + 0.1 + 0.2 * factor))
+    assert run_seconds(cfg, 100, probe, idle, 0.0, load=0.0) == pytest.approx(230 + 45 * 5.8)
+    assert run_seconds(cfg, 100, probe, PLAIN, 0.0, load=4.0) == pytest.approx(230 + 45 * 5.8)  # load not recorded
+
+
+def test_an_idle_machines_timings_give_way_to_the_defaults_at_load():
+    """A machine that has only run idle estimates a run at load 4 from the default timings
+    recorded beside 4 busy processes (its idle ones moved by the load model missed by 2x: 8.2 min
+    estimated, 15 min taken); beside a little load, and wherever its own are as near, its own."""
+    from runner.estimate import choose_timings
+
+    idle = Timing(**{**PLAIN.__dict__, "background": 0.0})
+    busy = Timing(**{**PLAIN.__dict__, "background": 4.0})
+    pool, mine = choose_timings([idle] * 3, 4.0)
+    assert not mine and pool and all(t in DEFAULT_TIMINGS for t in pool)
+    assert min(abs(t.background - 4.0) for t in pool) < 0.5
+    assert choose_timings([idle] * 3, 0.5) == ([idle] * 3, True)
+    assert choose_timings([idle, busy], 8.0) == ([busy], True)  # 4 away, the defaults' nearest 3.1: within reach
+    assert choose_timings([PLAIN], 4.0) == ([PLAIN], True)  # a load not recorded: its own
+    cfg = validate_config({"strategy": "fedavg", "dataset": "mnist", "num-server-rounds": 5})
+    est = estimate([cfg], 100, timings=[idle] * 3, load=4.0)
+    assert not est.own and est.timings == 3
+
+
+def test_the_range_widens_with_the_distance_to_the_timings_load():
+    assert margin(load=0.0, cores=2, far=0.0) == pytest.approx(0.2)
+    assert margin(load=2.0, cores=2, far=2.0) == pytest.approx(0.2 + 0.25)
+    assert margin(load=8.0, cores=2, far=4.0) == pytest.approx(0.5 + 0.5)
+    assert margin(load=40.0, cores=2, far=30.0) == 1.0
 
 
 def test_a_timing_records_the_load_beside_its_run(tmp_path, monkeypatch):
