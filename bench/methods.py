@@ -122,6 +122,15 @@ def predictions(cfg: dict, model_name: str, n_k: float) -> dict[str, tuple[float
         "fedexp": (1.0, "FedAvg's client (the extrapolation is the server's)"),
         "feddc": (1.0, "FedDyn's term plus SCAFFOLD's correction: O(#params); h_i, c_i updates once per round"),
         "fedspeed": (2.0, "SAM (2 passes) plus FedDyn's term: O(#params)"),
+        "fedcm": (1.0, "alpha g + (1 - alpha) Delta per step: O(#params)"),
+        "mofedsam": (2.0, "SAM (2 passes) mixed with the server's Delta: O(#params)"),
+        "fedgamma": (2.0, "SAM (2 passes) plus SCAFFOLD's c - c_i: O(#params)"),
+        "fedlesam": (1.0, "one gradient per step, at w + rho v/||v|| (v given, no ascent pass): O(#params)"),
+        "fedswa": (1.0, "plain local SGD at a decaying rate (the lookahead is the server's)"),
+        "fedmoswa": (1.0, "SCAFFOLD-style m - c_i after the clip: O(#params); c_i update once per round"),
+        "fedinit": (1.0, "plain local SGD from the relaxed start (set once per round)"),
+        "fedgela": (1.0, "logits scaled per class, the head fixed: O(B C) per batch"),
+        "ccvr": (1.0, "FedAvg's client (the calibration is one extra round of forwards, not timed here)"),
     } | {m: (1.0, "FedAvg's client (the method is a server optimiser)")
          for m in ("fedavgm", "fedadam", "fedyogi", "fedadagrad")} | {"_f": (f, ""), "_same": same}
 
@@ -257,6 +266,11 @@ WEIGHT_PASSES = {
     "fedacg": 2,  # FedProx's term, beta (w - w_t)
     "feddc": 3,  # FedDyn's term (2) plus SCAFFOLD's c - c_i
     "fedspeed": 7,  # SAM's 5 plus FedDyn's 2 (FedSMOO's dual held at zero: not computed)
+    "fedcm": 2,  # alpha g, + (1 - alpha) Delta
+    "mofedsam": 7,  # SAM's 5 plus FedCM's 2
+    "fedgamma": 6,  # SAM's 5 plus c - c_i
+    "fedlesam": 3,  # w += rho v/||v|| (norm included), restore w
+    "fedmoswa": 1,  # grad += m - c_i
 }
 
 
@@ -269,6 +283,9 @@ STATE_ROUND_TRIPS = {
     "fedsmoo": 2,  # g_k (FedDyn's) and mu_i
     "feddc": 2,  # c_i and h_i
     "fedspeed": 1,  # g_k (FedDyn's)
+    "fedgamma": 1,  # c_i
+    "fedmoswa": 1,  # c_i
+    "fedinit": 1,  # the last local model
 }
 
 
@@ -288,6 +305,8 @@ def calibrated(cfg: dict, costs: dict, fedavg_per_sample: float, n_k: float) -> 
         "fedspeed": costs["second_pass"],  # FedSMOO's step under smoo-s = none
         "fedgam": gam_passes * costs["second_pass"],
         "fedgam-cv": gam_passes * costs["second_pass"],
+        "mofedsam": costs["second_pass"],
+        "fedgamma": costs["second_pass"],
         "ri-fedavg": ri_evals * costs["ri"] / (cfg["local-epochs"] * n_k),
     }
     for method, passes in WEIGHT_PASSES.items():

@@ -60,13 +60,19 @@ def centered_clip(rows: np.ndarray, tau: float, iterations: int, center: np.ndar
 
 def nnm(rows: np.ndarray, attackers: int) -> np.ndarray:
     """Nearest neighbour mixing (Allouah et al., AISTATS 2023): row k replaced by the mean of its
-    n - f nearest rows in L2, itself included (ties by the lower index)."""
+    n - f nearest rows in L2, itself included (ties by the lower index). The means are one
+    product M X with M the n x n mixing matrix (1 / (n - f) at each row's nearest), so memory
+    stays O(n^2 + n d); indexing ``rows[nearest]`` first would hold n (n - f) d floats (7.9 GB
+    for 10 replies of an 11M-weight ResNet-18 at f = 1)."""
     n = len(rows)
     sq = (rows * rows).sum(axis=1)
     dist = np.maximum(sq[:, None] + sq[None, :] - 2.0 * rows @ rows.T, 0.0)
     np.fill_diagonal(dist, -1.0)  # itself first, whatever the rounding
-    nearest = np.argsort(dist, axis=1, kind="stable")[:, : max(1, n - attackers)]
-    return rows[nearest].mean(axis=1)
+    k = max(1, n - attackers)
+    nearest = np.argsort(dist, axis=1, kind="stable")[:, :k]
+    mixing = np.zeros((n, n))
+    np.put_along_axis(mixing, nearest, 1.0 / k, axis=1)
+    return mixing @ rows
 
 
 def bucketing(rows: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:

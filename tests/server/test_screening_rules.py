@@ -92,6 +92,18 @@ def test_arc_by_hand():
     assert R.arc_count(5, 0) == 0
 
 
+def test_nnm_is_the_mean_of_each_rows_nearest_rows():
+    """The mixing-matrix product equals the mean of the indexed nearest rows (float64: only the
+    summation order differs, a few ulps; 1e-12 relative leaves room for d = 5000)."""
+    rows = np.random.default_rng(3).normal(size=(7, 5000))
+    for f in (1, 2, 3):
+        sq = (rows * rows).sum(axis=1)
+        dist = np.maximum(sq[:, None] + sq[None, :] - 2.0 * rows @ rows.T, 0.0)
+        np.fill_diagonal(dist, -1.0)
+        nearest = np.argsort(dist, axis=1, kind="stable")[:, : 7 - f]
+        np.testing.assert_allclose(R.nnm(rows, f), rows[nearest].mean(axis=1), rtol=1e-12, atol=1e-14)
+
+
 def test_arc_nnm_trimmed_mean_chain_by_hand():
     # 0, 1, 3, 10 with f = 1. ARC: k = floor(2 x 1/4 x 3) = 1, the 10 clipped to 3 -> 0, 1, 3, 3.
     # NNM (3 nearest, ties by index): 0 -> {0, 1, 3} 4/3; 1 -> 4/3; each 3 -> {3, 3, 1} 7/3.

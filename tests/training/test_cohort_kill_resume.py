@@ -1,8 +1,10 @@
 """A cohort run killed with SIGKILL and resumed equals the uninterrupted run.
 
 The runner (``run_simulation.py``) runs SCAFFOLD (its clients keep c_i: the cohort node's rows,
-journalled each round under the run folder), and FedMoSWA (c_i too, its server's momentum m with
-its first-mean start, and an in-round rate decay, fedmoswa-rho = 0.1), as one cohort node on the CPU; the second copy of
+journalled each round under the run folder), FedMoSWA (c_i too, its server's momentum m with
+its first-mean start, and an in-round rate decay, fedmoswa-rho = 0.1), and the other methods of
+``METHODS`` (each with the state it keeps: the server's Delta, c and c_i, a client's last global or
+local model, the last round's calibration), as one cohort node on the CPU; the second copy of
 the run is killed with ``kill -9`` while its rounds go on, at whatever point of a round the
 signal lands (a journal file or checkpoint half written is never read: both are atomic), then
 continued with ``run_simulation.py --resume``. Every metrics.csv row but the timings equals the
@@ -27,7 +29,18 @@ ROUNDS = 12
 ARGS = ["--dataset", "synthetic", "--rounds", str(ROUNDS), "--clients", "6",
         "--fraction", "0.5", "--set", "model=logreg", "--set", "execution=cohort", "--set", "tracking=none",
         "--quiet"]
-METHODS = {"scaffold": [], "fedmoswa": ["--set", "fedmoswa-rho=0.1"]}
+METHODS = {
+    "scaffold": [],
+    "fedmoswa": ["--set", "fedmoswa-rho=0.1"],
+    "fedcm": [],  # the server's Delta, sent down each round, from the checkpoint
+    "mofedsam": [],
+    "fedgamma": [],  # c_i in the journal, c at the server
+    "fedlesam": ["--set", "fedlesam-direction=client"],  # the client's last received global model
+    "fedswa": [],
+    "fedinit": [],  # the client's last local model
+    "fedgela": ["--set", "model=mlp"],  # a model with a body: the ETF head is fixed on it
+    "ccvr": ["--set", "model=mlp"],  # the calibration round (the last) runs after the resume
+}
 
 
 def metrics_rows(out: Path) -> list[dict]:
