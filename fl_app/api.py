@@ -151,8 +151,10 @@ def check_checkpoints(raws: list[dict], runs_dir: Path) -> None:
             check_state_files(run_dir, run_dir / CHECKPOINT, checkpoint.round)
 
 
-# by design: continuation flag; the folder may move; the target only reads the accuracies afterwards
-IGNORED_ON_RERUN = {"resume", "results-dir", "target-accuracy"}
+# by design: continuation flag; the folder may move; the target only reads the accuracies afterwards;
+# client-threads is where a cohort run ran (the runner sets it from --cpus-per-client at launch, so
+# the planned config never holds it), like --cpus-per-client itself, which no config records
+IGNORED_ON_RERUN = {"resume", "results-dir", "target-accuracy", "client-threads"}
 
 
 def as_read_now(recorded: dict) -> dict:

@@ -63,6 +63,26 @@ def test_resume_of_an_experiment_with_data_dir_and_fl_data_dir_keeps_its_runs(tm
     assert checks.changed_runs(again, out / "runs", resumed.env_data_dir) == []
 
 
+def test_a_finished_cohort_run_is_kept_by_resume_though_the_launch_set_its_client_threads(tmp_path):
+    """The runner adds ``client-threads`` (the per-client path's torch threads, from
+    --cpus-per-client) to a cohort run's config as it launches it, so the run records 1 where the
+    planned config holds the default 0: that is where it ran, not what it ran, and --resume (or
+    the same command again) keeps the finished run instead of refusing it (it refused every
+    finished cohort run: "client-threads 1 -> 0")."""
+    from fl_app.api import changed_runs
+    from fl_app.registry import validate_config
+
+    raw = {"strategy": "scaffold", "dataset": "synthetic", "model": "logreg", "num-server-rounds": 2,
+           "run-name": "scaffold-seed0", "execution": "cohort"}
+    run_dir = tmp_path / "runs" / "scaffold-seed0"
+    run_dir.mkdir(parents=True)
+    recorded = {**validate_config(raw), "client-threads": 1}
+    (run_dir / "summary.json").write_text(json.dumps({"config": recorded}))
+    assert changed_runs([raw], tmp_path / "runs") == []
+    (run_dir / "summary.json").write_text(json.dumps({"config": {**recorded, "local-epochs": 3}}))
+    assert changed_runs([raw], tmp_path / "runs") != []  # what it ran is still compared
+
+
 def test_resume_from_another_folder_keeps_a_relative_data_dir(tmp_path, monkeypatch):
     """An experiment file's relative data-dir means the folder the comparison was started
     from, also when --resume is run from elsewhere."""
