@@ -103,7 +103,9 @@ def main(argv=None) -> int:
         print(f"| {name} | {statistics.median(ts) * 1e3:.1f} | {ratio:.1f} |")
     for name in DEFENCES:
         if name not in times:
-            print(f"| {name} | n/a: needs more than {args.clients} replies at f = {args.attackers} | |")
+            pre, _, rule = name.rpartition("+")
+            need = min_replies(rule, args.attackers, parse_pre(pre or "none"))
+            print(f"| {name} | n/a: needs at least {need} replies at f = {args.attackers} | |")
     return 0
 
 
