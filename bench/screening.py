@@ -30,7 +30,7 @@ import numpy as np  # noqa: E402
 from flwr.server.strategy.aggregate import aggregate  # noqa: E402
 
 from fl_app.common.screening_modes import parse_pre  # noqa: E402
-from fl_app.server.screening import decide, min_replies  # noqa: E402
+from fl_app.server.screening import decide, min_replies, scale_update  # noqa: E402
 from tasks.datasets import input_shape  # noqa: E402
 from tasks.models import build_model, get_weights  # noqa: E402
 
@@ -54,7 +54,7 @@ def screened_mean(defence: str, w_t, clients, attackers: int):
     kept = []
     for arrays, keep, s in zip(clients, d.keep, d.factors):
         if keep:
-            arrays = [w + s * (a - w) for a, w in zip(arrays, w_t)] if s < 1.0 else arrays
+            arrays = scale_update(arrays, w_t, s) if s < 1.0 else arrays  # as Screening.apply does
             kept.append(([d.robust.get(i, a) for i, a in enumerate(arrays)], 1))
     return aggregate(kept)
 
