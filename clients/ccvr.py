@@ -38,7 +38,7 @@ for Federated Learning with Non-IID Data", NeurIPS 2021).
   distribution), and the mean and covariance of the global model's features of its examples of
   each class: much more than the model update reveals about its data (a covariance of d × d
   values per class, estimated from as few as 2 examples, pins those examples' features down to
-  their span; with N_c ≤ d it is of rank N_c − 1). The paper does not protect them; no noise
+  their span; with N_c ≤ d it is of rank N_c − 1). The paper (as recalled) does not protect them; no noise
   is added here.
 - Keys: `ccvr-samples` M (100, ≥ 1; fluke's default, FL-bench's 200), `ccvr-epochs` (1, ≥ 1;
   FL-bench's and fluke's one pass), `ccvr-lr` (0.01, > 0), `ccvr-clients` (`all` | `sampled`,
@@ -46,7 +46,7 @@ for Federated Learning with Non-IID Data", NeurIPS 2021).
 - Readings: no authors' code was found (users of the CReFF-FL authors' repository ask them for
   one); the paper's algorithm runs by default as recalled here, and FL-bench
   (`src/server/ccvr.py`, `src/client/ccvr.py`) and fluke (`fluke/algorithms/ccvr.py`) were read.
-  The pooled covariance above is exact for the clients' unbiased covariances (the paper's); both
+  The pooled covariance above is exact for the clients' unbiased covariances (the paper's, as recalled); both
   FL-bench and fluke compute the clients' covariance with divisor N_c (torch's correction 0) and pool it with the
   same formula: `ccvr-covariance = "population"`. Both retrain the head one pass from the global
   head with plain SGD and the run's batch size, as here; fluke draws 100 per class at lr 0.1,

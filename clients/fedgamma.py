@@ -8,7 +8,7 @@ Minimization", IEEE TNNLS 2023).
   ```
   g = ∇f(w; b)
   a = g                       (`fedgamma-perturbation = local`, the authors' code: the default)
-  a = g − c_i + c             (`global`, the paper: the ascent along the corrected, global direction)
+  a = g − c_i + c             (`global`, the paper as recalled, unconfirmed: the ascent along the corrected direction)
   ε = ρ a / (‖a‖ + 1e-12)     (the norm over all trainable parameters)
   d = ∇f(w + ε; b) + (c − c_i)              (then the run's clip, weight decay, optimiser)
   ```

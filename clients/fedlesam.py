@@ -20,7 +20,9 @@ Perturbations for Federated Sharpness-aware Minimization", ICML 2024).
 - Server (`strategies/fedlesam.py`): FedCM's (`strategies.parts.ClientMomentum`): the
   unweighted mean update Δ̄_t = (1/|S_t|) Σ (w_i − w_t), w_{t+1} = w_t + η_g Δ̄_t, and Δ kept and
   sent down; checkpointed as `fedlesam-delta`, metric `fedlesam_delta_norm`.
-- State: `client`: the last received global model (`fedlesam-old`); `server`: none.
+- State: `client`: the last received global model (`fedlesam-old`); `server`: none. Under
+  `client` the server still sends Δ_t (its FedCM server keeps and sends it whatever the
+  direction) and the client does not read it: one unused model-sized download a round.
 - Keys: `fedlesam-rho` ρ (0.1, > 0; the code's `--rho` default), `fedlesam-direction`
   (`server` | `client`), `fedlesam-server-lr` η_g (1.0, > 0).
 - Readings (authors' code: MediaBrain-SJTU/FedLESAM `client/fedlesam.py`, `optimizer/LESAM.py`,
