@@ -142,6 +142,20 @@ def test_table_cells_follow_each_method_and_f():
     assert sorted(cells("fedavg", 1)) == sorted(set(cells("fedavg", 1)))  # each run once
 
 
+def test_feddyn_is_the_third_method_with_the_whole_reply_rules_and_named_only_when_kept():
+    from scripts.security_table import cells, defences, page_methods, render_page
+
+    # FedDyn's declared screening keeps or drops whole replies: h sums the kept replies' drifts
+    assert defences("feddyn", 3) == defences("feddyn", 1) == ["clip", "reject", "krum", "multi-krum"]
+    assert len(cells("feddyn", 3)) == 1 + 3 + 4 * 4
+    assert page_methods([]) == "FedAvg, SCAFFOLD and FedDyn"  # nothing kept: what the script runs
+    records = _scaffold_table([0.9] * 3, {})
+    assert page_methods(records) == "SCAFFOLD"
+    page = render_page(records + [dict(r, strategy="feddyn") for r in records])
+    assert page.startswith("# Security table: model poisoning against SCAFFOLD and FedDyn\n")
+    assert "### FedDyn, f = 3 of 10" in page
+
+
 def test_new_attacks_are_selected_with_attacks_and_shown_when_kept():
     from types import SimpleNamespace
 
