@@ -79,7 +79,7 @@ from tasks.train import evaluate  # noqa: E402
 KEPT = ROOT / "docs" / "results" / "security"
 PAGE = ROOT / "docs" / "security.md"
 CLIENTS = 10
-STRATEGIES = ("fedavg", "scaffold", "feddyn")  # the page's order; FedDyn as the method whose screening admits whole-reply rules only
+STRATEGIES = ("fedavg", "scaffold", "feddyn")  # the page's order: FedAvg, then two servers with state (c, h)
 ATTACKS = {"scale-x10": "scale:{k}:10", "sign-flip": "flip:{k}", "adaptive": "adaptive:{k}",
            "alie": "alie:{k}", "ipm": "ipm:{k}", "mimic": "mimic:{k}", "label-flip": "label-flip:{k}",
            "gaussian": "gaussian:{k}"}  # name -> the inject-faults item of attacker k (--attacks picks)
