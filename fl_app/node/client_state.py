@@ -15,9 +15,17 @@ backends, one of which ``choose_store`` picks for a node's round, with one line 
   restarted one, a resumed run) rebuilds it from the journal up to the round before, so the rows
   are the same wherever they are read.
 
-A round: ``open_round`` (restore what lives elsewhere) before any client reads; ``loader`` /
+A round: ``open_round`` (restore what lives elsewhere) before any client reads; ``settle`` per
+client (a client whose last reply the server did not count goes back, below); ``loader`` /
 ``keep`` / ``count`` per client; ``close_round`` (mirror, journal, clear) after its clients
 finished. A client whose round failed keeps the state it had.
+
+In a run that screens (the fit instructions carry ``state-rollback``, ``protocol.counted``), the
+chosen backend is wrapped in ``RevertibleStore``: with each client's records it keeps the copy
+from before the round (``prior/<record>``) and the rounds of both (``state-round``), and
+``settle`` puts the copy back when the server says (``state-counted-round``) that the round the
+records come from was not counted: a SCAFFOLD client whose reply was rejected must not keep a
+c_i the server's c never took (``fl_app.server.counted``).
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 
 from fl_app.common.files import STATE_NOT_KEPT, StateNotKept, atomic_savez
+from protocol.counted import COUNTED, ROLLBACK
 from protocol.keys import ConfigError
 from tasks.functional.update import LocalUpdate
 
@@ -186,6 +195,12 @@ class ClientStateStore:
 
     def open_round(self, server_round: int, checkpoint_round: int, partitions: list[int]) -> None:
         """Before the round's clients read: bring in what lives elsewhere between rounds."""
+
+    def settle(self, partition: int, config: dict) -> bool:
+        """Before client ``partition`` reads, with its fit instruction ``config``: go back to the
+        state from before a round the server did not count (``RevertibleStore``); True when it
+        did. Here, and in a run that does not screen, nothing to do."""
+        return False
 
     def loader(self, partition: int) -> Load:
         return lambda record: None
@@ -421,7 +436,7 @@ class RowsStore(ClientStateStore):
         if not kept:
             return
         self.rows.put(partition, kept)
-        self.written[partition] = kept
+        self.written.setdefault(partition, {}).update(kept)  # a settled client keeps twice in a round
 
     def records(self, partition: int) -> Kept:
         return self.rows.records(partition)
@@ -429,6 +444,86 @@ class RowsStore(ClientStateStore):
     def close_round(self, server_round: int, finished: list[int], keep_from: int) -> None:
         with kept_or_stop(f"cohort node {self.node}"):
             RowsJournal(self.run_dir, self.node).write(server_round, self.written, keep_from)
+
+
+PRIOR = "prior/"  # RevertibleStore: a record as it was before the round the records are from
+ROUND = "state-round"  # RevertibleStore: [the round the records are from (0: void), the prior copy's (0: none)]
+
+
+class RevertibleStore(ClientStateStore):
+    """``inner`` (any backend) keeping, with a client's records, the copy from before the round
+    (module docstring), so that ``settle`` can go back one round. What a client reads, counts
+    and keeps is its own records only; the copy and the rounds are ``inner``'s like any record
+    (mirrored, journalled, restored on resume with the rest).
+
+    One copy is enough: after ``settle`` a client's records are always from a counted round (or
+    void), so the copy its next round takes is counted too. ``void`` (the round's first keep had
+    no earlier records, or added a record the copy lacks): going back means no state at all, as
+    a client never sampled, whose ``begin`` gives the initial values."""
+
+    def __init__(self, inner: ClientStateStore):
+        self.inner = inner
+        self.why = f"{inner.why}; with the copy from before each round (screening may leave a reply out)"
+        self.server_round = 0
+        self.copied: set[int] = set()
+
+    def _rounds(self, partition: int) -> tuple[int, int] | None:
+        arrays = self.inner.loader(partition)(ROUND)
+        return None if arrays is None else (int(arrays[0][0]), int(arrays[0][1]))
+
+    def _own(self, partition: int) -> Kept:
+        rounds = self._rounds(partition)
+        if rounds is not None and rounds[0] == 0:
+            return {}
+        return {name: arrays for name, arrays in self.inner.records(partition).items()
+                if name != ROUND and not name.startswith(PRIOR)}
+
+    def open_round(self, server_round: int, checkpoint_round: int, partitions: list[int]) -> None:
+        self.inner.open_round(server_round, checkpoint_round, partitions)
+        self.server_round, self.copied = server_round, set()
+
+    def settle(self, partition: int, config: dict) -> bool:
+        rounds = self._rounds(partition)
+        if COUNTED not in config or rounds is None or rounds[0] <= int(config[COUNTED]):
+            return False
+        kept_round, prior_round = rounds
+        if prior_round:
+            back = {name[len(PRIOR):]: [np.array(a) for a in arrays]
+                    for name, arrays in self.inner.records(partition).items() if name.startswith(PRIOR)}
+            self.inner.keep(partition, {**back, ROUND: [np.array([prior_round, 0], dtype=np.int64)]})
+        else:
+            self.inner.keep(partition, {ROUND: [np.array([0, 0], dtype=np.int64)]})
+        return True
+
+    def loader(self, partition: int) -> Load:
+        rounds = self._rounds(partition)
+        if rounds is not None and rounds[0] == 0:
+            return lambda record: None
+        return self.inner.loader(partition)
+
+    def keep(self, partition: int, kept: Kept) -> None:
+        if not kept:
+            return
+        if partition in self.copied:
+            self.inner.keep(partition, kept)
+            return
+        own, rounds = self._own(partition), self._rounds(partition)
+        # the copy's round: 0 (going back is to no state) without earlier records, with records
+        # of no known round (kept before the run screened), or when this round adds a record
+        prior_round = rounds[0] if own and rounds is not None and set(kept) <= set(own) else 0
+        copy = {PRIOR + name: [np.array(a) for a in arrays] for name, arrays in own.items()} if prior_round else {}
+        rounds_now = np.array([self.server_round, prior_round], dtype=np.int64)
+        self.inner.keep(partition, {**copy, **kept, ROUND: [rounds_now]})
+        self.copied.add(partition)
+
+    def records(self, partition: int) -> Kept:
+        return self._own(partition)
+
+    def count(self, partition: int) -> int:
+        return sum(len(arrays) for arrays in self._own(partition).values())
+
+    def close_round(self, server_round: int, finished: list[int], keep_from: int) -> None:
+        self.inner.close_round(server_round, finished, keep_from)
 
 
 def virtual_prefix(partition: int) -> str:
@@ -450,16 +545,24 @@ def choose_store(cfg: dict, config: dict, context: Context, update: LocalUpdate,
             raise RuntimeError(f"client-state = \"disk\" needs the run folder {config.get('run-dir', '')!r} on this "
                                "Ray node (on a multi-node cluster: a results-dir on a filesystem every node mounts "
                                "at the same path); use client-state = \"memory\" otherwise")
-        return DiskStore(context.state, prefix, lambda p: mirror_of(run_dir, p, client),
-                         "client-state = 'disk': each client's mirror on disk between rounds")
+        return revertible(DiskStore(context.state, prefix, lambda p: mirror_of(run_dir, p, client),
+                                    "client-state = 'disk': each client's mirror on disk between rounds"), config)
     if cohort_node is not None and state_mirrored(config):
-        return RowsStore(context, cohort_node, int(config.get("num-partitions", 0)), run_dir)
-    if cohort_node is not None:
-        return ContextStore(context.state, prefix, why="context.state under vc<p>/: the state is not mirrored "
-                            "(checkpoint-every = 0 or no run folder here), so Flower carries it with the node")
-    mirrored = state_mirrored(config)
-    return ContextStore(context.state, prefix, lambda p: mirror_of(run_dir, p, client) if mirrored else None,
-                        "context.state" + (", mirrored on disk for a resume" if mirrored else ""))
+        store = RowsStore(context, cohort_node, int(config.get("num-partitions", 0)), run_dir)
+    elif cohort_node is not None:
+        store = ContextStore(context.state, prefix, why="context.state under vc<p>/: the state is not mirrored "
+                             "(checkpoint-every = 0 or no run folder here), so Flower carries it with the node")
+    else:
+        mirrored = state_mirrored(config)
+        store = ContextStore(context.state, prefix, lambda p: mirror_of(run_dir, p, client) if mirrored else None,
+                             "context.state" + (", mirrored on disk for a resume" if mirrored else ""))
+    return revertible(store, config)
+
+
+def revertible(store: ClientStateStore, config: dict) -> ClientStateStore:
+    """``store`` wrapped in ``RevertibleStore`` when the run screens (``state-rollback`` in the
+    fit instruction), else ``store``."""
+    return RevertibleStore(store) if config.get(ROLLBACK) else store
 
 
 def mirror_of(run_dir: str, partition: int, client: str | None) -> ClientStateMirror:

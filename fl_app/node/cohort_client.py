@@ -318,6 +318,8 @@ class CohortClient(NumPyClient):
         store = choose_store(self.cfg, config, self.context, self.update, in_ray_worker(),
                              cohort_node=self.partition_id)
         store.open_round(server_round, int(config.get("checkpoint-round", 0)), [p for p, _, _ in instructions])
+        for partition, _, client_config in instructions:  # back from a round the server did not count
+            store.settle(partition, client_config)
         failed: dict[int, str] = {}
         members = prepare(self.update, self.cfg, instructions, store, failed)
         wait_for_warm_up()

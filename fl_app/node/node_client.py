@@ -9,7 +9,9 @@ server's ``DriftServer``. The method's ``fit`` is its local training only; aroun
 2. opens the round's client-state store (``fl_app.node.client_state.choose_store``: the node's
    ``context.state``, mirrored on disk when the server checkpoints, or with
    ``client-state = "disk"`` in a Ray simulation the client's mirror) and counts the arrays the
-   client carries into the round (after a resumed run's or the disk's restore);
+   client carries into the round (after a resumed run's or the disk's restore, and after
+   ``settle``: in a run that screens, a client whose last reply the server did not count goes
+   back to its state from before that round);
 3. lets a start-up warm-up finish, then runs the method's ``prepare_round``, ``local_round`` and
    ``finish_round`` (which keeps the client's state through the store);
 4. adds ``state_arrays_in`` (stateful methods only: 0 in a node's first round);
@@ -149,6 +151,7 @@ class NodeClient(NumPyClient):
         raise_if_injected(c.cfg, c.partition_id)
         c.store = store = choose_store(c.cfg, config, c.context, c.update, in_ray_worker(), client=self.mirror_name())
         store.open_round(server_round, int(config.get("checkpoint-round", 0)), [c.partition_id])
+        store.settle(c.partition_id, config)  # back from a round the server did not count
         carried = store.count(c.partition_id)
         wait_for_warm_up()
         job = c.prepare_round(parameters, config)  # the method's fit: its two halves around the loop

@@ -35,6 +35,7 @@ from protocol.keys import ConfigError
 
 CHECKPOINT = "checkpoint.npz"
 FINGERPRINT_ENTRY = "data_fingerprint"  # the array holding the fingerprint's JSON (absent from an older checkpoint)
+COUNTED_ENTRY = "counted_rounds"  # the JSON of each client's last counted round (absent when the run did not screen)
 
 
 class CheckpointError(ConfigError):
@@ -51,6 +52,7 @@ class Checkpoint:
     elapsed_seconds: float = 0.0
     model: str = ""
     data_fingerprint: dict | None = None  # None: not known when written (or an older checkpoint, written without one)
+    counted_rounds: dict[str, int] | None = None  # each client's last counted round (fl_app.server.counted)
 
 
 def _digest(arrays: dict[str, np.ndarray]) -> str:
@@ -71,6 +73,8 @@ def save_checkpoint(run_dir: Path, ckpt: Checkpoint) -> Path:
     arrays = {f"w{i}": np.asarray(a) for i, a in enumerate(ckpt.weights)}
     if ckpt.data_fingerprint is not None:
         arrays[FINGERPRINT_ENTRY] = _json_array(ckpt.data_fingerprint)
+    if ckpt.counted_rounds is not None:
+        arrays[COUNTED_ENTRY] = _json_array(ckpt.counted_rounds)
     layout = {}
     for name, values in ckpt.strategy_state.items():
         layout[name] = len(values)
@@ -105,6 +109,7 @@ def load_checkpoint(run_dir: Path, model: str = "", shapes: list[tuple[int, ...]
         weights = [arrays[f"w{i}"] for i in range(meta["num_weights"])]
         state = {name: [arrays[f"s:{name}:{i}"] for i in range(n)] for name, n in meta["strategy_state"].items()}
         fingerprint = _from_json_array(arrays[FINGERPRINT_ENTRY]) if FINGERPRINT_ENTRY in arrays else None
+        counted = _from_json_array(arrays[COUNTED_ENTRY]) if COUNTED_ENTRY in arrays else None
     except Exception as exc:  # zipfile.BadZipFile, EOFError, OSError, KeyError, ValueError, ...
         raise CheckpointError(f"checkpoint {path} is unreadable (truncated or corrupt: {type(exc).__name__}:"
                               f" {exc}); {aside}") from exc
@@ -119,7 +124,8 @@ def load_checkpoint(run_dir: Path, model: str = "", shapes: list[tuple[int, ...]
             f" {[tuple(s) for s in (shapes or [])[:1]]}); resume with the config the run was started with,"
             f" or give this run another run-name / --out")
     return Checkpoint(meta["round"], weights, state, meta["sampler_draws"], meta["elapsed_seconds"],
-                      meta.get("model", ""), fingerprint if isinstance(fingerprint, dict) else None)
+                      meta.get("model", ""), fingerprint if isinstance(fingerprint, dict) else None,
+                      {str(k): int(v) for k, v in counted.items()} if isinstance(counted, dict) else None)
 
 
 def checkpoint_fingerprint(run_dir: Path) -> dict | None:

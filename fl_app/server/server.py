@@ -33,7 +33,9 @@ The rules the steps apply, whatever the method:
   partitions' accepted replies by vectors crafted from the honest ones
   (``fl_app/server/omniscient.py``), a simulation-only stand-in for colluding attackers; then
 - ``screening`` clips, rejects or robustly replaces the accepted updates before the method
-  aggregates them (``num_clipped``, ``screen_bound``);
+  aggregates them (``num_clipped``, ``screen_bound``); in a run that screens, each client's next
+  instruction says which of its rounds was last counted, so a client whose reply was left out
+  goes back to its state from before that round (``fl_app/server/counted.py``);
 - every ``checkpoint-every`` rounds a checkpoint is written; a resumed run starts at the
   round after its checkpoint's;
 - ``inject-faults = "crash-after:<round>"`` crashes the server after that round.
@@ -59,6 +61,7 @@ from fl_app.common.execution_path import Execution
 from fl_app.common.files import STATE_NOT_KEPT, StateNotKept
 from fl_app.server.checkpoint import Checkpoint, checkpoint_due, drop_checkpoint, save_checkpoint
 from fl_app.server.cohort_routing import fit_cohort, fit_cohort_summed
+from fl_app.server.counted import CountedRounds
 from fl_app.server.crash import crash_if_injected
 from fl_app.server.drift import drift_from_sums, layout, round_drift
 from fl_app.server.omniscient import OmniscientAttacks
@@ -119,6 +122,8 @@ class DriftServer(Server):
         self.screening = Screening(cfg)
         self.attacks = OmniscientAttacks(cfg)  # inject-faults' alie, ipm, mimic (simulation only)
         self.participation = Participation(cfg)
+        self.counted = CountedRounds(cfg, resume_from is not None,
+                                     resume_from.counted_rounds if resume_from is not None else None)
         self.startup, self.evaluation = startup, evaluation
         self.resume_from = resume_from
         self.done = resume_from.round if resume_from is not None else 0  # rounds before this process
@@ -261,7 +266,9 @@ class DriftServer(Server):
             self.sent_shapes = self.reply_shapes(instructions)
         extra = {"run-dir": str(self.run_dir.resolve()), "checkpoint-round": self.last_checkpoint,
                  "checkpoint-every": self.cfg["checkpoint-every"]}
-        return [(c, FitIns(ins.parameters, {**ins.config, **extra})) for c, ins in instructions]
+        manager = self.client_manager()
+        return [(c, FitIns(ins.parameters, {**ins.config, **extra, **self.counted.instruction(manager, c)}))
+                for c, ins in instructions]
 
     def reply_shapes(self, instructions: list[tuple]) -> list[tuple]:
         """The shapes every reply must have: what the first instruction carried (the weights and
@@ -309,6 +316,7 @@ class DriftServer(Server):
                 accepted.append((client, res))
         accepted = self.attacks.apply(server_round, accepted, self.sent_weights)
         accepted = self.screening.apply(server_round, accepted, row)
+        self.counted.count(server_round, self.client_manager(), accepted)  # what the method aggregates
         row.update(num_clients=len(accepted), num_failures=len(failures), num_rejected=len(results) - len(accepted))
         for failure in failures:
             log.warning("round %d: a client failed: %r", server_round, failure)
@@ -453,7 +461,8 @@ class DriftServer(Server):
         manager = self.client_manager()
         save_checkpoint(self.run_dir, Checkpoint(server_round, parameters_to_ndarrays(self.parameters), state,
                                                  getattr(manager, "draws", 0), self.record.elapsed(),
-                                                 self.cfg["model"], self.record.data_fingerprint(manager)))
+                                                 self.cfg["model"], self.record.data_fingerprint(manager),
+                                                 self.counted.state()))
         self.last_checkpoint = server_round
 
     def finish(self) -> None:

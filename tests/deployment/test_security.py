@@ -439,3 +439,25 @@ def test_worst_case_counts_only_the_attacks_kept_for_a_defence():
     assert "| **worst case** (attack) |  | 10.0 [10.0, 10.0] (sign-flip; 2 of 4 attacks) |" in page
     assert ("- Worst case: no defence is kept yet for all 4 attacks shown on at least 3 seeds each "
             "(left out, fewer attacks or seeds kept: median).") in page
+
+
+def test_columns_of_runs_made_before_the_rollback_are_marked():
+    """A stateful method's runs under a rule that drops replies, kept without ``client_rollback``
+    (made before a left-out client's state went back), mark their column ‡ with a line under
+    the table saying how many; runs that carry it, and the rules that drop nothing, are not
+    marked; FedAvg (no client state) never is."""
+    from scripts.security_table import ROLLED_BACK, render_page
+
+    attacked = {("sign-flip", s): [0.5] * 3 for s in ("none", "clip", "reject")}
+    records = _scaffold_table([0.9] * 3, attacked)
+    page = render_page(records)
+    assert "| attack | no screening | clip | reject ‡ |" in page
+    assert "‡ reject (3 runs): made before a client whose reply the rule left out" in page
+    for r in records:
+        if r["screening"] == "reject":
+            r[ROLLED_BACK] = True
+    assert "| attack | no screening | clip | reject |" in render_page(records) and "‡" not in render_page(records)
+    fedavg = [{**r, "strategy": "fedavg"} for r in records]
+    for r in fedavg:
+        r.pop(ROLLED_BACK, None)
+    assert "‡" not in render_page(fedavg)

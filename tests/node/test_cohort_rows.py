@@ -37,9 +37,10 @@ from fl_app.node.client_state import (
 from fl_app.node.cohort_client import CohortClient
 from fl_app.node.drift_client import DriftClient
 from fl_app.registry import METHODS, validate_config
-from protocol.cohort import REPLIES, SUM, SumSpec, bundle_instructions, sum_replies
+from protocol.cohort import REPLIES, SUM, SumSpec, bundle_instructions, split_replies, sum_replies
+from protocol.counted import COUNTED, ROLLBACK
 from tests.kit import assert_arrays_close, fake_context, untimed
-from tests.kit_server import N, cohort_fit
+from tests.kit_server import N, cohort_fit, reply_as_fitres
 
 BASE = {"dataset": "synthetic", "model": "logreg", "batch-size": 8, "local-epochs": 1, "momentum": 0.9,
         "weight-decay": 1e-3, "learning-rate": 0.05, "seed": 3}
@@ -486,3 +487,30 @@ def test_device_sums_reject_a_non_finite_client_as_numpys_do():
 
 def cohort_wire_sum(replies, spec, ops=None):
     return sum_replies(replies, {}, spec) if ops is None else sum_replies(replies, {}, spec, ops)
+
+
+@pytest.mark.parametrize("checkpoint_every", [0, 1], ids=["context-state", "rows"])
+def test_a_row_whose_reply_was_left_out_goes_back_as_if_it_had_not_trained(tmp_path, checkpoint_every):
+    """In a run that screens, each virtual client settles by its own instruction: partition 3's
+    round-1 reply was left out (round 3 tells it its last counted round is 0), so from round 3 on
+    the node answers as a node on which partition 3 never trained in round 1, bit for bit, for
+    every client, with the state unmirrored (vc<p>/ in context.state) or as journalled rows."""
+    cfg = validate_config({**BASE, "strategy": "scaffold"})
+    counted = {2: {0: 1, 4: 0}, 3: {3: 0, 4: 2, 1: 1}}  # round -> {partition: its last counted round}
+
+    def rounds(first: list[int], folder):
+        state, arrays, out = RecordDict(), initial(cfg, "scaffold"), []
+        folder.mkdir()
+        for t, partitions in enumerate([first, [0, 4], [3, 4, 1]], start=1):
+            config = {**round_config(folder, t, checkpoint_every), "num-partitions": N, ROLLBACK: True}
+            bundle = bundle_instructions([(p, FitIns(ndarrays_to_parameters(arrays),
+                                                     {**config, COUNTED: counted.get(t, {}).get(p, 0)}))
+                                          for p in partitions])
+            reply = node(cfg, "scaffold", state).fit(parameters_to_ndarrays(bundle.parameters), dict(bundle.config))
+            out.append(dict(split_replies(reply_as_fitres(reply))))
+        return out
+
+    left_out = rounds([3, 0, 1], tmp_path / "left-out")
+    never = rounds([0, 1], tmp_path / "never")
+    left_out[0].pop(3)  # the reply the server left out
+    assert_same_rounds(left_out, never)

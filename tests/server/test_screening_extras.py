@@ -12,9 +12,11 @@ from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.client_manager import SimpleClientManager
 
 from clients import scaffold
+from fl_app.node.client_state import ContextStore, RevertibleStore
 from fl_app.node.node_client import NodeClient
 from fl_app.registry import validate_config
 from fl_app.server.screening import decide
+from protocol.counted import COUNTED
 from strategies.base import fedavg_kwargs
 from strategies.scaffold import ScaffoldStrategy
 from tasks.datasets import input_shape
@@ -110,3 +112,57 @@ def test_scaffold_c_never_takes_a_poisoned_delta_c(screening, attackers, tmp_pat
     want = [sum(r[2 + i].astype(np.float64) for r in replies[1:]) / K for i in range(2)]
     for got, w in zip(inner.cv.c, want):
         np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-7)
+
+
+class PoisonedInRoundOne(Poisoned):
+    """``Poisoned`` in round 1 only; honest after."""
+
+    def fit(self, parameters, config):
+        if int(config["server-round"]) == 1:
+            return super().fit(parameters, config)
+        return self.node.fit(parameters, config)
+
+
+@pytest.mark.parametrize("screening, attackers", [("reject", 0), ("multi-krum", 1)])
+def test_a_left_out_scaffold_client_goes_back_so_c_stays_the_mean_of_the_c_i(screening, attackers, tmp_path):
+    """SCAFFOLD's server c = (1/N) sum_i c_i holds as long as a client's c_i moves only when the
+    server takes its delta c_i (c and every c_i start at 0; every client is sampled every round).
+    Client 0's round-1 reply is rejected (its delta c_i poisoned), so its c_i must go back to
+    what it was before round 1; multi-krum also leaves out one client in round 2. After two rounds,
+    the c_i each client starts its next round from (its store settled with its last counted round)
+    average to the server's c. Before the rollback, client 0 kept the c_i of its rejected round
+    and the mean was off by (1/N) of it."""
+    cfg = validate_config({
+        "strategy": "scaffold", "dataset": "synthetic", "model": "logreg", "fraction-fit": 1.0,
+        "min-fit-clients": K, "min-available-clients": K, "learning-rate": 0.1, "batch-size": 8,
+        "screening": screening, "screen-attackers": attackers,
+    })
+    w0 = get_weights(build_model("logreg", input_shape("synthetic"), seed=1))
+    inner = ScaffoldStrategy.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w0), None))
+    strategy = RoundByRound(inner, cfg, tmp_path, num_rounds=2)
+    manager = Everyone()
+    contexts = [fake_context() for _ in range(K)]
+    for k in range(K):
+        g = torch.Generator().manual_seed(10 + k)
+        x, y = torch.randn(SIZES[k], 60, generator=g), torch.randint(0, 10, (SIZES[k],), generator=g)
+        node = NodeClient(make_client(scaffold.UPDATE, dict(cfg), x, y, context=contexts[k], partition=k,
+                                      num_partitions=K))
+        manager.register(Proxy(str(k), PoisonedInRoundOne(node, len(w0)) if k == 0 else node))
+    parameters = ndarrays_to_parameters(w0)
+    for t in (1, 2):
+        instructions = strategy.configure_fit(t, parameters, manager)
+        results = [(p, p.fit(ins, None, None)) for p, ins in instructions]
+        parameters, _ = strategy.aggregate_fit(t, results, [])
+        if t == 1:
+            assert strategy.row["num_rejected"] == 1  # client 0, whose c_i moved all the same
+    counted = strategy.server.counted.rounds  # each client's last counted round (absent: none)
+    assert sum(r == 2 for r in counted.values()) == (K if screening == "reject" else K - 1)
+    record = scaffold.UPDATE.state["ci"].record
+    starts = []
+    for k in range(K):
+        store = RevertibleStore(ContextStore(contexts[k].state))
+        store.settle(k, {COUNTED: counted.get(str(k), 0)})
+        kept = store.loader(k)(record)
+        starts.append(kept if kept is not None else [np.zeros_like(c) for c in inner.cv.c])
+    for j, c in enumerate(inner.cv.c):
+        np.testing.assert_allclose(c, sum(s[j].astype(np.float64) for s in starts) / K, rtol=1e-5, atol=1e-7)

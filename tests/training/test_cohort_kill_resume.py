@@ -9,7 +9,9 @@ the run is killed with ``kill -9`` while its rounds go on, at whatever point of 
 signal lands (a journal file or checkpoint half written is never read: both are atomic), then
 continued with ``run_simulation.py --resume``. Every metrics.csv row but the timings equals the
 uninterrupted run's: the clients' state came back from the journal as of the checkpoint's round,
-the journal's files of the rounds after it were dropped.
+the journal's files of the rounds after it were dropped. SCAFFOLD runs once more with ``reject``
+leaving an attacker's reply out: its clients' copies from before each round come back with the
+rows, and the server's last counted round of each client with the checkpoint.
 """
 
 from __future__ import annotations
@@ -40,8 +42,12 @@ METHODS = {
     "fedinit": [],  # the client's last local model
     "fedgela": ["--set", "model=mlp"],  # a model with a body: the ETF head is fixed on it
     "ccvr": ["--set", "model=mlp"],  # the calibration round (the last) runs after the resume
+    # partition 0 scales its update and reject leaves it out, so every client keeps the copy from
+    # before each round and the rounds with its rows, and partition 0 goes back each time it is
+    # sampled: the journal restores all of it, the checkpoint each client's last counted round
+    "scaffold+reject": ["--set", "screening=reject", "--set", "inject-faults=scale:0:100"],
 }
-CLIENT_STATE = {"scaffold", "fedmoswa", "fedgamma", "fedlesam", "fedinit"}
+CLIENT_STATE = {"scaffold", "fedmoswa", "fedgamma", "fedlesam", "fedinit", "scaffold+reject"}
 """The methods above whose clients keep state between rounds: their cohort node journals it."""
 
 
@@ -63,7 +69,7 @@ def runner(*argv: str, env: dict) -> subprocess.Popen:
 @pytest.mark.parametrize("method", METHODS)
 def test_a_cohort_run_killed_and_resumed_equals_the_uninterrupted_run(method, tmp_path):
     env = {**os.environ, "FLWR_HOME": str(tmp_path / "flwr-home"), "FLWR_TELEMETRY_ENABLED": "0"}
-    args = ["--strategy", method, *ARGS, *METHODS[method]]
+    args = ["--strategy", method.split("+")[0], *ARGS, *METHODS[method]]
     full = runner(*args, "--out", str(tmp_path / "full"), env=env)
     assert full.wait(timeout=900) == 0, full.stdout.read()
     want = metrics_rows(tmp_path / "full")
