@@ -9,6 +9,7 @@ Usage (the data folder holds mnist/{train,test}.parquet; without it the Hugging 
     python scripts/security_table.py --data-dir DATA --partitioner dirichlet --alpha 0.3   # label-skewed clients
     python scripts/security_table.py --data-dir DATA --attackers 3 --attacks alie ipm   # other attacks
     python scripts/security_table.py --render                             # the page from kept runs only
+    python scripts/security_table.py --data-dir DATA --strategies scaffold --redo-before-rollback  # the ‡ runs again
 
 Each run is one seeded run (the seed sets the split (IID, or Dirichlet(alpha) over the labels with
 ``--partitioner dirichlet``), the test images drawn, the model's
@@ -257,7 +258,8 @@ def one_run(cfg: dict, parts, test) -> dict:
 def run_table(strategy: str, attackers: int, seed: int, args, data) -> None:
     """Runs (and keeps) every cell of one table and seed not kept yet; with ``--shard i/n`` only
     the cells whose position in ``cells`` is i modulo n (for n processes side by side); with
-    ``--screenings`` only those screenings (and the clean run)."""
+    ``--screenings`` only those screenings (and the clean run); with ``--redo-before-rollback``
+    the kept runs marked ‡ (``made_before_rollback``) run again and replace theirs."""
     folder = kept_folder(args.partitioner, args.alpha)
     folder.mkdir(parents=True, exist_ok=True)
     part, parts = args.shard
@@ -267,7 +269,8 @@ def run_table(strategy: str, attackers: int, seed: int, args, data) -> None:
         if args.screenings and attack != "clean" and screening not in args.screenings:
             continue
         path = folder / f"{run_name(strategy, attackers, attack, screening, seed)}.json"
-        if path.exists():
+        if path.exists() and not (args.redo_before_rollback and made_before_rollback(
+                [json.loads(path.read_text())], strategy, screening)):
             continue
         cfg = run_config(strategy, attackers, attack, screening, seed, args)
         result = one_run(cfg, *data)
@@ -672,6 +675,9 @@ def main(argv=None) -> int:
     parser.add_argument("--attacks", nargs="+", choices=tuple(ATTACKS), default=list(DEFAULT_ATTACKS),
                         help="the attacks to run (default: the first three); each is run on partitions 0 .. f-1")
     parser.add_argument("--render", action="store_true", help="only write the page from the kept runs")
+    parser.add_argument("--redo-before-rollback", action="store_true",
+                        help="run again (and replace) the kept runs marked ‡: made before a left-out client's "
+                             "state went back")
     args = parser.parse_args(argv)
     for f in args.attackers:
         if not 1 <= f < CLIENTS / 2:

@@ -8,6 +8,7 @@ Run with ``-s`` to see every run's accuracy per round.
 """
 
 import functools
+import json
 
 import numpy as np
 import pytest
@@ -461,3 +462,37 @@ def test_columns_of_runs_made_before_the_rollback_are_marked():
     for r in fedavg:
         r.pop(ROLLED_BACK, None)
     assert "‡" not in render_page(fedavg)
+
+
+def test_redo_before_rollback_runs_the_marked_runs_again_and_only_those(tmp_path, monkeypatch):
+    """``--redo-before-rollback`` replaces a kept SCAFFOLD reject run lacking ``client_rollback``
+    and leaves the others (a clip run, a run that carries it) as they are; without the flag
+    every kept run stands."""
+    from types import SimpleNamespace
+
+    import scripts.security_table as table
+
+    monkeypatch.setattr(table, "KEPT", tmp_path)
+    ran = []
+
+    def fake_run(cfg, parts, test):
+        ran.append((cfg["screening"], cfg["inject-faults"]))
+        return {"accuracy": [0.5], "num_rejected": [0], "seconds": 1.0}
+    monkeypatch.setattr(table, "one_run", fake_run)
+    monkeypatch.setattr(table, "cells", lambda strategy, attackers, attacks: [
+        ("clean", "clip"), ("clean", "reject"), ("sign-flip", "reject")])
+    names = {c: table.run_name("scaffold", 1, *c, 0) for c in [("clean", "clip"), ("clean", "reject"),
+                                                              ("sign-flip", "reject")]}
+    for (attack, screening), name in names.items():
+        record = _record(attack, screening, 0.9, f=1)
+        if attack == "sign-flip":
+            record[table.ROLLED_BACK] = True
+        (tmp_path / f"{name}.json").write_text(json.dumps(record))
+    args = SimpleNamespace(partitioner="iid", alpha=0.3, data_dir="", rounds=10, shard=(0, 1), screenings=None,
+                           attacks=[], per_client=400, test=2000, redo_before_rollback=False)
+    table.run_table("scaffold", 1, 0, args, (None, None))
+    assert ran == []
+    table.run_table("scaffold", 1, 0, SimpleNamespace(**{**vars(args), "redo_before_rollback": True}), (None, None))
+    assert ran == [("reject", "")]
+    redone = json.loads((tmp_path / f"{names[('clean', 'reject')]}.json").read_text())
+    assert redone[table.ROLLED_BACK] is True and redone["accuracy"] == [0.5]
