@@ -63,7 +63,7 @@ from flwr.app import Context, RecordDict  # noqa: E402
 from flwr.common import ndarrays_to_parameters  # noqa: E402
 from flwr.server.client_manager import SimpleClientManager  # noqa: E402
 
-from fl_app.common.screening_modes import allowed_modes, parse_pre  # noqa: E402
+from fl_app.common.screening_modes import SELECTION_MODES, allowed_modes, parse_pre  # noqa: E402
 from fl_app.node.client_state import stateful  # noqa: E402
 from fl_app.node.drift_client import DriftClient  # noqa: E402
 from fl_app.node.node_client import NodeClient  # noqa: E402
@@ -363,7 +363,7 @@ def one(fraction: float) -> str:
 
 
 ROLLED_BACK = "client_rollback"  # in a record: its code took a left-out client's state back (fl_app/server/counted.py)
-DROPS = ("reject", "krum", "multi-krum")  # the rules that leave whole replies out
+DROPS = ("reject", *SELECTION_MODES)  # the rules that leave whole replies out
 
 
 def made_before_rollback(records: list[dict], strategy: str, screening: str) -> int:

@@ -468,12 +468,18 @@ class RevertibleStore(ClientStateStore):
         self.copied: set[int] = set()
 
     def _rounds(self, partition: int) -> tuple[int, int] | None:
+        """``state-round`` of client ``partition``: (its records' round, its copy's), or None."""
         arrays = self.inner.loader(partition)(ROUND)
         return None if arrays is None else (int(arrays[0][0]), int(arrays[0][1]))
 
-    def _own(self, partition: int) -> Kept:
-        rounds = self._rounds(partition)
-        if rounds is not None and rounds[0] == 0:
+    @staticmethod
+    def _void(rounds: tuple[int, int] | None) -> bool:
+        """The client went back to no state (its records' round is 0)."""
+        return rounds is not None and rounds[0] == 0
+
+    def _own(self, partition: int, rounds: tuple[int, int] | None) -> Kept:
+        """The client's own records (not the copy, not the rounds); none when void."""
+        if self._void(rounds):
             return {}
         return {name: arrays for name, arrays in self.inner.records(partition).items()
                 if name != ROUND and not name.startswith(PRIOR)}
@@ -496,8 +502,7 @@ class RevertibleStore(ClientStateStore):
         return True
 
     def loader(self, partition: int) -> Load:
-        rounds = self._rounds(partition)
-        if rounds is not None and rounds[0] == 0:
+        if self._void(self._rounds(partition)):
             return lambda record: None
         return self.inner.loader(partition)
 
@@ -507,7 +512,8 @@ class RevertibleStore(ClientStateStore):
         if partition in self.copied:
             self.inner.keep(partition, kept)
             return
-        own, rounds = self._own(partition), self._rounds(partition)
+        rounds = self._rounds(partition)
+        own = self._own(partition, rounds)
         # the copy's round: 0 (going back is to no state) without earlier records, with records
         # of no known round (kept before the run screened), or when this round adds a record
         prior_round = rounds[0] if own and rounds is not None and set(kept) <= set(own) else 0
@@ -517,10 +523,10 @@ class RevertibleStore(ClientStateStore):
         self.copied.add(partition)
 
     def records(self, partition: int) -> Kept:
-        return self._own(partition)
+        return self._own(partition, self._rounds(partition))
 
     def count(self, partition: int) -> int:
-        return sum(len(arrays) for arrays in self._own(partition).values())
+        return sum(len(arrays) for arrays in self.records(partition).values())
 
     def close_round(self, server_round: int, finished: list[int], keep_from: int) -> None:
         self.inner.close_round(server_round, finished, keep_from)

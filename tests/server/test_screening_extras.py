@@ -85,8 +85,10 @@ class Everyone(SimpleClientManager):
         return [self.clients[str(k)] for k in range(K)]
 
 
-@pytest.mark.parametrize("screening, attackers", [("multi-krum", 1), ("reject", 0)])
-def test_scaffold_c_never_takes_a_poisoned_delta_c(screening, attackers, tmp_path):
+def scaffold_federation(screening: str, attackers: int, tmp_path, num_rounds: int, attacker: type):
+    """K real SCAFFOLD clients (each behind ``NodeClient``, on its own context) and SCAFFOLD's
+    strategy inside the server's steps; client 0 wrapped in ``attacker``. Returns (the strategy,
+    the server's steps, the manager, w0, the clients' contexts)."""
     cfg = validate_config({
         "strategy": "scaffold", "dataset": "synthetic", "model": "logreg", "fraction-fit": 1.0,
         "min-fit-clients": K, "min-available-clients": K, "learning-rate": 0.1, "batch-size": 8,
@@ -94,14 +96,21 @@ def test_scaffold_c_never_takes_a_poisoned_delta_c(screening, attackers, tmp_pat
     })
     w0 = get_weights(build_model("logreg", input_shape("synthetic"), seed=1))
     inner = ScaffoldStrategy.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w0), None))
-    strategy = RoundByRound(inner, cfg, tmp_path, num_rounds=1)
+    strategy = RoundByRound(inner, cfg, tmp_path, num_rounds=num_rounds)
     manager = Everyone()
+    contexts = [fake_context() for _ in range(K)]
     for k in range(K):
         g = torch.Generator().manual_seed(10 + k)
         x, y = torch.randn(SIZES[k], 60, generator=g), torch.randint(0, 10, (SIZES[k],), generator=g)
-        c = make_client(scaffold.UPDATE, dict(cfg), x, y, context=fake_context(), partition=k, num_partitions=K)
-        node = NodeClient(c)
-        manager.register(Proxy(str(k), Poisoned(node, len(w0)) if k == 0 else node))
+        node = NodeClient(make_client(scaffold.UPDATE, dict(cfg), x, y, context=contexts[k], partition=k,
+                                      num_partitions=K))
+        manager.register(Proxy(str(k), attacker(node, len(w0)) if k == 0 else node))
+    return inner, strategy, manager, w0, contexts
+
+
+@pytest.mark.parametrize("screening, attackers", [("multi-krum", 1), ("reject", 0)])
+def test_scaffold_c_never_takes_a_poisoned_delta_c(screening, attackers, tmp_path):
+    inner, strategy, manager, w0, _ = scaffold_federation(screening, attackers, tmp_path, 1, Poisoned)
     instructions = strategy.configure_fit(1, ndarrays_to_parameters(w0), manager)
     results = [(p, p.fit(ins, None, None)) for p, ins in instructions]
     replies = [parameters_to_ndarrays(r.parameters) for _, r in results]
@@ -132,22 +141,8 @@ def test_a_left_out_scaffold_client_goes_back_so_c_stays_the_mean_of_the_c_i(scr
     the c_i each client starts its next round from (its store settled with its last counted round)
     average to the server's c. Before the rollback, client 0 kept the c_i of its rejected round
     and the mean was off by (1/N) of it."""
-    cfg = validate_config({
-        "strategy": "scaffold", "dataset": "synthetic", "model": "logreg", "fraction-fit": 1.0,
-        "min-fit-clients": K, "min-available-clients": K, "learning-rate": 0.1, "batch-size": 8,
-        "screening": screening, "screen-attackers": attackers,
-    })
-    w0 = get_weights(build_model("logreg", input_shape("synthetic"), seed=1))
-    inner = ScaffoldStrategy.from_config(cfg, **fedavg_kwargs(cfg, ndarrays_to_parameters(w0), None))
-    strategy = RoundByRound(inner, cfg, tmp_path, num_rounds=2)
-    manager = Everyone()
-    contexts = [fake_context() for _ in range(K)]
-    for k in range(K):
-        g = torch.Generator().manual_seed(10 + k)
-        x, y = torch.randn(SIZES[k], 60, generator=g), torch.randint(0, 10, (SIZES[k],), generator=g)
-        node = NodeClient(make_client(scaffold.UPDATE, dict(cfg), x, y, context=contexts[k], partition=k,
-                                      num_partitions=K))
-        manager.register(Proxy(str(k), PoisonedInRoundOne(node, len(w0)) if k == 0 else node))
+    inner, strategy, manager, w0, contexts = scaffold_federation(screening, attackers, tmp_path, 2,
+                                                                 PoisonedInRoundOne)
     parameters = ndarrays_to_parameters(w0)
     for t in (1, 2):
         instructions = strategy.configure_fit(t, parameters, manager)
