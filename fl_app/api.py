@@ -108,11 +108,11 @@ def check_configs(raws: list[dict], clients: int, *, env_data_dir: str | None = 
     ``env_data_dir`` / ``$FL_DATA_DIR``), its path chosen (``execution_for``), its method's own
     checks and strategy built as the ServerApp will (``check_method``), its data folder
     (``check_data_dir``) and federation size (``check_nodes``) checked; the first refusal raised."""
-    checked = []
+    checked, built = [], set()  # built: each setting's strategy is built once, not once per seed
     for raw in raws:
         raw = {**raw, "data-dir": resolve_data_dir(str(raw.get("data-dir", "")), env_data_dir)}
         raw, execution = execution_for(raw, clients, gpus, cluster)
-        cfg = check_method(raw)
+        cfg = check_method(raw, built)
         check_data_dir(cfg)
         check_nodes(cfg, clients)
         checked.append(Checked(raw, validate_config(raw), cfg, execution))

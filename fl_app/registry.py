@@ -16,6 +16,7 @@ object (``fl_app.common.method.Method``); no module below this one names a metho
 from __future__ import annotations
 
 import inspect
+import json
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -276,11 +277,29 @@ def method_config(cfg: dict, method: Method) -> dict:
     return method.strategy.resolve_config(cfg)
 
 
-def check_method(raw: Mapping[str, Any]) -> dict:
+# Keys that name one run of a setting and cannot change whether its strategy builds: the seed
+# only draws the initial weights, the other two say where the run writes.
+PER_RUN_KEYS = ("seed", "run-name", "results-dir")
+
+
+def check_method(raw: Mapping[str, Any], built: set[str] | None = None) -> dict:
     """The ServerApp's own checks of the method (``resolve``) and its strategy built once, as
     the ServerApp will: method-specific refusals (a BN model for FedBN, enough Linear layers for
     FedPGVC, an optimiser SCAFFOLD cannot use, a screening mode the method does not allow, ...)
-    then fail before any launch (the runner's checks, ``runner.checks``). The validated config."""
+    then fail before any launch (the runner's checks, ``runner.checks``). The validated config.
+
+    ``built``: the settings (``setting_key``) whose strategy a caller checking many configs has
+    built already; a config of one of them (another seed of a sweep's row) is resolved, its
+    strategy not built again, and new settings are added."""
     cfg, method = resolve(raw)
-    build_strategy(method.strategy, cfg)
+    key = setting_key(cfg)
+    if built is None or key not in built:
+        build_strategy(method.strategy, cfg)
+        if built is not None:
+            built.add(key)
     return cfg
+
+
+def setting_key(cfg: Mapping[str, Any]) -> str:
+    """``cfg`` less its ``PER_RUN_KEYS``, as canonical JSON: equal for the seeds of one setting."""
+    return json.dumps({k: v for k, v in cfg.items() if k not in PER_RUN_KEYS}, sort_keys=True, default=repr)

@@ -75,7 +75,7 @@ from typing import NamedTuple
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fl_app.api import as_read_now  # noqa: E402
+from fl_app.api import RunRecord, as_read_now  # noqa: E402
 from fl_app.config import ConfigError  # noqa: E402
 from fl_app.registry import method_names, spec, validate_config  # noqa: E402
 from runner.experiment import read_experiment  # noqa: E402
@@ -84,6 +84,7 @@ from runner.results.atlas import AtlasFile, Entry, Verdict, write_atlas  # noqa:
 from runner.results.clientmix import LABEL_COUNTS_FILE, PER_CLASS_FILE, client_mix_columns, run_label_counts  # noqa: E402
 from runner.results.design import identical_rows  # noqa: E402
 from runner.results.fingerprint import data_line, fingerprint_of, mixed_data  # noqa: E402
+from runner.results.records import Run, as_records  # noqa: E402
 from runner.results.report import (  # noqa: E402
     CLIENT_HEADERS,
     LOST_UPDATES,
@@ -103,7 +104,6 @@ from runner.results.report import (  # noqa: E402
     mean_std,
     plot,
     plot_drift,
-    read_metrics,
     read_summary,
     rounds_to_target,
 )
@@ -247,7 +247,7 @@ class KeptRuns(NamedTuple):
     match yet (the file's budget was raised and not re-run) it shows the earlier runs, with
     ``shows_earlier`` set so the section says so."""
 
-    dirs: dict[str, list[Path]]
+    dirs: dict[str, list[RunRecord]]  # each row's runs, every folder read once (``as_records``)
     current: int
     left_out: int
     shows_earlier: bool
@@ -262,11 +262,11 @@ def kept_runs(path: Path, exp: dict, results: Path) -> KeptRuns:
     seeds = exp.get("seeds", [0])
     found, current, example = {}, {}, ""
     for row, _, _ in experiment_rows(exp):
-        found[row] = run_dirs(runs, row)
+        found[row] = as_records(run_dirs(runs, row))
         want = expected.get(run_name(row, seeds[0]), {})
         current[row] = []
         for d in found[row]:
-            why = earlier_setting(read_summary(d), want)
+            why = earlier_setting(d.summary, want)
             if why is None:
                 current[row].append(d)
             else:
@@ -389,7 +389,7 @@ def collect_mixes_data(found: list[tuple[str, Path, dict]], store: Path,
         kept = kept_runs(path, exp, store)
         replaced = {run for run, _ in incoming}
         beside = [] if kept.shows_earlier else [
-            (f"{name}/{d.name} (kept)", fingerprint_of(read_summary(d))) for dirs in kept.dirs.values() for d in dirs
+            (f"{name}/{d.name} (kept)", fingerprint_of(d.summary)) for dirs in kept.dirs.values() for d in dirs
             if f"{name}/{d.name}" not in replaced]
         mixed = mixed_data(incoming + beside)
         if mixed:
@@ -399,16 +399,17 @@ def collect_mixes_data(found: list[tuple[str, Path, dict]], store: Path,
 
 def table_mixes_data(name: str, kept: KeptRuns) -> str | None:
     """One line naming two data fingerprints among the runs one section would show, else None."""
-    mixed = mixed_data((d.name, fingerprint_of(read_summary(d))) for dirs in kept.dirs.values() for d in dirs)
+    mixed = mixed_data((d.name, fingerprint_of(d.summary)) for dirs in kept.dirs.values() for d in dirs)
     return f"experiment {name}: {mixed}" if mixed else None
 
 
-def method_row(method: str, dirs: list[Path], target: float | None, paper_value: float | None) -> dict:
-    summaries = [read_summary(d) for d in dirs]
+def method_row(method: str, dirs: list[Run], target: float | None, paper_value: float | None) -> dict:
+    dirs = as_records(dirs)
+    summaries = [d.summary for d in dirs]
     drift = drift_columns(dirs) if dirs else {}
     final = mean_std([s["final_accuracy"] for s in summaries])
     best = mean_std([s["best_accuracy"] for s in summaries])
-    reached = [r for r in (rounds_to_target(read_metrics(d), target) for d in dirs) if r is not None] if target else []
+    reached = [r for r in (rounds_to_target(d.metrics, target) for d in dirs) if r is not None] if target else []
     stopped = [(d.name, s["stopped"]) for d, s in zip(dirs, summaries) if s.get("stopped")]
     return {
         "method": method, "seeds": len(summaries),
@@ -616,7 +617,7 @@ def section(path: Path, exp: dict, kept: KeptRuns, figures: Path, md_dir: Path,
     for row in labels:
         rows[row]["tuning"] = short[row]
     lines += provenance_line([d for row in labels for d in dirs[row]])
-    lines += data_line((d.name, fingerprint_of(read_summary(d))) for row in labels for d in dirs[row])
+    lines += data_line((d.name, fingerprint_of(d.summary)) for row in labels for d in dirs[row])
     lines += results_table(exp, table, rows)
     lines += legend + tuning_lines(kept.tuning) + edge_lines(kept.tuning)
     lines += grid_winners(table, rows)
@@ -711,12 +712,12 @@ def short_revision(revision: str) -> str:
     return f"{commit[:7]}{plus}{rest}"
 
 
-def provenance_line(dirs: list[Path]) -> list[str]:
+def provenance_line(dirs: list[Run]) -> list[str]:
     """Which code made the table's runs: each recorded revision (short) with its run count, and
     the runs that recorded none ("unknown": made where the commit could not be read), so a table
     whose rows or seeds come from several revisions says so (two uncommitted states of one
     commit differ by their app digest)."""
-    counts = Counter(str((read_summary(d) or {}).get("code_revision") or "unknown") for d in dirs)
+    counts = Counter(str((d.summary or {}).get("code_revision") or "unknown") for d in as_records(dirs))
     if not counts:
         return []
     named = sorted((r for r in counts if r != "unknown"), key=lambda r: -counts[r])
@@ -932,7 +933,7 @@ def overview_row(path: Path, exp: dict, kept: KeptRuns) -> str:
     if kept.left_out:
         status += f" ({kept.left_out} more runs from an earlier setting)"
     cell = str(exp.get("paper", "")).split(":")[0]
-    seconds = sum(read_summary(d).get("total_seconds") or 0 for d in shown)
+    seconds = sum(d.summary.get("total_seconds") or 0 for d in shown)
     spent = f"{seconds / 60:.1f} min" if shown else "-"
     verdicts = claims_decided(exp, kept.dirs)
     return f"| [{name}](#{name}) | {cell} | {kept.current}/{planned} | {status} | {verdicts} | {spent} |"

@@ -344,3 +344,22 @@ def test_a_check_leaves_the_folder_a_running_check_draws_in(tmp_path, monkeypatc
             assert drawing.is_dir() and fresh.is_dir()
             assert not other.exists()  # finished: removed by the next check
     assert check_folders(tmp) == sorted([drawing, fresh, third])
+
+
+def test_the_checks_build_each_settings_strategy_once_and_still_refuse_a_new_setting(monkeypatch):
+    """``check_configs`` builds the strategy of each setting once, not once per seed (a sweep's
+    check built a ResNet-18 per run), and a setting it has not built yet is still built and
+    refused: FedBN on a model without batch norm, after three seeds of FedAvg."""
+    from fl_app import registry
+    from fl_app.api import check_configs
+
+    built: list[str] = []
+    real = registry.build_strategy
+    monkeypatch.setattr(registry, "build_strategy", lambda cls, cfg: (built.append(cfg["strategy"]), real(cls, cfg))[1])
+    base = {"dataset": "synthetic", "model": "logreg", "data-dir": "unused"}
+    runs = [{**base, "strategy": "fedavg", "seed": s, "run-name": f"fedavg-seed{s}"} for s in range(3)]
+    runs.append({**base, "strategy": "fedavg", "seed": 0, "learning-rate": 0.5, "run-name": "fedavg-lr"})
+    assert len(check_configs(runs, 4)) == 4
+    assert built == ["fedavg", "fedavg"]  # the three seeds once, the other learning rate once
+    with pytest.raises(ConfigError, match="batch-norm"):
+        check_configs(runs + [{"strategy": "fedbn", "dataset": "mnist", "model": "lenet", "data-dir": "unused"}], 4)
