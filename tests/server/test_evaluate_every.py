@@ -14,7 +14,7 @@ import numpy as np
 from fl_app.config import ConfigError
 from fl_app.registry import validate_config
 from fl_app.server.recording import evaluated_round
-from runner.results.report import curves, plot
+from runner.results.report import curves, plot, read_metrics
 from tests.kit import FakeManager, Proxy, fit_res
 from tests.kit_server import make_strategy
 
@@ -79,7 +79,7 @@ def test_skipped_rounds_write_rows_with_empty_accuracy(tmp_path):
     rounds, values = curves({"fedavg": [run]}, "test_accuracy")["fedavg"]
     assert list(rounds) == [0, 2, 4, 5]
     np.testing.assert_allclose(values, [0.5, 0.7, 0.9, 1.0])
-    assert mr.rounds_to_target(mr.read_metrics(run), 0.65) == 2
+    assert mr.rounds_to_target(read_metrics(run), 0.65) == 2
     assert plot({"fedavg": [run]}, "test_accuracy", "test accuracy", tmp_path / "acc.png")
 
 
