@@ -98,20 +98,38 @@ def test_bad_fault_spec_rejected():
 
 # ------------------------------------------------------------------- end-to-end behaviour
 # (`sim`, the session's SuperLink, and `small_mnist` are fixtures in tests/conftest.py)
-def test_raising_and_nan_clients_do_not_corrupt_the_run(small_mnist, sim, tmp_path):
-    """Partition 0 raises every round, partition 1 returns NaN weights every round. (``small_mnist``
-    first: without data the test skips before the session's SuperLink starts, in
-    tests/runner/test_fresh_clone.py's pytest without a data folder.)"""
-    cfg = {"strategy": "fedavg", "dataset": "mnist", "model": "lenet", "num-server-rounds": 2,
-           "fraction-fit": 1.0, "learning-rate": 0.05, "data-dir": str(small_mnist),
-           "inject-faults": "raise:0,nan:1", "results-dir": str(tmp_path), "run-name": "faults"}
-    assert sim.run(cfg, num_supernodes=5) == 0
-    rows = read_metrics(tmp_path / "faults")
+def faults_config(data_dir, results_dir) -> dict:
+    """Partition 0 raises every round, partition 1 returns NaN weights every round (5 nodes)."""
+    return {"strategy": "fedavg", "dataset": "mnist", "model": "lenet", "num-server-rounds": 2,
+            "fraction-fit": 1.0, "learning-rate": 0.05, "data-dir": str(data_dir),
+            "inject-faults": "raise:0,nan:1", "results-dir": str(results_dir), "run-name": "faults"}
+
+
+def assert_faults_did_not_corrupt(run_dir) -> None:
+    """Each round: one failure, one rejected reply, three counted; a finite loss, and learning."""
+    rows = read_metrics(run_dir)
     assert len(rows) == 2
     for r in rows:
         assert r["num_failures"] == 1 and r["num_rejected"] == 1 and r["num_clients"] == 3
         assert math.isfinite(r["test_loss"])
     assert rows[-1]["test_accuracy"] > 0.2  # 10 classes: well above chance
+
+
+def test_raising_and_nan_clients_do_not_corrupt_the_run_in_process(small_mnist, tmp_path):
+    """The ServerApp and ClientApp in one process (``serve_in_process``, no Ray): a client's
+    exception is a failure, a NaN reply is rejected, and the run goes on, on the three others."""
+    serve_in_process({**faults_config(small_mnist, tmp_path), "tracking": "none"}, 5)
+    assert_faults_did_not_corrupt(tmp_path / "faults")
+
+
+@pytest.mark.slow  # one Flower simulation (about 30 s); the same run in process is the test above, and a
+# node's failure through Flower is counted in the default run by tests/deployment/test_deployment.py (a bad data path)
+def test_raising_and_nan_clients_do_not_corrupt_the_run(small_mnist, sim, tmp_path):
+    """The same faults through Flower's Ray simulation. (``small_mnist`` first: without data the
+    test skips before the session's SuperLink starts, in tests/runner/test_fresh_clone.py's
+    pytest without a data folder.)"""
+    assert sim.run(faults_config(small_mnist, tmp_path), num_supernodes=5) == 0
+    assert_faults_did_not_corrupt(tmp_path / "faults")
 
 
 def test_too_many_failures_stop_the_run_in_process(tmp_path):
