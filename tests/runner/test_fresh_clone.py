@@ -29,7 +29,7 @@ from tests.kit import ROOT
 def test_without_a_data_folder_data_tests_skip_and_the_rest_pass(tmp_path):
     """In a pytest of its own where no data folder exists (no
     ``FL_DATA_DIR``, and the folder beside the checkout pointed at a missing path): the
-    simulation test that needs MNIST is skipped with the one reason, and the next test, which
+    in-process run that needs MNIST is skipped with the one reason, and the next test, which
     writes a summary.json, is not broken by a ``FL_DATA_DIR`` left behind by the first one's
     fixtures."""
     missing = tmp_path / "no-data"
@@ -43,7 +43,7 @@ def test_without_a_data_folder_data_tests_skip_and_the_rest_pass(tmp_path):
                         module.SHARED_DATA = pathlib.Path({str(missing)!r})
 
         sys.exit(pytest.main(["-q", "-rs", "-p", "no:cacheprovider", "--basetemp", {str(tmp_path / "bt")!r},
-                              "tests/runner/test_reliability.py::test_raising_and_nan_clients_do_not_corrupt_the_run",
+                              "tests/runner/test_reliability.py::test_raising_and_nan_clients_do_not_corrupt_the_run_in_process",
                               "tests/runner/test_results.py::test_rows_summary_and_rejections"],
                              plugins=[NoFolderBeside()]))
     """)

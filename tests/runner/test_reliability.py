@@ -117,7 +117,8 @@ def assert_faults_did_not_corrupt(run_dir) -> None:
 
 def test_raising_and_nan_clients_do_not_corrupt_the_run_in_process(small_mnist, tmp_path):
     """The ServerApp and ClientApp in one process (``serve_in_process``, no Ray): a client's
-    exception is a failure, a NaN reply is rejected, and the run goes on, on the three others."""
+    exception is a failure, a NaN reply is rejected, and the run goes on, on the three others.
+    (The data test of tests/runner/test_fresh_clone.py's pytest without a data folder.)"""
     serve_in_process({**faults_config(small_mnist, tmp_path), "tracking": "none"}, 5)
     assert_faults_did_not_corrupt(tmp_path / "faults")
 
@@ -126,8 +127,7 @@ def test_raising_and_nan_clients_do_not_corrupt_the_run_in_process(small_mnist, 
 # node's failure through Flower is counted in the default run by tests/deployment/test_deployment.py (a bad data path)
 def test_raising_and_nan_clients_do_not_corrupt_the_run(small_mnist, sim, tmp_path):
     """The same faults through Flower's Ray simulation. (``small_mnist`` first: without data the
-    test skips before the session's SuperLink starts, in tests/runner/test_fresh_clone.py's
-    pytest without a data folder.)"""
+    test skips before the session's SuperLink starts.)"""
     assert sim.run(faults_config(small_mnist, tmp_path), num_supernodes=5) == 0
     assert_faults_did_not_corrupt(tmp_path / "faults")
 
