@@ -35,6 +35,22 @@ from tests.kit_runs import (  # noqa: E402
     run_mixed,
 )
 
+# The default test command runs two pytest-xdist workers (``-n 2 --dist loadgroup``,
+# pyproject.toml): on 2 cores one process left a core idle most of the run (load average 1.0).
+# The tests that read the session's shared Flower processes (one SuperLink in simulation mode,
+# the two background deployments) form one group, so a single worker runs them all and starts
+# each once, while the other worker runs the in-process tests. ``-n 0`` runs everything in this
+# process (a debugger, one test).
+SHARED_FLOWER_FIXTURES = frozenset({"sim", "simulated", "deployment_runs"})
+SHARED_FLOWER_GROUP = "shared-flower"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the test ids
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if SHARED_FLOWER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group(SHARED_FLOWER_GROUP))
+
 
 @pytest.fixture(autouse=True, scope="session")
 def private_cache(tmp_path_factory):
@@ -126,20 +142,35 @@ def small_mnist(mnist_sample) -> Path:
     return mnist_sample(6000, 1000)
 
 
-@pytest.fixture(autouse=True, scope="session")
+@pytest.fixture(autouse=True)
 def start_deployments_early(request):
-    """At the session's first test, start the background deployments (``deployment_runs``,
-    tests/kit_runs.py) when a selected test reads them and they can run (Flower's
-    SuperLink installed, the offline data present): they then run while the tests before
-    tests/deployment/test_deployment.py do, mostly waiting and starting processes, on the core those
-    tests leave free. Best effort: a failure to start is the deployment tests' own error (the
+    """Start the background deployments (``deployment_runs``, tests/kit_runs.py) early, when a
+    selected test reads them and they can run (Flower's SuperLink installed, the offline data
+    present): they then run while other tests do, mostly waiting and starting processes. In one
+    process, at the session's first test; under pytest-xdist, at the first test of the shared
+    Flower group in the worker that runs that group (the only worker that reads them). Tried once
+    per process. Best effort: a failure to start is the deployment tests' own error (the
     fixture's error is kept and raised to each of them), not every test's."""
+    stash = request.config.stash
+    if stash.get(DEPLOYMENTS_TRIED, False):
+        return
+    if is_xdist_worker(request.config) and request.node.get_closest_marker("xdist_group") is None:
+        return
+    stash[DEPLOYMENTS_TRIED] = True
     wanted = any("deployment_runs" in item.fixturenames for item in request.session.items)
     if wanted and has_superlink() and has_data(find_data_dir()):
         try:
             request.getfixturevalue("deployment_runs")
         except Exception:  # noqa: BLE001 - raised again to the tests that read the deployments
             pass
+
+
+DEPLOYMENTS_TRIED = pytest.StashKey[bool]()
+
+
+def is_xdist_worker(config: pytest.Config) -> bool:
+    """Whether this process is a pytest-xdist worker (xdist gives each its ``workerinput``)."""
+    return hasattr(config, "workerinput")
 
 
 @pytest.fixture(scope="session")

@@ -42,7 +42,7 @@ def test_without_a_data_folder_data_tests_skip_and_the_rest_pass(tmp_path):
                     if getattr(module, "__file__", None) == {str(ROOT / "tests" / "kit.py")!r}:
                         module.SHARED_DATA = pathlib.Path({str(missing)!r})
 
-        sys.exit(pytest.main(["-q", "-rs", "-p", "no:cacheprovider", "--basetemp", {str(tmp_path / "bt")!r},
+        sys.exit(pytest.main(["-q", "-rs", "-n", "0", "-p", "no:cacheprovider", "--basetemp", {str(tmp_path / "bt")!r},
                               "tests/runner/test_reliability.py::test_raising_and_nan_clients_do_not_corrupt_the_run_in_process",
                               "tests/runner/test_results.py::test_rows_summary_and_rejections"],
                              plugins=[NoFolderBeside()]))
