@@ -6,8 +6,10 @@ tests/kit_training.py, tests/kit_server.py, tests/kit_runs.py."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -35,21 +37,78 @@ from tests.kit_runs import (  # noqa: E402
     run_mixed,
 )
 
-# The default test command runs two pytest-xdist workers (``-n 2 --dist loadgroup``,
-# pyproject.toml): on 2 cores one process left a core idle most of the run (load average 1.0).
-# The tests that read the session's shared Flower processes (one SuperLink in simulation mode,
-# the two background deployments) form one group, so a single worker runs them all and starts
-# each once, while the other worker runs the in-process tests. ``-n 0`` runs everything in this
-# process (a debugger, one test).
+# The default test command runs two pytest-xdist workers (``-n 2``, pyproject.toml): in one
+# process the suite left one of the 2 cores idle most of the run (load average 1.0). The tests
+# that read the session's shared Flower processes (one SuperLink in simulation mode, the runs it
+# shares, the two background deployments) are one unit of work, so a single worker runs them all
+# and starts each once, while the other worker runs the in-process tests. xdist's own
+# ``--dist loadgroup`` cannot do this on pytest 9.2 (it renames a test by writing ``item._nodeid``,
+# which pytest 9.2 no longer reads, so every group is silently ignored: an open pytest-xdist issue,
+# "--dist=loadgroup silently stops grouping on pytest main", measured here with xdist 3.8.0), so
+# the controller schedules with ``SharedFlowerScheduling``:
+# the workers write the ids of the tests that read the shared processes to a file the controller
+# names, and the scheduler puts those ids in one scope. ``-n 0`` runs everything in this process
+# (a debugger, one test); another ``--dist`` mode is xdist's own.
 SHARED_FLOWER_FIXTURES = frozenset({"sim", "simulated", "deployment_runs"})
-SHARED_FLOWER_GROUP = "shared-flower"
+SHARED_FLOWER_SCOPE = "shared-flower"
+SHARED_FLOWER_IDS = "fl_drift_shared_flower_ids"  # the workerinput key: the folder for the ids
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the test ids
+def reads_shared_flower(item: pytest.Item) -> bool:
+    """Whether ``item`` reads the session's shared Flower processes (directly or through another fixture)."""
+    return bool(SHARED_FLOWER_FIXTURES & set(getattr(item, "fixturenames", ())))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """In the xdist controller, before each worker starts: the folder it writes its ids to."""
+    folder = node.config.stash.get(SHARED_IDS_FOLDER, None)
+    if folder is None:
+        folder = node.config.stash[SHARED_IDS_FOLDER] = Path(tempfile.mkdtemp(prefix="fl-drift-xdist-"))
+    node.workerinput[SHARED_FLOWER_IDS] = str(folder)
+
+
+@pytest.hookimpl(trylast=True)  # after ``-m`` and ``-k`` have deselected
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if SHARED_FLOWER_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.xdist_group(SHARED_FLOWER_GROUP))
+    """In an xdist worker: write the ids of the selected tests that read the shared processes,
+    before the worker reports its collection to the controller."""
+    if is_xdist_worker(config) and SHARED_FLOWER_IDS in config.workerinput:
+        ids = [item.nodeid for item in items if reads_shared_flower(item)]
+        folder = Path(config.workerinput[SHARED_FLOWER_IDS])
+        (folder / f"{config.workerinput['workerid']}.txt").write_text("\n".join(ids))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """The controller's scheduler for xdist's default mode (``--dist load``), see above."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFlowerScheduling(LoadScopeScheduling):
+        """Load scheduling, one test per unit of work, except the tests that read the shared
+        Flower processes: one unit, so one worker runs them all. The ids are read when the
+        scheduler first splits (every worker has then reported its collection, written after
+        its ids)."""
+
+        shared: frozenset[str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.shared is None:
+                folder = config.stash[SHARED_IDS_FOLDER]
+                self.shared = frozenset(line for f in folder.glob("*.txt") for line in f.read_text().splitlines())
+            return SHARED_FLOWER_SCOPE if nodeid in self.shared else nodeid
+
+    return SharedFlowerScheduling(config, log)
+
+
+def pytest_unconfigure(config):
+    folder = config.stash.get(SHARED_IDS_FOLDER, None)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+SHARED_IDS_FOLDER = pytest.StashKey[Path]()
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -154,7 +213,7 @@ def start_deployments_early(request):
     stash = request.config.stash
     if stash.get(DEPLOYMENTS_TRIED, False):
         return
-    if is_xdist_worker(request.config) and request.node.get_closest_marker("xdist_group") is None:
+    if is_xdist_worker(request.config) and not reads_shared_flower(request.node):
         return
     stash[DEPLOYMENTS_TRIED] = True
     wanted = any("deployment_runs" in item.fixturenames for item in request.session.items)
@@ -173,10 +232,27 @@ def is_xdist_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")
 
 
+def only_this_worker_starts(what: str, config: pytest.Config, tmp_path_factory) -> None:
+    """Under pytest-xdist, fail when another worker of this session has started ``what`` (the
+    shared Flower group was split: each worker would pay its own start-up). Each worker leaves
+    a file in the session's common temporary folder before it looks for the others', so of two
+    workers starting at once at least one sees the other."""
+    if not is_xdist_worker(config):
+        return
+    root = tmp_path_factory.getbasetemp().parent  # the session's, above each worker's popen-gwN
+    mine = root / f"started-{what}-{config.workerinput['workerid']}"
+    mine.touch()
+    others = sorted(p.name for p in root.glob(f"started-{what}-*") if p != mine)
+    assert not others, (f"{what} started in two xdist workers ({mine.name}, {others}): the tests that read it"
+                        f" must be one unit of work ({SHARED_FLOWER_SCOPE!r}, SharedFlowerScheduling in tests/conftest.py)")
+
+
 @pytest.fixture(scope="session")
-def sim():
+def sim(request, tmp_path_factory):
     """One private SuperLink in simulation mode for the session's end-to-end runs (its start is
-    paid once); stopped at the end with every process it started, checked by PID and FLWR_HOME."""
+    paid once, in one xdist worker); stopped at the end with every process it started, checked
+    by PID and FLWR_HOME."""
+    only_this_worker_starts("sim", request.config, tmp_path_factory)
     simulation = local_simulation()
     simulation.start()
     yield simulation
@@ -219,12 +295,13 @@ def deployment_certs(tmp_path_factory) -> TLS:
 
 
 @pytest.fixture(scope="session")
-def deployment_runs(small_mnist, tmp_path_factory, deployment_certs):
+def deployment_runs(request, small_mnist, tmp_path_factory, deployment_certs):
     """The two deployments of tests/deployment/test_deployment.py (``run_killed``, ``run_mixed``
     in tests/kit_runs.py), each in a thread of its own, started at the first request (the
     session's first test, ``start_deployments_early``, when a selected test reads them); the
     session waits for both at its end. Each has its own SuperLink, FLWR_HOME and ports and stops
     every process it started before its result is read."""
+    only_this_worker_starts("deployments", request.config, tmp_path_factory)
     killer = NodeKiller(2)
     pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="deployment")
     killed = pool.submit(run_killed, small_mnist, tmp_path_factory.mktemp("killed"), deployment_certs, killer)
