@@ -46,8 +46,8 @@ from tests.kit_runs import (  # noqa: E402
 # which pytest 9.2 no longer reads, so every group is silently ignored: an open pytest-xdist issue,
 # "--dist=loadgroup silently stops grouping on pytest main", measured here with xdist 3.8.0), so
 # the controller schedules with ``SharedFlowerScheduling``:
-# the workers write the ids of the tests that read the shared processes to a file the controller
-# names, and the scheduler puts those ids in one scope. ``-n 0`` runs everything in this process
+# each worker writes the ids of the tests that read the shared processes to a folder the
+# controller names, and the scheduler puts those ids in one scope. ``-n 0`` runs everything in this process
 # (a debugger, one test); another ``--dist`` mode is xdist's own.
 SHARED_FLOWER_FIXTURES = frozenset({"sim", "simulated", "deployment_runs"})
 SHARED_FLOWER_SCOPE = "shared-flower"
@@ -297,8 +297,8 @@ def deployment_certs(tmp_path_factory) -> TLS:
 @pytest.fixture(scope="session")
 def deployment_runs(request, small_mnist, tmp_path_factory, deployment_certs):
     """The two deployments of tests/deployment/test_deployment.py (``run_killed``, ``run_mixed``
-    in tests/kit_runs.py), each in a thread of its own, started at the first request (the
-    session's first test, ``start_deployments_early``, when a selected test reads them); the
+    in tests/kit_runs.py), each in a thread of its own, started at the first request (early:
+    ``start_deployments_early`` says when); the
     session waits for both at its end. Each has its own SuperLink, FLWR_HOME and ports and stops
     every process it started before its result is read."""
     only_this_worker_starts("deployments", request.config, tmp_path_factory)
